@@ -1,0 +1,3 @@
+//! kvpool core.
+
+pub mod alloc;
