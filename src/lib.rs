@@ -1,3 +1,47 @@
-//! kvpool core.
+//! # kvpool core
+//!
+//! The parts of kvpool that hold no sockets and spawn no tasks: what a node's memory is and how
+//! objects live in it. The daemon (`kvpool-server`) and the client (`kvpool-client`) are thin
+//! shells around it.
+//!
+//! - [`segment`]: DRAM regions mapped from files in `/dev/shm` (or anonymous memory) that
+//!   same-host clients can map too; a version word per granule lives inside.
+//! - [`alloc`]: a size-class allocator of offsets in a segment, O(1), no heap per allocation.
+//! - [`addr`]: global addresses `(node, segment, offset, len, generation, key)` and the memory
+//!   keys that make them unforgeable.
+//! - [`seqlock`]: the per-block version protocol that turns a read racing with reuse into a
+//!   miss instead of torn bytes (model-checked with loom).
+//! - [`pool`]: the object index (sharded LRU per namespace), two-phase puts, read references,
+//!   leases, pins, quotas, eviction and one-sided access.
+//! - [`protocol`]: frames, messages and error codes of the wire protocol.
+//! - [`placement`]: the cluster view and weighted rendezvous placement of keys.
 
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
+
+#[cfg(not(loom))]
+pub mod addr;
+#[cfg(not(loom))]
 pub mod alloc;
+#[cfg(not(loom))]
+pub mod checksum;
+#[cfg(not(loom))]
+pub mod error;
+#[cfg(not(loom))]
+pub mod placement;
+#[cfg(not(loom))]
+pub mod pool;
+#[cfg(not(loom))]
+pub mod protocol;
+#[cfg(not(loom))]
+pub mod segment;
+pub mod seqlock;
+mod sync;
+
+#[cfg(not(loom))]
+pub use addr::{GlobalAddr, NodeId};
+#[cfg(not(loom))]
+pub use checksum::checksum;
+#[cfg(not(loom))]
+pub use error::{AddrFault, PoolError, MAX_KEY_LEN};
+#[cfg(not(loom))]
+pub use pool::{Millis, Pool, PoolConfig};

@@ -1,0 +1,813 @@
+//! The pool: segments, their allocators, the object index, and every operation on objects.
+//!
+//! This is the node's whole state machine, with no sockets and no clock: callers pass `now`
+//! (milliseconds on any monotonic clock of theirs). It is `Sync`; the daemon shares one `Pool`
+//! between all connections.
+//!
+//! Locks, always taken in this order and never the other way: an index shard, then a
+//! segment's allocator. The pending tables are never held while taking another lock.
+//!
+//! An object's life: [`Pool::alloc`] reserves memory and quota and returns a signed address of a
+//! *pending* object (invisible to readers); the bytes are written (by the daemon from a socket,
+//! by one-sided writes, or by a same-host client straight into the mapping); [`Pool::commit`]
+//! checks the checksum and makes it visible atomically, replacing any older object of the same
+//! key. Pending objects not committed by their deadline are reclaimed by [`Pool::reap`].
+
+mod index;
+mod namespace;
+mod pending;
+mod stats;
+
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::addr::{GlobalAddr, MacKey, NodeId};
+use crate::alloc::{AllocConfig, Allocator};
+use crate::checksum::checksum;
+use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
+use crate::segment::{Backing, HugePages, Segment, SegmentSpec};
+use crate::seqlock;
+use index::{Entry, Shard, Zombie};
+use namespace::Namespace;
+pub use namespace::{NamespaceConfig, DEFAULT_NAMESPACE};
+use pending::{Pending, PendingShard};
+pub use stats::{NamespaceStats, PoolStats, SegmentStats};
+
+/// Milliseconds on the caller's monotonic clock.
+pub type Millis = u64;
+
+/// How to build a pool. Every default is right for one node on a laptop.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// This node's id. Default 0.
+    pub node: NodeId,
+    /// Bytes of each segment's data area. Default 1 GiB.
+    pub segment_size: u64,
+    /// Number of segments. Default 1.
+    pub segments: u32,
+    /// Where segment memory comes from. Default: files in `/dev/shm/kvpool-<node>`.
+    pub backing: Backing,
+    /// Huge page policy. Default [`HugePages::Auto`].
+    pub huge_pages: HugePages,
+    /// Fault every page in at start. Default false.
+    pub prefault: bool,
+    /// Allocator geometry. Default 64 KiB pages, 512 B granule.
+    pub alloc: AllocConfig,
+    /// Index shards (rounded up to a power of two). Default 64.
+    pub shards: usize,
+    /// How long an allocation may stay uncommitted before it is reclaimed. Default 30 s.
+    pub pending_timeout_ms: Millis,
+    /// Longest lease a reader may take. Default 30 s.
+    pub max_lease_ms: Millis,
+    /// Namespaces; `default` is added when missing.
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            node: NodeId(0),
+            segment_size: 1 << 30,
+            segments: 1,
+            backing: Backing::File(default_dir(NodeId(0))),
+            huge_pages: HugePages::Auto,
+            prefault: false,
+            alloc: AllocConfig::default(),
+            shards: 64,
+            pending_timeout_ms: 30_000,
+            max_lease_ms: 30_000,
+            namespaces: vec![NamespaceConfig::unlimited(DEFAULT_NAMESPACE)],
+        }
+    }
+}
+
+/// The default segment directory of a node: `/dev/shm/kvpool-<node>`.
+pub fn default_dir(node: NodeId) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/dev/shm/kvpool-{}", node.0))
+}
+
+/// A committed object as found by a lookup: where it is and its checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// Its signed address.
+    pub addr: GlobalAddr,
+    /// xxh3-64 of its bytes.
+    pub checksum: u64,
+}
+
+/// The node's memory pool.
+pub struct Pool {
+    node: NodeId,
+    mac: MacKey,
+    segments: Vec<SegmentSlot>,
+    shards: Box<[Mutex<Shard>]>,
+    pending: Box<[Mutex<PendingShard>]>,
+    namespaces: Vec<Namespace>,
+    next_generation: AtomicU64,
+    segment_cursor: AtomicUsize,
+    evict_cursor: AtomicUsize,
+    pending_timeout: Millis,
+    max_lease: Millis,
+    counters: stats::Counters,
+}
+
+struct SegmentSlot {
+    segment: Segment,
+    alloc: Mutex<Allocator>,
+}
+
+/// Bounds the work of one allocation under memory pressure.
+const MAX_EVICTIONS_PER_ALLOC: usize = 4096;
+
+impl Pool {
+    /// Creates the segments and an empty index. `secret` keys the memory keys of every address
+    /// this pool hands out; the daemon draws it from the OS at start-up.
+    pub fn new(cfg: &PoolConfig, secret: [u8; 16]) -> io::Result<Pool> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        if cfg.segments == 0 || cfg.segments > u16::MAX as u32 {
+            return Err(invalid(format!(
+                "segments must be 1..=65535, not {}",
+                cfg.segments
+            )));
+        }
+        let mut segments = Vec::new();
+        for id in 0..cfg.segments {
+            let alloc = Allocator::new(cfg.segment_size, cfg.alloc)
+                .map_err(|e| invalid(format!("segment size {}: {e}", cfg.segment_size)))?;
+            let spec = SegmentSpec {
+                node: cfg.node,
+                id,
+                data_len: alloc.capacity(),
+                granule: alloc.granule(),
+                backing: cfg.backing.clone(),
+                huge_pages: cfg.huge_pages,
+                prefault: cfg.prefault,
+            };
+            let segment = Segment::create(&spec)?;
+            segments.push(SegmentSlot {
+                segment,
+                alloc: Mutex::new(alloc),
+            });
+        }
+        let mut ns_cfg = cfg.namespaces.clone();
+        if !ns_cfg.iter().any(|n| n.name == DEFAULT_NAMESPACE) {
+            ns_cfg.insert(0, NamespaceConfig::unlimited(DEFAULT_NAMESPACE));
+        }
+        for (i, n) in ns_cfg.iter().enumerate() {
+            if n.name.is_empty() || ns_cfg[..i].iter().any(|m| m.name == n.name) {
+                return Err(invalid(format!(
+                    "namespace name {:?} is empty or repeated",
+                    n.name
+                )));
+            }
+        }
+        let namespaces: Vec<Namespace> = ns_cfg.iter().map(Namespace::new).collect();
+        let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
+        Ok(Pool {
+            node: cfg.node,
+            mac: MacKey::new(secret),
+            segments,
+            shards: (0..nshards)
+                .map(|_| Mutex::new(Shard::new(namespaces.len())))
+                .collect(),
+            pending: (0..nshards)
+                .map(|_| Mutex::new(PendingShard::default()))
+                .collect(),
+            namespaces,
+            next_generation: AtomicU64::new(1),
+            segment_cursor: AtomicUsize::new(0),
+            evict_cursor: AtomicUsize::new(0),
+            pending_timeout: cfg.pending_timeout_ms,
+            max_lease: cfg.max_lease_ms,
+            counters: stats::Counters::default(),
+        })
+    }
+
+    /// This pool's node.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The id of the namespace called `name`.
+    pub fn namespace_id(&self, name: &str) -> Option<u32> {
+        self.namespaces
+            .iter()
+            .position(|n| n.name == name)
+            .map(|i| i as u32)
+    }
+
+    /// Every namespace, as (name, id).
+    pub fn namespaces(&self) -> Vec<(String, u32)> {
+        self.namespaces
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i as u32))
+            .collect()
+    }
+
+    /// The segments, for same-host clients that map them.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.segments.iter().map(|s| &s.segment)
+    }
+
+    /// Largest value this pool can ever hold.
+    pub fn max_value_len(&self) -> u64 {
+        self.segments[0].segment.data_len()
+    }
+
+    // ----- two-phase put -----
+
+    /// Reserves memory for a `len`-byte value of `key` and returns the address to write it to.
+    /// The object stays invisible until [`Pool::commit`]. Evicts (LRU, skipping pinned, leased
+    /// and in-use objects) when the namespace's quota or the pool is full.
+    pub fn alloc(
+        &self,
+        ns: u32,
+        key: &[u8],
+        len: u64,
+        pin: bool,
+        now: Millis,
+    ) -> Result<GlobalAddr, PoolError> {
+        let space = self.ns(ns)?;
+        check_key(key)?;
+        let size = self
+            .alloc_lock(0)
+            .reserved_size(len)
+            .ok_or(PoolError::TooLarge)?;
+        let mut evicted = 0;
+        while !space.try_reserve(size) {
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_one(Some(ns), now) {
+                return Err(PoolError::QuotaExceeded);
+            }
+            evicted += 1;
+        }
+        let (segment, block) = loop {
+            if let Some(found) = self.try_allocate(len) {
+                break found;
+            }
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_one(None, now) {
+                space.unreserve(size);
+                return Err(PoolError::PoolFull);
+            }
+            evicted += 1;
+        };
+        debug_assert_eq!(block.size, size);
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let word = self.segments[segment]
+            .segment
+            .version(block.offset)
+            .expect("granule aligned");
+        seqlock::begin(word, generation);
+        self.pending_lock(generation).by_generation.insert(
+            generation,
+            Pending {
+                ns,
+                key: key.into(),
+                segment: segment as u16,
+                offset: block.offset,
+                len,
+                size,
+                deadline: now.saturating_add(self.pending_timeout),
+                pin,
+                writers: 0,
+            },
+        );
+        Ok(self
+            .mac
+            .address(self.node, segment as u32, block.offset, len, generation))
+    }
+
+    /// Opens a pending allocation for writing. While the returned guard lives the allocation
+    /// can't be reclaimed, committed or aborted.
+    pub fn begin_write(&self, addr: &GlobalAddr) -> Result<PendingWrite<'_>, PoolError> {
+        let seg = self.check_addr(addr)?;
+        let mut p = self.pending_lock(addr.generation);
+        let entry = p
+            .by_generation
+            .get_mut(&addr.generation)
+            .ok_or(AddrFault::NotWritable)?;
+        if entry.offset != addr.offset || entry.len != addr.len {
+            return Err(AddrFault::NotWritable.into());
+        }
+        entry.writers += 1;
+        Ok(PendingWrite {
+            pool: self,
+            segment: &seg.segment,
+            addr: *addr,
+        })
+    }
+
+    /// One-sided write of `bytes` at `offset` inside a pending allocation.
+    pub fn write(&self, addr: &GlobalAddr, offset: u64, bytes: &[u8]) -> Result<(), PoolError> {
+        let w = self.begin_write(addr)?;
+        let at = addr
+            .sub_range(offset, bytes.len() as u64)
+            .ok_or(AddrFault::OutOfBounds)?;
+        w.segment.copy_in(at, bytes);
+        Ok(())
+    }
+
+    /// Makes a pending object visible, after checking its bytes hash to `checksum` (xxh3-64).
+    /// On a checksum mismatch the allocation is released and the old object, if any, stays.
+    pub fn commit(
+        &self,
+        addr: &GlobalAddr,
+        checksum_given: u64,
+        now: Millis,
+    ) -> Result<(), PoolError> {
+        let seg = self.check_addr(addr)?;
+        let p = {
+            let mut pending = self.pending_lock(addr.generation);
+            match pending.by_generation.get(&addr.generation) {
+                Some(p) if p.offset == addr.offset && p.len == addr.len => {
+                    if p.writers > 0 {
+                        return Err(AddrFault::Busy.into());
+                    }
+                }
+                _ => return Err(AddrFault::NotWritable.into()),
+            }
+            pending
+                .by_generation
+                .remove(&addr.generation)
+                .expect("checked above")
+        };
+        // SAFETY: in bounds (checked when allocated); the allocation is ours alone: it is out
+        // of the pending table and not yet in the index, so nobody else can write or free it.
+        let bytes = unsafe { seg.segment.data(p.offset, p.len) };
+        if checksum(bytes) != checksum_given {
+            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            return Err(PoolError::ChecksumMismatch);
+        }
+        let word = seg.segment.version(p.offset).expect("granule aligned");
+        seqlock::publish(word, addr.generation);
+        let entry = Entry {
+            offset: p.offset,
+            len: p.len,
+            generation: addr.generation,
+            checksum: checksum_given,
+            lease_until: 0,
+            segment: p.segment,
+            readers: 0,
+            pinned: p.pin,
+        };
+        let space = &self.namespaces[p.ns as usize];
+        if p.pin {
+            space.pinned.fetch_add(p.size, Ordering::Relaxed);
+        }
+        let mut shard = self.shard_lock(&p.key);
+        match shard.lrus[p.ns as usize].put(p.key, entry) {
+            Some(old) => self.retire_entry(&mut shard, p.ns, old),
+            None => {
+                space.objects.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(shard);
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        let _ = now;
+        Ok(())
+    }
+
+    /// Gives a pending allocation back without committing it.
+    pub fn abort(&self, addr: &GlobalAddr) -> Result<(), PoolError> {
+        self.check_addr(addr)?;
+        let p = {
+            let mut pending = self.pending_lock(addr.generation);
+            match pending.by_generation.get(&addr.generation) {
+                Some(p) if p.offset == addr.offset && p.writers == 0 => {}
+                Some(_) => return Err(AddrFault::Busy.into()),
+                None => return Err(AddrFault::NotWritable.into()),
+            }
+            pending
+                .by_generation
+                .remove(&addr.generation)
+                .expect("checked above")
+        };
+        self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+        Ok(())
+    }
+
+    /// Reclaims allocations left uncommitted past their deadline; returns how many.
+    pub fn reap(&self, now: Millis) -> usize {
+        let mut expired = Vec::new();
+        for p in self.pending.iter() {
+            lock(p).take_expired(now, &mut expired);
+        }
+        for (generation, p) in &expired {
+            self.free_block(p.ns, p.segment, p.offset, *generation, p.pin);
+        }
+        self.counters
+            .reaped
+            .fetch_add(expired.len() as u64, Ordering::Relaxed);
+        expired.len()
+    }
+
+    /// Stores `value` under `key` in one step (alloc, copy, commit).
+    pub fn put(
+        &self,
+        ns: u32,
+        key: &[u8],
+        value: &[u8],
+        pin: bool,
+        now: Millis,
+    ) -> Result<GlobalAddr, PoolError> {
+        let addr = self.alloc(ns, key, value.len() as u64, pin, now)?;
+        self.write(&addr, 0, value)?;
+        self.commit(&addr, checksum(value), now)?;
+        Ok(addr)
+    }
+
+    // ----- reads -----
+
+    /// Finds a committed object and holds it for reading: until the returned reference is
+    /// dropped the memory can't be evicted or reused, so its bytes can be streamed as they are.
+    pub fn get_ref<'a>(
+        &'a self,
+        ns: u32,
+        key: &'a [u8],
+        _now: Millis,
+    ) -> Result<ObjectRef<'a>, PoolError> {
+        self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        let Some(e) = shard.lrus[ns as usize].get_mut(key) else {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return Err(PoolError::NotFound);
+        };
+        if e.readers == u16::MAX {
+            // So many concurrent readers of one object: let this one miss rather than wrap.
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return Err(PoolError::NotFound);
+        }
+        e.readers += 1;
+        let e = *e;
+        drop(shard);
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Ok(ObjectRef {
+            pool: self,
+            ns,
+            key,
+            entry: e,
+        })
+    }
+
+    /// Copies an object's bytes into `dst` (which must be at least as long); returns its length.
+    pub fn get_into(
+        &self,
+        ns: u32,
+        key: &[u8],
+        dst: &mut [u8],
+        now: Millis,
+    ) -> Result<usize, PoolError> {
+        let r = self.get_ref(ns, key, now)?;
+        let bytes = r.bytes();
+        let out = dst.get_mut(..bytes.len()).ok_or(AddrFault::OutOfBounds)?;
+        out.copy_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    /// The object's bytes, copied.
+    pub fn get(&self, ns: u32, key: &[u8], now: Millis) -> Result<Vec<u8>, PoolError> {
+        Ok(self.get_ref(ns, key, now)?.bytes().to_vec())
+    }
+
+    /// Length of the leading run of `keys` that are present (what prefix lookups need).
+    /// Does not change recency.
+    pub fn exists_prefix<'k>(
+        &self,
+        ns: u32,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Result<usize, PoolError> {
+        self.ns(ns)?;
+        let mut n = 0;
+        for key in keys {
+            check_key(key)?;
+            if !self.shard_lock(key).lrus[ns as usize].contains(key) {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Finds an object for one-sided reads and leases it for `lease_ms` (capped by the pool's
+    /// maximum; 0 takes no lease): eviction won't recycle it before the lease ends.
+    pub fn lookup(
+        &self,
+        ns: u32,
+        key: &[u8],
+        lease_ms: Millis,
+        now: Millis,
+    ) -> Result<Option<Located>, PoolError> {
+        self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        let Some(e) = shard.lrus[ns as usize].get_mut(key) else {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        if lease_ms > 0 {
+            e.lease_until = e
+                .lease_until
+                .max(now.saturating_add(lease_ms.min(self.max_lease)));
+        }
+        let e = *e;
+        drop(shard);
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Located {
+            addr: self
+                .mac
+                .address(self.node, e.segment as u32, e.offset, e.len, e.generation),
+            checksum: e.checksum,
+        }))
+    }
+
+    /// Ends the lease on an object (leases are per object, not per holder). Returns whether the
+    /// object exists.
+    pub fn release(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
+        self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        Ok(shard.lrus[ns as usize]
+            .peek_mut(key)
+            .map(|e| e.lease_until = 0)
+            .is_some())
+    }
+
+    /// Pins (or unpins) an object: pinned objects are never evicted and count against the
+    /// namespace's quota like any other. Returns whether the object exists.
+    pub fn set_pinned(&self, ns: u32, key: &[u8], pinned: bool) -> Result<bool, PoolError> {
+        let space = self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        let Some(e) = shard.lrus[ns as usize].peek_mut(key) else {
+            return Ok(false);
+        };
+        if e.pinned != pinned {
+            e.pinned = pinned;
+            let size = self
+                .alloc_lock(e.segment as usize)
+                .block_at(e.offset)
+                .map_or(0, |b| b.size);
+            if pinned {
+                space.pinned.fetch_add(size, Ordering::Relaxed);
+            } else {
+                space.pinned.fetch_sub(size, Ordering::Relaxed);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Removes an object. Returns whether it existed. Readers still streaming it finish first.
+    pub fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
+        let space = self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        let Some(e) = shard.lrus[ns as usize].pop(key) else {
+            return Ok(false);
+        };
+        space.objects.fetch_sub(1, Ordering::Relaxed);
+        self.retire_entry(&mut shard, ns, e);
+        Ok(true)
+    }
+
+    /// One-sided read: copies `dst.len()` bytes at `offset` of the object at `addr` into `dst`.
+    /// Never touches the index: checks node, segment, memory key and bounds, then copies under
+    /// the object's version word, so a read that raced with eviction and reuse is reported as
+    /// [`AddrFault::Stale`] instead of returning foreign bytes.
+    pub fn read(&self, addr: &GlobalAddr, offset: u64, dst: &mut [u8]) -> Result<(), PoolError> {
+        let seg = self.check_addr(addr)?;
+        let at = addr
+            .sub_range(offset, dst.len() as u64)
+            .ok_or(AddrFault::OutOfBounds)?;
+        let word = seg
+            .segment
+            .version(addr.offset)
+            .ok_or(AddrFault::OutOfBounds)?;
+        if !seqlock::read_begin(word, addr.generation) {
+            return Err(AddrFault::Stale.into());
+        }
+        seg.segment.copy_out_racy(at, dst);
+        if !seqlock::read_validate(word, addr.generation) {
+            return Err(AddrFault::Stale.into());
+        }
+        Ok(())
+    }
+
+    /// Checks an address's node, segment, key and bounds without touching the object, so a
+    /// caller can size a buffer for a one-sided read before making it.
+    pub fn verify_addr(&self, addr: &GlobalAddr) -> Result<(), PoolError> {
+        self.check_addr(addr).map(|_| ()).map_err(Into::into)
+    }
+
+    /// A snapshot of occupancy, fragmentation and counters.
+    pub fn stats(&self) -> PoolStats {
+        stats::collect(self)
+    }
+
+    // ----- internals -----
+
+    fn ns(&self, ns: u32) -> Result<&Namespace, PoolError> {
+        self.namespaces
+            .get(ns as usize)
+            .ok_or(PoolError::UnknownNamespace)
+    }
+
+    fn shard_lock(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+        let h = xxhash_rust::xxh3::xxh3_64(key);
+        lock(&self.shards[(h as usize) & (self.shards.len() - 1)])
+    }
+
+    fn pending_lock(&self, generation: u64) -> MutexGuard<'_, PendingShard> {
+        lock(&self.pending[(generation as usize) & (self.pending.len() - 1)])
+    }
+
+    fn alloc_lock(&self, segment: usize) -> MutexGuard<'_, Allocator> {
+        lock(&self.segments[segment].alloc)
+    }
+
+    fn check_addr(&self, addr: &GlobalAddr) -> Result<&SegmentSlot, AddrFault> {
+        if addr.node != self.node {
+            return Err(AddrFault::WrongNode);
+        }
+        let seg = self
+            .segments
+            .get(addr.segment as usize)
+            .ok_or(AddrFault::NoSegment)?;
+        if !self.mac.verify(addr) {
+            return Err(AddrFault::WrongKey);
+        }
+        if !seg.segment.in_bounds(addr.offset, addr.len) {
+            return Err(AddrFault::OutOfBounds);
+        }
+        Ok(seg)
+    }
+
+    fn try_allocate(&self, len: u64) -> Option<(usize, crate::alloc::Block)> {
+        let n = self.segments.len();
+        let start = self.segment_cursor.fetch_add(1, Ordering::Relaxed) % n;
+        (0..n)
+            .map(|i| (start + i) % n)
+            .find_map(|s| self.alloc_lock(s).allocate(len).map(|b| (s, b)))
+    }
+
+    /// Evicts one object: from namespace `only` if given, else from any. False when nothing is
+    /// evictable.
+    fn evict_one(&self, only: Option<u32>, now: Millis) -> bool {
+        let nshards = self.shards.len();
+        let nns = self.namespaces.len();
+        let start = self.evict_cursor.fetch_add(1, Ordering::Relaxed);
+        for i in 0..nshards {
+            let mut shard = lock(&self.shards[(start + i) & (nshards - 1)]);
+            for j in 0..nns {
+                let ns = match only {
+                    Some(ns) => ns as usize,
+                    None => (start + j) % nns,
+                };
+                if let Some(e) = shard.pop_victim(ns, now) {
+                    self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
+                    self.retire_entry(&mut shard, ns as u32, e);
+                    self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                if only.is_some() {
+                    break;
+                }
+            }
+        }
+        false
+    }
+
+    /// Frees an object that just left the index, or parks it until its readers are done.
+    fn retire_entry(&self, shard: &mut Shard, ns: u32, e: Entry) {
+        if e.readers > 0 {
+            shard.zombies.push(Zombie {
+                ns,
+                segment: e.segment,
+                offset: e.offset,
+                generation: e.generation,
+                readers: e.readers,
+                pinned: e.pinned,
+            });
+        } else {
+            self.free_block(ns, e.segment, e.offset, e.generation, e.pinned);
+        }
+    }
+
+    fn free_block(&self, ns: u32, segment: u16, offset: u64, generation: u64, pinned: bool) {
+        let slot = &self.segments[segment as usize];
+        if let Some(word) = slot.segment.version(offset) {
+            seqlock::retire(word, generation);
+        }
+        let Ok(block) = lock(&slot.alloc).free(offset) else {
+            debug_assert!(false, "freeing a block that is not allocated");
+            return;
+        };
+        let space = &self.namespaces[ns as usize];
+        space.unreserve(block.size);
+        if pinned {
+            space.pinned.fetch_sub(block.size, Ordering::Relaxed);
+        }
+    }
+
+    fn release_reader(&self, ns: u32, key: &[u8], generation: u64) {
+        let zombie = self
+            .shard_lock(key)
+            .release_reader(ns as usize, key, generation);
+        if let Some(z) = zombie {
+            self.free_block(z.ns, z.segment, z.offset, z.generation, z.pinned);
+        }
+    }
+}
+
+/// A committed object held for reading (see [`Pool::get_ref`]).
+pub struct ObjectRef<'a> {
+    pool: &'a Pool,
+    ns: u32,
+    key: &'a [u8],
+    entry: Entry,
+}
+
+impl ObjectRef<'_> {
+    /// The object's bytes, straight from segment memory.
+    pub fn bytes(&self) -> &[u8] {
+        let seg = &self.pool.segments[self.entry.segment as usize].segment;
+        // SAFETY: the range was bounds-checked when allocated; this reference's reader count
+        // keeps the block from being freed, and committed objects are never written.
+        unsafe { seg.data(self.entry.offset, self.entry.len) }
+    }
+
+    /// xxh3-64 of the bytes, as checked at commit.
+    pub fn checksum(&self) -> u64 {
+        self.entry.checksum
+    }
+
+    /// The object's signed address.
+    pub fn addr(&self) -> GlobalAddr {
+        let e = &self.entry;
+        self.pool.mac.address(
+            self.pool.node,
+            e.segment as u32,
+            e.offset,
+            e.len,
+            e.generation,
+        )
+    }
+}
+
+impl Drop for ObjectRef<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .release_reader(self.ns, self.key, self.entry.generation);
+    }
+}
+
+/// An open write into a pending allocation (see [`Pool::begin_write`]).
+pub struct PendingWrite<'a> {
+    pool: &'a Pool,
+    segment: &'a Segment,
+    addr: GlobalAddr,
+}
+
+impl PendingWrite<'_> {
+    /// The allocation's bytes, for filling in place (for instance straight from a socket).
+    ///
+    /// # Safety
+    /// Only one `PendingWrite` of an allocation may hand out this slice at a time: the caller
+    /// that allocated must not open two writes of the same allocation and use both.
+    #[expect(clippy::mut_from_ref, reason = "exclusivity is the caller's contract")]
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: bounds checked in begin_write; the pending allocation belongs to the caller
+        // and the writer count keeps the reaper away.
+        unsafe { self.segment.data_mut(self.addr.offset, self.addr.len) }
+    }
+}
+
+impl Drop for PendingWrite<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self
+            .pool
+            .pending_lock(self.addr.generation)
+            .by_generation
+            .get_mut(&self.addr.generation)
+        {
+            p.writers = p.writers.saturating_sub(1);
+        }
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<(), PoolError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(PoolError::BadKey);
+    }
+    Ok(())
+}
+
+/// Locks a mutex, recovering from poisoning: every critical section leaves the data consistent
+/// before anything that could panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,44 @@
+//! Allocations that are being written and not yet committed: invisible to readers, reclaimed
+//! when abandoned past their deadline.
+
+use std::collections::HashMap;
+
+use crate::pool::Millis;
+
+/// One uncommitted allocation.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) ns: u32,
+    pub(crate) key: Box<[u8]>,
+    pub(crate) segment: u16,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) size: u64,
+    pub(crate) deadline: Millis,
+    pub(crate) pin: bool,
+    /// Writes copying into the block right now; the reaper leaves the block alone meanwhile.
+    pub(crate) writers: u32,
+}
+
+/// Pending allocations of one shard, by generation.
+#[derive(Default)]
+pub(crate) struct PendingShard {
+    pub(crate) by_generation: HashMap<u64, Pending>,
+}
+
+impl PendingShard {
+    /// Takes out every allocation past its deadline that no write is using.
+    pub(crate) fn take_expired(&mut self, now: Millis, out: &mut Vec<(u64, Pending)>) {
+        let expired: Vec<u64> = self
+            .by_generation
+            .iter()
+            .filter(|(_, p)| p.deadline <= now && p.writers == 0)
+            .map(|(&g, _)| g)
+            .collect();
+        for g in expired {
+            if let Some(p) = self.by_generation.remove(&g) {
+                out.push((g, p));
+            }
+        }
+    }
+}

@@ -1,0 +1,390 @@
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::error::AddrFault;
+
+fn cfg(segment_size: u64) -> PoolConfig {
+    PoolConfig {
+        segment_size,
+        backing: Backing::Anonymous,
+        huge_pages: HugePages::Off,
+        shards: 4,
+        namespaces: vec![
+            NamespaceConfig::unlimited(DEFAULT_NAMESPACE),
+            NamespaceConfig {
+                name: "small".into(),
+                quota_bytes: Some(256 << 10),
+            },
+        ],
+        ..PoolConfig::default()
+    }
+}
+
+fn pool(segment_size: u64) -> Pool {
+    Pool::new(&cfg(segment_size), [9; 16]).unwrap()
+}
+
+fn value(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(seed) as u8)
+        .collect()
+}
+
+#[test]
+fn index_entries_stay_small() {
+    // Pools hold millions of objects; docs/ARCHITECTURE.md quotes this size.
+    assert!(std::mem::size_of::<index::Entry>() <= 48);
+}
+
+#[test]
+fn put_get_remove_round_trip() {
+    let p = pool(4 << 20);
+    let v = value(1, 10_000);
+    p.put(0, b"k", &v, false, 0).unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), v);
+    let r = p.get_ref(0, b"k", 0).unwrap();
+    assert_eq!(r.checksum(), checksum(&v));
+    drop(r);
+    assert!(p.remove(0, b"k").unwrap());
+    assert!(!p.remove(0, b"k").unwrap());
+    assert_eq!(p.get(0, b"k", 0), Err(PoolError::NotFound));
+    assert_eq!(p.stats().used_bytes(), 0);
+    let s = p.stats();
+    assert_eq!((s.hits, s.misses), (2, 1));
+}
+
+#[test]
+fn bad_keys_and_namespaces_are_refused() {
+    let p = pool(4 << 20);
+    assert_eq!(p.put(0, b"", b"x", false, 0), Err(PoolError::BadKey));
+    assert_eq!(p.put(0, &[1; 257], b"x", false, 0), Err(PoolError::BadKey));
+    assert!(p.put(0, &[1; 256], b"x", false, 0).is_ok());
+    assert_eq!(
+        p.put(7, b"k", b"x", false, 0),
+        Err(PoolError::UnknownNamespace)
+    );
+    assert_eq!(p.get(7, b"k", 0), Err(PoolError::UnknownNamespace));
+    assert_eq!(
+        p.alloc(0, b"k", 5 << 20, false, 0),
+        Err(PoolError::TooLarge)
+    );
+}
+
+#[test]
+fn pending_objects_are_invisible_until_commit_and_checksums_are_enforced() {
+    let p = pool(4 << 20);
+    p.put(0, b"k", b"old", false, 0).unwrap();
+    let a = p.alloc(0, b"k", 3, false, 0).unwrap();
+    p.write(&a, 0, b"new").unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), b"old");
+    assert_eq!(
+        p.commit(&a, checksum(b"bad"), 0),
+        Err(PoolError::ChecksumMismatch)
+    );
+    assert_eq!(
+        p.get(0, b"k", 0).unwrap(),
+        b"old",
+        "a failed commit leaves the old value"
+    );
+    let a = p.alloc(0, b"k", 3, false, 0).unwrap();
+    p.write(&a, 1, b"ew").unwrap();
+    p.write(&a, 0, b"n").unwrap();
+    assert_eq!(p.write(&a, 2, b"xx"), Err(AddrFault::OutOfBounds.into()));
+    p.commit(&a, checksum(b"new"), 0).unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), b"new");
+    assert_eq!(
+        p.write(&a, 0, b"x"),
+        Err(AddrFault::NotWritable.into()),
+        "committed objects are immutable"
+    );
+    assert_eq!(
+        p.commit(&a, checksum(b"new"), 0),
+        Err(AddrFault::NotWritable.into())
+    );
+    assert_eq!(p.stats().objects, 1);
+}
+
+#[test]
+fn abandoned_allocations_are_reaped_after_their_deadline() {
+    let p = pool(4 << 20);
+    let a = p.alloc(0, b"k", 1000, false, 100).unwrap();
+    assert_eq!(p.reap(100 + 29_999), 0);
+    {
+        let _w = p.begin_write(&a).unwrap();
+        assert_eq!(p.reap(200_000), 0, "an open write keeps the allocation");
+    }
+    assert_eq!(p.reap(200_000), 1);
+    assert_eq!(p.stats().used_bytes(), 0);
+    assert_eq!(p.commit(&a, 0, 200_001), Err(AddrFault::NotWritable.into()));
+}
+
+#[test]
+fn eviction_makes_room_lru_first() {
+    let p = pool(2 << 20);
+    for i in 0..100u32 {
+        p.put(0, &i.to_le_bytes(), &value(i, 64 << 10), false, i as u64)
+            .unwrap();
+        // keep key 0 hot
+        assert!(p.get_ref(0, &0u32.to_le_bytes(), i as u64).is_ok());
+    }
+    let s = p.stats();
+    assert!(s.evictions >= 60, "{s:?}");
+    assert!(s.used_bytes() <= s.capacity());
+    assert_eq!(
+        p.get(0, &0u32.to_le_bytes(), 0).unwrap(),
+        value(0, 64 << 10)
+    );
+    assert_eq!(
+        p.get(0, &99u32.to_le_bytes(), 0).unwrap(),
+        value(99, 64 << 10)
+    );
+    assert_eq!(p.get(0, &1u32.to_le_bytes(), 0), Err(PoolError::NotFound));
+}
+
+#[test]
+fn pins_survive_pressure_and_a_pool_of_pins_is_full() {
+    let p = pool(1 << 20);
+    p.put(0, b"pinned", &value(7, 64 << 10), true, 0).unwrap();
+    for i in 0..64u32 {
+        p.put(0, &i.to_le_bytes(), &value(i, 64 << 10), false, 0)
+            .unwrap();
+    }
+    assert_eq!(p.get(0, b"pinned", 0).unwrap(), value(7, 64 << 10));
+    assert_eq!(p.stats().namespaces[0].pinned_bytes, 64 << 10);
+    for i in 0..15u32 {
+        p.put(0, &(1000 + i).to_le_bytes(), &value(i, 64 << 10), true, 0)
+            .unwrap();
+    }
+    assert_eq!(
+        p.put(0, b"one more", &value(0, 64 << 10), false, 0),
+        Err(PoolError::PoolFull)
+    );
+    assert!(p.set_pinned(0, b"pinned", false).unwrap());
+    p.put(0, b"one more", &value(0, 64 << 10), false, 0)
+        .unwrap();
+    assert_eq!(
+        p.get(0, b"pinned", 0),
+        Err(PoolError::NotFound),
+        "unpinned, it was the only victim"
+    );
+}
+
+#[test]
+fn leases_hold_off_eviction_until_they_end() {
+    let p = pool(1 << 20);
+    p.put(0, b"leased", &value(1, 512 << 10), false, 0).unwrap();
+    let loc = p.lookup(0, b"leased", 1_000, 0).unwrap().unwrap();
+    assert_eq!(
+        p.put(0, b"big", &value(2, 768 << 10), false, 10),
+        Err(PoolError::PoolFull)
+    );
+    let mut buf = vec![0; 512 << 10];
+    p.read(&loc.addr, 0, &mut buf).unwrap();
+    assert_eq!(buf, value(1, 512 << 10));
+    p.put(0, b"big", &value(2, 768 << 10), false, 1_000)
+        .unwrap();
+    assert_eq!(p.read(&loc.addr, 0, &mut buf), Err(AddrFault::Stale.into()));
+}
+
+#[test]
+fn quotas_evict_within_their_namespace_only() {
+    let p = pool(4 << 20);
+    p.put(0, b"other", &value(3, 64 << 10), false, 0).unwrap();
+    for i in 0..10u32 {
+        p.put(1, &i.to_le_bytes(), &value(i, 64 << 10), false, 0)
+            .unwrap();
+    }
+    let s = p.stats();
+    assert!(s.namespaces[1].used_bytes <= 256 << 10);
+    assert_eq!(s.namespaces[1].objects, 4);
+    assert!(p.get(0, b"other", 0).is_ok());
+    p.put(1, b"pin", &value(0, 64 << 10), true, 0).unwrap();
+    let mut pinned = 1;
+    for i in 0..10u32 {
+        pinned += p.set_pinned(1, &i.to_le_bytes(), true).unwrap() as usize;
+    }
+    assert_eq!(pinned, 4, "sharded LRU kept some three of the ten");
+    assert_eq!(
+        p.put(1, b"x", &value(0, 64 << 10), false, 0),
+        Err(PoolError::QuotaExceeded)
+    );
+}
+
+#[test]
+fn namespaces_are_disjoint() {
+    let p = pool(4 << 20);
+    p.put(0, b"k", b"zero", false, 0).unwrap();
+    p.put(1, b"k", b"one", false, 0).unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), b"zero");
+    assert_eq!(p.get(1, b"k", 0).unwrap(), b"one");
+    p.remove(1, b"k").unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), b"zero");
+    assert_eq!(p.namespace_id("small"), Some(1));
+    assert_eq!(p.namespace_id("nope"), None);
+}
+
+#[test]
+fn removed_objects_stay_readable_until_their_readers_leave() {
+    let p = pool(1 << 20);
+    let v = value(5, 300 << 10);
+    p.put(0, b"k", &v, false, 0).unwrap();
+    let r = p.get_ref(0, b"k", 0).unwrap();
+    p.put(0, b"k", &value(6, 300 << 10), false, 0).unwrap(); // replaced
+    assert!(p.remove(0, b"k").unwrap());
+    // Under pressure the zombie's memory can't be taken.
+    for i in 0..8u32 {
+        let _ = p.put(0, &i.to_le_bytes(), &value(i, 300 << 10), false, 0);
+    }
+    assert_eq!(r.bytes(), &v[..]);
+    let used_before = p.stats().used_bytes();
+    drop(r);
+    assert!(
+        p.stats().used_bytes() < used_before,
+        "the last reader frees the zombie"
+    );
+}
+
+#[test]
+fn one_sided_reads_check_key_bounds_and_generation() {
+    let p = pool(4 << 20);
+    let v = value(9, 4096);
+    let a = p.put(0, b"k", &v, false, 0).unwrap();
+    let mut buf = vec![0u8; 100];
+    p.read(&a, 1000, &mut buf).unwrap();
+    assert_eq!(buf, &v[1000..1100]);
+    let e = |f: AddrFault| Err(PoolError::BadAddress(f));
+    assert_eq!(
+        p.read(
+            &GlobalAddr {
+                key: a.key ^ 1,
+                ..a
+            },
+            0,
+            &mut buf
+        ),
+        e(AddrFault::WrongKey)
+    );
+    assert_eq!(
+        p.read(
+            &GlobalAddr {
+                len: a.len + 100,
+                ..a
+            },
+            0,
+            &mut buf
+        ),
+        e(AddrFault::WrongKey)
+    );
+    assert_eq!(p.read(&a, 4000, &mut buf), e(AddrFault::OutOfBounds));
+    assert_eq!(
+        p.read(
+            &GlobalAddr {
+                node: NodeId(5),
+                ..a
+            },
+            0,
+            &mut buf
+        ),
+        e(AddrFault::WrongNode)
+    );
+    assert_eq!(
+        p.read(&GlobalAddr { segment: 9, ..a }, 0, &mut buf),
+        e(AddrFault::NoSegment)
+    );
+    p.remove(0, b"k").unwrap();
+    assert_eq!(p.read(&a, 0, &mut buf), e(AddrFault::Stale));
+    let b = p.put(0, b"k2", &value(1, 4096), false, 0).unwrap();
+    assert_eq!(b.offset, a.offset, "same block reused");
+    assert_eq!(
+        p.read(&a, 0, &mut buf),
+        e(AddrFault::Stale),
+        "a reused block is not the old object"
+    );
+    let pending = p.alloc(0, b"k3", 10, false, 0).unwrap();
+    assert_eq!(
+        p.read(&pending, 0, &mut buf[..10]),
+        e(AddrFault::Stale),
+        "pending objects are unreadable"
+    );
+}
+
+#[test]
+fn exists_prefix_counts_the_leading_run() {
+    let p = pool(4 << 20);
+    for k in [b"a", b"b", b"d"] {
+        p.put(0, k, b"v", false, 0).unwrap();
+    }
+    let keys: [&[u8]; 4] = [b"a", b"b", b"c", b"d"];
+    assert_eq!(p.exists_prefix(0, keys), Ok(2));
+    assert_eq!(p.exists_prefix(0, [&b"c"[..]]), Ok(0));
+    assert_eq!(
+        p.exists_prefix(0, [&b"a"[..], &b""[..]]),
+        Err(PoolError::BadKey)
+    );
+}
+
+#[test]
+fn file_backed_pools_publish_their_segments() {
+    let dir = std::env::temp_dir().join(format!("kvpool-pool-test-{}", std::process::id()));
+    let c = PoolConfig {
+        backing: Backing::File(dir.clone()),
+        segments: 2,
+        ..cfg(2 << 20)
+    };
+    let p = Pool::new(&c, [1; 16]).unwrap();
+    let paths: Vec<_> = p
+        .segments()
+        .map(|s| s.path().unwrap().to_path_buf())
+        .collect();
+    assert_eq!(paths.len(), 2);
+    assert!(paths.iter().all(|p| p.exists()));
+    drop(p);
+    assert!(paths.iter().all(|p| !p.exists()));
+    let _ = std::fs::remove_dir(dir);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, u16),
+    Get(u8),
+    Remove(u8),
+    Exists(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..32, 0u16..5000).prop_map(|(k, l)| Op::Put(k, l)),
+        (0u8..32).prop_map(Op::Get),
+        (0u8..32).prop_map(Op::Remove),
+        (0u8..32).prop_map(Op::Exists),
+    ]
+}
+
+proptest! {
+    /// With room for everything, the pool behaves exactly like a map, and its accounting is
+    /// exact after every operation.
+    #[test]
+    fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..200)) {
+        let p = pool(8 << 20);
+        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Put(k, l) => {
+                    let v = value(i as u32, l as usize);
+                    p.put(0, &[k], &v, false, 0).unwrap();
+                    model.insert(k, v);
+                }
+                Op::Get(k) => prop_assert_eq!(p.get(0, &[k], 0).ok(), model.get(&k).cloned()),
+                Op::Remove(k) => prop_assert_eq!(p.remove(0, &[k]).unwrap(), model.remove(&k).is_some()),
+                Op::Exists(k) => prop_assert_eq!(p.exists_prefix(0, [&[k][..]]).unwrap(), model.contains_key(&k) as usize),
+            }
+            let s = p.stats();
+            prop_assert_eq!(s.objects, model.len() as u64);
+            let reserved: u64 = model.values().map(|v| p.alloc_lock(0).reserved_size(v.len() as u64).unwrap()).sum();
+            prop_assert_eq!(s.used_bytes(), reserved);
+            prop_assert_eq!(s.namespaces[0].used_bytes, reserved);
+        }
+    }
+}

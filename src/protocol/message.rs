@@ -1,0 +1,302 @@
+//! Request and response headers. Everything bulky (values, read data) travels as the frame's
+//! raw payload, never inside these.
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::addr::{GlobalAddr, NodeId};
+use crate::placement::ClusterView;
+use crate::pool::PoolStats;
+
+/// A request: an id chosen by the client (echoed in the response, so many requests can be in
+/// flight on one connection) and the operation.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub struct Request {
+    /// Echoed in the response.
+    pub id: u64,
+    /// What to do.
+    pub op: Op,
+}
+
+/// A key as sent on the wire.
+pub type Key = Vec<u8>;
+
+/// Operations. The payload column says what raw bytes follow the header.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub enum Op {
+    /// First frame of every connection. Payload: none.
+    Hello {
+        /// [`crate::protocol::PROTOCOL_VERSION`].
+        version: u32,
+        /// Auth token; empty when none.
+        token: String,
+        /// Free-form client name, for logs.
+        client: String,
+    },
+    /// Store one value. Payload: the value.
+    Put {
+        /// Namespace id.
+        ns: u32,
+        /// Key.
+        key: Key,
+        /// xxh3-64 of the value.
+        checksum: u64,
+        /// Pin the object.
+        pin: bool,
+    },
+    /// Fetch one value. Payload: none. Reply: `Value` with the value as payload.
+    Get {
+        /// Namespace id.
+        ns: u32,
+        /// Key.
+        key: Key,
+    },
+    /// Store several values. Payload: the values, concatenated in order.
+    BatchPut {
+        /// Namespace id.
+        ns: u32,
+        /// One per value.
+        items: Vec<PutItem>,
+        /// Pin the objects.
+        pin: bool,
+    },
+    /// Fetch several values. Reply: `Values`, payload the present values concatenated.
+    BatchGet {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Length of the leading run of present keys. Reply: `Count`.
+    Exists {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Remove keys. Reply: `Count` of those that existed.
+    Remove {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Reserve memory for values to be written one-sided. Reply: `Allocated`.
+    Alloc {
+        /// Namespace id.
+        ns: u32,
+        /// One per value.
+        items: Vec<AllocItem>,
+        /// Pin the objects when committed.
+        pin: bool,
+    },
+    /// One-sided write into a pending allocation. Payload: the bytes.
+    Write {
+        /// Address from `Alloc`.
+        addr: GlobalAddr,
+        /// Offset inside the object.
+        offset: u64,
+    },
+    /// Make pending allocations visible. Reply: `Statuses`.
+    Commit {
+        /// One per allocation.
+        items: Vec<CommitItem>,
+    },
+    /// Give pending allocations back. Reply: `Statuses`.
+    Abort {
+        /// Addresses from `Alloc`.
+        addrs: Vec<GlobalAddr>,
+    },
+    /// One-sided read by address. Reply: `Data`, payload the bytes.
+    Read {
+        /// Address of a committed object.
+        addr: GlobalAddr,
+        /// Offset inside the object.
+        offset: u64,
+        /// Bytes to read.
+        len: u64,
+    },
+    /// Find objects for one-sided reads, leasing them. Reply: `Located`.
+    Lookup {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Lease length in ms (0: none).
+        lease_ms: u64,
+    },
+    /// End leases. Reply: `Count` of objects found.
+    Release {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Pin or unpin objects. Reply: `Count` of objects found.
+    Pin {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Pin (true) or unpin.
+        pinned: bool,
+    },
+    /// Node statistics. Reply: `Stats`.
+    Stats,
+    /// The cluster view. Reply: `View`.
+    View,
+    /// Segment files and layouts for a same-host mapping (Unix socket only). Reply: `MapInfo`.
+    MapInfo,
+}
+
+/// One value of a `BatchPut`.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub struct PutItem {
+    /// Key.
+    pub key: Key,
+    /// Value length: the next `len` bytes of the payload.
+    pub len: u64,
+    /// xxh3-64 of the value.
+    pub checksum: u64,
+}
+
+/// One allocation of an `Alloc`.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub struct AllocItem {
+    /// Key.
+    pub key: Key,
+    /// Value length.
+    pub len: u64,
+}
+
+/// One commit.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub struct CommitItem {
+    /// Address from `Alloc`.
+    pub addr: GlobalAddr,
+    /// xxh3-64 of the bytes written.
+    pub checksum: u64,
+}
+
+/// A response: the request's id and the outcome.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub struct Response {
+    /// The request's id.
+    pub id: u64,
+    /// Outcome.
+    pub reply: Reply,
+}
+
+/// Outcomes.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub enum Reply {
+    /// Handshake accepted.
+    Hello(HelloInfo),
+    /// Done, nothing to report.
+    Done,
+    /// A count (see the request).
+    Count(u64),
+    /// One value follows as payload.
+    Value {
+        /// Length.
+        len: u64,
+        /// xxh3-64 of the value.
+        checksum: u64,
+    },
+    /// Per key: present (and its bytes follow in the payload, in order) or not.
+    Values(Vec<Option<ValueMeta>>),
+    /// Per item: an error code (0 for success).
+    Statuses(Vec<u16>),
+    /// Per allocation: an address or an error code.
+    Allocated(Vec<AllocResult>),
+    /// Per key: where the object is, if present.
+    Located(Vec<Option<LocatedWire>>),
+    /// Read data follows as payload.
+    Data,
+    /// Statistics.
+    Stats(PoolStats),
+    /// The cluster view.
+    View(ClusterView),
+    /// Segments to map.
+    MapInfo(Vec<SegmentMap>),
+    /// The request failed; `code` is an [`crate::protocol::ErrorCode`].
+    Error {
+        /// Error code.
+        code: u16,
+        /// Human-readable detail.
+        message: String,
+    },
+}
+
+/// Size and checksum of one value of a batch get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct ValueMeta {
+    /// Length.
+    pub len: u64,
+    /// xxh3-64.
+    pub checksum: u64,
+}
+
+/// Result of one allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct AllocResult {
+    /// The address, when it succeeded.
+    pub addr: Option<GlobalAddr>,
+    /// Error code (0 on success).
+    pub code: u16,
+}
+
+/// A located object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct LocatedWire {
+    /// Its address.
+    pub addr: GlobalAddr,
+    /// xxh3-64 of its bytes.
+    pub checksum: u64,
+}
+
+/// What a node tells a client at the handshake.
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+pub struct HelloInfo {
+    /// Protocol version.
+    pub version: u32,
+    /// The node.
+    pub node: u32,
+    /// Namespaces, as (name, id).
+    pub namespaces: Vec<(String, u32)>,
+    /// Identity of the node's host (the kernel boot id), to detect a same-host client.
+    pub host_id: String,
+    /// The node's Unix socket, for same-host clients (empty: none).
+    pub uds_path: String,
+    /// Largest payload accepted.
+    pub max_payload: u64,
+    /// Most items per batch.
+    pub max_batch: u32,
+    /// The cluster view.
+    pub view: ClusterView,
+}
+
+/// A segment a same-host client may map.
+#[derive(Clone, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct SegmentMap {
+    /// Segment number.
+    pub id: u32,
+    /// File to map.
+    pub path: String,
+    /// Length of the whole mapping.
+    pub total_len: u64,
+}
+
+impl From<&ArchivedGlobalAddrAlias> for GlobalAddr {
+    fn from(a: &ArchivedGlobalAddrAlias) -> Self {
+        GlobalAddr {
+            node: NodeId(a.node.0.to_native()),
+            segment: a.segment.to_native(),
+            offset: a.offset.to_native(),
+            len: a.len.to_native(),
+            generation: a.generation.to_native(),
+            key: a.key.to_native(),
+        }
+    }
+}
+
+type ArchivedGlobalAddrAlias = <GlobalAddr as Archive>::Archived;

@@ -1,0 +1,29 @@
+//! The wire protocol: length-prefixed frames, each a small rkyv-archived header followed by raw
+//! payload bytes that are never serialised. Specified in docs/PROTOCOL.md.
+//!
+//! Decoding is two-phase, as in mini-redis: [`FramePrefix::parse`] checks the fixed 16-byte
+//! prefix against the [`Limits`] before a single byte of the frame is buffered, then
+//! [`decode_request`] validates the archived header (rkyv's bytecheck) before anything reads it.
+//! No input can make a reader allocate more than `max_header` bytes.
+
+mod codes;
+mod frame;
+#[cfg(feature = "io")]
+pub mod io;
+#[allow(
+    missing_docs,
+    reason = "rkyv generates undocumented Archived* mirrors of the documented types"
+)]
+mod message;
+
+pub use codes::ErrorCode;
+pub use frame::{
+    decode_request, decode_response, decode_response_owned, encode, FrameError, FramePrefix,
+    Limits, MAGIC, PREFIX_LEN,
+};
+pub use message::*;
+/// Buffer for headers: rkyv reads archives in place, which needs 16-byte alignment.
+pub use rkyv::util::AlignedVec;
+
+/// Protocol version spoken by this build; the handshake refuses any other.
+pub const PROTOCOL_VERSION: u32 = 1;

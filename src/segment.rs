@@ -1,0 +1,465 @@
+//! Segments: the DRAM a node contributes, mapped so that same-host clients can map it too.
+//!
+//! A segment is one mapping of a file (by default under `/dev/shm`, so tmpfs pages that any
+//! process of the host can map) or of anonymous memory. Its layout, written in a header at the
+//! start so that a client can check what it mapped:
+//!
+//! ```text
+//! [0, 4096)                      header: magic, layout version, ids, granule, region offsets
+//! [versions_offset, +8*n)        one AtomicU64 version word per granule of the data area
+//! [data_offset, +data_len)       the objects, aligned to 2 MiB (huge-page friendly)
+//! ```
+//!
+//! The version word of the granule where an object starts is that object's seqlock word (see
+//! [`crate::seqlock`]). Everything here is bounds-checked; the raw accessors are `unsafe` and
+//! say what their callers must guarantee.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::addr::NodeId;
+
+/// Magic bytes at the start of every segment file.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"KVPOOLSG";
+/// Version of the on-memory layout described in the module docs.
+pub const LAYOUT_VERSION: u32 = 1;
+const HEADER_LEN: u64 = 4096;
+const DATA_ALIGN: u64 = 2 << 20;
+
+/// Whether to ask for huge pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugePages {
+    /// Try the best available and fall back to normal pages, logging what was obtained.
+    #[default]
+    Auto,
+    /// Normal pages only.
+    Off,
+}
+
+/// What backs a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// A file in this directory (tmpfs or hugetlbfs): same-host clients can map it.
+    File(PathBuf),
+    /// Anonymous memory: private to the daemon, no same-host mapping.
+    Anonymous,
+}
+
+/// Which kind of pages a segment got, for the logs and stats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageKind {
+    /// Explicit huge pages (`MAP_HUGETLB` or a hugetlbfs file).
+    HugeTlb,
+    /// Normal pages with `MADV_HUGEPAGE` advice: the kernel may back them with transparent huge
+    /// pages, depending on its settings.
+    TransparentAdvised,
+    /// Normal pages.
+    Normal,
+}
+
+/// How to create a segment.
+#[derive(Clone, Debug)]
+pub struct SegmentSpec {
+    /// Node that owns the segment.
+    pub node: NodeId,
+    /// Segment number within the node.
+    pub id: u32,
+    /// Size of the data area in bytes (rounded down to a multiple of the allocator page size by
+    /// the caller).
+    pub data_len: u64,
+    /// Granule of the version table: every object starts on a multiple of it.
+    pub granule: u64,
+    /// Backing memory.
+    pub backing: Backing,
+    /// Huge page policy.
+    pub huge_pages: HugePages,
+    /// Touch every page at creation (`MAP_POPULATE`) so the first writes don't fault.
+    pub prefault: bool,
+}
+
+/// The fixed header at the start of a segment, as read back by a mapping client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentLayout {
+    /// Owning node.
+    pub node: NodeId,
+    /// Segment number.
+    pub id: u32,
+    /// Version word granule.
+    pub granule: u64,
+    /// Offset of the version table.
+    pub versions_offset: u64,
+    /// Offset of the data area.
+    pub data_offset: u64,
+    /// Length of the data area.
+    pub data_len: u64,
+}
+
+impl SegmentLayout {
+    /// The layout for a data area of `data_len` bytes with version words every `granule` bytes.
+    pub fn new(node: NodeId, id: u32, data_len: u64, granule: u64) -> Self {
+        let words = data_len.div_ceil(granule);
+        let versions_offset = HEADER_LEN;
+        let data_offset = (versions_offset + words * 8).next_multiple_of(DATA_ALIGN);
+        SegmentLayout {
+            node,
+            id,
+            granule,
+            versions_offset,
+            data_offset,
+            data_len,
+        }
+    }
+
+    /// Total bytes of the mapping.
+    pub fn total_len(&self) -> u64 {
+        self.data_offset + self.data_len
+    }
+
+    fn encode(&self) -> [u8; 56] {
+        let mut b = [0u8; 56];
+        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        b[8..12].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.node.0.to_le_bytes());
+        b[16..20].copy_from_slice(&self.id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.granule.to_le_bytes());
+        b[32..40].copy_from_slice(&self.versions_offset.to_le_bytes());
+        b[40..48].copy_from_slice(&self.data_offset.to_le_bytes());
+        b[48..56].copy_from_slice(&self.data_len.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks a header read from the start of a mapping of `mapped_len` bytes.
+    pub fn decode(b: &[u8], mapped_len: u64) -> io::Result<Self> {
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        if b.len() < 56 || b[0..8] != SEGMENT_MAGIC {
+            return Err(bad("not a kvpool segment (bad magic)"));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if u32_at(8) != LAYOUT_VERSION {
+            return Err(bad("unsupported segment layout version"));
+        }
+        let l = SegmentLayout {
+            node: NodeId(u32_at(12)),
+            id: u32_at(16),
+            granule: u64_at(24),
+            versions_offset: u64_at(32),
+            data_offset: u64_at(40),
+            data_len: u64_at(48),
+        };
+        let expect = SegmentLayout::new(l.node, l.id, l.data_len, l.granule.max(1));
+        if !l.granule.is_power_of_two() || l != expect || l.total_len() > mapped_len {
+            return Err(bad("inconsistent segment header"));
+        }
+        Ok(l)
+    }
+}
+
+/// A mapped segment.
+pub struct Segment {
+    layout: SegmentLayout,
+    map: MmapRaw,
+    path: Option<PathBuf>,
+    pages: PageKind,
+}
+
+// SAFETY: the mapping is plain shared memory; all mutation goes through raw pointers whose
+// callers uphold the exclusivity contracts documented on `data_mut`, and the version words are
+// atomics.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates (or replaces) a segment as `spec` says.
+    pub fn create(spec: &SegmentSpec) -> io::Result<Segment> {
+        let layout = SegmentLayout::new(spec.node, spec.id, spec.data_len, spec.granule);
+        let len = layout.total_len();
+        let (map, path, pages) = match &spec.backing {
+            Backing::Anonymous => {
+                let (map, pages) = map_anonymous(len, spec)?;
+                (map, None, pages)
+            }
+            Backing::File(dir) => {
+                std::fs::create_dir_all(dir)?;
+                let path = dir.join(segment_file_name(spec.node, spec.id));
+                // A stale file from an earlier run is replaced, never reused: its version words
+                // would validate addresses of objects that no longer exist.
+                let _ = std::fs::remove_file(&path);
+                let file = OpenOptions::new()
+                    .mode(0o600)
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)?;
+                file.set_len(len)?;
+                let (map, pages) = map_file(&file, len, spec)?;
+                (map, Some(path), pages)
+            }
+        };
+        let seg = Segment {
+            layout,
+            map,
+            path,
+            pages,
+        };
+        // SAFETY: the header page lies inside the fresh mapping and nobody else has it yet.
+        unsafe {
+            let hdr = layout.encode();
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), seg.map.as_mut_ptr(), hdr.len());
+        }
+        Ok(seg)
+    }
+
+    /// Layout of this segment.
+    pub fn layout(&self) -> &SegmentLayout {
+        &self.layout
+    }
+
+    /// Path of the backing file, if any (what same-host clients map).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Which pages the segment got.
+    pub fn page_kind(&self) -> PageKind {
+        self.pages
+    }
+
+    /// Length of the data area.
+    pub fn data_len(&self) -> u64 {
+        self.layout.data_len
+    }
+
+    /// The version word of the object starting at data offset `offset`, or None when `offset` is
+    /// out of range or not on a granule boundary.
+    pub fn version(&self, offset: u64) -> Option<&AtomicU64> {
+        version_word(&self.map, &self.layout, offset)
+    }
+
+    /// True when `[offset, offset + len)` lies in the data area.
+    pub fn in_bounds(&self, offset: u64, len: u64) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.layout.data_len)
+    }
+
+    /// The data bytes `[offset, offset + len)` for reading.
+    ///
+    /// # Safety
+    /// The range must be in bounds and nobody may write it while the slice lives: the caller
+    /// holds a read reference on the object (the pool's reader count) that stops it from being
+    /// freed and reused, and committed objects are never written.
+    pub unsafe fn data(&self, offset: u64, len: u64) -> &[u8] {
+        debug_assert!(self.in_bounds(offset, len));
+        // SAFETY: in bounds of the mapping (caller's contract); no concurrent writer.
+        unsafe { std::slice::from_raw_parts(self.data_ptr().add(offset as usize), len as usize) }
+    }
+
+    /// The data bytes `[offset, offset + len)` for writing.
+    ///
+    /// # Safety
+    /// The range must be in bounds and belong to an allocation the caller owns exclusively (a
+    /// pending, uncommitted object), and no other slice of it may be live.
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "shared memory: exclusivity is the caller's contract"
+    )]
+    pub unsafe fn data_mut(&self, offset: u64, len: u64) -> &mut [u8] {
+        debug_assert!(self.in_bounds(offset, len));
+        // SAFETY: in bounds; exclusive by the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.data_ptr().add(offset as usize), len as usize)
+        }
+    }
+
+    /// Copies `[offset, offset + dst.len())` into `dst` without any exclusivity: the bytes may be
+    /// concurrently rewritten, so the caller must validate the object's version afterwards
+    /// (seqlock). Returns false when out of bounds.
+    pub fn copy_out_racy(&self, offset: u64, dst: &mut [u8]) -> bool {
+        if !self.in_bounds(offset, dst.len() as u64) {
+            return false;
+        }
+        // SAFETY: in bounds. The source may be written concurrently by another owner (possibly
+        // another process): the bytes are plain `u8`s (every value valid) and the caller
+        // discards them unless the version check proves no write overlapped the copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.data_ptr().add(offset as usize),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+        true
+    }
+
+    /// Copies `src` into the data area at `offset`, for one-sided writes into a pending
+    /// allocation. Returns false when out of bounds.
+    pub fn copy_in(&self, offset: u64, src: &[u8]) -> bool {
+        if !self.in_bounds(offset, src.len() as u64) {
+            return false;
+        }
+        // SAFETY: in bounds. The target is a pending allocation held open by the caller (the
+        // pool's writer count), which nobody reads as committed data; raw pointers avoid
+        // asserting exclusivity that concurrent writers of disjoint ranges would violate.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.data_ptr().add(offset as usize),
+                src.len(),
+            );
+        }
+        true
+    }
+
+    fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: data_offset < total_len, the mapping's length.
+        unsafe { self.map.as_mut_ptr().add(self.layout.data_offset as usize) }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The version word for `offset` inside a mapping with this layout; shared with the client's
+/// read-only mapping code.
+pub fn version_word<'a>(
+    map: &'a MmapRaw,
+    layout: &SegmentLayout,
+    offset: u64,
+) -> Option<&'a AtomicU64> {
+    if offset >= layout.data_len || offset % layout.granule != 0 {
+        return None;
+    }
+    let at = layout.versions_offset + (offset / layout.granule) * 8;
+    if at + 8 > map.len() as u64 {
+        return None;
+    }
+    // SAFETY: `at` is in bounds (checked), 8-byte aligned (versions_offset is 4096 and the
+    // mapping is page aligned), and the word is only ever accessed atomically.
+    Some(unsafe { &*(map.as_ptr().add(at as usize) as *const AtomicU64) })
+}
+
+/// The file name of segment `id` of `node` inside the data directory.
+pub fn segment_file_name(node: NodeId, id: u32) -> String {
+    format!("segment-{}-{}.kvp", node.0, id)
+}
+
+fn map_anonymous(len: u64, spec: &SegmentSpec) -> io::Result<(MmapRaw, PageKind)> {
+    let mut opts = MmapOptions::new();
+    opts.len(len as usize);
+    if spec.prefault {
+        opts.populate();
+    }
+    if spec.huge_pages == HugePages::Auto {
+        let mut huge = opts.clone();
+        huge.huge(None);
+        if let Ok(m) = huge.map_anon() {
+            return Ok((m.into(), PageKind::HugeTlb));
+        }
+    }
+    let map: MmapRaw = opts.map_anon()?.into();
+    Ok(advise(map, spec))
+}
+
+fn map_file(file: &File, len: u64, spec: &SegmentSpec) -> io::Result<(MmapRaw, PageKind)> {
+    let mut opts = MmapOptions::new();
+    opts.len(len as usize);
+    if spec.prefault {
+        opts.populate();
+    }
+    let map = opts.map_raw(file)?;
+    if on_hugetlbfs(file) {
+        return Ok((map, PageKind::HugeTlb));
+    }
+    Ok(advise(map, spec))
+}
+
+fn advise(map: MmapRaw, spec: &SegmentSpec) -> (MmapRaw, PageKind) {
+    if spec.huge_pages == HugePages::Auto && map.advise(memmap2::Advice::HugePage).is_ok() {
+        return (map, PageKind::TransparentAdvised);
+    }
+    (map, PageKind::Normal)
+}
+
+fn on_hugetlbfs(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // SAFETY: fstatfs writes into the zeroed struct we own; the fd is valid for the call.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::fstatfs(file.as_raw_fd(), &mut st) == 0 && st.f_type as i64 == HUGETLBFS_MAGIC
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path) -> SegmentSpec {
+        SegmentSpec {
+            node: NodeId(3),
+            id: 1,
+            data_len: 4 << 20,
+            granule: 512,
+            backing: Backing::File(dir.to_path_buf()),
+            huge_pages: HugePages::Auto,
+            prefault: false,
+        }
+    }
+
+    #[test]
+    fn file_segment_header_round_trips_and_is_removed_on_drop() {
+        let dir = std::env::temp_dir().join(format!("kvpool-seg-test-{}", std::process::id()));
+        let seg = Segment::create(&spec(&dir)).unwrap();
+        let path = seg.path().unwrap().to_path_buf();
+        let bytes = std::fs::read(&path).unwrap();
+        let l = SegmentLayout::decode(&bytes, bytes.len() as u64).unwrap();
+        assert_eq!(&l, seg.layout());
+        assert_eq!(l.data_offset % DATA_ALIGN, 0);
+        assert!(seg.version(0).is_some());
+        assert!(seg.version(511).is_none());
+        assert!(seg.version(4 << 20).is_none());
+        assert!(seg.in_bounds((4 << 20) - 1, 1));
+        assert!(!seg.in_bounds((4 << 20) - 1, 2));
+        assert!(!seg.in_bounds(u64::MAX, 2));
+        let mut out = [0u8; 4];
+        assert!(!seg.copy_out_racy((4 << 20) - 2, &mut out));
+        drop(seg);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir(&dir);
+    }
+
+    #[test]
+    fn decode_rejects_garbage() {
+        assert!(SegmentLayout::decode(&[0u8; 100], 1 << 30).is_err());
+        let l = SegmentLayout::new(NodeId(0), 0, 1 << 20, 512);
+        let mut b = l.encode();
+        assert!(SegmentLayout::decode(&b, l.total_len()).is_ok());
+        assert!(SegmentLayout::decode(&b, l.total_len() - 1).is_err());
+        b[24] = 3; // granule not a power of two
+        assert!(SegmentLayout::decode(&b, l.total_len()).is_err());
+    }
+
+    #[test]
+    fn anonymous_segment_falls_back_cleanly() {
+        let mut s = spec(Path::new("/nonexistent"));
+        s.backing = Backing::Anonymous;
+        let seg = Segment::create(&s).unwrap();
+        assert!(seg.path().is_none());
+        assert!(matches!(
+            seg.page_kind(),
+            PageKind::HugeTlb | PageKind::TransparentAdvised | PageKind::Normal
+        ));
+    }
+}
