@@ -1,1 +1,20 @@
-//! server
+//! # kvpool-server
+//!
+//! The cache daemon `kvpoold`: it contributes DRAM to the pool and serves it over TCP (the
+//! default data path), QUIC (TLS 1.3, for links that need encryption) and a Unix socket (for
+//! same-host clients, which then map the segments and read and write them directly).
+//!
+//! - [`config`]: the TOML file, environment and flags, with documented defaults;
+//! - [`Daemon`]: start, serve, drain on shutdown;
+//! - `handler`: one connection's request loop, shared by every transport;
+//! - [`metrics`]: Prometheus counters and histograms over HTTP.
+
+pub mod config;
+mod daemon;
+mod handler;
+mod listeners;
+pub mod metrics;
+pub mod tls;
+
+pub use config::Config;
+pub use daemon::{host_id, Bound, Daemon};

@@ -1,1 +1,138 @@
-fn main() {}
+//! `kvpoold`: the kvpool cache daemon. `kvpoold` alone starts one node on the embedded
+//! defaults (1 GiB in /dev/shm, TCP 127.0.0.1:7370, QUIC 7371, metrics 7372, Unix socket in
+//! the data dir). Precedence: flags, then `KVPOOL_*` environment variables, then the file.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use kvpool_server::config::{parse_size, Config};
+use kvpool_server::Daemon;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kvpoold",
+    version,
+    about = "kvpool cache daemon: contributes DRAM to a shared memory pool for LLM serving"
+)]
+struct Cli {
+    /// TOML configuration file.
+    #[arg(short, long, env = "KVPOOL_CONFIG")]
+    config: Option<PathBuf>,
+    /// Node id, unique in the cluster [default: 0].
+    #[arg(long, env = "KVPOOL_NODE_ID")]
+    node_id: Option<u32>,
+    /// Directory for segment files, the Unix socket and TLS material [default: /dev/shm/kvpool-<node>].
+    #[arg(long, env = "KVPOOL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Memory per segment, e.g. 1GiB, 512MiB [default: 1GiB].
+    #[arg(long, env = "KVPOOL_MEMORY")]
+    memory: Option<String>,
+    /// Number of segments [default: 1].
+    #[arg(long, env = "KVPOOL_SEGMENTS")]
+    segments: Option<u32>,
+    /// Segment backing: shm or anonymous [default: shm].
+    #[arg(long, env = "KVPOOL_BACKING")]
+    backing: Option<String>,
+    /// Huge pages: auto or off [default: auto].
+    #[arg(long, env = "KVPOOL_HUGE_PAGES")]
+    huge_pages: Option<String>,
+    /// TCP listen address; empty disables [default: 127.0.0.1:7370].
+    #[arg(long, env = "KVPOOL_TCP")]
+    tcp: Option<String>,
+    /// QUIC listen address; empty disables [default: 127.0.0.1:7371].
+    #[arg(long, env = "KVPOOL_QUIC")]
+    quic: Option<String>,
+    /// Metrics HTTP address; empty disables [default: 127.0.0.1:7372].
+    #[arg(long, env = "KVPOOL_METRICS")]
+    metrics: Option<String>,
+    /// Unix socket path [default: <data-dir>/kvpool.sock].
+    #[arg(long, env = "KVPOOL_UNIX")]
+    unix: Option<PathBuf>,
+    /// Auth token clients must present [default: none].
+    #[arg(long, env = "KVPOOL_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("KVPOOL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let mut config = match &cli.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    apply(&cli, &mut config)?;
+    if cli.print_config {
+        println!("{config:#?}");
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kvpoold")
+        .build()?;
+    rt.block_on(async move {
+        let daemon = Daemon::start(config).await?;
+        println!("{}", daemon.bound().ready_line());
+        tracing::info!("{}", daemon.bound().ready_line());
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        daemon.shutdown().await;
+        Ok(())
+    })
+}
+
+fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
+    if let Some(v) = cli.node_id {
+        c.node_id = v;
+    }
+    if let Some(v) = &cli.data_dir {
+        c.data_dir = Some(v.clone());
+    }
+    if let Some(v) = &cli.memory {
+        c.memory.size = parse_size(v).context("--memory")?;
+    }
+    if let Some(v) = cli.segments {
+        c.memory.segments = v;
+    }
+    if let Some(v) = &cli.backing {
+        c.memory.backing = v.clone();
+    }
+    if let Some(v) = &cli.huge_pages {
+        c.memory.huge_pages = v.clone();
+    }
+    if let Some(v) = &cli.tcp {
+        c.listen.tcp = v.clone();
+    }
+    if let Some(v) = &cli.quic {
+        c.listen.quic = v.clone();
+    }
+    if let Some(v) = &cli.metrics {
+        c.listen.metrics = v.clone();
+    }
+    if let Some(v) = &cli.unix {
+        c.listen.unix = Some(v.clone());
+    }
+    if let Some(v) = &cli.token {
+        c.auth.token = v.clone();
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,369 @@
+//! The daemon's configuration: a TOML file, overridden by environment variables, overridden by
+//! flags. Every default suits one node on a laptop; docs/OPERATIONS.md lists them all.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use kvpool::pool::NamespaceConfig;
+use kvpool::protocol::Limits;
+use serde::{Deserialize, Deserializer};
+
+/// Everything `kvpoold` can be told.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This node's id, unique in the cluster. Default 0.
+    pub node_id: u32,
+    /// Segment files, the Unix socket and the generated TLS certificate live here.
+    /// Default `/dev/shm/kvpool-<node_id>`.
+    pub data_dir: Option<PathBuf>,
+    /// Memory contributed to the pool.
+    pub memory: MemoryConfig,
+    /// Where to listen.
+    pub listen: ListenConfig,
+    /// Limits on what a client may send.
+    pub limits: LimitsConfig,
+    /// Authentication.
+    pub auth: AuthConfig,
+    /// TLS for QUIC.
+    pub tls: TlsConfig,
+    /// Namespaces (`default` always exists).
+    #[serde(rename = "namespace")]
+    pub namespaces: Vec<NamespaceEntry>,
+    /// How long shutdown waits for in-flight requests, ms. Default 10 000.
+    pub drain_timeout_ms: u64,
+}
+
+/// `[memory]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Bytes per segment (`"1GiB"`, `"512MiB"` or a number). Default 1 GiB.
+    #[serde(deserialize_with = "de_size")]
+    pub size: u64,
+    /// Number of segments. Default 1.
+    pub segments: u32,
+    /// `"shm"` (files in the data dir, mappable by same-host clients) or `"anonymous"`.
+    /// Default `"shm"`.
+    pub backing: String,
+    /// `"auto"` (huge pages when available, logged) or `"off"`. Default `"auto"`.
+    pub huge_pages: String,
+    /// Fault all memory in at start. Default false.
+    pub prefault: bool,
+    /// Allocator page size. Default 64 KiB.
+    #[serde(deserialize_with = "de_size")]
+    pub page_size: u64,
+    /// Index shards. Default 64.
+    pub shards: usize,
+    /// Uncommitted allocations are reclaimed after this, ms. Default 30 000.
+    pub pending_timeout_ms: u64,
+    /// Longest lease, ms. Default 30 000.
+    pub max_lease_ms: u64,
+}
+
+/// `[listen]`. An empty string disables a listener.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    /// TCP, the default data path. Default `127.0.0.1:7370`.
+    pub tcp: String,
+    /// QUIC (TLS 1.3). Default `127.0.0.1:7371`.
+    pub quic: String,
+    /// Prometheus metrics over HTTP. Default `127.0.0.1:7372`.
+    pub metrics: String,
+    /// Unix socket path. Default `<data_dir>/kvpool.sock`.
+    pub unix: Option<PathBuf>,
+    /// Most concurrent connections (QUIC streams count as connections). Default 1024.
+    pub max_connections: usize,
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request header. Default 4 MiB.
+    #[serde(deserialize_with = "de_size")]
+    pub max_header: u64,
+    /// Largest payload (value or batch). Default 1 GiB.
+    #[serde(deserialize_with = "de_size")]
+    pub max_payload: u64,
+    /// Most keys per batch. Default 16 384.
+    pub max_batch: u32,
+}
+
+/// `[auth]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Token every client must present in its handshake; empty for none. Default empty.
+    pub token: String,
+}
+
+/// `[tls]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain; empty: a self-signed one is generated into the data dir.
+    pub cert: Option<PathBuf>,
+    /// PEM private key, with `cert`.
+    pub key: Option<PathBuf>,
+}
+
+/// `[[namespace]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceEntry {
+    /// Name.
+    pub name: String,
+    /// Byte quota on this node (`"4GiB"`); none when absent.
+    #[serde(default, deserialize_with = "de_opt_size")]
+    pub quota: Option<u64>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: 0,
+            data_dir: None,
+            memory: MemoryConfig::default(),
+            listen: ListenConfig::default(),
+            limits: LimitsConfig::default(),
+            auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
+            namespaces: Vec::new(),
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            size: 1 << 30,
+            segments: 1,
+            backing: "shm".into(),
+            huge_pages: "auto".into(),
+            prefault: false,
+            page_size: 64 << 10,
+            shards: 64,
+            pending_timeout_ms: 30_000,
+            max_lease_ms: 30_000,
+        }
+    }
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            tcp: "127.0.0.1:7370".into(),
+            quic: "127.0.0.1:7371".into(),
+            metrics: "127.0.0.1:7372".into(),
+            unix: None,
+            max_connections: 1024,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let l = Limits::default();
+        LimitsConfig {
+            max_header: l.max_header as u64,
+            max_payload: l.max_payload,
+            max_batch: l.max_batch,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> anyhow::Result<Config> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Config::from_toml(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> anyhow::Result<Config> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| kvpool::pool::default_dir(kvpool::NodeId(self.node_id)))
+    }
+
+    /// The Unix socket path.
+    pub fn unix_path(&self) -> PathBuf {
+        self.listen
+            .unix
+            .clone()
+            .unwrap_or_else(|| self.data_dir().join("kvpool.sock"))
+    }
+
+    /// The wire limits.
+    pub fn wire_limits(&self) -> anyhow::Result<Limits> {
+        let l = &self.limits;
+        if l.max_header == 0 || l.max_header > u32::MAX as u64 || l.max_batch == 0 {
+            bail!("limits: max_header must be 1..4GiB and max_batch at least 1");
+        }
+        Ok(Limits {
+            max_header: l.max_header as u32,
+            max_payload: l.max_payload,
+            max_batch: l.max_batch,
+        })
+    }
+
+    /// The pool's configuration.
+    pub fn pool_config(&self) -> anyhow::Result<kvpool::PoolConfig> {
+        use kvpool::segment::{Backing, HugePages};
+        let m = &self.memory;
+        let backing = match m.backing.as_str() {
+            "shm" | "file" => Backing::File(self.data_dir()),
+            "anonymous" => Backing::Anonymous,
+            other => bail!("memory.backing must be \"shm\" or \"anonymous\", not {other:?}"),
+        };
+        let huge_pages = match m.huge_pages.as_str() {
+            "auto" => HugePages::Auto,
+            "off" => HugePages::Off,
+            other => bail!("memory.huge_pages must be \"auto\" or \"off\", not {other:?}"),
+        };
+        let mut namespaces: Vec<NamespaceConfig> = self
+            .namespaces
+            .iter()
+            .map(|n| NamespaceConfig {
+                name: n.name.clone(),
+                quota_bytes: n.quota,
+            })
+            .collect();
+        if !namespaces
+            .iter()
+            .any(|n| n.name == kvpool::pool::DEFAULT_NAMESPACE)
+        {
+            namespaces.insert(
+                0,
+                NamespaceConfig::unlimited(kvpool::pool::DEFAULT_NAMESPACE),
+            );
+        }
+        Ok(kvpool::PoolConfig {
+            node: kvpool::NodeId(self.node_id),
+            segment_size: m.size,
+            segments: m.segments,
+            backing,
+            huge_pages,
+            prefault: m.prefault,
+            alloc: kvpool::alloc::AllocConfig {
+                page_size: m.page_size,
+                ..Default::default()
+            },
+            shards: m.shards,
+            pending_timeout_ms: m.pending_timeout_ms,
+            max_lease_ms: m.max_lease_ms,
+            namespaces,
+        })
+    }
+}
+
+/// Parses `"1GiB"`, `"512 MiB"`, `"64k"`, `"1g"` or a plain number of bytes.
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => bail!("bad size unit {u:?} in {s:?}"),
+    };
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} overflows"))
+}
+
+/// Parses a socket address, or none for an empty string.
+pub fn parse_listen(s: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        s.parse()
+            .with_context(|| format!("bad listen address {s:?}"))?,
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Num(u64),
+    Text(String),
+}
+
+fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match SizeRepr::deserialize(d)? {
+        SizeRepr::Num(n) => Ok(n),
+        SizeRepr::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    de_size(d).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("123").unwrap(), 123);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn a_full_file_parses_and_unknown_keys_are_refused() {
+        let c = Config::from_toml(
+            r#"
+            node_id = 2
+            data_dir = "/tmp/x"
+            [memory]
+            size = "256MiB"
+            segments = 2
+            [listen]
+            tcp = "127.0.0.1:9000"
+            quic = ""
+            [[namespace]]
+            name = "tenant-a"
+            quota = "64MiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.memory.size, 256 << 20);
+        assert_eq!(c.namespaces[0].quota, Some(64 << 20));
+        assert_eq!(c.unix_path(), PathBuf::from("/tmp/x/kvpool.sock"));
+        let p = c.pool_config().unwrap();
+        assert_eq!(p.namespaces.len(), 2);
+        assert!(Config::from_toml("nonsense = 1").is_err());
+        assert!(Config::from_toml("[memory]\nbacking = \"floppy\"")
+            .unwrap()
+            .pool_config()
+            .is_err());
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = Config::default();
+        assert_eq!(c.listen.tcp, "127.0.0.1:7370");
+        assert_eq!(c.listen.quic, "127.0.0.1:7371");
+        assert_eq!(c.memory.size, 1 << 30);
+        assert_eq!(c.data_dir(), PathBuf::from("/dev/shm/kvpool-0"));
+    }
+}

@@ -1,0 +1,283 @@
+//! The daemon's lifecycle: build the pool, bind every listener, serve, and on shutdown stop
+//! accepting, let in-flight requests finish (bounded by the drain timeout), then release the
+//! memory and the socket.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+use kvpool::protocol::{HelloInfo, PROTOCOL_VERSION};
+use kvpool::Pool;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::config::{parse_listen, Config};
+use crate::handler::Shared;
+use crate::listeners::{self, Ctx};
+use crate::metrics::{self, Metrics};
+use crate::tls;
+
+/// The addresses a running daemon actually bound (port 0 in the config picks a free port).
+#[derive(Clone, Debug, Default)]
+pub struct Bound {
+    /// TCP listener.
+    pub tcp: Option<SocketAddr>,
+    /// QUIC endpoint.
+    pub quic: Option<SocketAddr>,
+    /// Metrics HTTP listener.
+    pub metrics: Option<SocketAddr>,
+    /// Unix socket.
+    pub unix: Option<PathBuf>,
+    /// Generated or configured TLS certificate (what QUIC clients trust).
+    pub tls_cert: Option<PathBuf>,
+}
+
+impl Bound {
+    /// The line `kvpoold` prints once it is ready, for people and for scripts.
+    pub fn ready_line(&self) -> String {
+        let show = |a: &Option<SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
+        format!(
+            "kvpoold ready tcp={} quic={} metrics={} unix={}",
+            show(&self.tcp),
+            show(&self.quic),
+            show(&self.metrics),
+            self.unix
+                .as_ref()
+                .map_or("off".to_string(), |p| p.display().to_string())
+        )
+    }
+}
+
+/// A running daemon.
+pub struct Daemon {
+    bound: Bound,
+    pool: Arc<Pool>,
+    stop: watch::Sender<bool>,
+    done: mpsc::Receiver<()>,
+    tasks: Vec<JoinHandle<()>>,
+    drain_timeout: Duration,
+}
+
+impl Daemon {
+    /// Creates the pool and starts every configured listener.
+    pub async fn start(config: Config) -> anyhow::Result<Daemon> {
+        let data_dir = config.data_dir();
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        let limits = config.wire_limits()?;
+        let pool_cfg = config.pool_config()?;
+        let pool =
+            Arc::new(Pool::new(&pool_cfg, random_secret()?).context("creating memory segments")?);
+        for s in pool.segments() {
+            tracing::info!(
+                segment = s.layout().id,
+                bytes = s.data_len(),
+                path = %s.path().map_or("anonymous".into(), |p| p.display().to_string()),
+                pages = ?s.page_kind(),
+                "segment ready"
+            );
+        }
+        let metrics = Arc::new(Metrics::default());
+        let (stop, shutdown) = watch::channel(false);
+        let (done_tx, done) = mpsc::channel(1);
+        let mut bound = Bound::default();
+        let mut tasks = Vec::new();
+
+        let tcp = match parse_listen(&config.listen.tcp)? {
+            Some(a) => Some(
+                TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("binding tcp {a}"))?,
+            ),
+            None => None,
+        };
+        bound.tcp = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
+
+        let quic = match parse_listen(&config.listen.quic)? {
+            Some(a) => {
+                let (certs, key) = tls::load_or_generate(
+                    config.tls.cert.as_deref(),
+                    config.tls.key.as_deref(),
+                    &data_dir,
+                )?;
+                bound.tls_cert = Some(
+                    config
+                        .tls
+                        .cert
+                        .clone()
+                        .unwrap_or_else(|| tls::generated_cert_path(&data_dir)),
+                );
+                let server = tls::quic_server_config(
+                    certs,
+                    key,
+                    config.listen.max_connections.min(u32::MAX as usize) as u32,
+                )?;
+                let ep = quinn::Endpoint::server(server, a)
+                    .with_context(|| format!("binding quic {a}"))?;
+                bound.quic = Some(ep.local_addr()?);
+                Some(ep)
+            }
+            None => None,
+        };
+
+        let unix_path = config.unix_path();
+        let unix = bind_unix(&unix_path)?;
+        bound.unix = Some(unix_path);
+
+        let metrics_listener = match parse_listen(&config.listen.metrics)? {
+            Some(a) => Some(
+                TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("binding metrics {a}"))?,
+            ),
+            None => None,
+        };
+        bound.metrics = metrics_listener
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()?;
+
+        let hello = HelloInfo {
+            version: PROTOCOL_VERSION,
+            node: config.node_id,
+            namespaces: pool.namespaces(),
+            host_id: host_id(),
+            uds_path: bound
+                .unix
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            max_payload: limits.max_payload,
+            max_batch: limits.max_batch,
+            view: ClusterView {
+                version: 1,
+                nodes: vec![NodeInfo {
+                    id: config.node_id,
+                    tcp: bound.tcp.map(|a| a.to_string()).unwrap_or_default(),
+                    quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
+                    capacity: pool.stats().capacity(),
+                    state: NodeState::Serving,
+                }],
+            },
+        };
+        let shared = Arc::new(Shared {
+            pool: pool.clone(),
+            metrics: metrics.clone(),
+            limits,
+            token: config.auth.token.clone(),
+            started: Instant::now(),
+            hello,
+        });
+        let ctx = Ctx {
+            shared: shared.clone(),
+            limit: Arc::new(Semaphore::new(config.listen.max_connections.max(1))),
+            shutdown: shutdown.clone(),
+            done: done_tx,
+        };
+        if let Some(l) = tcp {
+            tasks.push(tokio::spawn(listeners::tcp(l, ctx.clone())));
+        }
+        if let Some(ep) = quic {
+            tasks.push(tokio::spawn(listeners::quic(ep, ctx.clone())));
+        }
+        tasks.push(tokio::spawn(listeners::unix(unix, ctx.clone())));
+        drop(ctx);
+        if let Some(l) = metrics_listener {
+            let mut stop_rx = shutdown.clone();
+            tasks.push(tokio::spawn(metrics::serve(
+                l,
+                metrics,
+                pool.clone(),
+                async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                },
+            )));
+        }
+        // The reaper: abandoned allocations go back to the pool.
+        let reaper_pool = pool.clone();
+        let mut stop_rx = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let n = reaper_pool.reap(shared.started.elapsed().as_millis() as u64);
+                        if n > 0 {
+                            tracing::info!(reclaimed = n, "reclaimed abandoned allocations");
+                        }
+                    }
+                    _ = stop_rx.wait_for(|s| *s) => return,
+                }
+            }
+        }));
+        Ok(Daemon {
+            bound,
+            pool,
+            stop,
+            done,
+            tasks,
+            drain_timeout: Duration::from_millis(config.drain_timeout_ms),
+        })
+    }
+
+    /// What was bound.
+    pub fn bound(&self) -> &Bound {
+        &self.bound
+    }
+
+    /// The pool (for in-process use and tests).
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Stops accepting, waits for in-flight requests (up to the drain timeout), then releases
+    /// everything.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        // Every connection task holds a sender; recv() returns None once all are gone.
+        if tokio::time::timeout(self.drain_timeout, self.done.recv())
+            .await
+            .is_err()
+        {
+            tracing::warn!("drain timeout: closing with requests still in flight");
+        }
+        if let Some(p) = &self.bound.unix {
+            let _ = std::fs::remove_file(p);
+        }
+        tracing::info!("kvpoold stopped");
+    }
+}
+
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("another kvpoold is serving on {}", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("binding unix socket {}", path.display()))
+}
+
+/// The kernel's boot id: equal for two processes exactly when they share a host (and boot).
+pub fn host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn random_secret() -> anyhow::Result<[u8; 16]> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?
+        .read_exact(&mut b)
+        .context("reading /dev/urandom")?;
+    Ok(b)
+}

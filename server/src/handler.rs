@@ -1,0 +1,603 @@
+//! One connection (or one QUIC stream): read a frame, do what it asks, answer; repeat.
+//!
+//! Requests are answered in the order they arrive, each tagged with its id, so a client may
+//! pipeline as many as it likes; responses are flushed when no further request is already
+//! buffered. Every request consumes exactly its payload, even when it fails, so one bad request
+//! never desynchronises the stream. A frame that breaks the protocol itself (bad magic, a header
+//! over the limit) is answered with an error and the connection is closed: after it nothing on
+//! the stream can be trusted.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, WireError};
+use kvpool::protocol::AlignedVec;
+use kvpool::protocol::{
+    decode_request, encode, AllocResult, ArchivedOp, ErrorCode, FrameError, HelloInfo, Limits,
+    LocatedWire, Reply, Response, SegmentMap, ValueMeta, PROTOCOL_VERSION,
+};
+use kvpool::{GlobalAddr, Millis, Pool, PoolError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::watch;
+
+use crate::metrics::{Metrics, OpKind, Transport};
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) limits: Limits,
+    pub(crate) token: String,
+    pub(crate) started: Instant,
+    pub(crate) hello: HelloInfo,
+}
+
+impl Shared {
+    fn now(&self) -> Millis {
+        self.started.elapsed().as_millis() as Millis
+    }
+}
+
+const IO_BUFFER: usize = 64 << 10;
+
+/// Serves one connection until the peer leaves, the protocol breaks, or shutdown is signalled
+/// while the connection is idle between requests.
+pub(crate) async fn serve<R, W>(
+    shared: Arc<Shared>,
+    transport: Transport,
+    r: R,
+    w: W,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    shared.metrics.connection_opened(transport);
+    let mut conn = Conn {
+        s: &shared,
+        transport,
+        r: BufReader::with_capacity(IO_BUFFER, r),
+        w: BufWriter::with_capacity(IO_BUFFER, w),
+        greeted: false,
+    };
+    let mut hdr = AlignedVec::<16>::new();
+    loop {
+        let prefix = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            p = read_prefix(&mut conn.r, &shared.limits) => p,
+        };
+        let prefix = match prefix {
+            Ok(Some(p)) => p,
+            Ok(None) | Err(WireError::Io(_)) => break,
+            Err(WireError::Frame(e)) => {
+                shared.metrics.protocol_error();
+                tracing::debug!(error = %e, transport = transport.name(), "closing connection after a bad frame");
+                let code = match e {
+                    FrameError::HeaderTooLarge(_) | FrameError::PayloadTooLarge(_) => {
+                        ErrorCode::FrameTooLarge
+                    }
+                    _ => ErrorCode::Malformed,
+                };
+                let _ = conn.fail(0, code, &e.to_string()).await;
+                let _ = conn.w.flush().await;
+                break;
+            }
+        };
+        if read_header(&mut conn.r, &prefix, &mut hdr).await.is_err() {
+            break;
+        }
+        match conn.request(&hdr, prefix.payload_len).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => {
+                let _ = conn.w.flush().await;
+                break;
+            }
+        }
+        if conn.r.buffer().is_empty() && conn.w.flush().await.is_err() {
+            break;
+        }
+    }
+    let _ = conn.w.shutdown().await;
+    shared.metrics.connection_closed(transport);
+}
+
+struct Conn<'a, R, W> {
+    s: &'a Shared,
+    transport: Transport,
+    r: BufReader<R>,
+    w: BufWriter<W>,
+    greeted: bool,
+}
+
+/// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
+type Next = io::Result<bool>;
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    async fn request(&mut self, hdr: &[u8], payload: u64) -> Next {
+        let req = match decode_request(hdr) {
+            Ok(r) => r,
+            Err(e) => {
+                self.s.metrics.protocol_error();
+                discard(&mut self.r, payload).await?;
+                self.fail(0, ErrorCode::Malformed, &e.to_string()).await?;
+                return Ok(true);
+            }
+        };
+        let id = req.id.to_native();
+        if !self.greeted && !matches!(req.op, ArchivedOp::Hello { .. }) {
+            discard(&mut self.r, payload).await?;
+            self.fail(
+                id,
+                ErrorCode::HandshakeRequired,
+                "the first request must be Hello",
+            )
+            .await?;
+            return Ok(false);
+        }
+        let start = Instant::now();
+        let (kind, outcome) = self.dispatch(id, &req.op, payload).await?;
+        self.s
+            .metrics
+            .record(kind, start.elapsed(), outcome.is_ok());
+        match outcome {
+            Ok(()) => Ok(true),
+            Err(Close) => Ok(false),
+        }
+    }
+
+    async fn dispatch(
+        &mut self,
+        id: u64,
+        op: &ArchivedOp,
+        payload: u64,
+    ) -> io::Result<(OpKind, Result<(), Close>)> {
+        let pool = &*self.s.pool;
+        let now = self.s.now();
+        let max_batch = self.s.limits.max_batch as usize;
+        // Ops that carry no payload drain any they were sent and refuse.
+        let payload_ops = matches!(
+            op,
+            ArchivedOp::Put { .. } | ArchivedOp::BatchPut { .. } | ArchivedOp::Write { .. }
+        );
+        if !payload_ops && payload > 0 {
+            discard(&mut self.r, payload).await?;
+            self.fail(
+                id,
+                ErrorCode::PayloadMismatch,
+                "this operation takes no payload",
+            )
+            .await?;
+            return Ok((OpKind::Admin, Ok(())));
+        }
+        let kind = match op {
+            ArchivedOp::Hello {
+                version,
+                token,
+                client,
+            } => {
+                if version.to_native() != PROTOCOL_VERSION {
+                    self.fail(
+                        id,
+                        ErrorCode::UnsupportedVersion,
+                        &format!("this node speaks protocol {PROTOCOL_VERSION}"),
+                    )
+                    .await?;
+                    return Ok((OpKind::Hello, Err(Close)));
+                }
+                if !self.s.token.is_empty() && token.as_str() != self.s.token {
+                    self.fail(id, ErrorCode::Unauthorized, "wrong or missing auth token")
+                        .await?;
+                    return Ok((OpKind::Hello, Err(Close)));
+                }
+                tracing::debug!(
+                    client = client.as_str(),
+                    transport = self.transport.name(),
+                    "client connected"
+                );
+                self.greeted = true;
+                self.reply(id, Reply::Hello(self.s.hello.clone()), &[])
+                    .await?;
+                OpKind::Hello
+            }
+            ArchivedOp::Put {
+                ns,
+                key,
+                checksum,
+                pin,
+            } => {
+                let r = self
+                    .put_one(
+                        ns.to_native(),
+                        key.as_slice(),
+                        payload,
+                        checksum.to_native(),
+                        *pin,
+                        now,
+                    )
+                    .await?;
+                self.s.metrics.bytes(payload, 0);
+                self.answer(id, r.map(|()| Reply::Done)).await?;
+                OpKind::Put
+            }
+            ArchivedOp::Get { ns, key } => {
+                match pool.get_ref(ns.to_native(), key.as_slice(), now) {
+                    Ok(obj) => {
+                        let bytes = obj.bytes();
+                        let reply = Reply::Value {
+                            len: bytes.len() as u64,
+                            checksum: obj.checksum(),
+                        };
+                        self.reply(id, reply, &[bytes]).await?;
+                        self.s.metrics.bytes(0, bytes.len() as u64);
+                    }
+                    Err(e) => self.pool_fail(id, e).await?,
+                }
+                OpKind::Get
+            }
+            ArchivedOp::BatchPut { ns, items, pin } => {
+                let total: Option<u64> = items
+                    .iter()
+                    .try_fold(0u64, |acc, i| acc.checked_add(i.len.to_native()));
+                if items.len() > max_batch || total != Some(payload) {
+                    discard(&mut self.r, payload).await?;
+                    let (code, msg) = if items.len() > max_batch {
+                        (ErrorCode::BatchTooLarge, "too many items")
+                    } else {
+                        (
+                            ErrorCode::PayloadMismatch,
+                            "payload length is not the sum of the item lengths",
+                        )
+                    };
+                    self.fail(id, code, msg).await?;
+                    return Ok((OpKind::BatchPut, Ok(())));
+                }
+                let mut statuses = Vec::with_capacity(items.len());
+                for item in items.iter() {
+                    let r = self
+                        .put_one(
+                            ns.to_native(),
+                            item.key.as_slice(),
+                            item.len.to_native(),
+                            item.checksum.to_native(),
+                            *pin,
+                            now,
+                        )
+                        .await?;
+                    statuses.push(r.err().map_or(0, |c| c as u16));
+                }
+                self.s.metrics.bytes(payload, 0);
+                self.reply(id, Reply::Statuses(statuses), &[]).await?;
+                OpKind::BatchPut
+            }
+            ArchivedOp::BatchGet { ns, keys } => {
+                if keys.len() > max_batch {
+                    self.fail(id, ErrorCode::BatchTooLarge, "too many keys")
+                        .await?;
+                    return Ok((OpKind::BatchGet, Ok(())));
+                }
+                let ns = ns.to_native();
+                let mut refs = Vec::with_capacity(keys.len());
+                for key in keys.iter() {
+                    match pool.get_ref(ns, key.as_slice(), now) {
+                        Ok(r) => refs.push(Some(r)),
+                        Err(PoolError::NotFound) => refs.push(None),
+                        Err(e) => {
+                            drop(refs);
+                            self.pool_fail(id, e).await?;
+                            return Ok((OpKind::BatchGet, Ok(())));
+                        }
+                    }
+                }
+                let metas = refs
+                    .iter()
+                    .map(|r| {
+                        r.as_ref().map(|r| ValueMeta {
+                            len: r.bytes().len() as u64,
+                            checksum: r.checksum(),
+                        })
+                    })
+                    .collect();
+                let slices: Vec<&[u8]> = refs.iter().flatten().map(|r| r.bytes()).collect();
+                let out: u64 = slices.iter().map(|s| s.len() as u64).sum();
+                self.reply(id, Reply::Values(metas), &slices).await?;
+                self.s.metrics.bytes(0, out);
+                OpKind::BatchGet
+            }
+            ArchivedOp::Exists { ns, keys } => {
+                let r = self.batch_check(keys.len()).and_then(|()| {
+                    pool.exists_prefix(ns.to_native(), keys.iter().map(|k| k.as_slice()))
+                        .map_err(Into::into)
+                });
+                self.answer(id, r.map(|n| Reply::Count(n as u64))).await?;
+                OpKind::Exists
+            }
+            ArchivedOp::Remove { ns, keys } => {
+                let r = self.count(
+                    keys.len(),
+                    keys.iter()
+                        .map(|k| pool.remove(ns.to_native(), k.as_slice())),
+                );
+                self.answer(id, r).await?;
+                OpKind::Remove
+            }
+            ArchivedOp::Alloc { ns, items, pin } => {
+                if items.len() > max_batch {
+                    self.fail(id, ErrorCode::BatchTooLarge, "too many items")
+                        .await?;
+                    return Ok((OpKind::Alloc, Ok(())));
+                }
+                let results = items
+                    .iter()
+                    .map(|i| {
+                        match pool.alloc(
+                            ns.to_native(),
+                            i.key.as_slice(),
+                            i.len.to_native(),
+                            *pin,
+                            now,
+                        ) {
+                            Ok(a) => AllocResult {
+                                addr: Some(a),
+                                code: 0,
+                            },
+                            Err(e) => AllocResult {
+                                addr: None,
+                                code: ErrorCode::from(e) as u16,
+                            },
+                        }
+                    })
+                    .collect();
+                self.reply(id, Reply::Allocated(results), &[]).await?;
+                OpKind::Alloc
+            }
+            ArchivedOp::Write { addr, offset } => {
+                let r = self
+                    .write_one(&GlobalAddr::from(addr), offset.to_native(), payload)
+                    .await?;
+                self.s.metrics.bytes(payload, 0);
+                self.answer(id, r.map(|()| Reply::Done)).await?;
+                OpKind::Write
+            }
+            ArchivedOp::Commit { items } => {
+                let statuses = items
+                    .iter()
+                    .map(|i| {
+                        code_of(pool.commit(
+                            &GlobalAddr::from(&i.addr),
+                            i.checksum.to_native(),
+                            now,
+                        ))
+                    })
+                    .collect();
+                self.reply(id, Reply::Statuses(statuses), &[]).await?;
+                OpKind::Commit
+            }
+            ArchivedOp::Abort { addrs } => {
+                let statuses = addrs
+                    .iter()
+                    .map(|a| code_of(pool.abort(&GlobalAddr::from(a))))
+                    .collect();
+                self.reply(id, Reply::Statuses(statuses), &[]).await?;
+                OpKind::Abort
+            }
+            ArchivedOp::Read { addr, offset, len } => {
+                let addr = GlobalAddr::from(addr);
+                let (offset, len) = (offset.to_native(), len.to_native());
+                // Verify the address before sizing a buffer from it: a peer can only make us
+                // allocate as much as a real object it was given the key of.
+                let checked = pool.verify_addr(&addr).and_then(|()| {
+                    addr.sub_range(offset, len)
+                        .map(|_| ())
+                        .ok_or(kvpool::AddrFault::OutOfBounds.into())
+                });
+                match checked {
+                    Ok(()) => {
+                        let mut buf = vec![0u8; len as usize];
+                        match pool.read(&addr, offset, &mut buf) {
+                            Ok(()) => {
+                                self.reply(id, Reply::Data, &[&buf]).await?;
+                                self.s.metrics.bytes(0, len);
+                            }
+                            Err(e) => self.pool_fail(id, e).await?,
+                        }
+                    }
+                    Err(e) => self.pool_fail(id, e).await?,
+                }
+                OpKind::Read
+            }
+            ArchivedOp::Lookup { ns, keys, lease_ms } => {
+                let r = self.batch_check(keys.len()).and_then(|()| {
+                    keys.iter()
+                        .map(|k| {
+                            pool.lookup(ns.to_native(), k.as_slice(), lease_ms.to_native(), now)
+                                .map(|l| {
+                                    l.map(|l| LocatedWire {
+                                        addr: l.addr,
+                                        checksum: l.checksum,
+                                    })
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(Into::into)
+                });
+                self.answer(id, r.map(Reply::Located)).await?;
+                OpKind::Lookup
+            }
+            ArchivedOp::Release { ns, keys } => {
+                let r = self.count(
+                    keys.len(),
+                    keys.iter()
+                        .map(|k| pool.release(ns.to_native(), k.as_slice())),
+                );
+                self.answer(id, r).await?;
+                OpKind::Release
+            }
+            ArchivedOp::Pin { ns, keys, pinned } => {
+                let r = self.count(
+                    keys.len(),
+                    keys.iter()
+                        .map(|k| pool.set_pinned(ns.to_native(), k.as_slice(), *pinned)),
+                );
+                self.answer(id, r).await?;
+                OpKind::Pin
+            }
+            ArchivedOp::Stats => {
+                self.reply(id, Reply::Stats(pool.stats()), &[]).await?;
+                OpKind::Admin
+            }
+            ArchivedOp::View => {
+                self.reply(id, Reply::View(self.s.hello.view.clone()), &[])
+                    .await?;
+                OpKind::Admin
+            }
+            ArchivedOp::MapInfo => {
+                if self.transport != Transport::Unix {
+                    self.fail(
+                        id,
+                        ErrorCode::NotLocal,
+                        "segments are only offered over the Unix socket",
+                    )
+                    .await?;
+                    return Ok((OpKind::Admin, Ok(())));
+                }
+                let maps = pool
+                    .segments()
+                    .filter_map(|s| {
+                        Some(SegmentMap {
+                            id: s.layout().id,
+                            path: s.path()?.to_string_lossy().into_owned(),
+                            total_len: s.layout().total_len(),
+                        })
+                    })
+                    .collect();
+                self.reply(id, Reply::MapInfo(maps), &[]).await?;
+                OpKind::Admin
+            }
+        };
+        Ok((kind, Ok(())))
+    }
+
+    /// Receives one value of `len` bytes straight into a fresh allocation and commits it.
+    /// Consumes exactly `len` payload bytes whatever happens.
+    async fn put_one(
+        &mut self,
+        ns: u32,
+        key: &[u8],
+        len: u64,
+        checksum: u64,
+        pin: bool,
+        now: Millis,
+    ) -> io::Result<Result<(), ErrorCode>> {
+        let pool = &*self.s.pool;
+        let addr = match pool.alloc(ns, key, len, pin, now) {
+            Ok(a) => a,
+            Err(e) => {
+                discard(&mut self.r, len).await?;
+                return Ok(Err(e.into()));
+            }
+        };
+        {
+            let w = pool
+                .begin_write(&addr)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            // SAFETY: the allocation was just made for this request; only this write touches it.
+            let dst = unsafe { w.bytes_mut() };
+            if let Err(e) = self.r.read_exact(dst).await {
+                drop(w);
+                let _ = pool.abort(&addr);
+                return Err(e);
+            }
+        }
+        Ok(pool.commit(&addr, checksum, now).map_err(Into::into))
+    }
+
+    async fn write_one(
+        &mut self,
+        addr: &GlobalAddr,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Result<(), ErrorCode>> {
+        let pool = &*self.s.pool;
+        let w = match pool.begin_write(addr) {
+            Ok(w) => w,
+            Err(e) => {
+                discard(&mut self.r, len).await?;
+                return Ok(Err(e.into()));
+            }
+        };
+        let Some(start) = offset
+            .checked_add(len)
+            .filter(|&end| end <= addr.len)
+            .map(|_| offset as usize)
+        else {
+            drop(w);
+            discard(&mut self.r, len).await?;
+            return Ok(Err(ErrorCode::OutOfBounds));
+        };
+        // SAFETY: the caller allocated this object and writes into it one request at a time.
+        let dst = unsafe { &mut w.bytes_mut()[start..start + len as usize] };
+        self.r.read_exact(dst).await?;
+        Ok(Ok(()))
+    }
+
+    fn batch_check(&self, n: usize) -> Result<(), ErrorCode> {
+        if n > self.s.limits.max_batch as usize {
+            return Err(ErrorCode::BatchTooLarge);
+        }
+        Ok(())
+    }
+
+    fn count(
+        &self,
+        n: usize,
+        results: impl Iterator<Item = Result<bool, PoolError>>,
+    ) -> Result<Reply, ErrorCode> {
+        self.batch_check(n)?;
+        let mut c = 0;
+        for r in results {
+            c += r? as u64;
+        }
+        Ok(Reply::Count(c))
+    }
+
+    async fn answer(&mut self, id: u64, r: Result<Reply, ErrorCode>) -> io::Result<()> {
+        match r {
+            Ok(reply) => self.reply(id, reply, &[]).await,
+            Err(code) => self.fail(id, code, &describe(code)).await,
+        }
+    }
+
+    async fn pool_fail(&mut self, id: u64, e: PoolError) -> io::Result<()> {
+        self.fail(id, e.into(), &e.to_string()).await
+    }
+
+    async fn fail(&mut self, id: u64, code: ErrorCode, message: &str) -> io::Result<()> {
+        self.reply(
+            id,
+            Reply::Error {
+                code: code as u16,
+                message: message.to_string(),
+            },
+            &[],
+        )
+        .await
+    }
+
+    async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
+        let hdr = encode(&Response { id, reply });
+        write_frame(&mut self.w, &hdr, payload).await
+    }
+}
+
+/// The request was answered and the connection must close.
+struct Close;
+
+fn code_of(r: Result<(), PoolError>) -> u16 {
+    r.err().map_or(0, |e| ErrorCode::from(e) as u16)
+}
+
+fn describe(code: ErrorCode) -> String {
+    format!("{code:?}")
+}
