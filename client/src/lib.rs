@@ -1,1 +1,42 @@
-//! client
+//! # kvpool-client
+//!
+//! The embedded client of kvpool, for inference servers: put and get KV blocks and weights,
+//! batched prefix lookups (`batch_exists`), zero-copy batched gets into caller buffers, and
+//! one-sided reads and writes by global address.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kvpool_client::ClientError> {
+//! use kvpool_client::{Client, ClientConfig};
+//! let kv = Client::connect("tcp://127.0.0.1:7370", ClientConfig::default()).await?;
+//! kv.put(b"block-0", &[1u8; 4096]).await?;
+//! let mut buf = vec![0u8; 4096];
+//! assert_eq!(kv.get_into(b"block-0", &mut buf).await?, Some(4096));
+//! # Ok(()) }
+//! ```
+//!
+//! When the node runs on the same host the client notices (same kernel boot id, reachable Unix
+//! socket), maps the node's segments and moves bytes with plain loads and stores; only the
+//! small control exchanges (lookup, alloc, commit) cross a socket. [`blocking::Client`] wraps
+//! the same client for code that is not async.
+//!
+//! Components: [`Client`] (pooled connections, timeouts on every call), `conn` (one framed
+//! stream: TCP, QUIC stream or Unix socket), `local` (the same-host mapping), [`Endpoint`].
+
+pub mod blocking;
+
+/// The README's examples, compiled as doctests so they can't rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+mod client;
+mod conn;
+mod endpoint;
+mod error;
+mod local;
+
+pub use client::{Client, ClientConfig, Located, SameHost};
+pub use endpoint::Endpoint;
+pub use error::ClientError;
+pub use kvpool::protocol::ErrorCode;
+pub use kvpool::GlobalAddr;

@@ -1,1 +1,290 @@
-fn main() {}
+//! `kvpool`: the command-line client. Put, get, test, remove and inspect objects on a node.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use kvpool_client::blocking::Client;
+use kvpool_client::{ClientConfig, SameHost};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kvpool",
+    version,
+    about = "Command-line client of a kvpool node"
+)]
+struct Cli {
+    /// Node endpoint: tcp://host:port, quic://host:port or unix:///path/kvpool.sock.
+    #[arg(
+        short,
+        long,
+        env = "KVPOOL_ENDPOINT",
+        default_value = "tcp://127.0.0.1:7370",
+        global = true
+    )]
+    endpoint: String,
+    /// Namespace.
+    #[arg(
+        short,
+        long,
+        env = "KVPOOL_NAMESPACE",
+        default_value = "default",
+        global = true
+    )]
+    namespace: String,
+    /// Auth token.
+    #[arg(
+        long,
+        env = "KVPOOL_TOKEN",
+        default_value = "",
+        hide_env_values = true,
+        global = true
+    )]
+    token: String,
+    /// CA certificate (PEM) for quic:// endpoints, e.g. the node's <data-dir>/tls-cert.pem.
+    #[arg(long, env = "KVPOOL_CA", global = true)]
+    ca: Option<PathBuf>,
+    /// Accept any QUIC server certificate.
+    #[arg(long, global = true)]
+    insecure: bool,
+    /// Keys are given in hex.
+    #[arg(long, global = true)]
+    hex: bool,
+    /// Never use the same-host fast path.
+    #[arg(long, global = true)]
+    no_local: bool,
+    /// Timeout per call, in milliseconds.
+    #[arg(long, default_value_t = 10_000, global = true)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Store a value read from FILE (or stdin when FILE is - or absent).
+    Put {
+        /// Key.
+        key: String,
+        /// File with the value; - for stdin.
+        file: Option<PathBuf>,
+        /// Pin the object (never evicted).
+        #[arg(long)]
+        pin: bool,
+    },
+    /// Print a value to stdout (or write it to --output). Exits 1 on a miss.
+    Get {
+        /// Key.
+        key: String,
+        /// Write the value here instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Print how many of the keys, in order, are present before the first missing one.
+    /// Exits 1 when the first is missing.
+    Exists {
+        /// Keys, in prefix order.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Remove keys; prints how many existed.
+    Rm {
+        /// Keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Print the node's statistics.
+    Stats {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    match run() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("kvpool: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn run() -> anyhow::Result<i32> {
+    let cli = Cli::parse();
+    let cfg = ClientConfig {
+        namespace: cli.namespace.clone(),
+        token: cli.token.clone(),
+        client_name: "kvpool-cli".into(),
+        timeout: Duration::from_millis(cli.timeout_ms),
+        ca: cli.ca.clone(),
+        insecure_skip_verify: cli.insecure,
+        same_host: if cli.no_local {
+            SameHost::Off
+        } else {
+            SameHost::Auto
+        },
+        ..ClientConfig::default()
+    };
+    let client = Client::connect(&cli.endpoint, cfg)
+        .with_context(|| format!("connecting to {}", cli.endpoint))?;
+    let key = |k: &str| -> anyhow::Result<Vec<u8>> {
+        if cli.hex {
+            decode_hex(k)
+        } else {
+            Ok(k.as_bytes().to_vec())
+        }
+    };
+    match &cli.cmd {
+        Cmd::Put { key: k, file, pin } => {
+            let value = match file.as_deref() {
+                None => read_stdin()?,
+                Some(p) if p.as_os_str() == "-" => read_stdin()?,
+                Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+            };
+            let k = key(k)?;
+            if *pin {
+                client.put_pinned(&k, &value)?
+            } else {
+                client.put(&k, &value)?
+            }
+            eprintln!("stored {} bytes", value.len());
+            Ok(0)
+        }
+        Cmd::Get { key: k, output } => match client.get(&key(k)?)? {
+            None => {
+                eprintln!("miss");
+                Ok(1)
+            }
+            Some(v) => {
+                match output {
+                    Some(p) => {
+                        std::fs::write(p, &v).with_context(|| format!("writing {}", p.display()))?
+                    }
+                    None => std::io::stdout().lock().write_all(&v)?,
+                }
+                Ok(0)
+            }
+        },
+        Cmd::Exists { keys } => {
+            let keys = keys
+                .iter()
+                .map(|k| key(k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+            let n = client.batch_exists(&refs)?;
+            println!("{n}");
+            Ok(if n == 0 { 1 } else { 0 })
+        }
+        Cmd::Rm { keys } => {
+            let mut n = 0;
+            for k in keys {
+                n += client.remove(&key(k)?)? as u64;
+            }
+            println!("{n}");
+            Ok(0)
+        }
+        Cmd::Stats { json } => {
+            let s = client.stats()?;
+            if *json {
+                println!("{}", stats_json(&s));
+            } else {
+                print_stats(&s, client.is_local());
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn read_stdin() -> anyhow::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    std::io::stdin().lock().read_to_end(&mut v)?;
+    Ok(v)
+}
+
+fn decode_hex(s: &str) -> anyhow::Result<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        bail!("hex key {s:?} has an odd length");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).with_context(|| format!("bad hex key {s:?}")))
+        .collect()
+}
+
+fn print_stats(s: &kvpool::pool::PoolStats, local: bool) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "node {}{}",
+        s.node,
+        if local { " (same host: mapped)" } else { "" }
+    );
+    println!(
+        "objects {}  pending {}  hits {}  misses {}  evictions {}",
+        s.objects, s.pending, s.hits, s.misses, s.evictions
+    );
+    for seg in &s.segments {
+        println!(
+            "segment {}: {:.3} / {:.3} GiB used, {} blocks, fragmentation {:.1}%",
+            seg.id,
+            gib(seg.used_bytes),
+            gib(seg.capacity),
+            seg.live_blocks,
+            seg.external_fragmentation * 100.0
+        );
+    }
+    for n in &s.namespaces {
+        let quota = if n.quota_bytes == u64::MAX {
+            "none".to_string()
+        } else {
+            format!("{:.3} GiB", gib(n.quota_bytes))
+        };
+        println!(
+            "namespace {:?}: {} objects, {:.3} GiB used, {:.3} GiB pinned, quota {}",
+            n.name,
+            n.objects,
+            gib(n.used_bytes),
+            gib(n.pinned_bytes),
+            quota
+        );
+    }
+}
+
+fn stats_json(s: &kvpool::pool::PoolStats) -> String {
+    let segs: Vec<String> = s
+        .segments
+        .iter()
+        .map(|g| {
+            format!(
+                r#"{{"id":{},"capacity":{},"used_bytes":{},"free_bytes":{},"live_blocks":{},"largest_free_run":{},"external_fragmentation":{}}}"#,
+                g.id, g.capacity, g.used_bytes, g.free_bytes, g.live_blocks, g.largest_free_run, g.external_fragmentation
+            )
+        })
+        .collect();
+    let nss: Vec<String> = s
+        .namespaces
+        .iter()
+        .map(|n| {
+            format!(
+                r#"{{"name":{:?},"id":{},"quota_bytes":{},"used_bytes":{},"pinned_bytes":{},"objects":{}}}"#,
+                n.name, n.id, n.quota_bytes, n.used_bytes, n.pinned_bytes, n.objects
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"node":{},"objects":{},"pending":{},"hits":{},"misses":{},"evictions":{},"commits":{},"reaped":{},"segments":[{}],"namespaces":[{}]}}"#,
+        s.node,
+        s.objects,
+        s.pending,
+        s.hits,
+        s.misses,
+        s.evictions,
+        s.commits,
+        s.reaped,
+        segs.join(","),
+        nss.join(",")
+    )
+}

@@ -1,0 +1,158 @@
+//! A blocking facade over [`crate::Client`], for engines that are not async. It owns a small
+//! tokio runtime; every method blocks the calling thread until the async call completes.
+
+use std::sync::Arc;
+
+use kvpool::placement::ClusterView;
+use kvpool::pool::PoolStats;
+
+use crate::{ClientConfig, ClientError, ErrorCode, GlobalAddr, Located};
+
+/// A blocking client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    rt: Arc<tokio::runtime::Runtime>,
+    inner: crate::Client,
+}
+
+impl Client {
+    /// Connects (see [`crate::Client::connect`]).
+    pub fn connect(endpoint: &str, cfg: ClientConfig) -> Result<Client, ClientError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kvpool-client")
+            .enable_all()
+            .build()?;
+        let inner = rt.block_on(crate::Client::connect(endpoint, cfg))?;
+        Ok(Client {
+            rt: Arc::new(rt),
+            inner,
+        })
+    }
+
+    /// The async client underneath.
+    pub fn async_client(&self) -> &crate::Client {
+        &self.inner
+    }
+
+    /// The same client in namespace `name`.
+    pub fn namespace(&self, name: &str) -> Result<Client, ClientError> {
+        Ok(Client {
+            rt: self.rt.clone(),
+            inner: self.inner.namespace(name)?,
+        })
+    }
+
+    /// See [`crate::Client::is_local`].
+    pub fn is_local(&self) -> bool {
+        self.inner.is_local()
+    }
+
+    /// See [`crate::Client::put`].
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
+        self.rt.block_on(self.inner.put(key, value))
+    }
+
+    /// See [`crate::Client::put_pinned`].
+    pub fn put_pinned(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
+        self.rt.block_on(self.inner.put_pinned(key, value))
+    }
+
+    /// See [`crate::Client::get`].
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        self.rt.block_on(self.inner.get(key))
+    }
+
+    /// See [`crate::Client::get_into`].
+    pub fn get_into(&self, key: &[u8], dst: &mut [u8]) -> Result<Option<usize>, ClientError> {
+        self.rt.block_on(self.inner.get_into(key, dst))
+    }
+
+    /// See [`crate::Client::exists`].
+    pub fn exists(&self, key: &[u8]) -> Result<bool, ClientError> {
+        self.rt.block_on(self.inner.exists(key))
+    }
+
+    /// See [`crate::Client::batch_exists`].
+    pub fn batch_exists(&self, keys: &[&[u8]]) -> Result<usize, ClientError> {
+        self.rt.block_on(self.inner.batch_exists(keys))
+    }
+
+    /// See [`crate::Client::remove`].
+    pub fn remove(&self, key: &[u8]) -> Result<bool, ClientError> {
+        self.rt.block_on(self.inner.remove(key))
+    }
+
+    /// See [`crate::Client::batch_put_from`].
+    pub fn batch_put_from(&self, items: &[(&[u8], &[u8])]) -> Result<Vec<ErrorCode>, ClientError> {
+        self.rt.block_on(self.inner.batch_put_from(items))
+    }
+
+    /// See [`crate::Client::batch_get_into`].
+    pub fn batch_get_into(
+        &self,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<usize>>, ClientError> {
+        self.rt.block_on(self.inner.batch_get_into(keys, dsts))
+    }
+
+    /// See [`crate::Client::alloc`].
+    pub fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
+        self.rt.block_on(self.inner.alloc(key, len))
+    }
+
+    /// See [`crate::Client::write`].
+    pub fn write(&self, addr: &GlobalAddr, offset: u64, bytes: &[u8]) -> Result<(), ClientError> {
+        self.rt.block_on(self.inner.write(addr, offset, bytes))
+    }
+
+    /// See [`crate::Client::commit`].
+    pub fn commit(&self, addr: &GlobalAddr, checksum: u64) -> Result<(), ClientError> {
+        self.rt.block_on(self.inner.commit(addr, checksum))
+    }
+
+    /// See [`crate::Client::read`].
+    pub fn read(
+        &self,
+        addr: &GlobalAddr,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<bool, ClientError> {
+        self.rt.block_on(self.inner.read(addr, offset, dst))
+    }
+
+    /// See [`crate::Client::lease`].
+    pub fn lease(
+        &self,
+        keys: &[&[u8]],
+        lease_ms: u64,
+    ) -> Result<Vec<Option<Located>>, ClientError> {
+        self.rt.block_on(self.inner.lease(keys, lease_ms))
+    }
+
+    /// See [`crate::Client::release`].
+    pub fn release(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
+        self.rt.block_on(self.inner.release(keys))
+    }
+
+    /// See [`crate::Client::pin`].
+    pub fn pin(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
+        self.rt.block_on(self.inner.pin(keys))
+    }
+
+    /// See [`crate::Client::unpin`].
+    pub fn unpin(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
+        self.rt.block_on(self.inner.unpin(keys))
+    }
+
+    /// See [`crate::Client::stats`].
+    pub fn stats(&self) -> Result<PoolStats, ClientError> {
+        self.rt.block_on(self.inner.stats())
+    }
+
+    /// See [`crate::Client::view`].
+    pub fn view(&self) -> Result<ClusterView, ClientError> {
+        self.rt.block_on(self.inner.view())
+    }
+}

@@ -1,0 +1,266 @@
+//! One framed stream to a node: a TCP connection, a Unix socket connection, or one
+//! bidirectional stream of a QUIC connection. A connection is used by one call at a time; a
+//! call that fails mid-frame (or times out) drops its connection, so a stream is never reused
+//! out of sync.
+
+use std::sync::Arc;
+
+use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
+use kvpool::protocol::{
+    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
+    Response, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::endpoint::Endpoint;
+use crate::error::ClientError;
+use crate::ClientConfig;
+
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+const IO_BUFFER: usize = 64 << 10;
+
+pub(crate) struct Conn {
+    r: BufReader<Reader>,
+    w: BufWriter<Writer>,
+    hdr: AlignedVec,
+    next_id: u64,
+    limits: Limits,
+}
+
+impl Conn {
+    /// Opens a stream and performs the handshake.
+    pub(crate) async fn open(
+        endpoint: &Endpoint,
+        cfg: &ClientConfig,
+        quic: Option<&quinn::Connection>,
+    ) -> Result<(Conn, HelloInfo), ClientError> {
+        let (r, w): (Reader, Writer) = match endpoint {
+            Endpoint::Tcp(a) => {
+                let s = TcpStream::connect(a.as_str()).await?;
+                s.set_nodelay(true)?;
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Endpoint::Unix(p) => {
+                let (r, w) = UnixStream::connect(p).await?.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Endpoint::Quic(_) => {
+                let c = quic.ok_or_else(|| ClientError::Tls("no QUIC connection".into()))?;
+                let (send, recv) = c
+                    .open_bi()
+                    .await
+                    .map_err(|e| ClientError::Tls(e.to_string()))?;
+                (Box::new(recv), Box::new(send))
+            }
+        };
+        let mut conn = Conn {
+            r: BufReader::with_capacity(IO_BUFFER, r),
+            w: BufWriter::with_capacity(IO_BUFFER, w),
+            hdr: AlignedVec::new(),
+            next_id: 1,
+            // Generous until the node tells us its limits: responses are bounded by what we ask.
+            limits: Limits {
+                max_header: 64 << 20,
+                max_payload: u64::MAX,
+                max_batch: u32::MAX,
+            },
+        };
+        let hello = Op::Hello {
+            version: PROTOCOL_VERSION,
+            token: cfg.token.clone(),
+            client: cfg.client_name.clone(),
+        };
+        match conn.call(hello, &[]).await?.0 {
+            Reply::Hello(h) => Ok((conn, h)),
+            other => Err(ClientError::Protocol(format!(
+                "unexpected handshake reply {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends one request without waiting; returns its id. Call [`Conn::flush`] after a batch.
+    pub(crate) async fn send(&mut self, op: Op, payload: &[&[u8]]) -> Result<u64, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let hdr = encode(&Request { id, op });
+        write_frame(&mut self.w, &hdr, payload).await?;
+        Ok(id)
+    }
+
+    pub(crate) async fn flush(&mut self) -> Result<(), ClientError> {
+        self.w.flush().await?;
+        Ok(())
+    }
+
+    /// Receives the next response header; the caller must consume its payload.
+    pub(crate) async fn recv(&mut self, id: u64) -> Result<(Reply, u64), ClientError> {
+        let prefix = read_prefix(&mut self.r, &self.limits)
+            .await?
+            .ok_or_else(|| ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()))?;
+        read_header(&mut self.r, &prefix, &mut self.hdr).await?;
+        let Response { id: got, reply } = decode_response_owned(&self.hdr)?;
+        if got != id && got != 0 {
+            return Err(ClientError::Protocol(format!(
+                "response {got} for request {id}"
+            )));
+        }
+        if let Reply::Error { code, message } = reply {
+            self.skip(prefix.payload_len).await?;
+            return Err(ClientError::Server {
+                code: ErrorCode::from_u16(code),
+                message,
+            });
+        }
+        Ok((reply, prefix.payload_len))
+    }
+
+    /// One request, one response (whose payload the caller consumes).
+    pub(crate) async fn call(
+        &mut self,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<(Reply, u64), ClientError> {
+        let id = self.send(op, payload).await?;
+        self.flush().await?;
+        self.recv(id).await
+    }
+
+    /// A call whose reply carries no payload.
+    pub(crate) async fn call_simple(
+        &mut self,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<Reply, ClientError> {
+        let (reply, len) = self.call(op, payload).await?;
+        if len != 0 {
+            self.skip(len).await?;
+            return Err(ClientError::Protocol("unexpected payload".into()));
+        }
+        Ok(reply)
+    }
+
+    pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> Result<(), ClientError> {
+        self.r.read_exact(dst).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn skip(&mut self, n: u64) -> Result<(), ClientError> {
+        discard(&mut self.r, n).await?;
+        Ok(())
+    }
+}
+
+/// A QUIC client connection to `endpoint`, trusting `cfg.ca` (PEM) or, with
+/// `cfg.insecure_skip_verify`, anything.
+pub(crate) async fn quic_connect(
+    endpoint: &Endpoint,
+    cfg: &ClientConfig,
+) -> Result<(quinn::Endpoint, quinn::Connection), ClientError> {
+    let Endpoint::Quic(hp) = endpoint else {
+        unreachable!("only called for QUIC endpoints")
+    };
+    let tls_err = |e: &dyn std::fmt::Display| ClientError::Tls(e.to_string());
+    let addr = tokio::net::lookup_host(hp.as_str())
+        .await?
+        .next()
+        .ok_or_else(|| ClientError::Endpoint(hp.clone()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| tls_err(&e))?;
+    let mut tls = if cfg.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = cfg.ca.as_ref().ok_or_else(|| {
+            ClientError::Tls("QUIC needs a CA certificate (ca) or insecure_skip_verify".into())
+        })?;
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| tls_err(&e))? {
+            roots
+                .add(c.map_err(|e| tls_err(&e))?)
+                .map_err(|e| tls_err(&e))?;
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    tls.alpn_protocols = vec![b"kvpool/1".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| tls_err(&e))?;
+    let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .stream_receive_window((16u32 << 20).into())
+        .receive_window((64u32 << 20).into())
+        .send_window(64 << 20);
+    qcfg.transport_config(Arc::new(transport));
+    let bind: std::net::SocketAddr = if addr.is_ipv6() {
+        "[::]:0".parse().expect("valid")
+    } else {
+        "0.0.0.0:0".parse().expect("valid")
+    };
+    let mut ep = quinn::Endpoint::client(bind)?;
+    ep.set_default_client_config(qcfg);
+    let name = endpoint.host().unwrap_or("localhost").to_string();
+    let conn = ep
+        .connect(addr, &name)
+        .map_err(|e| tls_err(&e))?
+        .await
+        .map_err(|e| tls_err(&e))?;
+    Ok((ep, conn))
+}
+
+/// Accepts any server certificate (still checks the handshake signature). For tests and
+/// trusted networks only: `insecure_skip_verify`.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -1,0 +1,116 @@
+//! The `kvpool` command line against a real `kvpoold`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+struct Daemon(std::process::Child, std::path::PathBuf);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+fn kvpoold() -> std::path::PathBuf {
+    // Built by `cargo test --workspace` next to this crate's own binary.
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_kvpool")).with_file_name("kvpoold");
+    assert!(
+        p.exists(),
+        "build kvpoold first: cargo build -p kvpool-server"
+    );
+    p
+}
+
+fn start() -> (Daemon, String) {
+    let dir = std::env::temp_dir().join(format!("kvpool-cli-test-{}", std::process::id()));
+    let mut child = Command::new(kvpoold())
+        .args([
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--memory",
+            "32MiB",
+            "--tcp",
+            "127.0.0.1:0",
+            "--quic",
+            "",
+            "--metrics",
+            "",
+        ])
+        .env("KVPOOL_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let tcp = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("tcp="))
+        .expect("ready line")
+        .to_string();
+    (Daemon(child, dir), format!("tcp://{tcp}"))
+}
+
+fn kvpool(endpoint: &str, args: &[&str], stdin: &[u8]) -> (i32, Vec<u8>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvpool"))
+        .args(["--endpoint", endpoint])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn put_get_exists_rm_stats() {
+    let (_d, ep) = start();
+    let value: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+    assert_eq!(kvpool(&ep, &["put", "a"], &value).0, 0);
+    let file = std::env::temp_dir().join(format!("kvpool-cli-value-{}", std::process::id()));
+    std::fs::write(&file, b"from a file").unwrap();
+    assert_eq!(kvpool(&ep, &["put", "b", file.to_str().unwrap()], b"").0, 0);
+    let (code, out, _) = kvpool(&ep, &["get", "a"], b"");
+    assert_eq!((code, out), (0, value.clone()));
+    let (code, out, _) = kvpool(&ep, &["--no-local", "get", "b"], b"");
+    assert_eq!((code, out), (0, b"from a file".to_vec()));
+    let (code, _, err) = kvpool(&ep, &["get", "zzz"], b"");
+    assert_eq!(code, 1, "a miss exits 1");
+    assert!(err.contains("miss"));
+    let (code, out, _) = kvpool(&ep, &["exists", "a", "b", "zzz", "a"], b"");
+    assert_eq!((code, String::from_utf8(out).unwrap().trim()), (0, "2"));
+    let (code, out, _) = kvpool(&ep, &["--hex", "exists", "61"], b"");
+    assert_eq!(
+        (code, String::from_utf8(out).unwrap().trim()),
+        (0, "1"),
+        "hex keys"
+    );
+    let (code, out, _) = kvpool(&ep, &["rm", "a", "zzz"], b"");
+    assert_eq!((code, String::from_utf8(out).unwrap().trim()), (0, "1"));
+    let (code, out, _) = kvpool(&ep, &["stats", "--json"], b"");
+    let json = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0);
+    assert!(json.contains("\"objects\":1"), "{json}");
+    let (code, out, _) = kvpool(&ep, &["stats"], b"");
+    assert_eq!(code, 0);
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .contains("namespace \"default\": 1 objects"));
+    let (code, _, err) = kvpool(&ep, &["-n", "nope", "stats"], b"");
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown namespace"), "{err}");
+    let (code, _, err) = kvpool("http://x", &["stats"], b"");
+    assert_eq!(code, 2);
+    assert!(err.contains("bad endpoint"), "{err}");
+    let _ = std::fs::remove_file(file);
+}
