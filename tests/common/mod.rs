@@ -1,0 +1,194 @@
+//! Helpers for whole-system tests: real `kvpoold` processes on free loopback ports, each with
+//! its own data directory, stopped (SIGTERM, then SIGKILL) when dropped.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a different subset"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A `kvpoold` child process.
+pub struct Node {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub tcp: String,
+    pub quic: String,
+    pub metrics: String,
+    pub unix: String,
+    keep_dir: bool,
+}
+
+/// Path of a workspace binary, built next to this test executable (`target/<profile>/`).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let p = dir.join(name);
+    if !p.exists() {
+        // `cargo test --workspace` builds every binary; a narrower invocation may not have.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = dir.ends_with("release");
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "-p",
+            "kvpool-server",
+            "-p",
+            "kvpool-client",
+            "--bins",
+        ]);
+        if release {
+            cmd.arg("--release");
+        }
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        assert!(ok && p.exists(), "could not build {}", p.display());
+    }
+    p
+}
+
+/// A fresh, unique temporary directory.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "kvpool-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+impl Node {
+    /// Starts a node with `--memory <memory>` and extra flags, on free ports.
+    pub fn start(memory: &str, extra: &[&str]) -> Node {
+        Node::start_in(temp_dir("node"), memory, extra, &["127.0.0.1:0"; 3])
+    }
+
+    /// Starts a node in `dir` with explicit tcp, quic and metrics addresses.
+    pub fn start_in(dir: PathBuf, memory: &str, extra: &[&str], addrs: &[&str; 3]) -> Node {
+        let mut child = Command::new(bin("kvpoold"))
+            .args(["--data-dir", dir.to_str().unwrap(), "--memory", memory])
+            .args(["--tcp", addrs[0], "--quic", addrs[1], "--metrics", addrs[2]])
+            .args(extra)
+            .env("KVPOOL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning kvpoold");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("kvpoold did not become ready: {:?}", child.wait());
+            }
+        };
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or("off")
+                .to_string()
+        };
+        Node {
+            tcp: field("tcp"),
+            quic: field("quic"),
+            metrics: field("metrics"),
+            unix: field("unix"),
+            child: Some(child),
+            dir,
+            keep_dir: false,
+        }
+    }
+
+    pub fn tcp_url(&self) -> String {
+        format!("tcp://{}", self.tcp)
+    }
+
+    pub fn quic_url(&self) -> String {
+        format!("quic://{}", self.quic)
+    }
+
+    pub fn unix_url(&self) -> String {
+        format!("unix://{}", self.unix)
+    }
+
+    pub fn cert(&self) -> PathBuf {
+        self.dir.join("tls-cert.pem")
+    }
+
+    /// SIGTERM and wait; returns the exit status. Keeps the data dir for a restart.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.keep_dir = true;
+        let mut child = self.child.take().expect("running");
+        unsafe_kill(child.id(), 15);
+        for _ in 0..200 {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        panic!("kvpoold did not stop on SIGTERM within 10 s");
+    }
+
+    /// Fetches `/metrics`.
+    pub fn scrape(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn unsafe_kill(pid: u32, sig: i32) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// Deterministic bytes for a value.
+pub fn value(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

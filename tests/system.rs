@@ -1,0 +1,789 @@
+//! Whole-system tests: real `kvpoold` processes on loopback, driven through the client library
+//! and through raw bytes.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{value, Node};
+use kvpool::protocol::{
+    encode, ErrorCode, FramePrefix, Op, PutItem, Reply, Request, Response, PROTOCOL_VERSION,
+};
+use kvpool::GlobalAddr;
+use kvpool_client::{Client, ClientConfig, ClientError, SameHost};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn remote() -> ClientConfig {
+    ClientConfig {
+        same_host: SameHost::Off,
+        ..ClientConfig::default()
+    }
+}
+
+async fn tcp_client(n: &Node) -> Client {
+    Client::connect(&n.tcp_url(), remote()).await.unwrap()
+}
+
+fn code(e: ClientError) -> ErrorCode {
+    e.code()
+        .unwrap_or_else(|| panic!("expected a node error, got {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_over_every_transport() {
+    let n = Node::start("64MiB", &[]);
+    let quic_cfg = ClientConfig {
+        ca: Some(n.cert()),
+        ..remote()
+    };
+    let clients = [
+        (
+            "tcp",
+            Client::connect(&n.tcp_url(), remote()).await.unwrap(),
+        ),
+        (
+            "quic",
+            Client::connect(&n.quic_url(), quic_cfg).await.unwrap(),
+        ),
+        (
+            "unix",
+            Client::connect(&n.unix_url(), remote()).await.unwrap(),
+        ),
+        (
+            "local",
+            Client::connect(&n.tcp_url(), ClientConfig::default())
+                .await
+                .unwrap(),
+        ),
+    ];
+    assert!(
+        clients[3].1.is_local(),
+        "a client on the same host maps the segments"
+    );
+    assert!(!clients[0].1.is_local());
+    for (i, (name, c)) in clients.iter().enumerate() {
+        for (j, len) in [0usize, 1, 4096, 64 << 10, 3 << 20].into_iter().enumerate() {
+            let key = format!("{name}-{j}");
+            let v = value((i * 10 + j) as u64, len);
+            c.put(key.as_bytes(), &v).await.unwrap();
+            // Every transport reads what every other wrote.
+            for (_, other) in &clients {
+                assert_eq!(
+                    other.get(key.as_bytes()).await.unwrap().as_deref(),
+                    Some(&v[..]),
+                    "{name} {len}"
+                );
+            }
+        }
+        assert_eq!(c.get(b"absent").await.unwrap(), None);
+    }
+    // QUIC without a trusted CA is refused; with insecure_skip_verify it connects.
+    assert!(Client::connect(&n.quic_url(), remote()).await.is_err());
+    let insecure = ClientConfig {
+        insecure_skip_verify: true,
+        ..remote()
+    };
+    assert!(Client::connect(&n.quic_url(), insecure).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_one_round_trip_and_fill_caller_buffers() {
+    let n = Node::start("64MiB", &[]);
+    for cfg in [remote(), ClientConfig::default()] {
+        let c = Client::connect(&n.tcp_url(), cfg).await.unwrap();
+        let keys: Vec<Vec<u8>> = (0..32u32)
+            .map(|i| format!("b{i}-{}", c.is_local()).into_bytes())
+            .collect();
+        let vals: Vec<Vec<u8>> = (0..32).map(|i| value(i, 100_000 + i as usize)).collect();
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(&vals)
+            .take(20)
+            .map(|(k, v)| (&k[..], &v[..]))
+            .collect();
+        let codes = c.batch_put_from(&items).await.unwrap();
+        assert!(codes.iter().all(|c| *c == ErrorCode::Ok), "{codes:?}");
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        assert_eq!(c.batch_exists(&refs).await.unwrap(), 20);
+        let mut bufs: Vec<Vec<u8>> = (0..32).map(|_| vec![0u8; 200_000]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+        for i in 0..32 {
+            if i < 20 {
+                assert_eq!(got[i], Some(vals[i].len()));
+                assert_eq!(&bufs[i][..vals[i].len()], &vals[i][..]);
+            } else {
+                assert_eq!(got[i], None);
+            }
+        }
+        // A buffer too small is an error, and the connection stays usable.
+        let mut small = vec![0u8; 10];
+        let e = c.get_into(&keys[0], &mut small).await.unwrap_err();
+        assert!(matches!(e, ClientError::BufferTooSmall { .. }), "{e}");
+        assert!(c.exists(&keys[0]).await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_phase_put_and_one_sided_reads_check_keys_bounds_and_generations() {
+    let n = Node::start("64MiB", &[]);
+    for cfg in [remote(), ClientConfig::default()] {
+        let c = Client::connect(&n.tcp_url(), cfg).await.unwrap();
+        let key = format!("tp-{}", c.is_local());
+        let v = value(5, 1 << 20);
+        let a = c.alloc(key.as_bytes(), v.len() as u64).await.unwrap();
+        c.write(&a, 0, &v[..1000]).await.unwrap();
+        c.write(&a, 1000, &v[1000..]).await.unwrap();
+        assert_eq!(
+            c.get(key.as_bytes()).await.unwrap(),
+            None,
+            "invisible before commit"
+        );
+        let e = c.commit(&a, kvpool::checksum(b"wrong")).await.unwrap_err();
+        assert_eq!(code(e), ErrorCode::ChecksumMismatch);
+        let a = c.alloc(key.as_bytes(), v.len() as u64).await.unwrap();
+        c.write(&a, 0, &v).await.unwrap();
+        c.commit(&a, kvpool::checksum(&v)).await.unwrap();
+        assert_eq!(c.get(key.as_bytes()).await.unwrap().unwrap(), v);
+
+        let loc = c.lease(&[key.as_bytes()], 1000).await.unwrap()[0].unwrap();
+        let mut buf = vec![0u8; 4096];
+        assert!(c.read(&loc.addr, 8192, &mut buf).await.unwrap());
+        assert_eq!(&buf[..], &v[8192..8192 + 4096]);
+        let remote_c = tcp_client(&n).await;
+        let mut b = vec![0u8; 16];
+        for (bad, want) in [
+            (
+                GlobalAddr {
+                    key: loc.addr.key ^ 1,
+                    ..loc.addr
+                },
+                ErrorCode::WrongKey,
+            ),
+            (
+                GlobalAddr {
+                    len: loc.addr.len * 2,
+                    ..loc.addr
+                },
+                ErrorCode::WrongKey,
+            ),
+            (
+                GlobalAddr {
+                    offset: loc.addr.offset + 512,
+                    ..loc.addr
+                },
+                ErrorCode::WrongKey,
+            ),
+            (
+                GlobalAddr {
+                    segment: 7,
+                    ..loc.addr
+                },
+                ErrorCode::NoSegment,
+            ),
+            (
+                GlobalAddr {
+                    node: kvpool::NodeId(3),
+                    ..loc.addr
+                },
+                ErrorCode::WrongNode,
+            ),
+        ] {
+            assert_eq!(
+                code(remote_c.read(&bad, 0, &mut b).await.unwrap_err()),
+                want,
+                "{bad:?}"
+            );
+        }
+        let mut big = vec![0u8; 100];
+        assert_eq!(
+            code(
+                remote_c
+                    .read(&loc.addr, (1 << 20) - 50, &mut big)
+                    .await
+                    .unwrap_err()
+            ),
+            ErrorCode::OutOfBounds
+        );
+        c.release(&[key.as_bytes()]).await.unwrap();
+        assert!(c.remove(key.as_bytes()).await.unwrap());
+        assert!(
+            !c.read(&loc.addr, 0, &mut buf).await.unwrap(),
+            "a removed object reads as a miss"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_pressure_keeps_pins() {
+    let n = Node::start("16MiB", &[]);
+    let c = tcp_client(&n).await;
+    let pinned = value(99, 1 << 20);
+    c.put_pinned(b"weights-0", &pinned).await.unwrap();
+    c.put(b"weights-1", &pinned).await.unwrap();
+    assert_eq!(c.pin(&[b"weights-1"]).await.unwrap(), 1);
+    for i in 0..64u64 {
+        c.put(format!("kv{i}").as_bytes(), &value(i, 1 << 20))
+            .await
+            .unwrap();
+    }
+    let s = c.stats().await.unwrap();
+    assert!(s.evictions >= 40, "{s:?}");
+    assert!(s.used_bytes() <= s.capacity());
+    assert_eq!(c.get(b"weights-0").await.unwrap().unwrap(), pinned);
+    assert_eq!(c.get(b"weights-1").await.unwrap().unwrap(), pinned);
+    assert_eq!(c.get(b"kv63").await.unwrap().unwrap(), value(63, 1 << 20));
+    assert_eq!(
+        c.get(b"kv0").await.unwrap(),
+        None,
+        "the oldest were evicted"
+    );
+    assert_eq!(s.namespaces[0].pinned_bytes, 2 << 20);
+    // A pool full of pins refuses with a clear error and keeps serving.
+    for i in 0..64u64 {
+        let _ = c
+            .put_pinned(format!("w{i}").as_bytes(), &value(i, 1 << 20))
+            .await;
+    }
+    let e = c.put(b"one-more", &value(1, 1 << 20)).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::PoolFull);
+    assert_eq!(c.get(b"weights-0").await.unwrap().unwrap(), pinned);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_isolated_and_quotas_hold() {
+    let dir = common::temp_dir("ns");
+    let cfg = dir.join("kvpoold.toml");
+    std::fs::write(&cfg, "[[namespace]]\nname = \"tenant-a\"\n\n[[namespace]]\nname = \"tenant-b\"\nquota = \"2MiB\"\n").unwrap();
+    let n = Node::start("32MiB", &["--config", cfg.to_str().unwrap()]);
+    let a = Client::connect(
+        &n.tcp_url(),
+        ClientConfig {
+            namespace: "tenant-a".into(),
+            ..remote()
+        },
+    )
+    .await
+    .unwrap();
+    let b = a.namespace("tenant-b").unwrap();
+    a.put(b"same-key", b"from a").await.unwrap();
+    b.put(b"same-key", b"from b").await.unwrap();
+    assert_eq!(a.get(b"same-key").await.unwrap().unwrap(), b"from a");
+    assert_eq!(b.get(b"same-key").await.unwrap().unwrap(), b"from b");
+    assert!(b.remove(b"same-key").await.unwrap());
+    assert_eq!(a.get(b"same-key").await.unwrap().unwrap(), b"from a");
+    for i in 0..8u64 {
+        b.put(format!("q{i}").as_bytes(), &value(i, 512 << 10))
+            .await
+            .unwrap();
+    }
+    let s = b.stats().await.unwrap();
+    let nb = s.namespaces.iter().find(|x| x.name == "tenant-b").unwrap();
+    assert!(nb.used_bytes <= 2 << 20, "{nb:?}");
+    assert!(
+        a.exists(b"same-key").await.unwrap(),
+        "b's quota evicted only b's objects"
+    );
+    let e = Client::connect(
+        &n.tcp_url(),
+        ClientConfig {
+            namespace: "tenant-c".into(),
+            ..remote()
+        },
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(matches!(e, ClientError::UnknownNamespace(_)), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_serves_again_and_old_addresses_are_refused() {
+    let mut n = Node::start("16MiB", &[]);
+    let c = tcp_client(&n).await;
+    c.put(b"k", &value(1, 100_000)).await.unwrap();
+    let old = c.lease(&[b"k"], 0).await.unwrap()[0].unwrap();
+    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
+    let status = n.stop();
+    assert!(status.success(), "SIGTERM exits cleanly: {status:?}");
+    assert!(
+        !std::path::Path::new(&n.unix).exists(),
+        "socket removed on exit"
+    );
+    let segs = std::fs::read_dir(&n.dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "kvp")
+        })
+        .count();
+    assert_eq!(segs, 0, "segment files removed on exit");
+    let n2 = Node::start_in(
+        n.dir.clone(),
+        "16MiB",
+        &[],
+        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
+    );
+    let c2 = tcp_client(&n2).await;
+    assert_eq!(
+        c2.get(b"k").await.unwrap(),
+        None,
+        "a restarted node starts empty"
+    );
+    let mut buf = vec![0u8; 16];
+    let e = c2.read(&old.addr, 0, &mut buf).await.unwrap_err();
+    assert_eq!(
+        code(e),
+        ErrorCode::WrongKey,
+        "addresses from before the restart are refused"
+    );
+    c2.put(b"k", b"again").await.unwrap();
+    assert_eq!(c2.get(b"k").await.unwrap().unwrap(), b"again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_read_exactly_what_they_wrote() {
+    let n = Node::start("32MiB", &[]);
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let cfg = if t % 2 == 0 {
+            remote()
+        } else {
+            ClientConfig::default()
+        };
+        let c = Client::connect(&n.tcp_url(), cfg).await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut hits = 0;
+            for i in 0..150u64 {
+                let key = format!("c{}", (t * 7 + i) % 40);
+                let v = value(t * 1000 + i, 32 << 10);
+                c.put(key.as_bytes(), &v).await.unwrap();
+                // Another task may have overwritten it: the value must be one that some task
+                // wrote in full, which the checksum check inside get guarantees.
+                if let Some(got) = c.get(key.as_bytes()).await.unwrap() {
+                    assert_eq!(got.len(), 32 << 10);
+                    hits += 1;
+                }
+            }
+            hits
+        }));
+    }
+    let mut hits = 0;
+    for t in tasks {
+        hits += t.await.unwrap();
+    }
+    assert!(hits > 1000, "{hits}");
+}
+
+// ----- bad input, as raw bytes -----
+
+async fn raw_conn(n: &Node) -> TcpStream {
+    TcpStream::connect(&n.tcp).await.unwrap()
+}
+
+async fn send(s: &mut TcpStream, id: u64, op: Op, payload: &[u8]) {
+    let hdr = encode(&Request { id, op });
+    let p = FramePrefix {
+        header_len: hdr.len() as u32,
+        payload_len: payload.len() as u64,
+    };
+    s.write_all(&p.encode()).await.unwrap();
+    s.write_all(&hdr).await.unwrap();
+    s.write_all(payload).await.unwrap();
+}
+
+/// Reads one response (skipping its payload); None when the node closed the connection.
+async fn recv(s: &mut TcpStream) -> Option<Response> {
+    let mut prefix = [0u8; 16];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut prefix))
+        .await
+        .expect("reply in time")
+        .ok()?;
+    let p = FramePrefix::parse(&prefix, &kvpool::protocol::Limits::default()).unwrap();
+    let mut hdr = kvpool::protocol::AlignedVec::<16>::new();
+    hdr.resize(p.header_len as usize, 0);
+    s.read_exact(&mut hdr).await.unwrap();
+    let mut payload = vec![0u8; p.payload_len as usize];
+    s.read_exact(&mut payload).await.unwrap();
+    Some(kvpool::protocol::decode_response_owned(&hdr).unwrap())
+}
+
+fn error_code(r: &Response) -> ErrorCode {
+    match &r.reply {
+        Reply::Error { code, .. } => ErrorCode::from_u16(*code),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+async fn hello(s: &mut TcpStream, token: &str) -> Response {
+    send(
+        s,
+        1,
+        Op::Hello {
+            version: PROTOCOL_VERSION,
+            token: token.into(),
+            client: "raw".into(),
+        },
+        &[],
+    )
+    .await;
+    recv(s).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
+    let n = Node::start("16MiB", &[]);
+    let good = tcp_client(&n).await;
+    good.put(b"k", b"v").await.unwrap();
+
+    // Garbage: not our magic. Answered, then closed.
+    let mut s = raw_conn(&n).await;
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::Malformed
+    );
+    assert!(closed(&mut s).await);
+
+    // A header over the limit: refused before a byte of it is buffered.
+    let mut s = raw_conn(&n).await;
+    s.write_all(
+        &FramePrefix {
+            header_len: u32::MAX,
+            payload_len: 0,
+        }
+        .encode(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::FrameTooLarge
+    );
+    assert!(closed(&mut s).await);
+
+    // A payload over the limit.
+    let mut s = raw_conn(&n).await;
+    s.write_all(
+        &FramePrefix {
+            header_len: 64,
+            payload_len: u64::MAX,
+        }
+        .encode(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::FrameTooLarge
+    );
+
+    // A request before the handshake.
+    let mut s = raw_conn(&n).await;
+    send(&mut s, 9, Op::Stats, &[]).await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::HandshakeRequired
+    );
+    assert!(closed(&mut s).await);
+
+    // Another protocol version.
+    let mut s = raw_conn(&n).await;
+    send(
+        &mut s,
+        1,
+        Op::Hello {
+            version: 999,
+            token: String::new(),
+            client: "old".into(),
+        },
+        &[],
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::UnsupportedVersion
+    );
+
+    // A header that fails validation, with a payload: answered, payload skipped, stream in sync.
+    let mut s = raw_conn(&n).await;
+    assert!(matches!(hello(&mut s, "").await.reply, Reply::Hello(_)));
+    let junk = [0xA5u8; 64];
+    s.write_all(
+        &FramePrefix {
+            header_len: 64,
+            payload_len: 5,
+        }
+        .encode(),
+    )
+    .await
+    .unwrap();
+    s.write_all(&junk).await.unwrap();
+    s.write_all(b"12345").await.unwrap();
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::Malformed
+    );
+    // Unknown namespace, bad keys, oversized batches, wrong payload sizes: each answered in turn
+    // on the same connection.
+    send(
+        &mut s,
+        2,
+        Op::Put {
+            ns: 99,
+            key: b"k".to_vec(),
+            checksum: 0,
+            pin: false,
+        },
+        b"abc",
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::UnknownNamespace
+    );
+    send(
+        &mut s,
+        3,
+        Op::Put {
+            ns: 0,
+            key: vec![1; 300],
+            checksum: 0,
+            pin: false,
+        },
+        b"abc",
+    )
+    .await;
+    assert_eq!(error_code(&recv(&mut s).await.unwrap()), ErrorCode::BadKey);
+    send(
+        &mut s,
+        4,
+        Op::Put {
+            ns: 0,
+            key: b"x".to_vec(),
+            checksum: 12345,
+            pin: false,
+        },
+        b"abc",
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::ChecksumMismatch
+    );
+    send(
+        &mut s,
+        5,
+        Op::Exists {
+            ns: 0,
+            keys: vec![b"k".to_vec(); 20_000],
+        },
+        &[],
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::BatchTooLarge
+    );
+    let items = vec![PutItem {
+        key: b"a".to_vec(),
+        len: 10,
+        checksum: 0,
+    }];
+    send(
+        &mut s,
+        6,
+        Op::BatchPut {
+            ns: 0,
+            items,
+            pin: false,
+        },
+        b"only7by",
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::PayloadMismatch
+    );
+    send(
+        &mut s,
+        7,
+        Op::Get {
+            ns: 0,
+            key: b"k".to_vec(),
+        },
+        b"unexpected",
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::PayloadMismatch
+    );
+    send(&mut s, 8, Op::MapInfo, &[]).await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::NotLocal,
+        "segments only over the Unix socket"
+    );
+    send(
+        &mut s,
+        9,
+        Op::Put {
+            ns: 0,
+            key: b"huge".to_vec(),
+            checksum: 0,
+            pin: false,
+        },
+        &vec![0u8; 17 << 20],
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::TooLarge
+    );
+    send(
+        &mut s,
+        10,
+        Op::Get {
+            ns: 0,
+            key: b"k".to_vec(),
+        },
+        &[],
+    )
+    .await;
+    let r = recv(&mut s).await.unwrap();
+    assert_eq!(r.id, 10);
+    assert!(matches!(r.reply, Reply::Value { len: 1, .. }), "{r:?}");
+
+    // A connection that vanishes mid-payload leaves nothing behind.
+    let mut s = raw_conn(&n).await;
+    hello(&mut s, "").await;
+    let hdr = encode(&Request {
+        id: 2,
+        op: Op::Put {
+            ns: 0,
+            key: b"torn".to_vec(),
+            checksum: 0,
+            pin: false,
+        },
+    });
+    s.write_all(
+        &FramePrefix {
+            header_len: hdr.len() as u32,
+            payload_len: 1 << 20,
+        }
+        .encode(),
+    )
+    .await
+    .unwrap();
+    s.write_all(&hdr).await.unwrap();
+    s.write_all(&[1u8; 1000]).await.unwrap();
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = good.stats().await.unwrap();
+    assert_eq!(st.pending, 0, "the torn put was aborted");
+    assert_eq!(good.get(b"torn").await.unwrap(), None);
+
+    // Through all of it, everyone else was served.
+    assert_eq!(good.get(b"k").await.unwrap().unwrap(), b"v");
+    let m = n.scrape();
+    let errors: u64 = m
+        .lines()
+        .find(|l| l.starts_with("kvpool_protocol_errors_total"))
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(errors >= 3, "{errors}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_tokens_are_enforced() {
+    let n = Node::start("16MiB", &["--token", "s3cret"]);
+    let mut s = raw_conn(&n).await;
+    assert_eq!(
+        error_code(&hello(&mut s, "wrong").await),
+        ErrorCode::Unauthorized
+    );
+    assert!(closed(&mut s).await);
+    let e = Client::connect(&n.tcp_url(), remote()).await.err().unwrap();
+    assert_eq!(code(e), ErrorCode::Unauthorized);
+    let c = Client::connect(
+        &n.tcp_url(),
+        ClientConfig {
+            token: "s3cret".into(),
+            ..remote()
+        },
+    )
+    .await
+    .unwrap();
+    c.put(b"k", b"v").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_allocations_are_reclaimed() {
+    let dir = common::temp_dir("reap");
+    let cfg = dir.join("kvpoold.toml");
+    std::fs::write(&cfg, "[memory]\npending_timeout_ms = 200\n").unwrap();
+    let n = Node::start("16MiB", &["--config", cfg.to_str().unwrap()]);
+    let c = tcp_client(&n).await;
+    let a = c.alloc(b"abandoned", 1 << 20).await.unwrap();
+    assert_eq!(c.stats().await.unwrap().pending, 1);
+    let mut reaped = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let s = c.stats().await.unwrap();
+        if s.pending == 0 && s.reaped == 1 && s.used_bytes() == 0 {
+            reaped = true;
+            break;
+        }
+    }
+    assert!(reaped, "{:?}", c.stats().await.unwrap());
+    assert_eq!(
+        code(c.commit(&a, 0).await.unwrap_err()),
+        ErrorCode::NotWritable
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_operations_hits_and_misses() {
+    let n = Node::start("16MiB", &[]);
+    let c = tcp_client(&n).await;
+    for i in 0..5u64 {
+        c.put(format!("m{i}").as_bytes(), &value(i, 1000))
+            .await
+            .unwrap();
+    }
+    c.get(b"m1").await.unwrap();
+    c.get(b"nope").await.unwrap();
+    let m = n.scrape();
+    assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+    for line in [
+        "kvpool_operations_total{op=\"put\",outcome=\"ok\"} 5",
+        "kvpool_hits_total{node=\"0\"} 1",
+        "kvpool_misses_total{node=\"0\"} 1",
+        "kvpool_objects{node=\"0\"} 5",
+        "kvpool_operation_seconds_count{op=\"put\"} 5",
+    ] {
+        assert!(m.contains(line), "missing {line:?} in\n{m}");
+    }
+    assert!(m.contains("kvpool_segment_bytes{node=\"0\",segment=\"0\",state=\"used\"}"));
+    assert!(m.contains("kvpool_connections{transport=\"tcp\"}"));
+}
