@@ -27,9 +27,13 @@ pub mod checksum;
 #[cfg(not(loom))]
 pub mod error;
 #[cfg(not(loom))]
+pub mod eviction;
+#[cfg(not(loom))]
 pub mod placement;
 #[cfg(not(loom))]
 pub mod pool;
+#[cfg(not(loom))]
+pub mod prefix;
 #[cfg(not(loom))]
 pub mod protocol;
 #[cfg(not(loom))]

@@ -119,6 +119,13 @@ pub struct NamespaceEntry {
     /// Byte quota on this node (`"4GiB"`); none when absent.
     #[serde(default, deserialize_with = "de_opt_size")]
     pub quota: Option<u64>,
+    /// Eviction policy: `s3fifo` (default), `lru` or `prefix-aware`.
+    #[serde(default = "default_eviction")]
+    pub eviction: String,
+}
+
+fn default_eviction() -> String {
+    kvpool::eviction::PolicyKind::default().name().to_string()
 }
 
 impl Default for Config {
@@ -234,11 +241,17 @@ impl Config {
         let mut namespaces: Vec<NamespaceConfig> = self
             .namespaces
             .iter()
-            .map(|n| NamespaceConfig {
-                name: n.name.clone(),
-                quota_bytes: n.quota,
+            .map(|n| {
+                Ok(NamespaceConfig {
+                    name: n.name.clone(),
+                    quota_bytes: n.quota,
+                    eviction: n
+                        .eviction
+                        .parse()
+                        .map_err(|e: String| anyhow::anyhow!("namespace {:?}: {e}", n.name))?,
+                })
             })
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
         if !namespaces
             .iter()
             .any(|n| n.name == kvpool::pool::DEFAULT_NAMESPACE)
@@ -343,6 +356,7 @@ mod tests {
             [[namespace]]
             name = "tenant-a"
             quota = "64MiB"
+            eviction = "lru"
             "#,
         )
         .unwrap();
@@ -351,6 +365,14 @@ mod tests {
         assert_eq!(c.unix_path(), PathBuf::from("/tmp/x/kvpool.sock"));
         let p = c.pool_config().unwrap();
         assert_eq!(p.namespaces.len(), 2);
+        assert_eq!(p.namespaces[1].eviction, kvpool::eviction::PolicyKind::Lru);
+        assert_eq!(
+            p.namespaces[0].eviction,
+            kvpool::eviction::PolicyKind::S3Fifo,
+            "the default"
+        );
+        let bad = Config::from_toml("[[namespace]]\nname = \"x\"\neviction = \"mru\"").unwrap();
+        assert!(bad.pool_config().is_err());
         assert!(Config::from_toml("nonsense = 1").is_err());
         assert!(Config::from_toml("[memory]\nbacking = \"floppy\"")
             .unwrap()

@@ -1,9 +1,14 @@
-//! One shard of the object index: per namespace, an LRU of committed objects, plus the objects
-//! that were removed while still being read ("zombies", freed when their last reader leaves).
+//! One shard of the object index: per namespace, a hash table of committed objects ordered by
+//! that namespace's eviction policy, plus the objects removed while still being read
+//! ("zombies", freed when their last reader leaves).
+//!
+//! Objects are named by handles: indexes into a slot vector that holds each object's key and
+//! entry. The hash table stores only handles and finds keys through the slots, so a key is kept
+//! once; freed handles are reused.
 
-use lru::LruCache;
+use hashbrown::HashTable;
 
-use crate::error::MAX_KEY_LEN;
+use crate::eviction::{Eviction, Handle, Insert, PolicyKind};
 use crate::pool::Millis;
 
 /// What the index knows of one committed object. Kept small: pools hold millions.
@@ -38,39 +43,130 @@ pub(crate) struct Zombie {
     pub(crate) pinned: bool,
 }
 
-/// One shard: an LRU per namespace.
-pub(crate) struct Shard {
-    pub(crate) lrus: Vec<LruCache<Box<[u8]>, Entry>>,
-    pub(crate) zombies: Vec<Zombie>,
+struct Slot {
+    key: Box<[u8]>,
+    entry: Entry,
 }
 
-/// How many entries eviction looks at from the cold end of one LRU before giving up on it.
-const EVICTION_SCAN: usize = 16;
+/// The objects of one namespace in one shard.
+pub(crate) struct NsIndex {
+    table: HashTable<Handle>,
+    slots: Vec<Slot>,
+    free: Vec<Handle>,
+    policy: Box<dyn Eviction>,
+}
 
-impl Shard {
-    pub(crate) fn new(namespaces: usize) -> Self {
-        Shard {
-            lrus: (0..namespaces).map(|_| LruCache::unbounded()).collect(),
-            zombies: Vec::new(),
+/// The shard is picked by the low bits of `xxh3_64(key)`; the table inside must hash with
+/// another seed, or all of a shard's keys would share their low bits.
+fn table_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x6b76_706f_6f6c)
+}
+
+impl NsIndex {
+    fn new(policy: PolicyKind) -> Self {
+        NsIndex {
+            table: HashTable::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            policy: policy.build(),
         }
     }
 
-    /// Removes the least recently used evictable object of namespace `ns`. Objects at the cold
-    /// end that can't be evicted (pinned, leased, being read) are moved to the hot end so the
-    /// next scan does not meet them again; the scan is bounded.
-    pub(crate) fn pop_victim(&mut self, ns: usize, now: Millis) -> Option<Entry> {
-        let lru = &mut self.lrus[ns];
-        let mut key = [0u8; MAX_KEY_LEN];
-        for _ in 0..EVICTION_SCAN.min(lru.len()) {
-            let (k, e) = lru.peek_lru()?;
-            if e.evictable(now) {
-                return lru.pop_lru().map(|(_, e)| e);
-            }
-            let n = k.len();
-            key[..n].copy_from_slice(k);
-            lru.promote(&key[..n]);
+    fn find(&self, key: &[u8]) -> Option<Handle> {
+        let slots = &self.slots;
+        self.table
+            .find(table_hash(key), |&h| &*slots[h as usize].key == key)
+            .copied()
+    }
+
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// The entry of `key`, counting as an access for the eviction policy.
+    pub(crate) fn get(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let h = self.find(key)?;
+        self.policy.access(h);
+        Some(&mut self.slots[h as usize].entry)
+    }
+
+    /// The entry of `key`, without telling the policy.
+    pub(crate) fn peek_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let h = self.find(key)?;
+        Some(&mut self.slots[h as usize].entry)
+    }
+
+    /// Inserts or replaces; returns the replaced entry. `depth` is the object's position in its
+    /// prefix chain (0 when it is not part of one).
+    pub(crate) fn insert(&mut self, key: Box<[u8]>, entry: Entry, depth: u32) -> Option<Entry> {
+        let info = Insert {
+            fingerprint: xxhash_rust::xxh3::xxh3_64(&key),
+            depth,
+        };
+        if let Some(h) = self.find(&key) {
+            // A new object under an old key: new to the policy too.
+            self.policy.remove(h);
+            self.policy.insert(h, info);
+            return Some(std::mem::replace(&mut self.slots[h as usize].entry, entry));
         }
+        let hash = table_hash(&key);
+        let h = match self.free.pop() {
+            Some(h) => {
+                self.slots[h as usize] = Slot { key, entry };
+                h
+            }
+            None => {
+                self.slots.push(Slot { key, entry });
+                (self.slots.len() - 1) as Handle
+            }
+        };
+        let slots = &self.slots;
+        self.table
+            .insert_unique(hash, h, |&x| table_hash(&slots[x as usize].key));
+        self.policy.insert(h, info);
         None
+    }
+
+    /// Removes `key`; returns its entry.
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Entry> {
+        let h = self.find(key)?;
+        self.policy.remove(h);
+        Some(self.release(h))
+    }
+
+    /// Takes out the object the policy picks among those evictable at `now`.
+    pub(crate) fn victim(&mut self, now: Millis) -> Option<Entry> {
+        let slots = &self.slots;
+        let h = self
+            .policy
+            .victim(&mut |h| slots[h as usize].entry.evictable(now))?;
+        Some(self.release(h))
+    }
+
+    /// Drops handle `h` (already gone from the policy) from the table and the slots.
+    fn release(&mut self, h: Handle) -> Entry {
+        let hash = table_hash(&self.slots[h as usize].key);
+        if let Ok(e) = self.table.find_entry(hash, |&x| x == h) {
+            e.remove();
+        }
+        self.slots[h as usize].key = Box::default();
+        self.free.push(h);
+        self.slots[h as usize].entry
+    }
+}
+
+/// One shard: an index per namespace.
+pub(crate) struct Shard {
+    pub(crate) ns: Vec<NsIndex>,
+    pub(crate) zombies: Vec<Zombie>,
+}
+
+impl Shard {
+    pub(crate) fn new(policies: &[PolicyKind]) -> Self {
+        Shard {
+            ns: policies.iter().map(|&p| NsIndex::new(p)).collect(),
+            zombies: Vec::new(),
+        }
     }
 
     /// Drops one reader of generation `generation` of `key`; returns the zombie to free when
@@ -81,7 +177,7 @@ impl Shard {
         key: &[u8],
         generation: u64,
     ) -> Option<Zombie> {
-        if let Some(e) = self.lrus[ns].peek_mut(key) {
+        if let Some(e) = self.ns[ns].peek_mut(key) {
             if e.generation == generation {
                 e.readers = e.readers.saturating_sub(1);
                 return None;

@@ -26,6 +26,7 @@ use crate::addr::{GlobalAddr, MacKey, NodeId};
 use crate::alloc::{AllocConfig, Allocator};
 use crate::checksum::checksum;
 use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
+use crate::eviction::PolicyKind;
 use crate::segment::{Backing, HugePages, Segment, SegmentSpec};
 use crate::seqlock;
 use index::{Entry, Shard, Zombie};
@@ -163,13 +164,14 @@ impl Pool {
             }
         }
         let namespaces: Vec<Namespace> = ns_cfg.iter().map(Namespace::new).collect();
+        let policies: Vec<PolicyKind> = ns_cfg.iter().map(|n| n.eviction).collect();
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
         Ok(Pool {
             node: cfg.node,
             mac: MacKey::new(secret),
             segments,
             shards: (0..nshards)
-                .map(|_| Mutex::new(Shard::new(namespaces.len())))
+                .map(|_| Mutex::new(Shard::new(&policies)))
                 .collect(),
             pending: (0..nshards)
                 .map(|_| Mutex::new(PendingShard::default()))
@@ -229,6 +231,20 @@ impl Pool {
         pin: bool,
         now: Millis,
     ) -> Result<GlobalAddr, PoolError> {
+        self.alloc_in_chain(ns, key, len, pin, 0, now)
+    }
+
+    /// [`Pool::alloc`] for block `depth` of a prefix chain (0 for its first block): the
+    /// namespace's eviction policy may use the depth (`prefix-aware` evicts deep blocks first).
+    pub fn alloc_in_chain(
+        &self,
+        ns: u32,
+        key: &[u8],
+        len: u64,
+        pin: bool,
+        depth: u32,
+        now: Millis,
+    ) -> Result<GlobalAddr, PoolError> {
         let space = self.ns(ns)?;
         check_key(key)?;
         let size = self
@@ -270,6 +286,7 @@ impl Pool {
                 size,
                 deadline: now.saturating_add(self.pending_timeout),
                 pin,
+                depth,
                 writers: 0,
             },
         );
@@ -356,7 +373,7 @@ impl Pool {
             space.pinned.fetch_add(p.size, Ordering::Relaxed);
         }
         let mut shard = self.shard_lock(&p.key);
-        match shard.lrus[p.ns as usize].put(p.key, entry) {
+        match shard.ns[p.ns as usize].insert(p.key, entry, p.depth) {
             Some(old) => self.retire_entry(&mut shard, p.ns, old),
             None => {
                 space.objects.fetch_add(1, Ordering::Relaxed);
@@ -430,7 +447,7 @@ impl Pool {
         self.ns(ns)?;
         check_key(key)?;
         let mut shard = self.shard_lock(key);
-        let Some(e) = shard.lrus[ns as usize].get_mut(key) else {
+        let Some(e) = shard.ns[ns as usize].get(key) else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             return Err(PoolError::NotFound);
         };
@@ -482,7 +499,7 @@ impl Pool {
         let mut n = 0;
         for key in keys {
             check_key(key)?;
-            if !self.shard_lock(key).lrus[ns as usize].contains(key) {
+            if !self.shard_lock(key).ns[ns as usize].contains(key) {
                 break;
             }
             n += 1;
@@ -502,7 +519,7 @@ impl Pool {
         self.ns(ns)?;
         check_key(key)?;
         let mut shard = self.shard_lock(key);
-        let Some(e) = shard.lrus[ns as usize].get_mut(key) else {
+        let Some(e) = shard.ns[ns as usize].get(key) else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
@@ -528,7 +545,7 @@ impl Pool {
         self.ns(ns)?;
         check_key(key)?;
         let mut shard = self.shard_lock(key);
-        Ok(shard.lrus[ns as usize]
+        Ok(shard.ns[ns as usize]
             .peek_mut(key)
             .map(|e| e.lease_until = 0)
             .is_some())
@@ -540,7 +557,7 @@ impl Pool {
         let space = self.ns(ns)?;
         check_key(key)?;
         let mut shard = self.shard_lock(key);
-        let Some(e) = shard.lrus[ns as usize].peek_mut(key) else {
+        let Some(e) = shard.ns[ns as usize].peek_mut(key) else {
             return Ok(false);
         };
         if e.pinned != pinned {
@@ -563,7 +580,7 @@ impl Pool {
         let space = self.ns(ns)?;
         check_key(key)?;
         let mut shard = self.shard_lock(key);
-        let Some(e) = shard.lrus[ns as usize].pop(key) else {
+        let Some(e) = shard.ns[ns as usize].remove(key) else {
             return Ok(false);
         };
         space.objects.fetch_sub(1, Ordering::Relaxed);
@@ -664,7 +681,7 @@ impl Pool {
                     Some(ns) => ns as usize,
                     None => (start + j) % nns,
                 };
-                if let Some(e) = shard.pop_victim(ns, now) {
+                if let Some(e) = shard.ns[ns].victim(now) {
                     self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
                     self.retire_entry(&mut shard, ns as u32, e);
                     self.counters.evictions.fetch_add(1, Ordering::Relaxed);

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::eviction::PolicyKind;
+
 /// The namespace every pool has.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -13,14 +15,17 @@ pub struct NamespaceConfig {
     /// Most bytes (of reserved memory, pinned objects included) the namespace may hold on this
     /// node; `None` for no limit but the pool's size.
     pub quota_bytes: Option<u64>,
+    /// Eviction policy of the namespace's objects. Default [`PolicyKind::S3Fifo`].
+    pub eviction: PolicyKind,
 }
 
 impl NamespaceConfig {
-    /// A namespace with no quota.
+    /// A namespace with no quota and the default eviction policy.
     pub fn unlimited(name: &str) -> Self {
         NamespaceConfig {
             name: name.to_string(),
             quota_bytes: None,
+            eviction: PolicyKind::default(),
         }
     }
 }

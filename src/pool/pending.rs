@@ -16,6 +16,8 @@ pub(crate) struct Pending {
     pub(crate) size: u64,
     pub(crate) deadline: Millis,
     pub(crate) pin: bool,
+    /// Position in its prefix chain, for the eviction policy.
+    pub(crate) depth: u32,
     /// Writes copying into the block right now; the reaper leaves the block alone meanwhile.
     pub(crate) writers: u32,
 }
