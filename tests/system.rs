@@ -611,6 +611,7 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
             ns: 0,
             items,
             pin: false,
+            chain: None,
         },
         b"only7by",
     )
@@ -786,4 +787,200 @@ async fn metrics_count_operations_hits_and_misses() {
     }
     assert!(m.contains("kvpool_segment_bytes{node=\"0\",segment=\"0\",state=\"used\"}"));
     assert!(m.contains("kvpool_connections{transport=\"tcp\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_are_saved_matched_and_loaded_without_gaps() {
+    use kvpool_client::{Prefix, PrefixSeed};
+    let n = Node::start("64MiB", &[]);
+    let seed = PrefixSeed {
+        model: "m".into(),
+        block_tokens: 16,
+        layer_end: 32,
+        ..PrefixSeed::default()
+    };
+    for cfg in [remote(), ClientConfig::default()] {
+        let c = Client::connect(&n.tcp_url(), cfg).await.unwrap();
+        // 10 full blocks and a partial one, which has no key.
+        let tokens: Vec<u32> = (0..165).map(|i| i * 3 + c.is_local() as u32).collect();
+        let p = Prefix::Tokens {
+            seed: &seed,
+            tokens: &tokens,
+        };
+        assert_eq!(p.keys().len(), 10);
+        let blocks: Vec<Vec<u8>> = (0..10).map(|i| value(i, 64 << 10)).collect();
+        let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+        assert_eq!(c.match_prefix(p).await.unwrap(), 0);
+        assert_eq!(c.save_prefix(p, &refs[..6]).await.unwrap(), 6);
+        assert_eq!(
+            c.save_prefix(p, &refs).await.unwrap(),
+            10,
+            "only the missing blocks are sent"
+        );
+        assert_eq!(c.match_prefix(p).await.unwrap(), 10);
+        // Another request sharing the first 5 blocks.
+        let mut other = tokens.clone();
+        other[16 * 5 + 3] += 1;
+        assert_eq!(
+            c.match_prefix(Prefix::Tokens {
+                seed: &seed,
+                tokens: &other
+            })
+            .await
+            .unwrap(),
+            5
+        );
+        let mut bufs: Vec<Vec<u8>> = (0..10).map(|_| vec![0u8; 64 << 10]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        assert_eq!(c.load_prefix(p, &mut dsts).await.unwrap(), 10);
+        assert!(bufs.iter().zip(&blocks).all(|(a, b)| a == b));
+        // A gap: block 4 is gone, so blocks 5.. are useless and never loaded.
+        let keys = p.keys();
+        assert!(c.remove(&keys[4]).await.unwrap());
+        let mut bufs: Vec<Vec<u8>> = (0..10).map(|_| vec![0u8; 64 << 10]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        assert_eq!(c.load_prefix(p, &mut dsts).await.unwrap(), 4);
+        assert!(
+            bufs[4..].iter().all(|b| b.iter().all(|&x| x == 0)),
+            "nothing after the gap"
+        );
+        assert_eq!(c.match_prefix(p).await.unwrap(), 4);
+        // Engines that have their own block hashes pass them in.
+        let own: Vec<Vec<u8>> = (0..3u8)
+            .map(|i| vec![0xEE, i, c.is_local() as u8])
+            .collect();
+        let own_refs: Vec<&[u8]> = own.iter().map(|k| &k[..]).collect();
+        assert_eq!(
+            c.save_prefix(Prefix::Keys(&own_refs), &refs[..3])
+                .await
+                .unwrap(),
+            3
+        );
+        assert_eq!(c.match_prefix(Prefix::Keys(&own_refs)).await.unwrap(), 3);
+        assert!(
+            c.save_prefix(Prefix::Keys(&own_refs), &refs).await.is_err(),
+            "more blocks than keys"
+        );
+        c.remove(&keys[0]).await.unwrap();
+    }
+    let s = tcp_client(&n).await.stats().await.unwrap();
+    assert!(s.namespaces[0].prefix_blocks > 0 && s.namespaces[0].prefix_hits > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_tokens_isolate_tenants() {
+    let dir = common::temp_dir("nsauth");
+    let cfg = dir.join("kvpoold.toml");
+    std::fs::write(
+        &cfg,
+        "[[namespace]]\nname = \"a\"\ntokens = [\"token-a\"]\n\n[[namespace]]\nname = \"b\"\ntokens = [\"token-b\"]\n\n[[namespace]]\nname = \"shared\"\n",
+    )
+    .unwrap();
+    let n = Node::start("32MiB", &["--config", cfg.to_str().unwrap()]);
+    let with = |token: &str, ns: &str| ClientConfig {
+        token: token.into(),
+        namespace: ns.into(),
+        ..remote()
+    };
+    let a = Client::connect(&n.tcp_url(), with("token-a", "a"))
+        .await
+        .unwrap();
+    a.put(b"secret", b"of tenant a").await.unwrap();
+    let names: Vec<&str> = a
+        .hello()
+        .namespaces
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["default", "a", "shared"],
+        "a client sees only what it may use"
+    );
+    // b can't even name a's namespace...
+    let e = Client::connect(&n.tcp_url(), with("token-b", "a"))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, ClientError::UnknownNamespace(_)), "{e}");
+    // ...and raw requests with a's namespace id are refused: no read, no test, no removal.
+    let a_id = a
+        .hello()
+        .namespaces
+        .iter()
+        .find(|(n, _)| n == "a")
+        .unwrap()
+        .1;
+    let mut s = raw_conn(&n).await;
+    assert!(matches!(
+        hello(&mut s, "token-b").await.reply,
+        Reply::Hello(_)
+    ));
+    for (i, op) in [
+        Op::Get {
+            ns: a_id,
+            key: b"secret".to_vec(),
+        },
+        Op::Exists {
+            ns: a_id,
+            keys: vec![b"secret".to_vec()],
+        },
+        Op::Remove {
+            ns: a_id,
+            keys: vec![b"secret".to_vec()],
+        },
+        Op::Lookup {
+            ns: a_id,
+            keys: vec![b"secret".to_vec()],
+            lease_ms: 0,
+        },
+        Op::Put {
+            ns: a_id,
+            key: b"secret".to_vec(),
+            checksum: kvpool::checksum(b"x"),
+            pin: false,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let payload: &[u8] = if matches!(op, Op::Put { .. }) {
+            b"x"
+        } else {
+            b""
+        };
+        send(&mut s, 10 + i as u64, op, payload).await;
+        assert_eq!(
+            error_code(&recv(&mut s).await.unwrap()),
+            ErrorCode::Unauthorized
+        );
+    }
+    send(&mut s, 20, Op::Stats, &[]).await;
+    match recv(&mut s).await.unwrap().reply {
+        Reply::Stats(st) => assert!(st.namespaces.iter().all(|n| n.name != "a"), "stats hide a"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.get(b"secret").await.unwrap().unwrap(), b"of tenant a");
+    // Open namespaces are open to every admitted client, and a wrong token is refused.
+    let b_shared = Client::connect(&n.tcp_url(), with("token-b", "shared"))
+        .await
+        .unwrap();
+    b_shared.put(b"k", b"v").await.unwrap();
+    assert_eq!(
+        a.namespace("shared")
+            .unwrap()
+            .get(b"k")
+            .await
+            .unwrap()
+            .unwrap(),
+        b"v"
+    );
+    let e = Client::connect(&n.tcp_url(), with("nope", "shared"))
+        .await
+        .err();
+    assert!(
+        e.is_none(),
+        "no node token is set: unknown tokens get the open namespaces"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

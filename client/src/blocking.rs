@@ -97,6 +97,29 @@ impl Client {
         self.rt.block_on(self.inner.batch_get_into(keys, dsts))
     }
 
+    /// See [`crate::Client::match_prefix`].
+    pub fn match_prefix(&self, prefix: crate::Prefix<'_>) -> Result<usize, ClientError> {
+        self.rt.block_on(self.inner.match_prefix(prefix))
+    }
+
+    /// See [`crate::Client::save_prefix`].
+    pub fn save_prefix(
+        &self,
+        prefix: crate::Prefix<'_>,
+        blocks: &[&[u8]],
+    ) -> Result<usize, ClientError> {
+        self.rt.block_on(self.inner.save_prefix(prefix, blocks))
+    }
+
+    /// See [`crate::Client::load_prefix`].
+    pub fn load_prefix(
+        &self,
+        prefix: crate::Prefix<'_>,
+        dsts: &mut [&mut [u8]],
+    ) -> Result<usize, ClientError> {
+        self.rt.block_on(self.inner.load_prefix(prefix, dsts))
+    }
+
     /// See [`crate::Client::alloc`].
     pub fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
         self.rt.block_on(self.inner.alloc(key, len))

@@ -103,6 +103,35 @@ pub struct Client {
     ns: u32,
 }
 
+/// How long `load_prefix` leases blocks while copying them on the same host.
+const LOAD_LEASE_MS: u64 = 5_000;
+
+/// The blocks of a prefix, named by their tokens or by keys the engine computed itself.
+#[derive(Clone, Copy, Debug)]
+pub enum Prefix<'a> {
+    /// Token ids, hashed into block keys as docs/HASHING.md specifies (full blocks only).
+    Tokens {
+        /// Tenant, model, KV layout, block size and salt.
+        seed: &'a kvpool::prefix::PrefixSeed,
+        /// The request's tokens.
+        tokens: &'a [u32],
+    },
+    /// Block keys an engine already has (vLLM, SGLang and Dynamo block hashes, trace ids).
+    Keys(&'a [&'a [u8]]),
+}
+
+impl Prefix<'_> {
+    /// The block keys, in order.
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        match self {
+            Prefix::Tokens { seed, tokens } => {
+                seed.block_keys(tokens).iter().map(|k| k.to_vec()).collect()
+            }
+            Prefix::Keys(keys) => keys.iter().map(|k| k.to_vec()).collect(),
+        }
+    }
+}
+
 /// Values at least this large take the same-host path for puts (below it one socket round
 /// trip is cheaper than the alloc and commit round trips).
 const LOCAL_PUT_MIN: usize = 16 << 10;
@@ -209,7 +238,7 @@ impl Client {
 
     async fn put_with(&self, key: &[u8], value: &[u8], pin: bool) -> Result<(), ClientError> {
         if self.inner.local.is_some() && value.len() >= LOCAL_PUT_MIN {
-            let codes = self.batch_put_local(&[(key, value)], pin).await?;
+            let codes = self.batch_put_local(&[(key, value)], pin, None).await?;
             return code_result(codes[0]);
         }
         let op = Op::Put {
@@ -302,10 +331,19 @@ impl Client {
         &self,
         items: &[(&[u8], &[u8])],
     ) -> Result<Vec<ErrorCode>, ClientError> {
+        self.put_many(items, None).await
+    }
+
+    async fn put_many(
+        &self,
+        items: &[(&[u8], &[u8])],
+        chain: Option<u32>,
+    ) -> Result<Vec<ErrorCode>, ClientError> {
         if self.inner.local.is_some() {
-            return self.batch_put_local(items, false).await;
+            return self.batch_put_local(items, false, chain).await;
         }
         let op = Op::BatchPut {
+            chain,
             ns: self.ns,
             items: items
                 .iter()
@@ -335,50 +373,80 @@ impl Client {
         keys: &[&[u8]],
         dsts: &mut [&mut [u8]],
     ) -> Result<Vec<Option<usize>>, ClientError> {
+        self.get_many(keys, dsts, false, 0).await
+    }
+
+    /// Batched get. With `prefix`, stops at the first missing key (later ones come back None).
+    /// On the same host the objects are leased for `lease_ms` while they are copied out of the
+    /// mapping (0: no lease; the version check still catches a concurrent reuse).
+    async fn get_many(
+        &self,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        prefix: bool,
+        lease_ms: u64,
+    ) -> Result<Vec<Option<usize>>, ClientError> {
         assert_eq!(keys.len(), dsts.len(), "one destination buffer per key");
         if self.inner.local.is_some() {
-            let located = self.lease(keys, 0).await?;
-            let mut out = Vec::with_capacity(keys.len());
+            let located = self.lease(keys, lease_ms).await?;
+            let mut out = vec![None; keys.len()];
             let mut fallback = Vec::new();
             for (i, l) in located.iter().enumerate() {
-                match l {
-                    None => out.push(None),
-                    Some(l) => {
-                        let need = l.addr.len;
-                        let have = dsts[i].len() as u64;
-                        let dst = dsts[i]
-                            .get_mut(..need as usize)
-                            .ok_or(ClientError::BufferTooSmall { need, have })?;
-                        if self.read_local_checked(l, dst)? {
-                            out.push(Some(need as usize));
-                        } else {
-                            out.push(None);
-                            fallback.push(i);
-                        }
+                let Some(l) = l else {
+                    if prefix {
+                        break;
                     }
+                    continue;
+                };
+                let need = l.addr.len;
+                let have = dsts[i].len() as u64;
+                let dst = dsts[i]
+                    .get_mut(..need as usize)
+                    .ok_or(ClientError::BufferTooSmall { need, have })?;
+                if self.read_local_checked(l, dst)? {
+                    out[i] = Some(need as usize);
+                } else {
+                    fallback.push(i);
                 }
+            }
+            if lease_ms > 0 {
+                let leased: Vec<&[u8]> = located
+                    .iter()
+                    .zip(keys)
+                    .filter(|(l, _)| l.is_some())
+                    .map(|(_, k)| *k)
+                    .collect();
+                self.release(&leased).await?;
             }
             // Objects replaced between lookup and copy: fetch them through the socket.
             for i in fallback {
                 out[i] = self
-                    .get_into_remote(&[keys[i]], std::slice::from_mut(&mut dsts[i]))
+                    .get_into_remote(&[keys[i]], std::slice::from_mut(&mut dsts[i]), false)
                     .await?
                     .pop()
                     .flatten();
             }
+            if prefix {
+                // A block after a gap is useless to the engine.
+                if let Some(gap) = out.iter().position(|o| o.is_none()) {
+                    out[gap..].fill(None);
+                }
+            }
             return Ok(out);
         }
-        self.get_into_remote(keys, dsts).await
+        self.get_into_remote(keys, dsts, prefix).await
     }
 
     async fn get_into_remote(
         &self,
         keys: &[&[u8]],
         dsts: &mut [&mut [u8]],
+        prefix: bool,
     ) -> Result<Vec<Option<usize>>, ClientError> {
         let op = Op::BatchGet {
             ns: self.ns,
             keys: owned(keys),
+            prefix,
         };
         let verify = self.inner.cfg.verify_checksums;
         self.run(async move |c: &mut Conn| {
@@ -419,12 +487,69 @@ impl Client {
         .await
     }
 
+    // ----- context caching: prefixes of KV blocks -----
+
+    /// How many leading blocks of `prefix` the pool holds: one round trip, never one per block.
+    pub async fn match_prefix(&self, prefix: Prefix<'_>) -> Result<usize, ClientError> {
+        let keys = prefix.keys();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        self.batch_exists(&refs).await
+    }
+
+    /// Stores the KV blocks of a prefix (`blocks[i]` for block `i`; only full blocks, so
+    /// `blocks` may not be longer than the prefix has blocks). Blocks the pool already holds
+    /// are not sent again. Returns how many leading blocks the pool holds afterwards.
+    pub async fn save_prefix(
+        &self,
+        prefix: Prefix<'_>,
+        blocks: &[&[u8]],
+    ) -> Result<usize, ClientError> {
+        let keys = prefix.keys();
+        if blocks.len() > keys.len() {
+            return Err(ClientError::Protocol(format!(
+                "{} blocks given for a prefix of {} full blocks",
+                blocks.len(),
+                keys.len()
+            )));
+        }
+        let refs: Vec<&[u8]> = keys[..blocks.len()].iter().map(|k| &k[..]).collect();
+        let have = self.batch_exists(&refs).await?;
+        if have == blocks.len() {
+            return Ok(have);
+        }
+        let items: Vec<(&[u8], &[u8])> = refs[have..]
+            .iter()
+            .zip(&blocks[have..])
+            .map(|(k, b)| (*k, *b))
+            .collect();
+        let codes = self.put_many(&items, Some(have as u32)).await?;
+        Ok(have + codes.iter().take_while(|c| **c == ErrorCode::Ok).count())
+    }
+
+    /// Loads the leading run of a prefix's blocks the pool holds into `dsts` (`dsts[i]` for
+    /// block `i`) and returns how many it loaded; never a block after a gap. Zero-copy into the
+    /// buffers on the same host, with the blocks leased while they are copied so eviction can't
+    /// recycle them meanwhile.
+    pub async fn load_prefix(
+        &self,
+        prefix: Prefix<'_>,
+        dsts: &mut [&mut [u8]],
+    ) -> Result<usize, ClientError> {
+        let keys = prefix.keys();
+        let n = keys.len().min(dsts.len());
+        let refs: Vec<&[u8]> = keys[..n].iter().map(|k| &k[..]).collect();
+        let got = self
+            .get_many(&refs, &mut dsts[..n], true, LOAD_LEASE_MS)
+            .await?;
+        Ok(got.iter().take_while(|g| g.is_some()).count())
+    }
+
     // ----- two-phase put and one-sided access -----
 
     /// Reserves memory for a value of `len` bytes; write it with [`Client::write`], then
     /// [`Client::commit`].
     pub async fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
-        let mut r = self.alloc_many(&[(key, len)], false).await?;
+        let mut r = self.alloc_many(&[(key, len)], false, None).await?;
         r.pop()
             .expect("one result")
             .map_err(|code| ClientError::Server {
@@ -437,9 +562,11 @@ impl Client {
         &self,
         items: &[(&[u8], u64)],
         pin: bool,
+        chain: Option<u32>,
     ) -> Result<Vec<Result<GlobalAddr, ErrorCode>>, ClientError> {
         let op = Op::Alloc {
             ns: self.ns,
+            chain,
             items: items
                 .iter()
                 .map(|(k, l)| AllocItem {
@@ -679,6 +806,7 @@ impl Client {
         &self,
         items: &[(&[u8], &[u8])],
         pin: bool,
+        chain: Option<u32>,
     ) -> Result<Vec<ErrorCode>, ClientError> {
         let allocs = self
             .alloc_many(
@@ -687,6 +815,7 @@ impl Client {
                     .map(|(k, v)| (*k, v.len() as u64))
                     .collect::<Vec<_>>(),
                 pin,
+                chain,
             )
             .await?;
         let local = self.inner.local.as_ref().expect("local path");

@@ -35,8 +35,9 @@ mod endpoint;
 mod error;
 mod local;
 
-pub use client::{Client, ClientConfig, Located, SameHost};
+pub use client::{Client, ClientConfig, Located, Prefix, SameHost};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
+pub use kvpool::prefix::PrefixSeed;
 pub use kvpool::protocol::ErrorCode;
 pub use kvpool::GlobalAddr;

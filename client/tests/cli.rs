@@ -24,7 +24,9 @@ fn kvpoold() -> std::path::PathBuf {
 }
 
 fn start() -> (Daemon, String) {
-    let dir = std::env::temp_dir().join(format!("kvpool-cli-test-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kvpool-cli-test-{}-{n}", std::process::id()));
     let mut child = Command::new(kvpoold())
         .args([
             "--data-dir",
@@ -113,4 +115,71 @@ fn put_get_exists_rm_stats() {
     assert_eq!(code, 2);
     assert!(err.contains("bad endpoint"), "{err}");
     let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn prefix_hash_match_and_stats() {
+    let (_d, ep) = start();
+    let tokens: Vec<String> = (0..40u32)
+        .map(|i| ((i * 7919 + 13) % 128_256).to_string())
+        .collect();
+    let seed = [
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--layers",
+        "0:32",
+    ];
+    let mut args = vec!["prefix", "hash"];
+    args.extend(seed);
+    args.extend(tokens.iter().map(|t| t.as_str()));
+    let (code, out, _) = kvpool(&ep, &args, b"");
+    let keys: Vec<String> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(code, 0);
+    // docs/HASHING.md, vector 4: two full blocks, the partial third has no key.
+    assert_eq!(
+        keys,
+        [
+            "d6b59af9d93d8c0c96d5a2e1cf66e586",
+            "d5ba403033fc666ade3127daa14a891d"
+        ]
+    );
+    // Tokens on stdin give the same keys, and need no node.
+    let mut args = vec!["prefix", "hash"];
+    args.extend(seed);
+    let (_, out, _) = kvpool("tcp://127.0.0.1:1", &args, tokens.join(" ").as_bytes());
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2);
+
+    let mut matching = vec!["prefix", "match"];
+    matching.extend(seed);
+    matching.extend(tokens.iter().map(|t| t.as_str()));
+    let (code, out, _) = kvpool(&ep, &matching, b"");
+    assert_eq!(
+        (code, String::from_utf8(out).unwrap().trim().to_string()),
+        (1, "0".to_string())
+    );
+    assert_eq!(kvpool(&ep, &["--hex", "put", &keys[0]], b"block 0").0, 0);
+    let (code, out, _) = kvpool(&ep, &matching, b"");
+    assert_eq!(
+        (code, String::from_utf8(out).unwrap().trim().to_string()),
+        (0, "1".to_string())
+    );
+    assert_eq!(kvpool(&ep, &["--hex", "put", &keys[1]], b"block 1").0, 0);
+    let (_, out, _) = kvpool(&ep, &matching, b"");
+    assert_eq!(String::from_utf8(out).unwrap().trim(), "2");
+    let (code, out, _) = kvpool(&ep, &["prefix", "stats"], b"");
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("default"))
+        .expect("a row per namespace");
+    // 3 matches of 2 blocks each asked 6 blocks and matched 0 + 1 + 2.
+    assert!(
+        row.split_whitespace().collect::<Vec<_>>()[1..4] == ["2", "6", "3"],
+        "{text}"
+    );
 }

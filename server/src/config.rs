@@ -119,6 +119,9 @@ pub struct NamespaceEntry {
     /// Byte quota on this node (`"4GiB"`); none when absent.
     #[serde(default, deserialize_with = "de_opt_size")]
     pub quota: Option<u64>,
+    /// Tokens that may use this namespace; empty (the default): every client the node admits.
+    #[serde(default)]
+    pub tokens: Vec<String>,
     /// Eviction policy: `s3fifo` (default), `lru` or `prefix-aware`.
     #[serde(default = "default_eviction")]
     pub eviction: String,
@@ -209,6 +212,17 @@ impl Config {
             .unix
             .clone()
             .unwrap_or_else(|| self.data_dir().join("kvpool.sock"))
+    }
+
+    /// Per namespace (in the pool's id order), the tokens that may use it.
+    pub fn namespace_tokens(&self, pool_namespaces: &[(String, u32)]) -> Vec<Vec<String>> {
+        let mut out = vec![Vec::new(); pool_namespaces.len()];
+        for (name, id) in pool_namespaces {
+            if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
+                out[*id as usize] = n.tokens.clone();
+            }
+        }
+        out
     }
 
     /// The wire limits.

@@ -169,6 +169,7 @@ impl Daemon {
             metrics: metrics.clone(),
             limits,
             token: config.auth.token.clone(),
+            ns_tokens: config.namespace_tokens(&pool.namespaces()),
             started: Instant::now(),
             hello,
         });

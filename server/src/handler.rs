@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) limits: Limits,
     pub(crate) token: String,
+    /// Per namespace id, the tokens that may use it (empty: every accepted client).
+    pub(crate) ns_tokens: Vec<Vec<String>>,
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
 }
@@ -60,6 +62,7 @@ pub(crate) async fn serve<R, W>(
         r: BufReader::with_capacity(IO_BUFFER, r),
         w: BufWriter::with_capacity(IO_BUFFER, w),
         greeted: false,
+        allowed: Vec::new(),
     };
     let mut hdr = AlignedVec::<16>::new();
     loop {
@@ -109,6 +112,8 @@ struct Conn<'a, R, W> {
     r: BufReader<R>,
     w: BufWriter<W>,
     greeted: bool,
+    /// Per namespace id: may this connection use it (set by the handshake).
+    allowed: Vec<bool>,
 }
 
 /// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
@@ -171,6 +176,18 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .await?;
             return Ok((OpKind::Admin, Ok(())));
         }
+        if let Some(ns) = op_namespace(op) {
+            if !self.allowed.get(ns as usize).copied().unwrap_or(true) {
+                discard(&mut self.r, payload).await?;
+                self.fail(
+                    id,
+                    ErrorCode::Unauthorized,
+                    "not authorised for this namespace",
+                )
+                .await?;
+                return Ok((OpKind::Admin, Ok(())));
+            }
+        }
         let kind = match op {
             ArchivedOp::Hello {
                 version,
@@ -186,19 +203,37 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .await?;
                     return Ok((OpKind::Hello, Err(Close)));
                 }
-                if !self.s.token.is_empty() && token.as_str() != self.s.token {
+                // The node's token admits to every namespace; a namespace token to its own
+                // namespaces and the open ones (those without tokens).
+                let token = token.as_str();
+                let admin = !self.s.token.is_empty() && token == self.s.token;
+                let ns_token = self
+                    .s
+                    .ns_tokens
+                    .iter()
+                    .any(|ts| ts.iter().any(|t| t == token));
+                if !(self.s.token.is_empty() || admin || ns_token) {
                     self.fail(id, ErrorCode::Unauthorized, "wrong or missing auth token")
                         .await?;
                     return Ok((OpKind::Hello, Err(Close)));
                 }
+                self.allowed = self
+                    .s
+                    .ns_tokens
+                    .iter()
+                    .map(|ts| ts.is_empty() || admin || ts.iter().any(|t| t == token))
+                    .collect();
                 tracing::debug!(
                     client = client.as_str(),
                     transport = self.transport.name(),
                     "client connected"
                 );
                 self.greeted = true;
-                self.reply(id, Reply::Hello(self.s.hello.clone()), &[])
-                    .await?;
+                let mut hello = self.s.hello.clone();
+                hello
+                    .namespaces
+                    .retain(|(_, id)| self.allowed[*id as usize]);
+                self.reply(id, Reply::Hello(hello), &[]).await?;
                 OpKind::Hello
             }
             ArchivedOp::Put {
@@ -214,6 +249,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                         payload,
                         checksum.to_native(),
                         *pin,
+                        0,
                         now,
                     )
                     .await?;
@@ -236,7 +272,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
                 OpKind::Get
             }
-            ArchivedOp::BatchPut { ns, items, pin } => {
+            ArchivedOp::BatchPut {
+                ns,
+                items,
+                pin,
+                chain,
+            } => {
                 let total: Option<u64> = items
                     .iter()
                     .try_fold(0u64, |acc, i| acc.checked_add(i.len.to_native()));
@@ -254,7 +295,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     return Ok((OpKind::BatchPut, Ok(())));
                 }
                 let mut statuses = Vec::with_capacity(items.len());
-                for item in items.iter() {
+                for (i, item) in items.iter().enumerate() {
+                    let depth = chain.as_ref().map_or(0, |c| c.to_native() + i as u32);
                     let r = self
                         .put_one(
                             ns.to_native(),
@@ -262,6 +304,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                             item.len.to_native(),
                             item.checksum.to_native(),
                             *pin,
+                            depth,
                             now,
                         )
                         .await?;
@@ -271,7 +314,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.reply(id, Reply::Statuses(statuses), &[]).await?;
                 OpKind::BatchPut
             }
-            ArchivedOp::BatchGet { ns, keys } => {
+            ArchivedOp::BatchGet { ns, keys, prefix } => {
                 if keys.len() > max_batch {
                     self.fail(id, ErrorCode::BatchTooLarge, "too many keys")
                         .await?;
@@ -279,10 +322,19 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
                 let ns = ns.to_native();
                 let mut refs = Vec::with_capacity(keys.len());
+                let mut gap = false;
                 for key in keys.iter() {
+                    if gap {
+                        // After a gap a prefix block is useless: don't send it.
+                        refs.push(None);
+                        continue;
+                    }
                     match pool.get_ref(ns, key.as_slice(), now) {
                         Ok(r) => refs.push(Some(r)),
-                        Err(PoolError::NotFound) => refs.push(None),
+                        Err(PoolError::NotFound) => {
+                            gap = *prefix;
+                            refs.push(None);
+                        }
                         Err(e) => {
                             drop(refs);
                             self.pool_fail(id, e).await?;
@@ -322,7 +374,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.answer(id, r).await?;
                 OpKind::Remove
             }
-            ArchivedOp::Alloc { ns, items, pin } => {
+            ArchivedOp::Alloc {
+                ns,
+                items,
+                pin,
+                chain,
+            } => {
+                let first = chain.as_ref().map(|c| c.to_native());
                 if items.len() > max_batch {
                     self.fail(id, ErrorCode::BatchTooLarge, "too many items")
                         .await?;
@@ -330,12 +388,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
                 let results = items
                     .iter()
-                    .map(|i| {
-                        match pool.alloc(
+                    .enumerate()
+                    .map(|(n, i)| {
+                        let depth = first.map_or(0, |f| f + n as u32);
+                        match pool.alloc_in_chain(
                             ns.to_native(),
                             i.key.as_slice(),
                             i.len.to_native(),
                             *pin,
+                            depth,
                             now,
                         ) {
                             Ok(a) => AllocResult {
@@ -444,7 +505,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 OpKind::Pin
             }
             ArchivedOp::Stats => {
-                self.reply(id, Reply::Stats(pool.stats()), &[]).await?;
+                let mut stats = pool.stats();
+                stats
+                    .namespaces
+                    .retain(|n| self.allowed.get(n.id as usize).copied().unwrap_or(false));
+                self.reply(id, Reply::Stats(stats), &[]).await?;
                 OpKind::Admin
             }
             ArchivedOp::View => {
@@ -481,6 +546,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 
     /// Receives one value of `len` bytes straight into a fresh allocation and commits it.
     /// Consumes exactly `len` payload bytes whatever happens.
+    #[expect(clippy::too_many_arguments, reason = "one call site per request shape")]
     async fn put_one(
         &mut self,
         ns: u32,
@@ -488,10 +554,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         len: u64,
         checksum: u64,
         pin: bool,
+        depth: u32,
         now: Millis,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
-        let addr = match pool.alloc(ns, key, len, pin, now) {
+        let addr = match pool.alloc_in_chain(ns, key, len, pin, depth, now) {
             Ok(a) => a,
             Err(e) => {
                 discard(&mut self.r, len).await?;
@@ -588,6 +655,23 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
         let hdr = encode(&Response { id, reply });
         write_frame(&mut self.w, &hdr, payload).await
+    }
+}
+
+/// The namespace an operation names, for authorisation.
+fn op_namespace(op: &ArchivedOp) -> Option<u32> {
+    match op {
+        ArchivedOp::Put { ns, .. }
+        | ArchivedOp::Get { ns, .. }
+        | ArchivedOp::BatchPut { ns, .. }
+        | ArchivedOp::BatchGet { ns, .. }
+        | ArchivedOp::Exists { ns, .. }
+        | ArchivedOp::Remove { ns, .. }
+        | ArchivedOp::Alloc { ns, .. }
+        | ArchivedOp::Lookup { ns, .. }
+        | ArchivedOp::Release { ns, .. }
+        | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
+        _ => None,
     }
 }
 

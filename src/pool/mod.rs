@@ -449,17 +449,26 @@ impl Pool {
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].get(key) else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.namespaces[ns as usize]
+                .misses
+                .fetch_add(1, Ordering::Relaxed);
             return Err(PoolError::NotFound);
         };
         if e.readers == u16::MAX {
             // So many concurrent readers of one object: let this one miss rather than wrap.
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.namespaces[ns as usize]
+                .misses
+                .fetch_add(1, Ordering::Relaxed);
             return Err(PoolError::NotFound);
         }
         e.readers += 1;
         let e = *e;
         drop(shard);
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        self.namespaces[ns as usize]
+            .hits
+            .fetch_add(1, Ordering::Relaxed);
         Ok(ObjectRef {
             pool: self,
             ns,
@@ -495,15 +504,22 @@ impl Pool {
         ns: u32,
         keys: impl IntoIterator<Item = &'k [u8]>,
     ) -> Result<usize, PoolError> {
-        self.ns(ns)?;
-        let mut n = 0;
-        for key in keys {
+        let space = self.ns(ns)?;
+        let mut keys = keys.into_iter();
+        let (mut n, mut asked) = (0, 0);
+        for key in keys.by_ref() {
+            asked += 1;
             check_key(key)?;
             if !self.shard_lock(key).ns[ns as usize].contains(key) {
                 break;
             }
             n += 1;
         }
+        asked += keys.count();
+        space
+            .prefix_blocks
+            .fetch_add(asked as u64, Ordering::Relaxed);
+        space.prefix_hits.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 
@@ -521,6 +537,9 @@ impl Pool {
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].get(key) else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            self.namespaces[ns as usize]
+                .misses
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         };
         if lease_ms > 0 {
@@ -531,6 +550,9 @@ impl Pool {
         let e = *e;
         drop(shard);
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        self.namespaces[ns as usize]
+            .hits
+            .fetch_add(1, Ordering::Relaxed);
         Ok(Some(Located {
             addr: self
                 .mac

@@ -38,6 +38,12 @@ pub(crate) struct Namespace {
     pub(crate) used: AtomicU64,
     pub(crate) pinned: AtomicU64,
     pub(crate) objects: AtomicU64,
+    /// Reads that found their object / did not.
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    /// Blocks asked for by prefix lookups, and how many of them matched.
+    pub(crate) prefix_blocks: AtomicU64,
+    pub(crate) prefix_hits: AtomicU64,
 }
 
 impl Namespace {
@@ -48,6 +54,10 @@ impl Namespace {
             used: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             objects: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            prefix_blocks: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
         }
     }
 

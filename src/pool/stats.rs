@@ -50,6 +50,14 @@ pub struct NamespaceStats {
     pub pinned_bytes: u64,
     /// Committed objects.
     pub objects: u64,
+    /// Reads that found their object.
+    pub hits: u64,
+    /// Reads that did not.
+    pub misses: u64,
+    /// Blocks asked for by prefix lookups (`Exists`).
+    pub prefix_blocks: u64,
+    /// Of those, blocks in the matched leading runs.
+    pub prefix_hits: u64,
 }
 
 /// A snapshot of a pool.
@@ -118,6 +126,10 @@ pub(crate) fn collect(pool: &Pool) -> PoolStats {
             used_bytes: n.used.load(Ordering::Relaxed),
             pinned_bytes: n.pinned.load(Ordering::Relaxed),
             objects: n.objects.load(Ordering::Relaxed),
+            hits: n.hits.load(Ordering::Relaxed),
+            misses: n.misses.load(Ordering::Relaxed),
+            prefix_blocks: n.prefix_blocks.load(Ordering::Relaxed),
+            prefix_hits: n.prefix_hits.load(Ordering::Relaxed),
         })
         .collect();
     let pending = pool

@@ -212,6 +212,7 @@ mod tests {
                         checksum: 7,
                     }],
                     pin: true,
+                    chain: Some(3),
                 },
             },
             Request {

@@ -58,6 +58,9 @@ pub enum Op {
         items: Vec<PutItem>,
         /// Pin the objects.
         pin: bool,
+        /// When the items are consecutive blocks of one prefix chain: the depth of the first
+        /// (item `i` has depth `chain + i`), for prefix-aware eviction.
+        chain: Option<u32>,
     },
     /// Fetch several values. Reply: `Values`, payload the present values concatenated.
     BatchGet {
@@ -65,6 +68,9 @@ pub enum Op {
         ns: u32,
         /// Keys.
         keys: Vec<Key>,
+        /// The keys are a prefix chain: stop at the first missing one (later ones are reported
+        /// absent even if present, since a block after a gap is useless).
+        prefix: bool,
     },
     /// Length of the leading run of present keys. Reply: `Count`.
     Exists {
@@ -88,6 +94,8 @@ pub enum Op {
         items: Vec<AllocItem>,
         /// Pin the objects when committed.
         pin: bool,
+        /// As in `BatchPut`: the depth of the first item when they form a prefix chain.
+        chain: Option<u32>,
     },
     /// One-sided write into a pending allocation. Payload: the bytes.
     Write {
