@@ -54,7 +54,7 @@ pub struct MemoryConfig {
     /// Allocator page size. Default 64 KiB.
     #[serde(deserialize_with = "de_size")]
     pub page_size: u64,
-    /// Index shards. Default 64.
+    /// Index shards. Default 1 (see `PoolConfig::shards` for the trade-off).
     pub shards: usize,
     /// Uncommitted allocations are reclaimed after this, ms. Default 30 000.
     pub pending_timeout_ms: u64,
@@ -156,7 +156,7 @@ impl Default for MemoryConfig {
             huge_pages: "auto".into(),
             prefault: false,
             page_size: 64 << 10,
-            shards: 64,
+            shards: 1,
             pending_timeout_ms: 30_000,
             max_lease_ms: 30_000,
         }

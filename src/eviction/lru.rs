@@ -8,6 +8,7 @@ use super::{Eviction, Handle, Insert};
 pub struct Lru {
     links: Links,
     order: List,
+    stamp: Vec<u64>,
 }
 
 impl Default for Lru {
@@ -15,17 +16,20 @@ impl Default for Lru {
         Lru {
             links: Links::default(),
             order: List::new(0),
+            stamp: Vec::new(),
         }
     }
 }
 
 impl Eviction for Lru {
-    fn insert(&mut self, h: Handle, _: Insert) {
+    fn insert(&mut self, h: Handle, info: Insert) {
+        super::set_stamp(&mut self.stamp, h, info.tick);
         self.links.push_back(&mut self.order, h);
     }
 
-    fn access(&mut self, h: Handle) {
+    fn access(&mut self, h: Handle, tick: u64) {
         if self.links.list_of(h).is_some() {
+            self.stamp[h as usize] = tick;
             self.links.move_to_back(&mut self.order, h);
         }
     }
@@ -36,7 +40,7 @@ impl Eviction for Lru {
         }
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool) -> Option<Handle> {
+    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle> {
         for _ in 0..super::SCAN.min(self.order.len()) {
             let h = self.order.front()?;
             if evictable(h) {
@@ -45,9 +49,14 @@ impl Eviction for Lru {
             }
             // Pinned, leased or being read: give it a new lease of life rather than meet it at
             // the cold end on every scan.
+            self.stamp[h as usize] = tick;
             self.links.move_to_back(&mut self.order, h);
         }
         None
+    }
+
+    fn peek_stamp(&self) -> Option<u64> {
+        self.order.front().map(|h| self.stamp[h as usize])
     }
 
     fn len(&self) -> usize {

@@ -44,25 +44,40 @@ pub struct Insert {
     /// Position of the block in its prefix chain (0 for the first block, or for objects that
     /// are not part of a chain).
     pub depth: u32,
+    /// Logical time of the insertion (see [`Eviction::peek_stamp`]).
+    pub tick: u64,
 }
 
 /// An eviction policy over the objects of one namespace in one shard.
 pub trait Eviction: Send + fmt::Debug {
     /// A new object (not currently held by the policy).
     fn insert(&mut self, h: Handle, info: Insert);
-    /// The object was read or written again.
-    fn access(&mut self, h: Handle);
+    /// The object was read or written again, at logical time `tick`.
+    fn access(&mut self, h: Handle, tick: u64);
     /// The object left for another reason than eviction (removed, replaced).
     fn remove(&mut self, h: Handle);
     /// Picks and forgets the next object to evict, skipping those `evictable` refuses; `None`
-    /// when a bounded scan found nothing evictable.
-    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool) -> Option<Handle>;
+    /// when a bounded scan found nothing evictable. `tick` is the logical time now.
+    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle>;
+    /// The age of the object [`Eviction::victim`] would consider first, as the logical time the
+    /// policy ranks it by (last access for LRU, entry into its queue for S3-FIFO): a sharded
+    /// index evicts from the shard whose next victim is oldest. Ticks come from one pool-wide
+    /// counter, so they compare across shards.
+    fn peek_stamp(&self) -> Option<u64>;
     /// Objects held.
     fn len(&self) -> usize;
     /// True when no object is held.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Records `tick` for handle `h`, growing the table as needed.
+fn set_stamp(stamps: &mut Vec<u64>, h: Handle, tick: u64) {
+    if stamps.len() <= h as usize {
+        stamps.resize(h as usize + 1, 0);
+    }
+    stamps[h as usize] = tick;
 }
 
 /// How many objects a victim scan looks at before giving up (or, for S3-FIFO, before falling

@@ -16,6 +16,7 @@ pub struct PrefixAware {
     links: Links,
     order: List,
     depth: Vec<u32>,
+    stamp: Vec<u64>,
 }
 
 impl Default for PrefixAware {
@@ -24,6 +25,7 @@ impl Default for PrefixAware {
             links: Links::default(),
             order: List::new(0),
             depth: Vec::new(),
+            stamp: Vec::new(),
         }
     }
 }
@@ -34,11 +36,13 @@ impl Eviction for PrefixAware {
             self.depth.resize(h as usize + 1, 0);
         }
         self.depth[h as usize] = info.depth;
+        super::set_stamp(&mut self.stamp, h, info.tick);
         self.links.push_back(&mut self.order, h);
     }
 
-    fn access(&mut self, h: Handle) {
+    fn access(&mut self, h: Handle, tick: u64) {
         if self.links.list_of(h).is_some() {
+            self.stamp[h as usize] = tick;
             self.links.move_to_back(&mut self.order, h);
         }
     }
@@ -49,7 +53,7 @@ impl Eviction for PrefixAware {
         }
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool) -> Option<Handle> {
+    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle> {
         // The cold window: up to SCAN evictable objects from the LRU end; unevictable ones are
         // moved to the hot end as in LRU. The deepest of the window goes.
         let mut window: [Handle; SCAN] = [0; SCAN];
@@ -66,15 +70,21 @@ impl Eviction for PrefixAware {
                 window[n] = h;
                 n += 1;
             } else {
+                self.stamp[h as usize] = tick;
                 self.links.move_to_back(&mut self.order, h);
             }
         }
         let victim = window[..n]
             .iter()
             .copied()
-            .max_by_key(|&h| self.depth[h as usize])?;
+            // Deepest first; among equals the coldest (min_by_key keeps the first).
+            .min_by_key(|&h| std::cmp::Reverse(self.depth[h as usize]))?;
         self.links.remove(&mut self.order, victim);
         Some(victim)
+    }
+
+    fn peek_stamp(&self) -> Option<u64> {
+        self.order.front().map(|h| self.stamp[h as usize])
     }
 
     fn len(&self) -> usize {

@@ -47,6 +47,9 @@ pub struct S3Fifo {
     main: List,
     freq: Vec<u8>,
     fingerprint: Vec<u64>,
+    /// When each object entered its current place in its FIFO (insertion, promotion to main,
+    /// or another round in main): the FIFO order, in pool-wide ticks.
+    stamp: Vec<u64>,
     ghost_small: Ghost,
     ghost_main: Ghost,
     /// Target length of the small FIFO, in objects; `None` until the first eviction fixes it
@@ -70,6 +73,7 @@ impl S3Fifo {
             main: List::new(MAIN),
             freq: Vec::new(),
             fingerprint: Vec::new(),
+            stamp: Vec::new(),
             ghost_small: Ghost::default(),
             ghost_main: Ghost::default(),
             target: None,
@@ -80,21 +84,28 @@ impl S3Fifo {
         ((self.len() as f64) * self.cfg.ghost_factor).ceil() as usize
     }
 
-    fn evict_from_small(&mut self, target: usize) -> bool {
+    fn evict_from_small(&self, target: usize) -> bool {
         self.small.len() > 0 && (self.small.len() >= target || self.main.len() == 0)
     }
 
     /// The object to evict under S3-FIFO's rules, or None when the scan budget ran out.
-    fn scan(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, target: usize) -> Option<Handle> {
+    fn scan(
+        &mut self,
+        evictable: &mut dyn FnMut(Handle) -> bool,
+        target: usize,
+        tick: u64,
+    ) -> Option<Handle> {
         // Promotions and second chances are bounded by the freq counters; the budget bounds
         // them further, and skipping unevictable objects (moved to the back) too.
         for _ in 0..SCAN * 4 {
             if self.evict_from_small(target) {
                 let h = self.small.front()?;
                 if !evictable(h) {
+                    self.stamp[h as usize] = tick;
                     self.links.move_to_back(&mut self.small, h);
                 } else if self.freq[h as usize] > 0 {
                     self.freq[h as usize] = 0;
+                    self.stamp[h as usize] = tick;
                     self.links.remove(&mut self.small, h);
                     self.links.push_back(&mut self.main, h);
                 } else {
@@ -106,9 +117,11 @@ impl S3Fifo {
             } else {
                 let h = self.main.front()?;
                 if !evictable(h) {
+                    self.stamp[h as usize] = tick;
                     self.links.move_to_back(&mut self.main, h);
                 } else if self.freq[h as usize] > 0 {
                     self.freq[h as usize] -= 1;
+                    self.stamp[h as usize] = tick;
                     self.links.move_to_back(&mut self.main, h);
                 } else {
                     self.links.remove(&mut self.main, h);
@@ -139,6 +152,7 @@ impl Eviction for S3Fifo {
         }
         self.freq[i] = 0;
         self.fingerprint[i] = info.fingerprint;
+        super::set_stamp(&mut self.stamp, h, info.tick);
         let len = self.len().max(1);
         if self.ghost_small.take(info.fingerprint) {
             // Evicted from small too early: give newcomers more room.
@@ -154,7 +168,7 @@ impl Eviction for S3Fifo {
         }
     }
 
-    fn access(&mut self, h: Handle) {
+    fn access(&mut self, h: Handle, _tick: u64) {
         if let Some(f) = self.freq.get_mut(h as usize) {
             *f = (*f + 1).min(self.cfg.max_freq);
         }
@@ -168,11 +182,11 @@ impl Eviction for S3Fifo {
         }
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool) -> Option<Handle> {
+    fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle> {
         let target = *self
             .target
             .get_or_insert(((self.len() as f64) * self.cfg.small_share).max(1.0) as usize);
-        if let Some(h) = self.scan(evictable, target) {
+        if let Some(h) = self.scan(evictable, target, tick) {
             return Some(h);
         }
         // Out of budget: take the first evictable object in plain FIFO order, small first.
@@ -186,6 +200,7 @@ impl Eviction for S3Fifo {
                     found = Some(h);
                     break;
                 }
+                self.stamp[h as usize] = tick;
                 self.links.move_to_back(&mut list, h);
             }
             *self.list_mut(id) = list;
@@ -194,6 +209,18 @@ impl Eviction for S3Fifo {
             }
         }
         None
+    }
+
+    fn peek_stamp(&self) -> Option<u64> {
+        let target = self
+            .target
+            .unwrap_or(((self.len() as f64) * self.cfg.small_share).max(1.0) as usize);
+        let h = if self.evict_from_small(target) {
+            self.small.front()
+        } else {
+            self.main.front()
+        }?;
+        Some(self.stamp[h as usize])
     }
 
     fn len(&self) -> usize {

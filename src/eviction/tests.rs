@@ -8,6 +8,7 @@ fn ins(fp: u64) -> Insert {
     Insert {
         fingerprint: fp,
         depth: 0,
+        tick: 0,
     }
 }
 
@@ -45,12 +46,12 @@ proptest! {
             match op {
                 Op::Insert => {
                     let h = free.pop().unwrap_or_else(|| { next += 1; next - 1 });
-                    p.insert(h, Insert { fingerprint: h as u64 * 31 % 7, depth: h % 5 });
+                    p.insert(h, Insert { fingerprint: h as u64 * 31 % 7, depth: h % 5, tick: 0 });
                     live.insert(h);
                 }
                 Op::Access(i) => {
                     if let Some(&h) = live.iter().nth(i % live.len().max(1)) {
-                        p.access(h);
+                        p.access(h, 0);
                     }
                 }
                 Op::Remove(i) => {
@@ -61,7 +62,7 @@ proptest! {
                     }
                 }
                 Op::Victim(n) => {
-                    let v = p.victim(&mut |h| h % n != 0);
+                    let v = p.victim(&mut |h| h % n != 0, 0);
                     if let Some(h) = v {
                         prop_assert!(h % n != 0, "evicted a protected object");
                         prop_assert!(live.remove(&h), "evicted an object it did not hold");
@@ -77,7 +78,7 @@ proptest! {
         }
         // Drain: everything comes out exactly once.
         let mut out = BTreeSet::new();
-        while let Some(h) = p.victim(&mut |_| true) {
+        while let Some(h) = p.victim(&mut |_| true, 0) {
             prop_assert!(out.insert(h));
         }
         prop_assert_eq!(out, live);
@@ -90,15 +91,15 @@ fn lru_evicts_least_recent_and_skips_protected() {
     for h in 0..4 {
         p.insert(h, ins(h as u64));
     }
-    p.access(0);
-    assert_eq!(p.victim(&mut |_| true), Some(1));
-    assert_eq!(p.victim(&mut |h| h != 2), Some(3));
+    p.access(0, 9);
+    assert_eq!(p.victim(&mut |_| true, 0), Some(1));
+    assert_eq!(p.victim(&mut |h| h != 2, 0), Some(3));
     assert_eq!(
-        p.victim(&mut |_| true),
+        p.victim(&mut |_| true, 0),
         Some(0),
         "2 was moved to the hot end when skipped"
     );
-    assert_eq!(p.victim(&mut |_| false), None);
+    assert_eq!(p.victim(&mut |_| false, 0), None);
     assert_eq!(p.len(), 1);
 }
 
@@ -112,17 +113,18 @@ fn prefix_aware_shrinks_chains_from_their_end() {
             Insert {
                 fingerprint: h as u64,
                 depth: h,
+                tick: h as u64,
             },
         );
     }
-    assert_eq!(p.victim(&mut |_| true), Some(3));
-    assert_eq!(p.victim(&mut |_| true), Some(2));
+    assert_eq!(p.victim(&mut |_| true, 0), Some(3));
+    assert_eq!(p.victim(&mut |_| true, 0), Some(2));
     let mut lru = Lru::default();
     for h in 0..4 {
         lru.insert(h, ins(h as u64));
     }
     assert_eq!(
-        lru.victim(&mut |_| true),
+        lru.victim(&mut |_| true, 0),
         Some(0),
         "plain LRU loses the head, killing the chain"
     );
@@ -140,12 +142,12 @@ fn s3fifo_resists_scans() {
     let mut touch = |p: &mut S3Fifo, key: u64, resident: &mut BTreeSet<u32>| {
         if let Some(&h) = handle_of.get(&key) {
             if resident.contains(&h) {
-                p.access(h);
+                p.access(h, 0);
                 return;
             }
         }
         if resident.len() >= capacity {
-            let v = p.victim(&mut |_| true).unwrap();
+            let v = p.victim(&mut |_| true, 0).unwrap();
             resident.remove(&v);
         }
         let h = next;

@@ -83,11 +83,17 @@ impl NsIndex {
         self.find(key).is_some()
     }
 
-    /// The entry of `key`, counting as an access for the eviction policy.
-    pub(crate) fn get(&mut self, key: &[u8]) -> Option<&mut Entry> {
+    /// The entry of `key`, counting as an access (at logical time `stamp`) for the eviction
+    /// policy.
+    pub(crate) fn get(&mut self, key: &[u8], stamp: u64) -> Option<&mut Entry> {
         let h = self.find(key)?;
-        self.policy.access(h);
+        self.policy.access(h, stamp);
         Some(&mut self.slots[h as usize].entry)
+    }
+
+    /// The logical time the policy ranks its next victim by (None when empty).
+    pub(crate) fn next_victim_stamp(&self) -> Option<u64> {
+        self.policy.peek_stamp()
     }
 
     /// The entry of `key`, without telling the policy.
@@ -98,10 +104,17 @@ impl NsIndex {
 
     /// Inserts or replaces; returns the replaced entry. `depth` is the object's position in its
     /// prefix chain (0 when it is not part of one).
-    pub(crate) fn insert(&mut self, key: Box<[u8]>, entry: Entry, depth: u32) -> Option<Entry> {
+    pub(crate) fn insert(
+        &mut self,
+        key: Box<[u8]>,
+        entry: Entry,
+        depth: u32,
+        stamp: u64,
+    ) -> Option<Entry> {
         let info = Insert {
             fingerprint: xxhash_rust::xxh3::xxh3_64(&key),
             depth,
+            tick: stamp,
         };
         if let Some(h) = self.find(&key) {
             // A new object under an old key: new to the policy too.
@@ -134,12 +147,13 @@ impl NsIndex {
         Some(self.release(h))
     }
 
-    /// Takes out the object the policy picks among those evictable at `now`.
-    pub(crate) fn victim(&mut self, now: Millis) -> Option<Entry> {
+    /// Takes out the object the policy picks among those evictable at `now` (`tick`: the
+    /// pool's logical time).
+    pub(crate) fn victim(&mut self, now: Millis, tick: u64) -> Option<Entry> {
         let slots = &self.slots;
         let h = self
             .policy
-            .victim(&mut |h| slots[h as usize].entry.evictable(now))?;
+            .victim(&mut |h| slots[h as usize].entry.evictable(now), tick)?;
         Some(self.release(h))
     }
 
