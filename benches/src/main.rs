@@ -1,1 +1,44 @@
-fn main() {}
+//! `kvpool-bench`: kvpool's benchmarks, one subcommand each.
+//!
+//! - `perf`: throughput and latency of every data path (same-host one-sided reads, TCP, QUIC),
+//!   the allocator and the index, each figure next to its physical limit or a peer (memcpy,
+//!   memcached, redis, bare quinn) measured in the same run with the same parameters.
+//! - `replay`: cache hit rates on real request traces, simulated policies and a real kvpool
+//!   side by side, bounded by Belady's optimum and an unbounded cache (`kvpool_bench::replay`).
+//!
+//! Every run is bounded in time and stops by itself; nothing here asserts on time.
+
+mod heap;
+mod perf;
+
+use clap::{Parser, Subcommand};
+
+/// Counts live heap bytes exactly (for the index's bytes per object); otherwise the system
+/// allocator.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
+
+#[derive(Parser, Debug)]
+#[command(name = "kvpool-bench", version, about = "kvpool benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Throughput and latency of kvpool against memcpy, memcached, redis and bare QUIC, all
+    /// measured in the same run; prints tables and optionally writes JSON.
+    Perf(perf::PerfArgs),
+    /// Cache hit rates on a request trace: policies and capacities, simulated and on a real
+    /// kvpool, with Belady and unbounded bounds, pooled versus private fleets and a TTFT model;
+    /// writes CSV, JSON and PNG charts.
+    Replay(Box<kvpool_bench::replay::cli::ReplayArgs>),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Perf(args) => perf::run(args),
+        Command::Replay(args) => kvpool_bench::replay::cli::run(&args).map(|_| ()),
+    }
+}

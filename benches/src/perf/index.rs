@@ -1,0 +1,177 @@
+//! Memory per object of the index: a `kvpool::Pool` (anonymous memory, normal pages) filled
+//! with small objects (16-byte keys, 1-byte values), its heap growth counted exactly by the
+//! counting global allocator; the reference is the heap of a bare `HashMap<Box<[u8]>, [u64; 6]>`
+//! (same keys, a 48-byte value like an index entry) for as many keys, in the same run.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvpool::pool::{PoolConfig, DEFAULT_NAMESPACE};
+use kvpool::segment::{Backing, HugePages};
+use kvpool::{checksum, Pool};
+
+use super::machine::{meminfo_kib, rss_bytes};
+use super::report::{Ref, Row};
+use super::{Ctx, Section};
+use crate::heap::live_bytes;
+
+/// Segment size; as many segments as the objects need.
+const SEGMENT: u64 = 1 << 30;
+/// Bytes of segment one small object takes (one 512-byte granule), for sizing the segments.
+const SEGMENT_PER_OBJECT: u64 = 512;
+/// Rough memory per object, for sizing: index heap and version word, then the reference map.
+const ESTIMATE_PER_OBJECT: u64 = 400;
+
+/// Fills a pool, measures, then fills the reference map with as many keys.
+pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let mut n = ctx.args.index_objects.max(1);
+    if let Some(avail) = meminfo_kib("MemAvailable") {
+        let fit = (avail * 1024 * 7 / 10 / ESTIMATE_PER_OBJECT).max(1);
+        if n > fit {
+            let msg = format!(
+                "only {} MiB available: inserting {fit} objects instead of {n}",
+                avail >> 10
+            );
+            ctx.report.note(Section::Index, msg);
+            n = fit;
+        }
+    }
+    let budget = Duration::from_millis(ctx.args.index_budget_ms);
+    let segments = (n * SEGMENT_PER_OBJECT).div_ceil(SEGMENT) as u32 + 1;
+    let cfg = PoolConfig {
+        segment_size: SEGMENT,
+        segments,
+        backing: Backing::Anonymous,
+        huge_pages: HugePages::Off,
+        prefault: false,
+        ..PoolConfig::default()
+    };
+    // The reference first, while the heap is fresh (it is as fast as it gets then).
+    let t = Instant::now();
+    let reference = map_heap_per_object(n);
+    eprintln!(
+        "  reference map for {n} keys allocated in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    // Hand the reference's freed pages back to the OS, so the pool's RSS growth is its own.
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+    let heap_empty = live_bytes();
+    let pool = Pool::new(&cfg, [7; 16]).context("creating the pool")?;
+    let fixed = live_bytes().saturating_sub(heap_empty);
+    let ns = pool
+        .namespace_id(DEFAULT_NAMESPACE)
+        .context("default namespace")?;
+    let zero = checksum(&[0]);
+    let (heap0, rss0) = (live_bytes(), rss_bytes());
+    let started = Instant::now();
+    let mut inserted = 0u64;
+    while inserted < n {
+        // A two-phase put of one zero byte: the segment already holds zeros, so its data
+        // pages are never written and the RSS growth is the index's own.
+        let k = key(inserted);
+        let addr = pool
+            .alloc(ns, &k, 1, false, 0)
+            .with_context(|| format!("alloc #{inserted}"))?;
+        pool.commit(&addr, zero, 0)
+            .with_context(|| format!("commit #{inserted}"))?;
+        inserted += 1;
+        if inserted % (1 << 16) == 0 {
+            let secs = started.elapsed().as_secs_f64();
+            if inserted % (1 << 20) == 0 {
+                eprint!("\r  inserted {inserted} of {n} ({secs:.0} s)");
+                let _ = std::io::stderr().flush();
+            }
+            if started.elapsed() > budget {
+                break;
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("\r  inserted {inserted} of {n} in {secs:.1} s");
+    let heap = live_bytes().saturating_sub(heap0) as f64 / inserted as f64;
+    let rss = rss_bytes().saturating_sub(rss0) as f64 / inserted as f64;
+    // Freeing ten million entries one by one takes seconds, and nothing is measured after
+    // this: let a background thread do it (the process may exit first; the OS takes it all).
+    std::thread::spawn(move || drop(pool));
+    if inserted < n {
+        let msg = format!(
+            "stopped at {inserted} of {n} objects after the {} s budget (--index-budget-ms)",
+            budget.as_secs()
+        );
+        ctx.report.note(Section::Index, msg);
+    }
+
+    let reference = if inserted == n {
+        reference
+    } else {
+        map_heap_per_object(inserted)
+    };
+    let mut row = Row::new(Section::Index, "kvpool Pool", "heap/object");
+    row.objects = Some(inserted);
+    row.bytes_per_object = Some(heap);
+    row.ops_per_s = Some(inserted as f64 / secs);
+    let mut rss_row = Row::new(Section::Index, "kvpool Pool", "RSS growth/object");
+    rss_row.objects = Some(inserted);
+    rss_row.bytes_per_object = Some(rss);
+    if reference > 0.0 {
+        row.refs.push(Ref::new("bare HashMap", heap / reference));
+        rss_row
+            .refs
+            .push(Ref::new("bare HashMap heap", rss / reference));
+    }
+    let mut ref_row = Row::new(
+        Section::Index,
+        "HashMap<Box<[u8]>, [u64; 6]>",
+        "heap/object",
+    );
+    ref_row.objects = Some(inserted);
+    ref_row.bytes_per_object = Some(reference);
+    ctx.report.push(row);
+    ctx.report.push(rss_row);
+    ctx.report.push(ref_row);
+    let fixed_mib = fixed as f64 / (1 << 20) as f64;
+    ctx.report.note(
+        Section::Index,
+        format!(
+            "16-byte keys, 1-byte zero values stored with pool.alloc + pool.commit (no write, so the data \
+             pages stay untouched), Backing::Anonymous, HugePages::Off, {segments} × 1 GiB segments; heap \
+             bytes counted exactly by the bench's counting global allocator (requested sizes of everything \
+             the pool allocates per object: entry, key, eviction links, hash table); RSS: /proc/self/statm \
+             growth: the heap pages actually touched (capacity that grown tables keep in reserve is counted \
+             as heap but not touched) + malloc's own overhead + the 8-byte version word per object; \
+             Pool::new took {fixed_mib:.1} MiB of heap up front (allocator metadata, shards), not counted \
+             per object; ops/s = alloc+commit pairs per second while filling; reference: the heap of \
+             HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates"
+        ),
+    );
+    Ok(())
+}
+
+/// Heap bytes per key of a bare map holding `n` of the same keys with a 48-byte value: its
+/// table sized for `n` (the bucket count growth reaches too, and inserting up to that capacity
+/// allocates nothing more) plus `n` boxed keys, counted by the allocator. Allocated, not
+/// filled: random inserts into a table of a GiB would take as long as filling the pool.
+fn map_heap_per_object(n: u64) -> f64 {
+    let before = live_bytes();
+    let map: HashMap<Box<[u8]>, [u64; 6]> = HashMap::with_capacity(n as usize);
+    let keys: Vec<Box<[u8]>> = (0..n).map(|i| Box::from(&key(i)[..])).collect();
+    // The Vec holding the keys is not part of a map: leave it out.
+    let holder = keys.capacity() * std::mem::size_of::<Box<[u8]>>();
+    let per = live_bytes().saturating_sub(before).saturating_sub(holder) as f64 / n as f64;
+    drop(std::hint::black_box((map, keys)));
+    per
+}
+
+/// The 16-byte key of object `i`: `idx:` and 12 decimal digits.
+fn key(i: u64) -> [u8; 16] {
+    let mut k = *b"idx:000000000000";
+    let mut v = i;
+    for b in k[4..].iter_mut().rev() {
+        *b = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    k
+}

@@ -1,0 +1,75 @@
+//! memcpy from a DRAM-sized source ring into a value-sized buffer: the ceiling of any
+//! same-host read, since a one-sided read is exactly such a copy plus two version checks.
+//! When `local` runs too, it measures memcpy itself, interleaved with its reads.
+
+use std::hint::black_box;
+
+use super::driver::{run_threads, ThreadOp};
+use super::report::Row;
+use super::{Ctx, Section};
+
+/// Source ring: far larger than any cache, so every copy reads DRAM.
+const RING: u64 = 1 << 30;
+
+/// Measures memcpy GB/s for every size and thread count (when `local` does not).
+pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let window = ctx.window();
+    let ring = ring(&ctx.args.sizes);
+    for size in ctx.args.sizes.clone() {
+        for conns in ctx.args.conns.clone() {
+            let m = run_threads(window, &mut ops(&ring, size, conns))?;
+            ctx.report.push(
+                Row::new(Section::Memcpy, "memcpy", "copy")
+                    .shape(size, conns, 1)
+                    .measured(&m),
+            );
+        }
+    }
+    note(ctx, ring.len());
+    Ok(())
+}
+
+/// The source ring, written once so every page is backed.
+pub(crate) fn ring(sizes: &[u64]) -> Vec<u8> {
+    let max = sizes.iter().copied().max().unwrap_or(1);
+    let len = RING.max(max * 8) as usize;
+    eprintln!("  filling a {} MiB memcpy source ring", len >> 20);
+    vec![0x5au8; len]
+}
+
+/// One copy loop per thread, each walking its own part of the ring.
+pub(crate) fn ops(ring: &[u8], size: u64, conns: usize) -> Vec<ThreadOp<'_>> {
+    let size_us = size as usize;
+    let slots = ring.len() / size_us;
+    (0..conns)
+        .map(|t| {
+            let mut dst = vec![0u8; size_us];
+            let mut i = t * slots / conns;
+            Box::new(move || {
+                let at = (i % slots) * size_us;
+                i += 1;
+                dst.copy_from_slice(&ring[at..at + size_us]);
+                black_box(&mut dst);
+                Ok(size)
+            }) as ThreadOp<'_>
+        })
+        .collect()
+}
+
+/// Explains the memcpy rows.
+pub(crate) fn note(ctx: &mut Ctx, ring_len: usize) {
+    ctx.report.note(
+        Section::Memcpy,
+        format!("conns = copying threads, each from its own part of a {} MiB ring into one value-sized buffer", ring_len >> 20),
+    );
+}
+
+/// The memcpy row with the same size and thread count as `like`, if measured.
+pub(crate) fn reference(ctx: &Ctx, like: &Row) -> Option<f64> {
+    ctx.report
+        .rows
+        .iter()
+        .find(|r| r.section == Section::Memcpy && r.size == like.size && r.conns == like.conns)
+        .and_then(|r| r.gbps)
+        .filter(|g| *g > 0.0)
+}

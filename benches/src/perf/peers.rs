@@ -1,0 +1,233 @@
+//! memcached and redis as child processes on loopback, loaded with the same keys and values as
+//! kvpool, for the `tcp` section to drive with the same workloads (sizes, connections, depth,
+//! duration) through the minimal clients of [`peer_client`](super::peer_client); then the
+//! ratios kvpool/memcached and kvpool/redis attached to kvpool's rows.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::daemon::{register, stop};
+use super::peer_client::{PeerConn, Proto};
+use super::report::{Ref, Report};
+use super::workloads::{self, DEPTH};
+use super::{Ctx, Section};
+use kvpool_bench::units::fmt_size;
+
+/// Value size at which the targets apply, and the targets (kvpool ÷ peer).
+const TARGET_SIZE: u64 = 2 << 20;
+const TARGET_MEMCACHED: f64 = 1.0;
+const TARGET_REDIS: f64 = 1.5;
+
+/// A running peer server, stopped when dropped.
+pub(crate) struct Peer {
+    /// Which one.
+    pub(crate) proto: Proto,
+    /// Its loopback port.
+    pub(crate) port: u16,
+    child: Child,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        stop(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// Starts memcached and redis (those installed; a note for each missing one) and stores every
+/// size's data set in them.
+pub(crate) fn start_all(ctx: &mut Ctx) -> anyhow::Result<Vec<Peer>> {
+    let mut running = Vec::new();
+    for proto in [Proto::Memcached, Proto::Redis] {
+        match start(proto)? {
+            Some(peer) => {
+                ctx.rt.block_on(load(proto, peer.port, &ctx.args.sizes))?;
+                running.push(peer);
+            }
+            None => {
+                let (bin, pkg) = binary(proto);
+                ctx.report.note(
+                    Section::Peers,
+                    format!("{bin} not installed: skipping (apt-get install {pkg})"),
+                );
+            }
+        }
+    }
+    Ok(running)
+}
+
+/// Attaches kvpool/peer ratios to every TCP row that has a peer row of the same shape.
+pub(crate) fn link(report: &mut Report) {
+    let mut add = Vec::new();
+    for (i, kv) in report
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.section == Section::Tcp)
+    {
+        for (proto, target) in [
+            (Proto::Memcached, TARGET_MEMCACHED),
+            (Proto::Redis, TARGET_REDIS),
+        ] {
+            let peer = report
+                .find(Section::Peers, proto.name(), &kv.op, kv)
+                .and_then(|p| p.gbps)
+                .filter(|g| *g > 0.0);
+            if let (Some(p), Some(k)) = (peer, kv.gbps) {
+                let r = if kv.size == Some(TARGET_SIZE) {
+                    Ref::with_target(proto.name(), k / p, target)
+                } else {
+                    Ref::new(proto.name(), k / p)
+                };
+                add.push((i, r));
+            }
+        }
+    }
+    for (i, r) in add {
+        report.rows[i].refs.retain(|x| x.name != r.name);
+        report.rows[i].refs.push(r);
+    }
+}
+
+/// Explains the peer rows.
+pub(crate) fn note(report: &mut Report) {
+    report.note(
+        Section::Peers,
+        format!(
+            "put = SET/set; depth {DEPTH} = {DEPTH} GET/get requests written back to back before reading the replies \
+             (kvpool: one batch_get_into of {DEPTH} keys); memcached -t 2 -m 4096 -I 32m, redis single-threaded, \
+             no persistence; targets at {}: kvpool ≥{TARGET_MEMCACHED}× memcached, ≥{TARGET_REDIS}× redis",
+            fmt_size(TARGET_SIZE)
+        ),
+    );
+}
+
+/// (binary, Debian package) of a peer.
+fn binary(proto: Proto) -> (&'static str, &'static str) {
+    match proto {
+        Proto::Redis => ("redis-server", "redis-server"),
+        Proto::Memcached => ("memcached", "memcached"),
+    }
+}
+
+/// Finds `name` in PATH (and the usual sbin directories).
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"])
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| p.is_file());
+    found
+}
+
+/// A free loopback port (bind to port 0, read it, close).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Starts the peer on a free port and waits until it answers; None when not installed.
+fn start(proto: Proto) -> anyhow::Result<Option<Peer>> {
+    let (bin, _) = binary(proto);
+    let Some(path) = which(bin) else {
+        return Ok(None);
+    };
+    let port = free_port()?;
+    let p = port.to_string();
+    let mut cmd = Command::new(&path);
+    match proto {
+        Proto::Redis => {
+            cmd.args([
+                "--port",
+                &p,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ]);
+            cmd.args([
+                "--maxmemory",
+                "4gb",
+                "--maxmemory-policy",
+                "noeviction",
+                "--loglevel",
+                "warning",
+            ]);
+        }
+        Proto::Memcached => {
+            cmd.args([
+                "-p",
+                &p,
+                "-U",
+                "0",
+                "-l",
+                "127.0.0.1",
+                "-m",
+                "4096",
+                "-I",
+                "32m",
+                "-t",
+                "2",
+            ]);
+            // SAFETY: geteuid has no preconditions. memcached refuses to run as root without -u.
+            if unsafe { libc::geteuid() } == 0 {
+                cmd.args(["-u", "root"]);
+            }
+        }
+    }
+    eprintln!("  starting {} on 127.0.0.1:{port}", path.display());
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {bin}"))?;
+    register(child.id(), None);
+    let mut peer = Peer { proto, port, child };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = peer.child.try_wait()? {
+            bail!("{bin} exited at start ({status}); run `{cmd:?}` by hand to see why");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(Some(peer));
+        }
+        if Instant::now() > deadline {
+            bail!("{bin} did not accept connections on port {port} within 10 s");
+        }
+    }
+}
+
+/// Stores every size's data set in the peer, 16 pipelined sets at a time.
+async fn load(proto: Proto, port: u16, sizes: &[u64]) -> anyhow::Result<()> {
+    let mut c = PeerConn::connect(proto, port).await?;
+    c.ping().await?;
+    for &size in sizes {
+        let (keys, value) = (workloads::keys(size), workloads::value(size));
+        eprintln!(
+            "  loading {} × {} into {}",
+            keys.len(),
+            fmt_size(size),
+            proto.name()
+        );
+        for chunk in keys.chunks(16) {
+            for k in chunk {
+                c.send_set(k, &value).await?;
+            }
+            c.flush().await?;
+            for _ in chunk {
+                c.read_set().await?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,305 @@
+//! The `replay` subcommand: flags, progress, the summary table and the output files.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::sweep::{
+    erased::Name, grid, write_csv, write_json, Engine, Policy, Row, Scenario, Setup,
+};
+use super::trace::{Trace, TraceFormat};
+use super::ttft::TtftModel;
+use crate::units::parse_size;
+
+/// The trace shipped with kvpool (Mooncake's conversation trace, Apache-2.0; see
+/// benches/traces/README.md).
+pub const BUNDLED_TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/traces/conversation_trace.jsonl"
+);
+
+/// KV bytes per token of common models (bf16), for `--model`.
+pub const MODELS: &[(&str, u64)] = &[
+    // 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes
+    ("llama3-8b", 128 << 10),
+    // 80 layers x 8 x 128 x 2 x 2
+    ("llama3-70b", 320 << 10),
+    // 28 layers x 4 x 128 x 2 x 2
+    ("qwen2.5-7b", 56 << 10),
+    // MLA: 61 layers x (512 + 64) x 2 bytes = 68.6 KiB
+    ("deepseek-v3", 61 * 576 * 2),
+];
+
+/// `kvpool-bench replay`: cache hit rates on a request trace.
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// Trace file (JSONL). Default: the bundled Mooncake conversation trace.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Trace format.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: TraceFormat,
+    /// Tokens per block (default: what the format implies: 512 Mooncake, 16 Qwen).
+    #[arg(long)]
+    pub block_tokens: Option<u64>,
+    /// Milliseconds per timestamp unit (default: 1 Mooncake, 1000 Qwen).
+    #[arg(long)]
+    pub time_unit_ms: Option<f64>,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Engines: sim (policy simulation) and/or pool (a real kvpool).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "sim")]
+    pub engine: Vec<Engine>,
+    /// Policies.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "lru,belady,unbounded"
+    )]
+    pub policy: Vec<Policy>,
+    /// Capacity per node, in blocks.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,2000,5000,10000,20000,50000",
+        conflicts_with = "capacity_bytes"
+    )]
+    pub capacity: Vec<u64>,
+    /// Capacity per node in bytes instead (e.g. 64GiB,256GiB); converted with the block size.
+    #[arg(long, value_delimiter = ',')]
+    pub capacity_bytes: Vec<String>,
+    /// Node counts.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub nodes: Vec<u32>,
+    /// Scenarios for more than one node.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pooled,private"
+    )]
+    pub scenario: Vec<Scenario>,
+    /// Model preset for the block size (KV bytes per token x tokens per block).
+    #[arg(long, default_value = "llama3-8b")]
+    pub model: String,
+    /// Bytes per block, overriding --model (e.g. 64KiB for a quick pool-engine run).
+    #[arg(long)]
+    pub block_bytes: Option<String>,
+    /// Running daemons for the pool engine (repeat for several nodes); default in-process.
+    #[arg(long)]
+    pub endpoint: Vec<String>,
+    /// Namespace on those daemons.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// Index shards of in-process pool nodes (1, like the daemon's default).
+    #[arg(long, default_value_t = 1)]
+    pub pool_shards: usize,
+    /// Engine prefill throughput for the TTFT model, tokens/s.
+    #[arg(long, default_value_t = 10_000.0)]
+    pub prefill_tps: f64,
+    /// Pool-to-engine bandwidth for the TTFT model, GB/s.
+    #[arg(long, default_value_t = 10.0)]
+    pub pool_gbps: f64,
+    /// Directory for replay.csv, replay.json and the PNG charts.
+    #[arg(long, default_value = "bench-out/replay")]
+    pub out: PathBuf,
+    /// Don't draw charts.
+    #[arg(long)]
+    pub no_plot: bool,
+}
+
+/// Runs the subcommand; returns the rows.
+pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
+    let path = args
+        .trace
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(BUNDLED_TRACE));
+    let trace = Trace::load(
+        &path,
+        args.format,
+        args.block_tokens,
+        args.time_unit_ms,
+        args.limit,
+    )?;
+    let block_bytes = match &args.block_bytes {
+        Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
+        None => {
+            let per_token = MODELS
+                .iter()
+                .find(|(m, _)| *m == args.model)
+                .map(|m| m.1)
+                .with_context(|| {
+                    format!(
+                        "unknown model {:?}; known: {}",
+                        args.model,
+                        MODELS.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
+                    )
+                })?;
+            per_token * trace.block_tokens
+        }
+    };
+    let capacities: Vec<u64> = if args.capacity_bytes.is_empty() {
+        args.capacity.clone()
+    } else {
+        args.capacity_bytes
+            .iter()
+            .map(|s| Ok(parse_size(s).map_err(anyhow::Error::msg)? / block_bytes))
+            .collect::<anyhow::Result<_>>()?
+    };
+    if args.nodes.contains(&0) {
+        bail!("--nodes must be at least 1");
+    }
+    let setup = Setup {
+        trace: &trace,
+        trace_name: path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ),
+        block_bytes,
+        ttft: TtftModel {
+            prefill_tokens_per_s: args.prefill_tps,
+            pool_bytes_per_s: args.pool_gbps * 1e9,
+            block_bytes,
+            block_tokens: trace.block_tokens,
+        },
+        pool_shards: args.pool_shards,
+        endpoints: args.endpoint.clone(),
+        namespace: args.namespace.clone(),
+    };
+    let specs = grid(
+        &args.engine,
+        &args.policy,
+        &capacities,
+        &args.nodes,
+        &args.scenario,
+    );
+    if specs.is_empty() {
+        bail!("nothing to run: the pool engine only runs the lru policy");
+    }
+    eprintln!(
+        "trace {}: {} requests, {} blocks ({} distinct) of {} tokens, {} bytes each; {} runs",
+        setup.trace_name,
+        trace.requests.len(),
+        trace.total_blocks(),
+        trace.distinct_blocks(),
+        trace.block_tokens,
+        block_bytes,
+        specs.len()
+    );
+    let next = setup.next_uses();
+    let style =
+        ProgressStyle::with_template("{prefix:>36} [{bar:30}] {pos}/{len} requests {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> ");
+    let mut rows = Vec::new();
+    for spec in &specs {
+        let bar = ProgressBar::new(trace.requests.len() as u64).with_style(style.clone());
+        bar.set_prefix(format!(
+            "{} {} {}x{} {}",
+            spec.engine.name(),
+            spec.policy.name(),
+            spec.nodes,
+            spec.capacity_blocks,
+            spec.scenario.name()
+        ));
+        let row = setup.run(spec, &next, || bar.inc(1))?;
+        bar.finish_and_clear();
+        rows.push(row);
+    }
+    print_summary(&rows, &setup.ttft);
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    write_csv(&args.out.join("replay.csv"), &rows)?;
+    write_json(&args.out.join("replay.json"), &rows)?;
+    let mut files = vec![args.out.join("replay.csv"), args.out.join("replay.json")];
+    if !args.no_plot {
+        files.extend(super::plot::hit_rate_charts(
+            &rows,
+            &args.out,
+            &setup.trace_name,
+        )?);
+    }
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(rows)
+}
+
+fn print_summary(rows: &[Row], ttft: &TtftModel) {
+    println!(
+        "{:<5} {:<12} {:>5} {:<8} {:>9} {:>8} {:>8} {:>11} {:>11}",
+        "eng",
+        "policy",
+        "nodes",
+        "scenario",
+        "capacity",
+        "block%",
+        "token%",
+        "ttft-nocache",
+        "ttft-cache"
+    );
+    for r in rows {
+        let cap = if r.capacity_blocks == 0 {
+            "-".to_string()
+        } else {
+            r.capacity_blocks.to_string()
+        };
+        println!(
+            "{:<5} {:<12} {:>5} {:<8} {:>9} {:>7.2}% {:>7.2}% {:>9.1}ms {:>9.1}ms",
+            r.engine.name(),
+            r.policy.name(),
+            r.nodes,
+            if r.nodes == 1 {
+                "-".to_string()
+            } else {
+                r.scenario.name()
+            },
+            cap,
+            r.block_hit_rate * 100.0,
+            r.token_hit_rate * 100.0,
+            r.ttft_without_cache_ms,
+            r.ttft_with_cache_ms
+        );
+    }
+    // Pooled versus private, where both ran.
+    for p in rows
+        .iter()
+        .filter(|r| r.nodes > 1 && r.scenario == Scenario::Pooled)
+    {
+        if let Some(q) = rows.iter().find(|q| {
+            q.scenario == Scenario::Private
+                && q.nodes == p.nodes
+                && q.policy == p.policy
+                && q.engine == p.engine
+                && q.capacity_blocks == p.capacity_blocks
+        }) {
+            let ratio = if q.block_hit_rate > 0.0 {
+                p.block_hit_rate / q.block_hit_rate
+            } else {
+                f64::INFINITY
+            };
+            println!(
+                "pooled vs private: {} {} nodes x {} blocks: {:.2}% vs {:.2}% = {:.2}x",
+                p.policy.name(),
+                p.nodes,
+                p.capacity_blocks,
+                p.block_hit_rate * 100.0,
+                q.block_hit_rate * 100.0,
+                ratio
+            );
+        }
+    }
+    if ttft.block_load_s() > ttft.block_recompute_s() {
+        println!(
+            "WARNING: loading a block ({:.2} ms at {:.1} GB/s) is slower than recomputing it ({:.2} ms at {:.0} tokens/s): with these parameters the cache slows prefill down",
+            ttft.block_load_s() * 1e3,
+            ttft.pool_bytes_per_s / 1e9,
+            ttft.block_recompute_s() * 1e3,
+            ttft.prefill_tokens_per_s
+        );
+    }
+}

@@ -1,0 +1,336 @@
+//! Grids of replays: every combination of engine, policy, capacity, node count and scenario,
+//! with one row per run, written as CSV and JSON.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::bail;
+use serde::Serialize;
+
+use kvpool::eviction::PolicyKind;
+
+use super::cache::{Belady, BlockCache, Lru, PoolPolicy, Unbounded};
+use super::cluster::{Pooled, Private};
+use super::pool_engine::{InProcess, Remote};
+use super::trace::Trace;
+use super::ttft::TtftModel;
+use super::{next_uses, replay};
+
+/// Eviction policy of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Least recently used.
+    Lru,
+    /// Leaves-first LRU (`kvpool::eviction::PrefixAware`).
+    PrefixAware,
+    /// Adaptive S3-FIFO (`kvpool::eviction::S3Fifo`), the pool's default.
+    S3fifo,
+    /// Belady's offline optimum (simulation only): the bound from below on misses.
+    Belady,
+    /// No eviction at all: the ceiling.
+    Unbounded,
+}
+
+impl Policy {
+    /// The pool's implementation of this policy, if it has one.
+    pub fn pool_policy(self) -> Option<PolicyKind> {
+        match self {
+            Policy::Lru => Some(PolicyKind::Lru),
+            Policy::PrefixAware => Some(PolicyKind::PrefixAware),
+            Policy::S3fifo => Some(PolicyKind::S3Fifo),
+            Policy::Belady | Policy::Unbounded => None,
+        }
+    }
+}
+
+/// What executes a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// Policy simulation: block ids only, fast.
+    Sim,
+    /// A real kvpool: in-process nodes, or the daemons given by `--endpoint`.
+    Pool,
+}
+
+/// How several nodes serve the requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// One shared pool: blocks placed on nodes by rendezvous hashing.
+    Pooled,
+    /// Each node its own cache; requests spread round-robin.
+    Private,
+}
+
+/// One run of a sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    /// Engine.
+    pub engine: Engine,
+    /// Policy.
+    pub policy: Policy,
+    /// Blocks per node.
+    pub capacity_blocks: u64,
+    /// Nodes.
+    pub nodes: u32,
+    /// Scenario (irrelevant for one node).
+    pub scenario: Scenario,
+}
+
+/// One result row (the CSV and JSON schema; docs/BENCHMARKS.md describes each column).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    /// Trace file name.
+    pub trace: String,
+    /// Engine.
+    pub engine: Engine,
+    /// Policy.
+    pub policy: Policy,
+    /// Scenario.
+    pub scenario: Scenario,
+    /// Nodes.
+    pub nodes: u32,
+    /// Blocks per node (0 for unbounded, or a remote pool of unknown size).
+    pub capacity_blocks: u64,
+    /// Bytes over all nodes.
+    pub capacity_bytes: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Tokens per block.
+    pub block_tokens: u64,
+    /// Requests replayed.
+    pub requests: u64,
+    /// Blocks accessed.
+    pub blocks: u64,
+    /// Blocks hit.
+    pub hits: u64,
+    /// hits / blocks.
+    pub block_hit_rate: f64,
+    /// Prefill tokens saved / prompt tokens.
+    pub token_hit_rate: f64,
+    /// Mean modelled TTFT without a cache, ms.
+    pub ttft_without_cache_ms: f64,
+    /// Mean modelled TTFT with the cache, ms.
+    pub ttft_with_cache_ms: f64,
+    /// Loading a block from the pool is slower than recomputing it.
+    pub load_slower_than_recompute: bool,
+    /// Wall time of the run, seconds.
+    pub seconds: f64,
+}
+
+/// The column names, in order.
+pub const CSV_HEADER: &str = "trace,engine,policy,scenario,nodes,capacity_blocks,capacity_bytes,block_bytes,block_tokens,requests,blocks,hits,block_hit_rate,token_hit_rate,ttft_without_cache_ms,ttft_with_cache_ms,load_slower_than_recompute,seconds";
+
+/// Everything a sweep shares.
+pub struct Setup<'a> {
+    /// The trace.
+    pub trace: &'a Trace,
+    /// Its file name, for the rows.
+    pub trace_name: String,
+    /// Bytes per block (real bytes for the pool engine).
+    pub block_bytes: u64,
+    /// TTFT model.
+    pub ttft: TtftModel,
+    /// Index shards of in-process pool nodes.
+    pub pool_shards: usize,
+    /// Daemons to drive instead of in-process nodes (pool engine).
+    pub endpoints: Vec<String>,
+    /// Namespace on those daemons.
+    pub namespace: String,
+}
+
+impl Setup<'_> {
+    /// Builds the cache a run drives.
+    pub fn cache(&self, spec: &RunSpec) -> anyhow::Result<Box<dyn BlockCache>> {
+        let pool_policy = spec.policy.pool_policy();
+        if spec.engine == Engine::Pool && pool_policy.is_none() {
+            bail!("{:?} is simulation only; the pool engine runs the pool's own policies (lru, prefix-aware, s3fifo)", spec.policy);
+        }
+        let node = |_: u32| -> anyhow::Result<Box<dyn BlockCache>> {
+            let cap = spec.capacity_blocks;
+            Ok(match (spec.engine, spec.policy) {
+                (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize)),
+                (Engine::Sim, Policy::PrefixAware) => {
+                    Box::new(PoolPolicy::new(PolicyKind::PrefixAware, cap as usize))
+                }
+                (Engine::Sim, Policy::S3fifo) => {
+                    Box::new(PoolPolicy::new(PolicyKind::S3Fifo, cap as usize))
+                }
+                (Engine::Sim, Policy::Belady) => Box::new(Belady::new(cap as usize)),
+                (Engine::Sim, Policy::Unbounded) => Box::new(Unbounded::default()),
+                (Engine::Pool, _) => Box::new(InProcess::new(
+                    cap,
+                    self.block_bytes,
+                    self.pool_shards,
+                    pool_policy.expect("checked above"),
+                )?),
+            })
+        };
+        let nodes: Vec<Box<dyn BlockCache>> =
+            if spec.engine == Engine::Pool && !self.endpoints.is_empty() {
+                let tag = std::process::id() ^ (Instant::now().elapsed().subsec_nanos());
+                self.endpoints
+                    .iter()
+                    .map(|e| {
+                        Ok(
+                            Box::new(Remote::connect(e, &self.namespace, self.block_bytes, tag)?)
+                                as Box<dyn BlockCache>,
+                        )
+                    })
+                    .collect::<anyhow::Result<_>>()?
+            } else {
+                (0..spec.nodes).map(node).collect::<anyhow::Result<_>>()?
+            };
+        Ok(match nodes.len() {
+            1 => nodes.into_iter().next().expect("one"),
+            _ if spec.scenario == Scenario::Private => Box::new(Private::new(nodes)),
+            _ => Box::new(Pooled::new(nodes)),
+        })
+    }
+
+    /// Runs one spec.
+    pub fn run(&self, spec: &RunSpec, next: &[u64], tick: impl FnMut()) -> anyhow::Result<Row> {
+        let start = Instant::now();
+        let mut cache = self.cache(spec)?;
+        let o = replay(self.trace, cache.as_mut(), next, tick)?;
+        let est = self.ttft.estimate(&o.per_request);
+        let nodes = if spec.engine == Engine::Pool && !self.endpoints.is_empty() {
+            self.endpoints.len() as u32
+        } else {
+            spec.nodes
+        };
+        let remote = spec.engine == Engine::Pool && !self.endpoints.is_empty();
+        let capacity_blocks = if spec.policy == Policy::Unbounded || remote {
+            0
+        } else {
+            spec.capacity_blocks
+        };
+        Ok(Row {
+            trace: self.trace_name.clone(),
+            engine: spec.engine,
+            policy: spec.policy,
+            scenario: spec.scenario,
+            nodes,
+            capacity_blocks,
+            capacity_bytes: capacity_blocks * self.block_bytes * nodes as u64,
+            block_bytes: self.block_bytes,
+            block_tokens: self.trace.block_tokens,
+            requests: o.requests,
+            blocks: o.blocks,
+            hits: o.hits,
+            block_hit_rate: o.block_hit_rate(),
+            token_hit_rate: o.token_hit_rate(),
+            ttft_without_cache_ms: est.without_cache_ms,
+            ttft_with_cache_ms: est.with_cache_ms,
+            load_slower_than_recompute: est.load_slower_than_recompute,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The flattened next-use table the runs share.
+    pub fn next_uses(&self) -> Vec<u64> {
+        next_uses(self.trace)
+    }
+}
+
+/// The runs of a grid. Unbounded runs once per (engine, nodes, scenario), since capacity does
+/// not apply; one-node runs once per capacity, since the scenario does not apply.
+pub fn grid(
+    engines: &[Engine],
+    policies: &[Policy],
+    capacities: &[u64],
+    nodes: &[u32],
+    scenarios: &[Scenario],
+) -> Vec<RunSpec> {
+    let mut out = Vec::new();
+    for &engine in engines {
+        for &n in nodes {
+            let scenarios: &[Scenario] = if n == 1 {
+                &scenarios[..1.min(scenarios.len())]
+            } else {
+                scenarios
+            };
+            for &scenario in scenarios {
+                for &policy in policies {
+                    if engine == Engine::Pool && policy.pool_policy().is_none() {
+                        continue;
+                    }
+                    let caps: &[u64] = if policy == Policy::Unbounded {
+                        &capacities[..1.min(capacities.len())]
+                    } else {
+                        capacities
+                    };
+                    for &capacity_blocks in caps {
+                        out.push(RunSpec {
+                            engine,
+                            policy,
+                            capacity_blocks,
+                            nodes: n,
+                            scenario: if n == 1 { Scenario::Pooled } else { scenario },
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Writes rows as CSV.
+pub fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(f, "{CSV_HEADER}")?;
+    for r in rows {
+        let name = |v: &dyn erased::Name| v.name();
+        writeln!(
+            f,
+            "\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.3},{:.3},{},{:.3}",
+            r.trace.replace('"', "\"\""),
+            name(&r.engine),
+            name(&r.policy),
+            name(&r.scenario),
+            r.nodes,
+            r.capacity_blocks,
+            r.capacity_bytes,
+            r.block_bytes,
+            r.block_tokens,
+            r.requests,
+            r.blocks,
+            r.hits,
+            r.block_hit_rate,
+            r.token_hit_rate,
+            r.ttft_without_cache_ms,
+            r.ttft_with_cache_ms,
+            r.load_slower_than_recompute,
+            r.seconds
+        )?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// Writes rows as a JSON array.
+pub fn write_json(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(rows)?)?;
+    Ok(())
+}
+
+/// Lower-case names of the enums, as in the CSV.
+pub mod erased {
+    /// A value with a kebab-case name.
+    pub trait Name {
+        /// The name.
+        fn name(&self) -> String;
+    }
+
+    impl<T: clap::ValueEnum> Name for T {
+        fn name(&self) -> String {
+            self.to_possible_value()
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default()
+        }
+    }
+}
