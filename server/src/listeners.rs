@@ -2,8 +2,11 @@
 //! connections (accepting waits when it is exhausted), each connection gets its own task, and
 //! every task holds a clone of `done` so shutdown can wait for all of them to drain.
 
+use std::future::Future;
+use std::io;
 use std::sync::Arc;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -19,55 +22,61 @@ pub(crate) struct Ctx {
     pub(crate) done: mpsc::Sender<()>,
 }
 
-pub(crate) async fn tcp(listener: TcpListener, mut ctx: Ctx) {
-    loop {
-        let Some(permit) = permit(&mut ctx).await else {
-            return;
-        };
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = ctx.shutdown.wait_for(|s| *s) => return,
-        };
-        let (sock, peer) = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "tcp accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+pub(crate) async fn tcp(listener: TcpListener, ctx: Ctx) {
+    accept_loop(ctx, Transport::Tcp, listener).await
+}
+
+pub(crate) async fn unix(listener: UnixListener, ctx: Ctx) {
+    accept_loop(ctx, Transport::Unix, listener).await
+}
+
+/// A listener of byte streams, split into read and write halves.
+trait Accept {
+    type R: AsyncRead + Unpin + Send + 'static;
+    type W: AsyncWrite + Unpin + Send + 'static;
+    fn accept_halves(&self) -> impl Future<Output = io::Result<(Self::R, Self::W)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type R = tokio::net::tcp::OwnedReadHalf;
+    type W = tokio::net::tcp::OwnedWriteHalf;
+    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W)> {
+        let (sock, peer) = self.accept().await?;
         let _ = sock.set_nodelay(true);
         tracing::trace!(%peer, "tcp connection");
-        let (r, w) = sock.into_split();
-        let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
-        tokio::spawn(async move {
-            serve(shared, Transport::Tcp, r, w, stop).await;
-            drop((permit, done));
-        });
+        Ok(sock.into_split())
     }
 }
 
-pub(crate) async fn unix(listener: UnixListener, mut ctx: Ctx) {
+impl Accept for UnixListener {
+    type R = tokio::net::unix::OwnedReadHalf;
+    type W = tokio::net::unix::OwnedWriteHalf;
+    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W)> {
+        Ok(self.accept().await?.0.into_split())
+    }
+}
+
+/// Accepts connections until shutdown, each served by its own task.
+async fn accept_loop(mut ctx: Ctx, transport: Transport, listener: impl Accept) {
     loop {
         let Some(permit) = permit(&mut ctx).await else {
             return;
         };
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            r = listener.accept_halves() => r,
             _ = ctx.shutdown.wait_for(|s| *s) => return,
         };
-        let sock = match accepted {
-            Ok((s, _)) => s,
+        let (r, w) = match accepted {
+            Ok(halves) => halves,
             Err(e) => {
-                tracing::warn!(error = %e, "unix accept failed");
+                tracing::warn!(error = %e, transport = transport.name(), "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let (r, w) = sock.into_split();
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
         tokio::spawn(async move {
-            serve(shared, Transport::Unix, r, w, stop).await;
+            serve(shared, transport, r, w, stop).await;
             drop((permit, done));
         });
     }

@@ -6,9 +6,9 @@ use super::{Eviction, Handle, Insert};
 /// Least recently used.
 #[derive(Debug)]
 pub struct Lru {
-    links: Links,
-    order: List,
-    stamp: Vec<u64>,
+    pub(super) links: Links,
+    pub(super) order: List,
+    pub(super) stamp: Vec<u64>,
 }
 
 impl Default for Lru {

@@ -7,27 +7,13 @@
 //! position in the chain), so the policy needs no parent pointers and works in every shard of a
 //! sharded index, where a block's parent usually lives in another shard.
 
-use super::list::{Links, List};
-use super::{Eviction, Handle, Insert, SCAN};
+use super::{Eviction, Handle, Insert, Lru, SCAN};
 
-/// Leaves-first LRU.
-#[derive(Debug)]
+/// Leaves-first LRU: [`Lru`]'s order, with its own choice of victim.
+#[derive(Debug, Default)]
 pub struct PrefixAware {
-    links: Links,
-    order: List,
+    lru: Lru,
     depth: Vec<u32>,
-    stamp: Vec<u64>,
-}
-
-impl Default for PrefixAware {
-    fn default() -> Self {
-        PrefixAware {
-            links: Links::default(),
-            order: List::new(0),
-            depth: Vec::new(),
-            stamp: Vec::new(),
-        }
-    }
 }
 
 impl Eviction for PrefixAware {
@@ -36,58 +22,53 @@ impl Eviction for PrefixAware {
             self.depth.resize(h as usize + 1, 0);
         }
         self.depth[h as usize] = info.depth;
-        super::set_stamp(&mut self.stamp, h, info.tick);
-        self.links.push_back(&mut self.order, h);
+        self.lru.insert(h, info);
     }
 
     fn access(&mut self, h: Handle, tick: u64) {
-        if self.links.list_of(h).is_some() {
-            self.stamp[h as usize] = tick;
-            self.links.move_to_back(&mut self.order, h);
-        }
+        self.lru.access(h, tick);
     }
 
     fn remove(&mut self, h: Handle) {
-        if self.links.list_of(h).is_some() {
-            self.links.remove(&mut self.order, h);
-        }
+        self.lru.remove(h);
     }
 
     fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle> {
         // The cold window: up to SCAN evictable objects from the LRU end; unevictable ones are
         // moved to the hot end as in LRU. The deepest of the window goes.
+        let lru = &mut self.lru;
         let mut window: [Handle; SCAN] = [0; SCAN];
         let mut n = 0;
-        let mut cursor = self.order.front();
+        let mut cursor = lru.order.front();
         let mut looked = 0;
         while let Some(h) = cursor {
             if n == SCAN || looked == SCAN * 2 {
                 break;
             }
             looked += 1;
-            cursor = self.links.next(h);
+            cursor = lru.links.next(h);
             if evictable(h) {
                 window[n] = h;
                 n += 1;
             } else {
-                self.stamp[h as usize] = tick;
-                self.links.move_to_back(&mut self.order, h);
+                lru.stamp[h as usize] = tick;
+                lru.links.move_to_back(&mut lru.order, h);
             }
         }
+        // Deepest first; among equals the coldest (min_by_key keeps the first).
         let victim = window[..n]
             .iter()
             .copied()
-            // Deepest first; among equals the coldest (min_by_key keeps the first).
             .min_by_key(|&h| std::cmp::Reverse(self.depth[h as usize]))?;
-        self.links.remove(&mut self.order, victim);
+        lru.links.remove(&mut lru.order, victim);
         Some(victim)
     }
 
     fn peek_stamp(&self) -> Option<u64> {
-        self.order.front().map(|h| self.stamp[h as usize])
+        self.lru.peek_stamp()
     }
 
     fn len(&self) -> usize {
-        self.order.len()
+        self.lru.len()
     }
 }
