@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::driver::{run_tasks, run_threads, Measured, ThreadOp, Worker};
 use super::peer_client::{PeerGet, PeerSet};
 use super::quic::BareClient;
+use super::raw::{RawGet, RawPut};
 use super::workloads::{KvGet, KvPut};
 
 /// Slices each contender's window is cut into.
@@ -25,6 +26,10 @@ pub(crate) enum AnyWorker {
     PeerSet(PeerSet),
     /// Bare quinn request.
     Bare(BareClient),
+    /// Raw TCP request for bytes (pipelined when deeper than 1).
+    RawGet(RawGet),
+    /// Raw TCP upload of bytes.
+    RawPut(RawPut),
 }
 
 impl Worker for AnyWorker {
@@ -35,6 +40,8 @@ impl Worker for AnyWorker {
             AnyWorker::PeerGet(w) => w.op().await,
             AnyWorker::PeerSet(w) => w.op().await,
             AnyWorker::Bare(w) => w.op().await,
+            AnyWorker::RawGet(w) => w.op().await,
+            AnyWorker::RawPut(w) => w.op().await,
         }
     }
 }

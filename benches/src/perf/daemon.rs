@@ -9,8 +9,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-/// Memory the benchmark daemon contributes.
-const MEMORY: &str = "2GiB";
+/// Least memory the benchmark daemon contributes.
+const MIN_MEMORY: u64 = 2 << 30;
+
+/// Memory for a daemon that must hold `stored` bytes of values without evicting any: half as
+/// much again for page rounding and for overwrites (a put allocates the new value before the
+/// old one is freed), at least [`MIN_MEMORY`], in whole 256 MiB.
+pub(crate) fn memory_for(stored: u64) -> u64 {
+    (stored + stored / 2)
+        .max(MIN_MEMORY)
+        .next_multiple_of(256 << 20)
+}
 
 /// A running `kvpoold`.
 pub(crate) struct Daemon {
@@ -25,18 +34,19 @@ pub(crate) struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `binary` and waits for its ready line.
-    pub(crate) fn start(binary: &Path) -> anyhow::Result<Daemon> {
+    /// Starts `binary` with `memory` bytes and waits for its ready line.
+    pub(crate) fn start(binary: &Path, memory: u64) -> anyhow::Result<Daemon> {
         if !binary.exists() {
             bail!("{} not found: build it with `cargo build --release -p kvpool-server` or pass --kvpoold", binary.display());
         }
         let dir = scratch_dir("kvpool-bench")?;
+        let memory = format!("{}MiB", memory >> 20);
         let child = Command::new(binary)
             .arg("--data-dir")
             .arg(&dir)
             .args([
                 "--memory",
-                MEMORY,
+                &memory,
                 "--tcp",
                 "127.0.0.1:0",
                 "--quic",

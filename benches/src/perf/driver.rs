@@ -1,10 +1,15 @@
 //! Timed measurement loops: every measurement runs for a fixed duration (after a short
-//! warm-up that is not recorded) and stops by itself. Threads for synchronous work (memcpy,
-//! one-sided local reads), tokio tasks for everything that goes through a socket. Operations
-//! and workers are borrowed, not consumed, so one set can be measured in several slices
-//! (see [`compare`](super::compare)).
+//! warm-up that is not recorded) and stops by itself. When operations outlast the window (a
+//! depth-8 batch of 32 MiB values on 16 connections), every loop runs on until each has
+//! recorded one, the loops that already have one going on unrecorded so that the others'
+//! operations still see the same load; when operations are shorter, this never happens.
+//! Threads for synchronous work (memcpy, one-sided local reads), tokio tasks for everything
+//! that goes through a socket. Operations and workers are borrowed, not consumed, so one set can be measured in
+//! several slices (see [`compare`](super::compare)).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -90,26 +95,60 @@ fn warmup(window: Duration) -> Duration {
     (window / 10).min(Duration::from_millis(10))
 }
 
+/// Longest the loops of one measurement wait past its end for a loop to record an operation.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// What the loops of one measurement share.
+struct Shared {
+    /// Loops that have not recorded an operation yet.
+    unrecorded: AtomicUsize,
+    /// A loop failed: the others stop.
+    failed: AtomicBool,
+}
+
+impl Shared {
+    fn new(loops: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            unrecorded: AtomicUsize::new(loops),
+            failed: AtomicBool::new(false),
+        })
+    }
+}
+
+/// What a loop does with its next operation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Runs and records it (if the loop's window is open).
+    Record,
+    /// Runs it without recording: load while another loop waits for its first record.
+    Load,
+    /// Stops.
+    Stop,
+}
+
 /// Per-loop bookkeeping. A loop's window opens at its first completion after the common
 /// start (so an operation straddling the start is neither counted nor lets idle time in),
 /// counts every operation begun after that until the common end, and closes at the last
-/// completion: long operations bias neither side of a comparison.
+/// completion: long operations bias neither side of a comparison. A loop with nothing counted
+/// at the end goes on until it has one, and the others keep it company (see [`Next`]).
 struct Window {
     start: Instant,
     end: Instant,
     opened: Option<Instant>,
     last: Instant,
     m: Measured,
+    shared: Arc<Shared>,
 }
 
 impl Window {
-    fn new(start: Instant, window: Duration) -> Window {
+    fn new(start: Instant, window: Duration, shared: Arc<Shared>) -> Window {
         Window {
             start,
             end: start + window,
             opened: None,
             last: start,
             m: Measured::empty(),
+            shared,
         }
     }
 
@@ -117,6 +156,9 @@ impl Window {
         match self.opened {
             None if done >= self.start => self.opened = Some(done),
             Some(open) if began >= open => {
+                if self.m.ops == 0 {
+                    self.shared.unrecorded.fetch_sub(1, Ordering::AcqRel);
+                }
                 self.m.ops += 1;
                 self.m.bytes += bytes;
                 self.m
@@ -125,6 +167,35 @@ impl Window {
                 self.last = done;
             }
             _ => {}
+        }
+    }
+
+    /// What to do with an operation beginning at `now`.
+    fn next(&self, now: Instant) -> Next {
+        if self.shared.failed.load(Ordering::Acquire) || now >= self.end + GRACE {
+            Next::Stop
+        } else if now < self.end || self.m.ops == 0 {
+            Next::Record
+        } else if self.shared.unrecorded.load(Ordering::Acquire) > 0 {
+            Next::Load
+        } else {
+            Next::Stop
+        }
+    }
+
+    /// Runs `op`'s result through the bookkeeping: records it or, on error, stops the others.
+    fn after(&mut self, next: Next, began: Instant, r: anyhow::Result<u64>) -> anyhow::Result<()> {
+        match r {
+            Ok(bytes) => {
+                if next == Next::Record {
+                    self.record(began, Instant::now(), bytes);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.failed.store(true, Ordering::Release);
+                Err(e)
+            }
         }
     }
 
@@ -143,19 +214,21 @@ pub(crate) type ThreadOp<'a> = Box<dyn FnMut() -> anyhow::Result<u64> + Send + '
 /// closes.
 pub(crate) fn run_threads(window: Duration, ops: &mut [ThreadOp<'_>]) -> anyhow::Result<Measured> {
     let start = Instant::now() + warmup(window);
+    let shared = Shared::new(ops.len());
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = ops
             .iter_mut()
             .map(|op| {
+                let shared = shared.clone();
                 s.spawn(move || -> anyhow::Result<Measured> {
-                    let mut w = Window::new(start, window);
+                    let mut w = Window::new(start, window, shared);
                     loop {
                         let began = Instant::now();
-                        if began >= w.end {
+                        let next = w.next(began);
+                        if next == Next::Stop {
                             break;
                         }
-                        let bytes = op()?;
-                        w.record(began, Instant::now(), bytes);
+                        w.after(next, began, op())?;
                     }
                     Ok(w.finish())
                 })
@@ -190,18 +263,21 @@ pub(crate) async fn run_tasks<W: Worker>(
     window: Duration,
 ) -> anyhow::Result<Measured> {
     let start = Instant::now() + warmup(window);
+    let shared = Shared::new(workers.len());
     let tasks: Vec<_> = std::mem::take(workers)
         .into_iter()
         .map(|mut worker| {
+            let shared = shared.clone();
             tokio::spawn(async move {
-                let mut w = Window::new(start, window);
+                let mut w = Window::new(start, window, shared);
                 loop {
                     let began = Instant::now();
-                    if began >= w.end {
+                    let next = w.next(began);
+                    if next == Next::Stop {
                         break;
                     }
-                    let bytes = worker.op().await?;
-                    w.record(began, Instant::now(), bytes);
+                    let r = worker.op().await;
+                    w.after(next, began, r)?;
                 }
                 anyhow::Ok((w.finish(), worker))
             })

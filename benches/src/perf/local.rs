@@ -9,7 +9,7 @@ use kvpool_client::{Client, ClientConfig, GlobalAddr};
 use super::compare::interleave_threads;
 use super::driver::{run_tasks, ThreadOp};
 use super::report::{Ref, Row};
-use super::workloads::{self, KvGet, DEPTH};
+use super::workloads::{self, Buffers, KvGet, DEPTH};
 use super::{memcpy, Ctx, Section};
 
 /// Lease long enough for the whole section (the pool caps it; nothing is evicted meanwhile).
@@ -69,6 +69,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                             size,
                             DEPTH,
                             w * keys.len() / conns,
+                            Buffers::default(),
                         ));
                     }
                     run_tasks(&mut workers, window).await

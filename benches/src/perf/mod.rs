@@ -1,9 +1,10 @@
 //! `kvpool-bench perf`: how fast each of kvpool's data paths is, next to what bounds it.
 //!
 //! Every figure comes with its ratio to a reference measured in the same run with the same
-//! value size, concurrency and depth: memcpy for the same-host path, memcached and redis for
-//! TCP, a bare quinn stream for QUIC, the system allocator for the block allocator, a bare
-//! `HashMap` for the index. Every measurement lasts `--duration-ms`; the run stops by itself.
+//! value size, concurrency and depth: memcpy for the same-host path, a raw TCP stream,
+//! memcached and redis for TCP, a bare quinn stream for QUIC, the system allocator for the
+//! block allocator, a bare `HashMap` for the index. Every measurement lasts `--duration-ms`;
+//! the run stops by itself.
 //!
 //! Sections (in run order): `memcpy`, `local`, `tcp`, `peers`, `quic`, `alloc`, `index`.
 //! `local` needs `memcpy` as its reference, and `tcp` and `peers` need each other, so selecting
@@ -22,6 +23,7 @@ mod memcpy;
 mod peer_client;
 mod peers;
 mod quic;
+mod raw;
 mod render;
 mod report;
 mod tcp;
@@ -79,7 +81,7 @@ pub(crate) enum Section {
     Memcpy,
     /// Same-host client: one-sided `read_local` and `batch_get_into`.
     Local,
-    /// Get and put over TCP.
+    /// Get and put over TCP, next to a raw TCP stream moving the same bytes.
     Tcp,
     /// memcached and redis on loopback, same workloads.
     Peers,
@@ -121,7 +123,9 @@ impl Section {
         match self {
             Section::Memcpy => "memcpy: physical limit of the same-host path (DRAM → buffer)",
             Section::Local => "local: same-host client (segments mapped, no syscall per read)",
-            Section::Tcp => "tcp: kvpool over loopback TCP (SameHost::Off)",
+            Section::Tcp => {
+                "tcp: kvpool over loopback TCP (SameHost::Off) next to a raw TCP stream"
+            }
             Section::Peers => {
                 "peers: memcached and redis on loopback, same keys, sizes, connections, depth"
             }
@@ -157,12 +161,17 @@ impl Ctx {
                 .kvpoold
                 .clone()
                 .unwrap_or_else(daemon::default_binary);
-            eprintln!("  starting {}", bin.display());
-            self.daemon = Some(Daemon::start(&bin)?);
+            let stored = workloads::stored_bytes(&self.args.sizes, &self.args.conns);
+            let memory = daemon::memory_for(stored);
+            eprintln!("  starting {} with {} MiB", bin.display(), memory >> 20);
+            self.daemon = Some(Daemon::start(&bin, memory)?);
         }
         let d = self.daemon.as_mut().expect("started above");
-        self.rt
-            .block_on(workloads::ensure_loaded(d, &self.args.sizes))?;
+        self.rt.block_on(workloads::ensure_loaded(
+            d,
+            &self.args.sizes,
+            &self.args.conns,
+        ))?;
         Ok(d)
     }
 }
@@ -221,7 +230,7 @@ pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
             }
             Section::Memcpy => memcpy::run(&mut ctx),
             Section::Local => local::run(&mut ctx),
-            // `tcp` and `peers` always run together: the three systems alternate per shape.
+            // `tcp` and `peers` always run together: the four contenders alternate per shape.
             Section::Tcp => tcp::run(&mut ctx),
             Section::Peers => {
                 eprintln!("  measured by `tcp`, alternating with kvpool");

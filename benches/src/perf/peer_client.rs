@@ -11,7 +11,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use super::driver::Worker;
-use super::workloads::put_keys;
+use super::workloads::{put_keys, Buffers};
 
 /// Same buffer size as kvpool's client.
 const IO_BUFFER: usize = 64 << 10;
@@ -183,23 +183,28 @@ pub(crate) struct PeerGet {
     conn: PeerConn,
     keys: Arc<Vec<Vec<u8>>>,
     next: usize,
-    bufs: Vec<Vec<u8>>,
+    size: usize,
+    depth: usize,
+    bufs: Buffers,
 }
 
 impl PeerGet {
-    /// A loop over `keys` (values of `size`) starting at key `start`.
+    /// A loop over `keys` (values of `size`) starting at key `start`, receiving into `bufs`.
     pub(crate) fn new(
         conn: PeerConn,
         keys: Arc<Vec<Vec<u8>>>,
         size: u64,
         depth: usize,
         start: usize,
+        bufs: Buffers,
     ) -> PeerGet {
         PeerGet {
             conn,
             next: start % keys.len(),
             keys,
-            bufs: vec![vec![0u8; size as usize]; depth],
+            size: size as usize,
+            depth,
+            bufs,
         }
     }
 }
@@ -207,15 +212,17 @@ impl PeerGet {
 impl Worker for PeerGet {
     async fn op(&mut self) -> anyhow::Result<u64> {
         let n = self.keys.len();
-        for j in 0..self.bufs.len() {
+        for j in 0..self.depth {
             self.conn.send_get(&self.keys[(self.next + j) % n]).await?;
         }
-        self.next = (self.next + self.bufs.len()) % n;
+        self.next = (self.next + self.depth) % n;
         self.conn.flush().await?;
+        let mut bufs = self.bufs.take(self.depth, self.size);
         let mut bytes = 0;
-        for buf in &mut self.bufs {
+        for buf in &mut bufs {
             bytes += self.conn.read_get(buf).await? as u64;
         }
+        self.bufs.put(bufs);
         Ok(bytes)
     }
 }
@@ -230,11 +237,11 @@ pub(crate) struct PeerSet {
 }
 
 impl PeerSet {
-    /// A set loop for worker number `worker`.
-    pub(crate) fn new(conn: PeerConn, value: Arc<Vec<u8>>, worker: usize) -> PeerSet {
+    /// A set loop for worker number `worker` of `conns`.
+    pub(crate) fn new(conn: PeerConn, value: Arc<Vec<u8>>, worker: usize, conns: usize) -> PeerSet {
         PeerSet {
             conn,
-            keys: put_keys(value.len() as u64, worker),
+            keys: put_keys(value.len() as u64, worker, conns),
             next: 0,
             value,
         }

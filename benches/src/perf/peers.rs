@@ -36,14 +36,41 @@ impl Drop for Peer {
     }
 }
 
+/// Memory settings of the peers, large enough for what a run stores (the defaults unless the
+/// sizes or connection counts call for more).
+struct Limits {
+    /// memcached `-m`, MiB.
+    memcached_mib: u64,
+    /// memcached `-I`, MiB: room for the largest value and its item header.
+    memcached_item_mib: u64,
+    /// redis `--maxmemory`, MiB.
+    redis_mib: u64,
+}
+
+impl Limits {
+    fn new(sizes: &[u64], conns: &[usize]) -> Limits {
+        // Twice what is stored leaves room for slab classes, allocator size classes and
+        // redis's reply buffers.
+        let stored_mib = (2 * workloads::stored_bytes(sizes, conns)).div_ceil(1 << 20);
+        let largest_mib = sizes.iter().max().copied().unwrap_or(0) >> 20;
+        Limits {
+            memcached_mib: stored_mib.max(4096),
+            memcached_item_mib: (largest_mib + 1).next_power_of_two().max(32),
+            redis_mib: stored_mib.max(4096),
+        }
+    }
+}
+
 /// Starts memcached and redis (those installed; a note for each missing one) and stores every
 /// size's data set in them.
 pub(crate) fn start_all(ctx: &mut Ctx) -> anyhow::Result<Vec<Peer>> {
+    let limits = Limits::new(&ctx.args.sizes, &ctx.args.conns);
     let mut running = Vec::new();
     for proto in [Proto::Memcached, Proto::Redis] {
-        match start(proto)? {
+        match start(proto, &limits)? {
             Some(peer) => {
-                ctx.rt.block_on(load(proto, peer.port, &ctx.args.sizes))?;
+                ctx.rt
+                    .block_on(load(proto, peer.port, &ctx.args.sizes, &ctx.args.conns))?;
                 running.push(peer);
             }
             None => {
@@ -65,7 +92,7 @@ pub(crate) fn link(report: &mut Report) {
         .rows
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.section == Section::Tcp)
+        .filter(|(_, r)| r.section == Section::Tcp && r.system == "kvpool")
     {
         for (proto, target) in [
             (Proto::Memcached, TARGET_MEMCACHED),
@@ -92,13 +119,17 @@ pub(crate) fn link(report: &mut Report) {
 }
 
 /// Explains the peer rows.
-pub(crate) fn note(report: &mut Report) {
+pub(crate) fn note(report: &mut Report, sizes: &[u64], conns: &[usize]) {
+    let l = Limits::new(sizes, conns);
     report.note(
         Section::Peers,
         format!(
             "put = SET/set; depth {DEPTH} = {DEPTH} GET/get requests written back to back before reading the replies \
-             (kvpool: one batch_get_into of {DEPTH} keys); memcached -t 2 -m 4096 -I 32m, redis single-threaded, \
-             no persistence; targets at {}: kvpool ≥{TARGET_MEMCACHED}× memcached, ≥{TARGET_REDIS}× redis",
+             (kvpool: one batch_get_into of {DEPTH} keys); memcached -t 2 -m {} -I {}m, redis single-threaded, \
+             no persistence, maxmemory {}mb; targets at {}: kvpool ≥{TARGET_MEMCACHED}× memcached, ≥{TARGET_REDIS}× redis",
+            l.memcached_mib,
+            l.memcached_item_mib,
+            l.redis_mib,
             fmt_size(TARGET_SIZE)
         ),
     );
@@ -131,7 +162,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// Starts the peer on a free port and waits until it answers; None when not installed.
-fn start(proto: Proto) -> anyhow::Result<Option<Peer>> {
+fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Peer>> {
     let (bin, _) = binary(proto);
     let Some(path) = which(bin) else {
         return Ok(None);
@@ -153,9 +184,10 @@ fn start(proto: Proto) -> anyhow::Result<Option<Peer>> {
                 "--protected-mode",
                 "no",
             ]);
+            let maxmemory = format!("{}mb", limits.redis_mib);
             cmd.args([
                 "--maxmemory",
-                "4gb",
+                &maxmemory,
                 "--maxmemory-policy",
                 "noeviction",
                 "--loglevel",
@@ -163,6 +195,10 @@ fn start(proto: Proto) -> anyhow::Result<Option<Peer>> {
             ]);
         }
         Proto::Memcached => {
+            let (m, i) = (
+                limits.memcached_mib.to_string(),
+                format!("{}m", limits.memcached_item_mib),
+            );
             cmd.args([
                 "-p",
                 &p,
@@ -171,9 +207,9 @@ fn start(proto: Proto) -> anyhow::Result<Option<Peer>> {
                 "-l",
                 "127.0.0.1",
                 "-m",
-                "4096",
+                &m,
                 "-I",
-                "32m",
+                &i,
                 "-t",
                 "2",
             ]);
@@ -207,12 +243,12 @@ fn start(proto: Proto) -> anyhow::Result<Option<Peer>> {
     }
 }
 
-/// Stores every size's data set in the peer, 16 pipelined sets at a time.
-async fn load(proto: Proto, port: u16, sizes: &[u64]) -> anyhow::Result<()> {
+/// Stores every size's data set and put keys in the peer, 16 pipelined sets at a time.
+async fn load(proto: Proto, port: u16, sizes: &[u64], conns: &[usize]) -> anyhow::Result<()> {
     let mut c = PeerConn::connect(proto, port).await?;
     c.ping().await?;
     for &size in sizes {
-        let (keys, value) = (workloads::keys(size), workloads::value(size));
+        let (keys, value) = (workloads::stored_keys(size, conns), workloads::value(size));
         eprintln!(
             "  loading {} × {} into {}",
             keys.len(),

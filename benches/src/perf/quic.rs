@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use super::compare::{interleave_tasks, AnyWorker};
 use super::driver::Worker;
 use super::report::{Ref, Row};
-use super::workloads::{self, KvGet};
+use super::workloads::{self, Buffers, KvGet};
 use super::{Ctx, Section};
 
 /// Target of kvpool over QUIC, as a fraction of the bare transfer.
@@ -50,6 +50,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                     size,
                     1,
                     w * keys.len() / conns,
+                    Buffers::default(),
                 )));
             }
             interleave_tasks(&mut [bare, kv], window).await

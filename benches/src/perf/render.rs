@@ -1,9 +1,10 @@
-//! The report as text: one table per section (only the columns its rows fill), plus memcached
-//! and redis next to kvpool.
+//! The report as text: one table per section (only the columns its rows fill), plus the raw
+//! TCP stream, memcached and redis next to kvpool.
 
 use std::fmt::Write as _;
 
 use super::report::{Ref, Report, Row};
+use super::tcp::RAW;
 use super::Section;
 use kvpool_bench::units::{fmt_ns, fmt_rate, fmt_size};
 
@@ -41,12 +42,17 @@ impl Report {
         out
     }
 
-    /// kvpool over TCP next to memcached and redis, shape by shape.
+    /// kvpool over TCP next to the raw TCP stream, memcached and redis, shape by shape.
     fn side_by_side(&self) -> String {
         let mut cells = Vec::new();
-        for kv in self.rows.iter().filter(|r| r.section == Section::Tcp) {
+        for kv in self
+            .rows
+            .iter()
+            .filter(|r| r.section == Section::Tcp && r.system == "kvpool")
+        {
             let peer = |name: &str| self.find(Section::Peers, name, &kv.op, kv);
             let (mc, rd) = (peer("memcached"), peer("redis"));
+            let raw = self.find(Section::Tcp, RAW, &kv.op, kv);
             let gb = |r: Option<&Row>| {
                 r.and_then(|r| r.gbps)
                     .map_or("-".into(), |g| format!("{g:.2}"))
@@ -63,8 +69,10 @@ impl Report {
                 opt(kv.conns),
                 opt(kv.depth),
                 gb(Some(kv)),
+                gb(raw),
                 gb(mc),
                 gb(rd),
+                ratio(RAW),
                 ratio("memcached"),
                 ratio("redis"),
             ]);
@@ -78,8 +86,10 @@ impl Report {
             "conns",
             "depth",
             "kvpool GB/s",
+            "raw tcp GB/s",
             "memcached GB/s",
             "redis GB/s",
+            "kvpool/raw tcp",
             "kvpool/memcached",
             "kvpool/redis",
         ];

@@ -1,25 +1,34 @@
 //! kvpool over loopback TCP with the same-host path off — every byte crosses the socket, as it
-//! would from another host — next to memcached and redis running the same workloads. For each
-//! shape the three run in alternating slices (see [`compare`](super::compare)); kvpool's rows
-//! go to the `tcp` section, the peers' to `peers`. One client (one connection) per conn.
+//! would from another host — next to a raw TCP stream moving the same bytes (the physical
+//! limit, see [`raw`](super::raw)) and memcached and redis running the same workloads. For
+//! each shape the four run in alternating slices (see [`compare`](super::compare)); kvpool's
+//! and the raw stream's rows go to the `tcp` section, the peers' to `peers`. One client (one
+//! connection) per conn; the n-th connections of all four share their receive buffers.
 
+use anyhow::Context;
 use kvpool_client::{Client, ClientConfig, SameHost};
 
 use super::compare::{interleave_tasks, AnyWorker};
 use super::peer_client::{PeerConn, PeerGet, PeerSet};
 use super::peers;
-use super::report::Row;
-use super::workloads::{self, KvGet, KvPut, DEPTH};
+use super::raw::{RawGet, RawPut, RawServer};
+use super::report::{Ref, Row};
+use super::workloads::{self, Buffers, KvGet, KvPut, DEPTH};
 use super::{Ctx, Section};
+
+/// Name of the raw TCP reference in rows and ratios.
+pub(crate) const RAW: &str = "raw tcp";
 
 /// The workloads every system runs: (operation, depth).
 const SHAPES: [(&str, usize); 3] = [("get", 1), ("get", DEPTH), ("put", 1)];
 
-/// Measures kvpool, memcached and redis: get, pipelined get and put, every size and
-/// connection count.
+/// Measures kvpool, the raw TCP stream, memcached and redis: get, pipelined get and put, every
+/// size and connection count.
 pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let endpoint = format!("tcp://{}", ctx.daemon()?.tcp);
     let window = ctx.window();
+    let max_size = ctx.args.sizes.iter().copied().max().context("no sizes")?;
+    let raw = RawServer::start(max_size)?;
     let running = peers::start_all(ctx)?;
     let verify = !ctx.args.no_verify;
     let cfg = ClientConfig {
@@ -32,35 +41,53 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         for conns in ctx.args.conns.clone() {
             for (op, depth) in SHAPES {
                 let start = |w: usize| w * keys.len() / conns;
+                let bufs: Vec<Buffers> = (0..conns).map(|_| Buffers::default()).collect();
                 let m = ctx.rt.block_on(async {
                     let mut sides = Vec::new();
-                    let mut kv = Vec::new();
-                    for w in 0..conns {
+                    let (mut kv, mut stream) = (Vec::new(), Vec::new());
+                    for (w, b) in bufs.iter().enumerate() {
                         let c = Client::connect(&endpoint, cfg.clone()).await?;
                         anyhow::ensure!(
                             !c.is_local(),
                             "SameHost::Off client took the same-host path"
                         );
                         kv.push(match op {
-                            "put" => AnyWorker::KvPut(KvPut::new(c, value.clone(), w)),
-                            _ => {
-                                AnyWorker::KvGet(KvGet::new(c, keys.clone(), size, depth, start(w)))
+                            "put" => AnyWorker::KvPut(KvPut::new(c, value.clone(), w, conns)),
+                            _ => AnyWorker::KvGet(KvGet::new(
+                                c,
+                                keys.clone(),
+                                size,
+                                depth,
+                                start(w),
+                                b.clone(),
+                            )),
+                        });
+                        stream.push(match op {
+                            "put" => {
+                                AnyWorker::RawPut(RawPut::connect(raw.addr, value.clone()).await?)
                             }
+                            _ => AnyWorker::RawGet(
+                                RawGet::connect(raw.addr, size, depth, b.clone()).await?,
+                            ),
                         });
                     }
                     sides.push(kv);
+                    sides.push(stream);
                     for peer in &running {
                         let mut side = Vec::new();
-                        for w in 0..conns {
+                        for (w, b) in bufs.iter().enumerate() {
                             let c = PeerConn::connect(peer.proto, peer.port).await?;
                             side.push(match op {
-                                "put" => AnyWorker::PeerSet(PeerSet::new(c, value.clone(), w)),
+                                "put" => {
+                                    AnyWorker::PeerSet(PeerSet::new(c, value.clone(), w, conns))
+                                }
                                 _ => AnyWorker::PeerGet(PeerGet::new(
                                     c,
                                     keys.clone(),
                                     size,
                                     depth,
                                     start(w),
+                                    b.clone(),
                                 )),
                             });
                         }
@@ -68,12 +95,18 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                     }
                     interleave_tasks(&mut sides, window).await
                 })?;
-                ctx.report.push(
-                    Row::new(Section::Tcp, "kvpool", op)
-                        .shape(size, conns, depth)
-                        .measured(&m[0]),
-                );
-                for (peer, m) in running.iter().zip(&m[1..]) {
+                let raw_row = Row::new(Section::Tcp, RAW, op)
+                    .shape(size, conns, depth)
+                    .measured(&m[1]);
+                let mut row = Row::new(Section::Tcp, "kvpool", op)
+                    .shape(size, conns, depth)
+                    .measured(&m[0]);
+                if let (Some(k), Some(r)) = (row.gbps, raw_row.gbps.filter(|r| *r > 0.0)) {
+                    row.refs.push(Ref::new(RAW, k / r));
+                }
+                ctx.report.push(raw_row);
+                ctx.report.push(row);
+                for (peer, m) in running.iter().zip(&m[2..]) {
                     ctx.report.push(
                         Row::new(Section::Peers, peer.proto.name(), op)
                             .shape(size, conns, depth)
@@ -84,15 +117,23 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         }
     }
     drop(running);
+    drop(raw);
     peers::link(&mut ctx.report);
     ctx.report.note(
         Section::Tcp,
         format!(
             "default client settings except same_host: Off; {}; \
-             depth {DEPTH} = one batch_get_into of {DEPTH} keys per round trip; put cycles over 32 keys \
-             per conn (the client hashes each value, the node checks the hash at commit); one client and \
-             connection per conn; p50/p99 per round trip; measured in slices alternating with memcached \
-             and redis",
+             depth {DEPTH} = one batch_get_into of {DEPTH} keys per round trip; put cycles over up to 32 keys \
+             per conn, at most 512 MiB of them per size, stored with the data set beforehand in every \
+             system so that each put overwrites a value (the client hashes each value, the node checks the \
+             hash at commit); one client and connection per conn; p50/p99 per round trip; measured in slices \
+             alternating with the raw tcp stream, memcached and redis. {RAW} = the physical limit of loopback \
+             TCP for the same transfer: an in-process tokio server on 127.0.0.1 (own runtime, 2 threads) \
+             answers each 8-byte request (a u64 length) with that many bytes from a preallocated buffer; the \
+             client writes the request and reads the bytes into a reused buffer (depth {DEPTH}: one request for \
+             all {DEPTH} values, the reply read into {DEPTH} buffers with readv; put: header and value in one \
+             writev, the server reads them into a reused buffer and echoes the 8-byte header); no framing, lookup \
+             or checksum; the n-th connections of kvpool, raw tcp and the peers share their receive buffers",
             if verify {
                 "every value received is checked against its xxh3 checksum (the default)"
             } else {
@@ -100,6 +141,6 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             }
         ),
     );
-    peers::note(&mut ctx.report);
+    peers::note(&mut ctx.report, &ctx.args.sizes, &ctx.args.conns);
     Ok(())
 }

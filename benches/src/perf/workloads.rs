@@ -1,7 +1,7 @@
 //! The data sets every section reads (same keys and sizes for kvpool and its peers) and the
 //! kvpool client loops driven by [`run_tasks`](super::driver::run_tasks).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
 use kvpool_client::{Client, ClientConfig, ErrorCode};
@@ -16,8 +16,12 @@ pub(crate) const WORKING_SET: u64 = 512 << 20;
 /// Pipelining (batching) depth of the "depth 8" variants.
 pub(crate) const DEPTH: usize = 8;
 
-/// Distinct keys each put loop cycles through (bounds the memory puts take).
+/// Most distinct keys one put loop cycles through.
 const PUT_KEYS: usize = 32;
+
+/// Most bytes the put loops of one size keep stored, all connections together (fewer keys per
+/// loop for large values and many connections), so puts never crowd out the data sets.
+const PUT_BYTES: u64 = 512 << 20;
 
 /// How many objects of `size` make up the working set.
 pub(crate) fn object_count(size: u64) -> usize {
@@ -33,11 +37,76 @@ pub(crate) fn keys(size: u64) -> Arc<Vec<Vec<u8>>> {
     )
 }
 
-/// Keys a put loop (`worker` of a measurement) overwrites in turn.
-pub(crate) fn put_keys(size: u64, worker: usize) -> Vec<Vec<u8>> {
-    (0..PUT_KEYS)
-        .map(|i| format!("bench-put/{size}/{worker}/{i}").into_bytes())
+/// How many keys each of `conns` put loops of values of `size` cycles through.
+fn put_keys_per_loop(size: u64, conns: usize) -> usize {
+    (PUT_BYTES / size.max(1) / conns.max(1) as u64).clamp(1, PUT_KEYS as u64) as usize
+}
+
+/// Keys a put loop (`worker` of `conns`) overwrites in turn: its own run of one shared
+/// numbering, so all measurements of a size together touch at most `PUT_BYTES` of values.
+pub(crate) fn put_keys(size: u64, worker: usize, conns: usize) -> Vec<Vec<u8>> {
+    let n = put_keys_per_loop(size, conns);
+    (worker * n..(worker + 1) * n)
+        .map(|i| put_key(size, i))
         .collect()
+}
+
+/// Put key number `i` of values of `size`.
+fn put_key(size: u64, i: usize) -> Vec<u8> {
+    format!("bench-put/{size}/{i:06}").into_bytes()
+}
+
+/// Every key the put loops of values of `size` write with any of `conns` connections. They
+/// are stored with the data set, so that every measured put, in every system, overwrites a
+/// value already there instead of filling memory never touched before.
+pub(crate) fn all_put_keys(size: u64, conns: &[usize]) -> Vec<Vec<u8>> {
+    let n = conns
+        .iter()
+        .map(|&c| c * put_keys_per_loop(size, c))
+        .max()
+        .unwrap_or(0);
+    (0..n).map(|i| put_key(size, i)).collect()
+}
+
+/// Every key stored for `size`: the data set, then the put loops' keys.
+pub(crate) fn stored_keys(size: u64, conns: &[usize]) -> Vec<Vec<u8>> {
+    let mut all = keys(size).to_vec();
+    all.extend(all_put_keys(size, conns));
+    all
+}
+
+/// Bytes of values a run with `sizes` and `conns` stores in each system: every data set plus
+/// every key the put loops write.
+pub(crate) fn stored_bytes(sizes: &[u64], conns: &[usize]) -> u64 {
+    sizes
+        .iter()
+        .map(|&size| stored_keys(size, conns).len() as u64 * size)
+        .sum()
+}
+
+/// Receive buffers of one connection slot. The contenders of a comparison run in alternating
+/// slices, never at once, so the n-th connection of each of them can share one set: the
+/// memory of a shape is that of one contender (a 32 MiB depth-8 get on 16 connections needs
+/// 4 GiB per set), and every contender's values land in the same, already faulted-in pages.
+#[derive(Clone, Default)]
+pub(crate) struct Buffers(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Buffers {
+    /// Takes `depth` buffers of `size` bytes for one operation (allocated on first use, which
+    /// falls in the unrecorded start of a window); hand them back with [`Buffers::put`].
+    pub(crate) fn take(&self, depth: usize, size: usize) -> Vec<Vec<u8>> {
+        let mut bufs = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        bufs.resize_with(depth, Vec::new);
+        for b in &mut bufs {
+            b.resize(size, 0);
+        }
+        bufs
+    }
+
+    /// Returns the buffers taken for an operation.
+    pub(crate) fn put(&self, bufs: Vec<Vec<u8>>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = bufs;
+    }
 }
 
 /// A value of `size` bytes of incompressible noise.
@@ -54,8 +123,13 @@ pub(crate) fn value(size: u64) -> Arc<Vec<u8>> {
     Arc::new(v)
 }
 
-/// Stores the data set of every size in `sizes` not stored yet.
-pub(crate) async fn ensure_loaded(daemon: &mut Daemon, sizes: &[u64]) -> anyhow::Result<()> {
+/// Stores the data set (and the put keys, see [`all_put_keys`]) of every size in `sizes` not
+/// stored yet.
+pub(crate) async fn ensure_loaded(
+    daemon: &mut Daemon,
+    sizes: &[u64],
+    conns: &[usize],
+) -> anyhow::Result<()> {
     let todo: Vec<u64> = sizes
         .iter()
         .copied()
@@ -66,7 +140,7 @@ pub(crate) async fn ensure_loaded(daemon: &mut Daemon, sizes: &[u64]) -> anyhow:
     }
     let client = Client::connect(&format!("tcp://{}", daemon.tcp), ClientConfig::default()).await?;
     for size in todo {
-        let (keys, value) = (keys(size), value(size));
+        let (keys, value) = (stored_keys(size, conns), value(size));
         eprintln!("  loading {} × {} into kvpoold", keys.len(), fmt_size(size));
         let per_batch = ((32u64 << 20) / size).max(1) as usize;
         for chunk in keys.chunks(per_batch) {
@@ -92,23 +166,28 @@ pub(crate) struct KvGet {
     client: Client,
     keys: Arc<Vec<Vec<u8>>>,
     next: usize,
-    bufs: Vec<Vec<u8>>,
+    size: usize,
+    depth: usize,
+    bufs: Buffers,
 }
 
 impl KvGet {
-    /// A loop over `keys` (values of `size`) starting at key `start`.
+    /// A loop over `keys` (values of `size`) starting at key `start`, receiving into `bufs`.
     pub(crate) fn new(
         client: Client,
         keys: Arc<Vec<Vec<u8>>>,
         size: u64,
         depth: usize,
         start: usize,
+        bufs: Buffers,
     ) -> KvGet {
         KvGet {
             client,
             next: start % keys.len(),
             keys,
-            bufs: vec![vec![0u8; size as usize]; depth],
+            size: size as usize,
+            depth,
+            bufs,
         }
     }
 }
@@ -116,12 +195,15 @@ impl KvGet {
 impl Worker for KvGet {
     async fn op(&mut self) -> anyhow::Result<u64> {
         let n = self.keys.len();
-        let keys: Vec<&[u8]> = (0..self.bufs.len())
+        let keys: Vec<&[u8]> = (0..self.depth)
             .map(|j| self.keys[(self.next + j) % n].as_slice())
             .collect();
         self.next = (self.next + keys.len()) % n;
-        let mut dsts: Vec<&mut [u8]> = self.bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let mut bufs = self.bufs.take(self.depth, self.size);
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
         let got = self.client.batch_get_into(&keys, &mut dsts).await?;
+        drop(dsts);
+        self.bufs.put(bufs);
         got.iter().try_fold(0u64, |acc, g| {
             g.map(|len| acc + len as u64)
                 .ok_or_else(|| anyhow!("kvpool miss during the benchmark"))
@@ -138,11 +220,11 @@ pub(crate) struct KvPut {
 }
 
 impl KvPut {
-    /// A put loop for worker number `worker`.
-    pub(crate) fn new(client: Client, value: Arc<Vec<u8>>, worker: usize) -> KvPut {
+    /// A put loop for worker number `worker` of `conns`.
+    pub(crate) fn new(client: Client, value: Arc<Vec<u8>>, worker: usize, conns: usize) -> KvPut {
         KvPut {
             client,
-            keys: put_keys(value.len() as u64, worker),
+            keys: put_keys(value.len() as u64, worker, conns),
             next: 0,
             value,
         }
