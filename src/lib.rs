@@ -40,6 +40,8 @@ pub mod protocol;
 pub mod segment;
 pub mod seqlock;
 mod sync;
+#[cfg(not(loom))]
+pub mod units;
 
 #[cfg(not(loom))]
 pub use addr::{GlobalAddr, NodeId};

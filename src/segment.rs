@@ -350,6 +350,14 @@ pub fn version_word<'a>(
     Some(unsafe { &*(map.as_ptr().add(at as usize) as *const AtomicU64) })
 }
 
+/// The kernel's boot id: equal for two processes exactly when they share a host (and boot), so
+/// a client can tell it may map a node's segments.
+pub fn host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// The file name of segment `id` of `node` inside the data directory.
 pub fn segment_file_name(node: NodeId, id: u32) -> String {
     format!("segment-{}-{}.kvp", node.0, id)

@@ -1,23 +1,10 @@
 //! Parsing and printing sizes, rates and durations.
 
-/// Parses `64KiB`, `2MiB`, `1GiB`, `4096`, `64K`, `2M` (binary multiples either way).
+/// Parses `64KiB`, `2MiB`, `1GiB`, `4096`, `64K`, `2M` (binary multiples), refusing zero.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a size like 64KiB or 2MiB"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (B, KiB, MiB, GiB)")),
-    };
-    n.checked_mul(1 << shift)
+    Some(kvpool::units::parse_size(s)?)
         .filter(|&v| v > 0)
-        .ok_or_else(|| format!("{s:?}: size out of range"))
+        .ok_or_else(|| format!("{s:?}: size must be positive"))
 }
 
 /// `65536` → `64KiB`, `2097152` → `2MiB`; other values in bytes.

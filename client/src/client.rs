@@ -158,7 +158,7 @@ impl Client {
         let mut local = None;
         if cfg.same_host == SameHost::Auto
             && !hello.uds_path.is_empty()
-            && hello.host_id == local_host_id()
+            && hello.host_id == kvpool::segment::host_id()
         {
             let uds = Endpoint::Unix(hello.uds_path.clone().into());
             // Same host: control goes over the Unix socket, data through the mapping.
@@ -904,10 +904,4 @@ fn code_result(code: ErrorCode) -> Result<(), ClientError> {
             message: format!("{code:?}"),
         }),
     }
-}
-
-fn local_host_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }

@@ -296,20 +296,7 @@ impl Config {
 
 /// Parses `"1GiB"`, `"512 MiB"`, `"64k"`, `"1g"` or a plain number of bytes.
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        u => bail!("bad size unit {u:?} in {s:?}"),
-    };
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} overflows"))
+    kvpool::units::parse_size(s).map_err(anyhow::Error::msg)
 }
 
 /// Parses a socket address, or none for an empty string.

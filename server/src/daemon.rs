@@ -145,7 +145,7 @@ impl Daemon {
             version: PROTOCOL_VERSION,
             node: config.node_id,
             namespaces: pool.namespaces(),
-            host_id: host_id(),
+            host_id: kvpool::segment::host_id(),
             uds_path: bound
                 .unix
                 .as_ref()
@@ -265,13 +265,6 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     UnixListener::bind(path).with_context(|| format!("binding unix socket {}", path.display()))
-}
-
-/// The kernel's boot id: equal for two processes exactly when they share a host (and boot).
-pub fn host_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }
 
 fn random_secret() -> anyhow::Result<[u8; 16]> {

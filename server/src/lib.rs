@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod tls;
 
 pub use config::Config;
-pub use daemon::{host_id, Bound, Daemon};
+pub use daemon::{Bound, Daemon};
+pub use kvpool::segment::host_id;

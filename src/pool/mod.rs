@@ -458,27 +458,18 @@ impl Pool {
         check_key(key)?;
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].get(key, self.tick()) else {
-            self.counters.misses.fetch_add(1, Ordering::Relaxed);
-            self.namespaces[ns as usize]
-                .misses
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_read(ns, false);
             return Err(PoolError::NotFound);
         };
         if e.readers == u16::MAX {
             // So many concurrent readers of one object: let this one miss rather than wrap.
-            self.counters.misses.fetch_add(1, Ordering::Relaxed);
-            self.namespaces[ns as usize]
-                .misses
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_read(ns, false);
             return Err(PoolError::NotFound);
         }
         e.readers += 1;
         let e = *e;
         drop(shard);
-        self.counters.hits.fetch_add(1, Ordering::Relaxed);
-        self.namespaces[ns as usize]
-            .hits
-            .fetch_add(1, Ordering::Relaxed);
+        self.count_read(ns, true);
         Ok(ObjectRef {
             pool: self,
             ns,
@@ -546,10 +537,7 @@ impl Pool {
         check_key(key)?;
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].get(key, self.tick()) else {
-            self.counters.misses.fetch_add(1, Ordering::Relaxed);
-            self.namespaces[ns as usize]
-                .misses
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_read(ns, false);
             return Ok(None);
         };
         if lease_ms > 0 {
@@ -559,10 +547,7 @@ impl Pool {
         }
         let e = *e;
         drop(shard);
-        self.counters.hits.fetch_add(1, Ordering::Relaxed);
-        self.namespaces[ns as usize]
-            .hits
-            .fetch_add(1, Ordering::Relaxed);
+        self.count_read(ns, true);
         Ok(Some(Located {
             addr: self
                 .mac
@@ -660,6 +645,12 @@ impl Pool {
         self.namespaces
             .get(ns as usize)
             .ok_or(PoolError::UnknownNamespace)
+    }
+
+    /// Counts a read of namespace `ns` that found its object (`hit`) or not.
+    fn count_read(&self, ns: u32, hit: bool) {
+        let space = &self.namespaces[ns as usize];
+        if hit { &space.hits } else { &space.misses }.fetch_add(1, Ordering::Relaxed);
     }
 
     fn tick(&self) -> u64 {

@@ -9,8 +9,6 @@ use super::Pool;
 /// Event counters, bumped on the hot path with relaxed atomics.
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
     pub(crate) evictions: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) reaped: AtomicU64,
@@ -138,14 +136,16 @@ pub(crate) fn collect(pool: &Pool) -> PoolStats {
         .map(|p| super::lock(p).by_generation.len() as u64)
         .sum();
     let c = &pool.counters;
+    let hits = namespaces.iter().map(|n| n.hits).sum();
+    let misses = namespaces.iter().map(|n| n.misses).sum();
     PoolStats {
         node: pool.node.0,
         segments,
         objects: namespaces.iter().map(|n| n.objects).sum(),
         namespaces,
         pending,
-        hits: c.hits.load(Ordering::Relaxed),
-        misses: c.misses.load(Ordering::Relaxed),
+        hits,
+        misses,
         evictions: c.evictions.load(Ordering::Relaxed),
         commits: c.commits.load(Ordering::Relaxed),
         reaped: c.reaped.load(Ordering::Relaxed),
