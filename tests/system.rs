@@ -388,7 +388,7 @@ async fn raw_conn(n: &Node) -> TcpStream {
 }
 
 async fn send(s: &mut TcpStream, id: u64, op: Op, payload: &[u8]) {
-    let hdr = encode(&Request { id, op });
+    let hdr = encode(&Request { id, view: 0, op });
     let p = FramePrefix {
         header_len: hdr.len() as u32,
         payload_len: payload.len() as u64,
@@ -611,7 +611,7 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
             ns: 0,
             items,
             pin: false,
-            chain: None,
+            depths: Vec::new(),
         },
         b"only7by",
     )
@@ -675,6 +675,7 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
     hello(&mut s, "").await;
     let hdr = encode(&Request {
         id: 2,
+        view: 0,
         op: Op::Put {
             ns: 0,
             key: b"torn".to_vec(),

@@ -178,4 +178,14 @@ impl Client {
     pub fn view(&self) -> Result<ClusterView, ClientError> {
         self.rt.block_on(self.inner.view())
     }
+
+    /// See [`crate::Client::node_stats`].
+    pub fn node_stats(&self, node: u32) -> Result<PoolStats, ClientError> {
+        self.rt.block_on(self.inner.node_stats(node))
+    }
+
+    /// See [`crate::Client::drain_node`].
+    pub fn drain_node(&self, node: u32) -> Result<(), ClientError> {
+        self.rt.block_on(self.inner.drain_node(node))
+    }
 }

@@ -1,21 +1,27 @@
-//! The async client: a pool of connections to one node, its namespaces, and — when the node
-//! runs on this host — its segments mapped for direct loads and stores.
+//! The async client: routes every request straight to the node that owns its keys under the
+//! cluster view (weighted rendezvous hashing, see `kvpool::placement`), one connection pool per
+//! node, batches split per owner and sent in parallel.
+//!
+//! Every routed request carries the stamp of the view it was routed by; a node holding another
+//! view refuses it (`WrongView`), the client fetches the newest view and routes again, so no
+//! request is served by the wrong owner. Keys on a node that can't be reached are misses. For a
+//! while after the view changes (`ClientConfig::fallback_window`), a key that misses on its new
+//! owner is looked up once more on its previous owner, so adding a node does not dump the hit
+//! rate.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
-use kvpool::placement::ClusterView;
+use futures_util::future::join_all;
+use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
-use kvpool::protocol::{
-    AllocItem, CommitItem, ErrorCode, HelloInfo, LocatedWire, Op, PutItem, Reply,
-};
-use kvpool::{checksum, AddrFault, GlobalAddr};
+use kvpool::protocol::{ErrorCode, HelloInfo, LocatedWire, Op, Reply};
+use kvpool::{AddrFault, GlobalAddr, NodeId};
 
-use crate::conn::{quic_connect, Conn};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::local::LocalMap;
+use crate::link::{owned, unexpected, Link};
 
 /// Whether to use the same-host fast path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,6 +56,9 @@ pub struct ClientConfig {
     pub ca: Option<std::path::PathBuf>,
     /// Accept any QUIC server certificate. Default false.
     pub insecure_skip_verify: bool,
+    /// After the cluster view changes, keys that miss on their new owner are looked up on
+    /// their previous owner for this long (one extra hop). Default 60 s.
+    pub fallback_window: Duration,
 }
 
 impl Default for ClientConfig {
@@ -64,6 +73,7 @@ impl Default for ClientConfig {
             same_host: SameHost::Auto,
             ca: None,
             insecure_skip_verify: false,
+            fallback_window: Duration::from_secs(60),
         }
     }
 }
@@ -86,25 +96,44 @@ impl From<LocatedWire> for Located {
     }
 }
 
-struct Inner {
-    endpoint: Endpoint,
-    cfg: ClientConfig,
-    hello: HelloInfo,
-    namespaces: HashMap<String, u32>,
-    idle: Mutex<Vec<Conn>>,
-    quic: Option<(quinn::Endpoint, quinn::Connection)>,
-    local: Option<LocalMap>,
+/// How the client reaches nodes other than the one it connected to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scheme {
+    Tcp,
+    Quic,
 }
 
-/// A client of one node, bound to one namespace. Cheap to clone; clones share connections.
+/// The view requests are routed by, and the one before it.
+struct Routing {
+    view: ClusterView,
+    stamp: u64,
+    /// The previous view and when it was replaced: misses consult its owners for a while.
+    prev: Option<(ClusterView, Instant)>,
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    scheme: Scheme,
+    first: Arc<Link>,
+    links: Mutex<HashMap<u32, Arc<Link>>>,
+    routing: RwLock<Arc<Routing>>,
+}
+
+/// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
+/// connections and the view.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
-    ns: u32,
+    ns: Arc<str>,
+    /// (replicas, pinned replicas) of the namespace.
+    repl: (usize, usize),
 }
 
 /// How long `load_prefix` leases blocks while copying them on the same host.
 const LOAD_LEASE_MS: u64 = 5_000;
+
+/// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
+const VIEW_ATTEMPTS: u32 = 5;
 
 /// The blocks of a prefix, named by their tokens or by keys the engine computed itself.
 #[derive(Clone, Copy, Debug)]
@@ -132,159 +161,133 @@ impl Prefix<'_> {
     }
 }
 
-/// Values at least this large take the same-host path for puts (below it one socket round
-/// trip is cheaper than the alloc and commit round trips).
-const LOCAL_PUT_MIN: usize = 16 << 10;
-
 impl Client {
-    /// Connects to the node at `endpoint` (`tcp://`, `quic://` or `unix://`).
+    /// Connects to the node at `endpoint` (`tcp://`, `quic://` or `unix://`) and learns the
+    /// cluster view from it; other nodes are reached (with the same scheme, TCP for a Unix
+    /// socket) when a request needs them.
     pub async fn connect(endpoint: &str, cfg: ClientConfig) -> Result<Client, ClientError> {
         let endpoint = Endpoint::parse(endpoint)?;
-        tokio::time::timeout(cfg.timeout, Self::connect_inner(endpoint, cfg))
-            .await
-            .map_err(|_| ClientError::Timeout)?
-    }
-
-    async fn connect_inner(
-        mut endpoint: Endpoint,
-        cfg: ClientConfig,
-    ) -> Result<Client, ClientError> {
-        let quic = match endpoint {
-            Endpoint::Quic(_) => Some(quic_connect(&endpoint, &cfg).await?),
-            _ => None,
+        let scheme = match endpoint {
+            Endpoint::Quic(_) => Scheme::Quic,
+            _ => Scheme::Tcp,
         };
-        let (mut conn, mut hello) =
-            Conn::open(&endpoint, &cfg, quic.as_ref().map(|q| &q.1)).await?;
-        let mut local = None;
-        if cfg.same_host == SameHost::Auto
-            && !hello.uds_path.is_empty()
-            && hello.host_id == kvpool::segment::host_id()
-        {
-            let uds = Endpoint::Unix(hello.uds_path.clone().into());
-            // Same host: control goes over the Unix socket, data through the mapping.
-            if let Ok((mut c, h)) = Conn::open(&uds, &cfg, None).await {
-                if let Ok(Reply::MapInfo(maps)) = c.call_simple(Op::MapInfo, &[]).await {
-                    match LocalMap::open(h.node, &maps) {
-                        Ok(m) => {
-                            local = Some(m);
-                            endpoint = uds;
-                            conn = c;
-                            hello = h;
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "same-host mapping failed; using the socket path")
-                        }
-                    }
-                }
-            }
-        }
-        let namespaces = hello.namespaces.iter().cloned().collect::<HashMap<_, _>>();
-        let ns = *namespaces
-            .get(&cfg.namespace)
-            .ok_or_else(|| ClientError::UnknownNamespace(cfg.namespace.clone()))?;
+        let link = tokio::time::timeout(cfg.timeout, Link::open(endpoint, &cfg))
+            .await
+            .map_err(|_| ClientError::Timeout)??;
+        link.ns(&cfg.namespace)?;
+        let repl = replication(&link, &cfg.namespace);
+        let view = link.hello.view.clone();
+        let link = Arc::new(link);
+        let ns: Arc<str> = cfg.namespace.as_str().into();
+        let links = HashMap::from([(link.node(), link.clone())]);
         Ok(Client {
             inner: Arc::new(Inner {
-                endpoint,
                 cfg,
-                hello,
-                namespaces,
-                idle: Mutex::new(vec![conn]),
-                quic,
-                local,
+                scheme,
+                first: link,
+                links: Mutex::new(links),
+                routing: RwLock::new(Arc::new(Routing {
+                    stamp: view.stamp(),
+                    view,
+                    prev: None,
+                })),
             }),
             ns,
+            repl,
         })
     }
 
     /// The same client, working in namespace `name`.
     pub fn namespace(&self, name: &str) -> Result<Client, ClientError> {
-        let ns = *self
-            .inner
-            .namespaces
-            .get(name)
-            .ok_or_else(|| ClientError::UnknownNamespace(name.to_string()))?;
+        self.inner.first.ns(name)?;
         Ok(Client {
             inner: self.inner.clone(),
-            ns,
+            ns: name.into(),
+            repl: replication(&self.inner.first, name),
         })
     }
 
-    /// True when the same-host fast path is in use.
+    /// True when the same-host fast path is in use for the node the client connected to.
     pub fn is_local(&self) -> bool {
-        self.inner.local.is_some()
+        self.inner.first.local.is_some()
     }
 
-    /// The endpoint actually used for requests (the Unix socket on the same-host path).
+    /// The endpoint used for the node the client connected to (the Unix socket on the
+    /// same-host path).
     pub fn endpoint(&self) -> String {
-        self.inner.endpoint.to_string()
+        self.inner.first.endpoint.to_string()
     }
 
-    /// What the node said at the handshake.
+    /// What the node the client connected to said at the handshake.
     pub fn hello(&self) -> &HelloInfo {
-        &self.inner.hello
+        &self.inner.first.hello
+    }
+
+    /// The view requests are currently routed by (refreshed whenever a node reports a newer
+    /// one).
+    pub fn routing_view(&self) -> ClusterView {
+        self.routing().view.clone()
     }
 
     // ----- whole values -----
 
-    /// Stores `value` under `key`.
+    /// Stores `value` under `key` (on every replica the namespace asks for).
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        self.put_with(key, value, false).await
+        code_result(self.put_many(&[(key, value)], false, Vec::new()).await?[0])
     }
 
-    /// Stores `value` under `key`, pinned: it is never evicted (model weights).
+    /// Stores `value` under `key`, pinned: it is never evicted (model weights), and it is
+    /// kept on `pinned_replicas` nodes.
     pub async fn put_pinned(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        self.put_with(key, value, true).await
+        code_result(self.put_many(&[(key, value)], true, Vec::new()).await?[0])
     }
 
-    async fn put_with(&self, key: &[u8], value: &[u8], pin: bool) -> Result<(), ClientError> {
-        if self.inner.local.is_some() && value.len() >= LOCAL_PUT_MIN {
-            let codes = self.batch_put_local(&[(key, value)], pin, None).await?;
-            return code_result(codes[0]);
-        }
-        let op = Op::Put {
-            ns: self.ns,
-            key: key.to_vec(),
-            checksum: checksum(value),
-            pin,
-        };
-        self.run(async |c: &mut Conn| c.call_simple(op, &[value]).await.map(|_| ()))
-            .await
-    }
-
-    /// The value of `key`, or None on a miss.
+    /// The value of `key`, or None on a miss (including a key whose node can't be reached).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        if self.inner.local.is_some() {
-            if let Some(l) = self.lookup_one(key).await? {
-                let mut buf = vec![0u8; l.addr.len as usize];
-                if self.read_local_checked(&l, &mut buf)? {
-                    return Ok(Some(buf));
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                for (attempt, owner) in r
+                    .view
+                    .owners(key, c.read_replicas())
+                    .into_iter()
+                    .enumerate()
+                {
+                    let found = match c.link(owner.0, &r).await {
+                        Ok(l) => l.get(cfg, r.stamp, l.ns(ns)?, key).await,
+                        Err(e) => Err(e),
+                    };
+                    match found {
+                        Ok(Some(v)) => return Ok(Some(v)),
+                        Ok(None) if attempt == 0 => {
+                            if let Some(prev) = c.prev_owner(&r, key, owner) {
+                                if let Ok(l) = c.link(prev, &r).await {
+                                    if let Ok(Some(v)) = l.get(cfg, 0, l.ns(ns)?, key).await {
+                                        return Ok(Some(v));
+                                    }
+                                }
+                            }
+                            return Ok(None);
+                        }
+                        Ok(None) => return Ok(None),
+                        Err(e) if e.is_unreachable() => c.forget(owner.0),
+                        Err(e) => return Err(e),
+                    }
                 }
-            } else {
-                return Ok(None);
+                Ok(None)
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                // The view kept changing: a miss, not an error.
+                Err(e) if e.code() == Some(ErrorCode::WrongView) => return Ok(None),
+                other => return other,
             }
         }
-        let ns = self.ns;
-        let verify = self.inner.cfg.verify_checksums;
-        let key = key.to_vec();
-        self.run(async move |c: &mut Conn| {
-            let (reply, len) = match c.call(Op::Get { ns, key }, &[]).await {
-                Err(ClientError::Server {
-                    code: ErrorCode::NotFound,
-                    ..
-                }) => return Ok(None),
-                r => r?,
-            };
-            let Reply::Value { checksum: sum, .. } = reply else {
-                return Err(unexpected(&reply));
-            };
-            let mut buf = vec![0u8; len as usize];
-            c.read_into(&mut buf).await?;
-            if verify && checksum(&buf) != sum {
-                return Err(ClientError::Checksum);
-            }
-            Ok(Some(buf))
-        })
-        .await
     }
 
     /// Copies the value of `key` into `dst`; returns its length, or None on a miss.
@@ -302,72 +305,121 @@ impl Client {
         Ok(self.batch_exists(&[key]).await? == 1)
     }
 
-    /// Length of the leading run of `keys` that are present, in one round trip.
+    /// Length of the leading run of `keys` that are present: one round trip per node that
+    /// owns any of them, in parallel (two while the view is changing, to consult previous
+    /// owners).
     pub async fn batch_exists(&self, keys: &[&[u8]]) -> Result<usize, ClientError> {
-        let op = Op::Exists {
-            ns: self.ns,
-            keys: owned(keys),
-        };
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &[]).await)
-            .await?
-        {
-            Reply::Count(n) => Ok(n as usize),
-            r => Err(unexpected(&r)),
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                if c.fallback(&r).is_some() {
+                    // Per-key presence, so misses can be looked up on their previous owners.
+                    let present = c.presence(&r, keys).await?;
+                    return Ok(present.iter().take_while(|p| **p).count());
+                }
+                let groups = c.group_by_owner(&r, keys);
+                let calls = groups.iter().map(|(node, idx)| {
+                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                    let r = &r;
+                    async move {
+                        let l = c.link(*node, r).await?;
+                        l.exists(cfg, r.stamp, l.ns(ns)?, &sub).await
+                    }
+                });
+                let mut run = keys.len();
+                for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+                    let n = match res {
+                        Ok(n) => n,
+                        Err(e) if e.is_unreachable() => {
+                            c.forget(*node);
+                            0
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if n < idx.len() {
+                        run = run.min(idx[n]);
+                    }
+                }
+                Ok(run)
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                // The view kept changing: a miss, not an error.
+                Err(e) if e.code() == Some(ErrorCode::WrongView) => return Ok(0),
+                other => return other,
+            }
         }
     }
 
-    /// Removes `key`; true when it existed.
+    /// Removes `key` from every node that may hold it; true when one did.
     pub async fn remove(&self, key: &[u8]) -> Result<bool, ClientError> {
-        Ok(self
-            .keys_op(&[key], |ns, keys| Op::Remove { ns, keys })
-            .await?
-            == 1)
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                // The owners, routed by the view; the previous owner asked on purpose (stamp 0).
+                let mut nodes: Vec<(u32, u64)> = r
+                    .view
+                    .owners(key, c.read_replicas())
+                    .into_iter()
+                    .map(|o| (o.0, r.stamp))
+                    .collect();
+                if let Some(p) = r.view.owner(key).and_then(|o| c.prev_owner(&r, key, o)) {
+                    nodes.push((p, 0));
+                }
+                let calls = nodes.iter().map(|&(n, stamp)| {
+                    let r = &r;
+                    async move {
+                        let l = c.link(n, r).await?;
+                        let op = Op::Remove {
+                            ns: l.ns(ns)?,
+                            keys: vec![key.to_vec()],
+                        };
+                        l.count(cfg, stamp, op).await
+                    }
+                });
+                let mut any = false;
+                for ((n, _), res) in nodes.iter().zip(join_all(calls).await) {
+                    match res {
+                        Ok(k) => any |= k > 0,
+                        Err(e) if e.is_unreachable() => c.forget(*n),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(any)
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                other => return other,
+            }
+        }
     }
 
-    /// Stores many values in one round trip. Returns one code per item ([`ErrorCode::Ok`] when
-    /// stored). On the same host the bytes are copied straight into the node's memory.
+    /// Stores many values, one round trip per owner, in parallel. Returns one code per item
+    /// ([`ErrorCode::Ok`] when stored; [`ErrorCode::Unavailable`] when no owner could be
+    /// reached). On the same host the bytes are copied straight into the node's memory.
     pub async fn batch_put_from(
         &self,
         items: &[(&[u8], &[u8])],
     ) -> Result<Vec<ErrorCode>, ClientError> {
-        self.put_many(items, None).await
+        self.put_many(items, false, Vec::new()).await
     }
 
-    async fn put_many(
-        &self,
-        items: &[(&[u8], &[u8])],
-        chain: Option<u32>,
-    ) -> Result<Vec<ErrorCode>, ClientError> {
-        if self.inner.local.is_some() {
-            return self.batch_put_local(items, false, chain).await;
-        }
-        let op = Op::BatchPut {
-            chain,
-            ns: self.ns,
-            items: items
-                .iter()
-                .map(|(k, v)| PutItem {
-                    key: k.to_vec(),
-                    len: v.len() as u64,
-                    checksum: checksum(v),
-                })
-                .collect(),
-            pin: false,
-        };
-        let payload: Vec<&[u8]> = items.iter().map(|(_, v)| *v).collect();
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &payload).await)
-            .await?
-        {
-            Reply::Statuses(s) => Ok(s.into_iter().map(ErrorCode::from_u16).collect()),
-            r => Err(unexpected(&r)),
-        }
-    }
-
-    /// Fetches many values into caller buffers (`dsts[i]` for `keys[i]`) in one round trip.
-    /// Returns each value's length, or None for a miss. On the same host the bytes are copied
-    /// straight from the node's memory into the buffers.
+    /// Fetches many values into caller buffers (`dsts[i]` for `keys[i]`), one round trip per
+    /// owner, in parallel. Returns each value's length, or None for a miss. On the same host
+    /// the bytes are copied straight from the node's memory into the buffers.
     pub async fn batch_get_into(
         &self,
         keys: &[&[u8]],
@@ -376,120 +428,10 @@ impl Client {
         self.get_many(keys, dsts, false, 0).await
     }
 
-    /// Batched get. With `prefix`, stops at the first missing key (later ones come back None).
-    /// On the same host the objects are leased for `lease_ms` while they are copied out of the
-    /// mapping (0: no lease; the version check still catches a concurrent reuse).
-    async fn get_many(
-        &self,
-        keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
-        prefix: bool,
-        lease_ms: u64,
-    ) -> Result<Vec<Option<usize>>, ClientError> {
-        assert_eq!(keys.len(), dsts.len(), "one destination buffer per key");
-        if self.inner.local.is_some() {
-            let located = self.lease(keys, lease_ms).await?;
-            let mut out = vec![None; keys.len()];
-            let mut fallback = Vec::new();
-            for (i, l) in located.iter().enumerate() {
-                let Some(l) = l else {
-                    if prefix {
-                        break;
-                    }
-                    continue;
-                };
-                let need = l.addr.len;
-                let have = dsts[i].len() as u64;
-                let dst = dsts[i]
-                    .get_mut(..need as usize)
-                    .ok_or(ClientError::BufferTooSmall { need, have })?;
-                if self.read_local_checked(l, dst)? {
-                    out[i] = Some(need as usize);
-                } else {
-                    fallback.push(i);
-                }
-            }
-            if lease_ms > 0 {
-                let leased: Vec<&[u8]> = located
-                    .iter()
-                    .zip(keys)
-                    .filter(|(l, _)| l.is_some())
-                    .map(|(_, k)| *k)
-                    .collect();
-                self.release(&leased).await?;
-            }
-            // Objects replaced between lookup and copy: fetch them through the socket.
-            for i in fallback {
-                out[i] = self
-                    .get_into_remote(&[keys[i]], std::slice::from_mut(&mut dsts[i]), false)
-                    .await?
-                    .pop()
-                    .flatten();
-            }
-            if prefix {
-                // A block after a gap is useless to the engine.
-                if let Some(gap) = out.iter().position(|o| o.is_none()) {
-                    out[gap..].fill(None);
-                }
-            }
-            return Ok(out);
-        }
-        self.get_into_remote(keys, dsts, prefix).await
-    }
-
-    async fn get_into_remote(
-        &self,
-        keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
-        prefix: bool,
-    ) -> Result<Vec<Option<usize>>, ClientError> {
-        let op = Op::BatchGet {
-            ns: self.ns,
-            keys: owned(keys),
-            prefix,
-        };
-        let verify = self.inner.cfg.verify_checksums;
-        self.run(async move |c: &mut Conn| {
-            let (reply, _) = c.call(op, &[]).await?;
-            let Reply::Values(metas) = reply else {
-                return Err(unexpected(&reply));
-            };
-            if metas.len() != dsts.len() {
-                return Err(ClientError::Protocol("wrong number of values".into()));
-            }
-            let mut out = Vec::with_capacity(metas.len());
-            let mut err = None;
-            for (meta, dst) in metas.iter().zip(dsts.iter_mut()) {
-                let Some(m) = meta else {
-                    out.push(None);
-                    continue;
-                };
-                match dst.get_mut(..m.len as usize) {
-                    Some(d) => {
-                        c.read_into(d).await?;
-                        if verify && checksum(d) != m.checksum {
-                            err = Some(ClientError::Checksum);
-                        }
-                        out.push(Some(m.len as usize));
-                    }
-                    None => {
-                        c.skip(m.len).await?;
-                        err = Some(ClientError::BufferTooSmall {
-                            need: m.len,
-                            have: dst.len() as u64,
-                        });
-                        out.push(None);
-                    }
-                }
-            }
-            err.map_or(Ok(out), Err)
-        })
-        .await
-    }
-
     // ----- context caching: prefixes of KV blocks -----
 
-    /// How many leading blocks of `prefix` the pool holds: one round trip, never one per block.
+    /// How many leading blocks of `prefix` the pool holds: one round trip per node holding
+    /// any of them, never one per block.
     pub async fn match_prefix(&self, prefix: Prefix<'_>) -> Result<usize, ClientError> {
         let keys = prefix.keys();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
@@ -522,7 +464,8 @@ impl Client {
             .zip(&blocks[have..])
             .map(|(k, b)| (*k, *b))
             .collect();
-        let codes = self.put_many(&items, Some(have as u32)).await?;
+        let depths = (have as u32..blocks.len() as u32).collect();
+        let codes = self.put_many(&items, false, depths).await?;
         Ok(have + codes.iter().take_while(|c| **c == ErrorCode::Ok).count())
     }
 
@@ -546,100 +489,61 @@ impl Client {
 
     // ----- two-phase put and one-sided access -----
 
-    /// Reserves memory for a value of `len` bytes; write it with [`Client::write`], then
-    /// [`Client::commit`].
+    /// Reserves memory for a value of `len` bytes on the key's owner; write it with
+    /// [`Client::write`], then [`Client::commit`]. (One copy: two-phase puts are not
+    /// replicated.)
     pub async fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
-        let mut r = self.alloc_many(&[(key, len)], false, None).await?;
-        r.pop()
-            .expect("one result")
-            .map_err(|code| ClientError::Server {
-                code,
-                message: format!("{code:?}"),
-            })
-    }
-
-    async fn alloc_many(
-        &self,
-        items: &[(&[u8], u64)],
-        pin: bool,
-        chain: Option<u32>,
-    ) -> Result<Vec<Result<GlobalAddr, ErrorCode>>, ClientError> {
-        let op = Op::Alloc {
-            ns: self.ns,
-            chain,
-            items: items
-                .iter()
-                .map(|(k, l)| AllocItem {
-                    key: k.to_vec(),
-                    len: *l,
-                })
-                .collect(),
-            pin,
-        };
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &[]).await)
-            .await?
-        {
-            Reply::Allocated(rs) => Ok(rs
-                .into_iter()
-                .map(|r| r.addr.ok_or(ErrorCode::from_u16(r.code)))
-                .collect()),
-            r => Err(unexpected(&r)),
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                let owner = c.primary(&r, key)?;
+                let l = c.link(owner, &r).await?;
+                let mut res = l
+                    .alloc_many(cfg, r.stamp, l.ns(ns)?, &[(key, len)], false, Vec::new())
+                    .await?;
+                res.pop()
+                    .expect("one result")
+                    .map_err(|code| ClientError::Server {
+                        code,
+                        message: format!("{code:?}"),
+                    })
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                other => return other,
+            }
         }
     }
 
-    /// Writes `bytes` at `offset` into a pending allocation: a direct store on the same host,
-    /// a one-sided write request otherwise.
+    /// Writes `bytes` at `offset` into a pending allocation on the node the address names: a
+    /// direct store on the same host, a one-sided write request otherwise.
     pub async fn write(
         &self,
         addr: &GlobalAddr,
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), ClientError> {
-        if let Some(local) = self.inner.local.as_ref().filter(|l| l.covers(addr)) {
-            return local.write(addr, offset, bytes).map_err(fault);
-        }
-        let op = Op::Write {
-            addr: *addr,
-            offset,
-        };
-        self.run(async |c: &mut Conn| c.call_simple(op, &[bytes]).await.map(|_| ()))
-            .await
+        let l = self.link_of(addr).await?;
+        l.write(&self.inner.cfg, addr, offset, bytes).await
     }
 
     /// Makes a pending allocation visible; `checksum` is the xxh3-64 of its bytes.
     pub async fn commit(&self, addr: &GlobalAddr, checksum: u64) -> Result<(), ClientError> {
-        let codes = self.commit_many(&[(*addr, checksum)]).await?;
+        let l = self.link_of(addr).await?;
+        let codes = l.commit_many(&self.inner.cfg, &[(*addr, checksum)]).await?;
         code_result(codes[0])
-    }
-
-    async fn commit_many(
-        &self,
-        items: &[(GlobalAddr, u64)],
-    ) -> Result<Vec<ErrorCode>, ClientError> {
-        let op = Op::Commit {
-            items: items
-                .iter()
-                .map(|(addr, checksum)| CommitItem {
-                    addr: *addr,
-                    checksum: *checksum,
-                })
-                .collect(),
-        };
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &[]).await)
-            .await?
-        {
-            Reply::Statuses(s) => Ok(s.into_iter().map(ErrorCode::from_u16).collect()),
-            r => Err(unexpected(&r)),
-        }
     }
 
     /// Gives a pending allocation back.
     pub async fn abort(&self, addr: &GlobalAddr) -> Result<(), ClientError> {
-        let op = Op::Abort { addrs: vec![*addr] };
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &[]).await)
+        let l = self.link_of(addr).await?;
+        match l
+            .simple(&self.inner.cfg, 0, Op::Abort { addrs: vec![*addr] }, &[])
             .await?
         {
             Reply::Statuses(s) => code_result(ErrorCode::from_u16(s.first().copied().unwrap_or(0))),
@@ -647,87 +551,95 @@ impl Client {
         }
     }
 
-    /// One-sided read of `dst.len()` bytes at `offset` of the object at `addr`. On the same host
-    /// this is a plain copy from the mapping (no syscall); otherwise one request. Returns false
-    /// when the object is gone or was replaced (a miss).
+    /// One-sided read of `dst.len()` bytes at `offset` of the object at `addr`, from the node
+    /// the address names. On the same host this is a plain copy from the mapping (no syscall);
+    /// otherwise one request. Returns false when the object is gone or was replaced, or its
+    /// node can't be reached (a miss).
     pub async fn read(
         &self,
         addr: &GlobalAddr,
         offset: u64,
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
-        if let Some(local) = self.inner.local.as_ref().filter(|l| l.covers(addr)) {
-            return match local.read(addr, offset, dst) {
-                Ok(()) => Ok(true),
-                Err(AddrFault::Stale) => Ok(false),
-                Err(f) => Err(fault(f)),
-            };
-        }
-        let op = Op::Read {
-            addr: *addr,
-            offset,
-            len: dst.len() as u64,
+        let l = match self.link_of(addr).await {
+            Ok(l) => l,
+            Err(e) if e.is_unreachable() => return Ok(false),
+            Err(e) => return Err(e),
         };
-        self.run(async move |c: &mut Conn| match c.call(op, &[]).await {
-            Ok((Reply::Data, len)) if len == dst.len() as u64 => {
-                c.read_into(dst).await?;
-                Ok(true)
+        match l.read(&self.inner.cfg, addr, offset, dst).await {
+            Err(e) if e.is_unreachable() => {
+                self.forget(addr.node.0);
+                Ok(false)
             }
-            Ok((r, len)) => {
-                c.skip(len).await?;
-                Err(unexpected(&r))
-            }
-            Err(ClientError::Server {
-                code: ErrorCode::Stale,
-                ..
-            }) => Ok(false),
-            Err(e) => Err(e),
-        })
-        .await
+            r => r,
+        }
     }
 
     /// The same-host read, without a socket and without an `.await`: for loops of one-sided
-    /// reads. None when the node is not local or does not hold `addr`'s memory.
+    /// reads. None when the address's node is not mapped by this client.
     pub fn read_local(
         &self,
         addr: &GlobalAddr,
         offset: u64,
         dst: &mut [u8],
     ) -> Option<Result<(), AddrFault>> {
-        let local = self.inner.local.as_ref().filter(|l| l.covers(addr))?;
+        let links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
+        let link = links.get(&addr.node.0)?;
+        let local = link.local.as_ref().filter(|l| l.covers(addr))?;
         Some(local.read(addr, offset, dst))
     }
 
-    /// Locates objects for one-sided reads and leases them for `lease_ms` (0: no lease), so
-    /// eviction leaves them alone meanwhile. One round trip.
+    /// Locates objects for one-sided reads and leases them for `lease_ms` (0: none), so
+    /// eviction leaves them alone meanwhile. One round trip per owner, in parallel.
     pub async fn lease(
         &self,
         keys: &[&[u8]],
         lease_ms: u64,
     ) -> Result<Vec<Option<Located>>, ClientError> {
-        let op = Op::Lookup {
-            ns: self.ns,
-            keys: owned(keys),
-            lease_ms,
-        };
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &[]).await)
-            .await?
-        {
-            Reply::Located(v) => Ok(v.into_iter().map(|l| l.map(Located::from)).collect()),
-            r => Err(unexpected(&r)),
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                let groups = c.group_by_owner(&r, keys);
+                let calls = groups.iter().map(|(node, idx)| {
+                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                    let r = &r;
+                    async move {
+                        let l = c.link(*node, r).await?;
+                        l.lookup(cfg, r.stamp, l.ns(ns)?, &sub, lease_ms).await
+                    }
+                });
+                let mut out = vec![None; keys.len()];
+                for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+                    match res {
+                        Ok(found) => idx.iter().zip(found).for_each(|(&i, f)| out[i] = f),
+                        Err(e) if e.is_unreachable() => c.forget(*node),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(out)
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                other => return other,
+            }
         }
     }
 
     /// Ends leases; returns how many of the objects exist.
     pub async fn release(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
-        self.keys_op(keys, |ns, keys| Op::Release { ns, keys })
+        self.keys_op(keys, 1, |ns, keys| Op::Release { ns, keys })
             .await
     }
 
-    /// Pins objects; returns how many exist.
+    /// Pins objects (on every node that holds a copy); returns how many exist.
     pub async fn pin(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
-        self.keys_op(keys, |ns, keys| Op::Pin {
+        let r = self.read_replicas();
+        self.keys_op(keys, r, |ns, keys| Op::Pin {
             ns,
             keys,
             pinned: true,
@@ -737,7 +649,8 @@ impl Client {
 
     /// Unpins objects; returns how many exist.
     pub async fn unpin(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
-        self.keys_op(keys, |ns, keys| Op::Pin {
+        let r = self.read_replicas();
+        self.keys_op(keys, r, |ns, keys| Op::Pin {
             ns,
             keys,
             pinned: false,
@@ -745,154 +658,564 @@ impl Client {
         .await
     }
 
-    /// The node's statistics.
+    /// Statistics of the node the client connected to.
     pub async fn stats(&self) -> Result<PoolStats, ClientError> {
-        match self
-            .run(async |c: &mut Conn| c.call_simple(Op::Stats, &[]).await)
-            .await?
-        {
+        self.node_stats(self.inner.first.node()).await
+    }
+
+    /// Statistics of node `node`.
+    pub async fn node_stats(&self, node: u32) -> Result<PoolStats, ClientError> {
+        let r = self.routing();
+        let l = self.link(node, &r).await?;
+        match l.simple(&self.inner.cfg, 0, Op::Stats, &[]).await? {
             Reply::Stats(s) => Ok(s),
             r => Err(unexpected(&r)),
         }
     }
 
-    /// The cluster view.
+    /// The cluster view, fetched now from the node the client connected to (and adopted for
+    /// routing when it is newer).
     pub async fn view(&self) -> Result<ClusterView, ClientError> {
-        match self
-            .run(async |c: &mut Conn| c.call_simple(Op::View, &[]).await)
-            .await?
+        let v = self.fetch_view(&self.inner.first).await?;
+        self.adopt(v.clone());
+        Ok(v)
+    }
+
+    /// Asks node `node` to drain: it takes no new objects, moves its pinned objects to their
+    /// other owners, then leaves the cluster and exits. Needs the node token when the node has
+    /// one.
+    pub async fn drain_node(&self, node: u32) -> Result<(), ClientError> {
+        let r = self.routing();
+        let l = self.link(node, &r).await?;
+        match l.simple(&self.inner.cfg, 0, Op::Drain, &[]).await? {
+            Reply::Done => Ok(()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    // ----- routing -----
+
+    fn routing(&self) -> Arc<Routing> {
+        self.inner
+            .routing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replicas consulted by reads: a pinned object may be on any of `pinned_replicas` nodes.
+    fn read_replicas(&self) -> usize {
+        self.repl.0.max(self.repl.1).max(1)
+    }
+
+    fn fallback<'r>(&self, r: &'r Routing) -> Option<&'r ClusterView> {
+        r.prev
+            .as_ref()
+            .filter(|(_, since)| since.elapsed() < self.inner.cfg.fallback_window)
+            .map(|(v, _)| v)
+    }
+
+    /// The previous owner of `key`, when the view changed recently, it differs from the
+    /// current owner and it is not down.
+    fn prev_owner(&self, r: &Routing, key: &[u8], owner: NodeId) -> Option<u32> {
+        let prev = self.fallback(r)?.owner(key)?;
+        let alive = r
+            .view
+            .node(prev)
+            .is_some_and(|n| n.state != NodeState::Down);
+        (prev != owner && alive).then_some(prev.0)
+    }
+
+    fn primary(&self, r: &Routing, key: &[u8]) -> Result<u32, ClientError> {
+        r.view.owner(key).map(|n| n.0).ok_or_else(no_owner)
+    }
+
+    /// Keys grouped by their owner: (node, indexes into `keys`) in order of first appearance.
+    fn group_by_owner(&self, r: &Routing, keys: &[&[u8]]) -> Vec<(u32, Vec<usize>)> {
+        let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let Some(o) = r.view.owner(k) else { continue };
+            match groups.iter_mut().find(|g| g.0 == o.0) {
+                Some(g) => g.1.push(i),
+                None => groups.push((o.0, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// The link to node `node`, opened on first use from its address in the view.
+    async fn link(&self, node: u32, r: &Routing) -> Result<Arc<Link>, ClientError> {
+        if let Some(l) = self
+            .inner
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
         {
+            return Ok(l.clone());
+        }
+        let info = r
+            .view
+            .node(NodeId(node))
+            .or_else(|| r.prev.as_ref().and_then(|(v, _)| v.node(NodeId(node))))
+            .ok_or_else(|| ClientError::Server {
+                // Nodes stay in the view (down) after they leave: this one never was in it.
+                code: ErrorCode::WrongNode,
+                message: format!("node {node} is not in the cluster view"),
+            })?;
+        let endpoint = match self.inner.scheme {
+            Scheme::Quic if !info.quic.is_empty() => Endpoint::Quic(info.quic.clone()),
+            _ => Endpoint::Tcp(info.tcp.clone()),
+        };
+        let cfg = &self.inner.cfg;
+        let link = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
+            .await
+            .map_err(|_| ClientError::Timeout)??;
+        if link.node() != node {
+            return Err(ClientError::Protocol(format!(
+                "{endpoint} is node {}, the view says node {node}",
+                link.node()
+            )));
+        }
+        let mut links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(links.entry(node).or_insert_with(|| Arc::new(link)).clone())
+    }
+
+    async fn link_of(&self, addr: &GlobalAddr) -> Result<Arc<Link>, ClientError> {
+        self.link(addr.node.0, &self.routing()).await
+    }
+
+    /// Drops the link to a node that failed, so the next use reconnects.
+    fn forget(&self, node: u32) {
+        if node != self.inner.first.node() {
+            self.inner
+                .links
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&node);
+        }
+    }
+
+    async fn fetch_view(&self, l: &Link) -> Result<ClusterView, ClientError> {
+        match l.simple(&self.inner.cfg, 0, Op::View, &[]).await? {
             Reply::View(v) => Ok(v),
             r => Err(unexpected(&r)),
         }
     }
 
-    // ----- internals -----
-
-    async fn keys_op(
-        &self,
-        keys: &[&[u8]],
-        make: impl FnOnce(u32, Vec<Vec<u8>>) -> Op,
-    ) -> Result<u64, ClientError> {
-        let op = make(self.ns, owned(keys));
-        match self
-            .run(async |c: &mut Conn| c.call_simple(op, &[]).await)
-            .await?
-        {
-            Reply::Count(n) => Ok(n),
-            r => Err(unexpected(&r)),
+    /// Routes by `v` from now on if it is newer than the current view. True when adopted.
+    fn adopt(&self, v: ClusterView) -> bool {
+        let mut cur = self
+            .inner
+            .routing
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let stamp = v.stamp();
+        if stamp == cur.stamp || v.version < cur.view.version {
+            return false;
         }
+        tracing::debug!(
+            from = cur.view.version,
+            to = v.version,
+            "cluster view changed"
+        );
+        let prev = if cur.view.nodes.iter().any(|n| n.state == NodeState::Serving) {
+            Some((cur.view.clone(), Instant::now()))
+        } else {
+            cur.prev.clone()
+        };
+        *cur = Arc::new(Routing {
+            view: v,
+            stamp,
+            prev,
+        });
+        true
     }
 
-    async fn lookup_one(&self, key: &[u8]) -> Result<Option<Located>, ClientError> {
-        Ok(self.lease(&[key], 0).await?.pop().flatten())
+    /// Asks every node the client has a link to for its view and adopts the newest.
+    async fn refresh(&self) -> bool {
+        let links: Vec<Arc<Link>> = self
+            .inner
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let views = join_all(links.iter().map(|l| self.fetch_view(l))).await;
+        let mut adopted = false;
+        let mut best: Option<ClusterView> = None;
+        for v in views.into_iter().flatten() {
+            if best.as_ref().is_none_or(|b| v.version > b.version) {
+                best = Some(v);
+            }
+        }
+        if let Some(v) = best {
+            adopted = self.adopt(v);
+        }
+        adopted
     }
 
-    /// Local read plus checksum; Ok(false) when the object was replaced meanwhile.
-    fn read_local_checked(&self, l: &Located, dst: &mut [u8]) -> Result<bool, ClientError> {
-        let local = self.inner.local.as_ref().expect("local path");
-        match local.read(&l.addr, 0, dst) {
-            Ok(()) => {}
-            Err(AddrFault::Stale) => return Ok(false),
-            Err(f) => return Err(fault(f)),
+    /// After a failed routed call: when a node answered that the view changed, refreshes the
+    /// view (or waits a moment for gossip to settle) and says to route again, a bounded number
+    /// of times.
+    async fn retry_view(&self, e: &ClientError, attempt: &mut u32) -> bool {
+        if e.code() != Some(ErrorCode::WrongView) || *attempt + 1 >= VIEW_ATTEMPTS {
+            return false;
         }
-        if self.inner.cfg.verify_checksums && checksum(dst) != l.checksum {
-            return Err(ClientError::Checksum);
+        *attempt += 1;
+        if !self.refresh().await {
+            // The nodes don't agree yet: give gossip a moment.
+            tokio::time::sleep(Duration::from_millis(20 << *attempt)).await;
         }
-        Ok(true)
+        true
     }
 
-    async fn batch_put_local(
+    /// Per key: present on its owner, or (while the view is changing) on its previous owner.
+    async fn presence(&self, r: &Routing, keys: &[&[u8]]) -> Result<Vec<bool>, ClientError> {
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut present = vec![false; keys.len()];
+        let groups = self.group_by_owner(r, keys);
+        let calls = groups.iter().map(|(node, idx)| {
+            let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+            async move {
+                let l = self.link(*node, r).await?;
+                l.lookup(cfg, r.stamp, l.ns(ns)?, &sub, 0).await
+            }
+        });
+        for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+            match res {
+                Ok(found) => idx
+                    .iter()
+                    .zip(found)
+                    .for_each(|(&i, f)| present[i] = f.is_some()),
+                Err(e) if e.is_unreachable() => self.forget(*node),
+                Err(e) => return Err(e),
+            }
+        }
+        // Misses up to the end of the batch, on their previous owners.
+        let mut prev_groups: Vec<(u32, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate().filter(|(i, _)| !present[*i]) {
+            let Some(owner) = r.view.owner(k) else {
+                continue;
+            };
+            if let Some(p) = self.prev_owner(r, k, owner) {
+                match prev_groups.iter_mut().find(|g| g.0 == p) {
+                    Some(g) => g.1.push(i),
+                    None => prev_groups.push((p, vec![i])),
+                }
+            }
+        }
+        let calls = prev_groups.iter().map(|(node, idx)| {
+            let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+            async move {
+                let l = self.link(*node, r).await?;
+                l.lookup(cfg, 0, l.ns(ns)?, &sub, 0).await
+            }
+        });
+        for ((_, idx), res) in prev_groups.iter().zip(join_all(calls).await) {
+            if let Ok(found) = res {
+                idx.iter()
+                    .zip(found)
+                    .for_each(|(&i, f)| present[i] |= f.is_some());
+            }
+        }
+        Ok(present)
+    }
+
+    /// Stores items on their owners (`replicas` of them, `pinned_replicas` when pinned). An
+    /// item counts as stored when one owner stored it.
+    async fn put_many(
         &self,
         items: &[(&[u8], &[u8])],
         pin: bool,
-        chain: Option<u32>,
+        depths: Vec<u32>,
     ) -> Result<Vec<ErrorCode>, ClientError> {
-        let allocs = self
-            .alloc_many(
-                &items
-                    .iter()
-                    .map(|(k, v)| (*k, v.len() as u64))
-                    .collect::<Vec<_>>(),
-                pin,
-                chain,
-            )
-            .await?;
-        let local = self.inner.local.as_ref().expect("local path");
-        let mut codes = vec![ErrorCode::Ok; items.len()];
-        let mut commits = Vec::new();
-        let mut which = Vec::new();
-        for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
-            match a {
-                Ok(addr) => match local.write(addr, 0, v) {
-                    Ok(()) => {
-                        commits.push((*addr, checksum(v)));
-                        which.push(i);
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let r_count = if pin { self.repl.1 } else { self.repl.0 }.max(1);
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+                for (i, (k, _)) in items.iter().enumerate() {
+                    for o in r.view.owners(k, r_count) {
+                        match groups.iter_mut().find(|g| g.0 == o.0) {
+                            Some(g) => g.1.push(i),
+                            None => groups.push((o.0, vec![i])),
+                        }
                     }
-                    Err(f) => {
-                        codes[i] = kvpool::protocol::ErrorCode::from(kvpool::PoolError::from(f))
+                }
+                let calls = groups.iter().map(|(node, idx)| {
+                    let sub: Vec<(&[u8], &[u8])> = idx.iter().map(|&i| items[i]).collect();
+                    let sub_depths: Vec<u32> = if depths.is_empty() {
+                        Vec::new()
+                    } else {
+                        idx.iter().map(|&i| depths[i]).collect()
+                    };
+                    let r = &r;
+                    async move {
+                        let l = c.link(*node, r).await?;
+                        l.put_many(cfg, r.stamp, l.ns(ns)?, &sub, pin, sub_depths)
+                            .await
                     }
-                },
-                Err(code) => codes[i] = *code,
+                });
+                let mut codes: Vec<Option<ErrorCode>> = vec![None; items.len()];
+                for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+                    let got = match res {
+                        Ok(got) => got,
+                        Err(e) if e.is_unreachable() => {
+                            c.forget(*node);
+                            vec![ErrorCode::Unavailable; idx.len()]
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    for (&i, code) in idx.iter().zip(got) {
+                        // Stored once is stored; otherwise report the first owner's refusal.
+                        if code == ErrorCode::Ok || codes[i].is_none() {
+                            codes[i] = Some(code);
+                        }
+                    }
+                }
+                Ok(codes
+                    .into_iter()
+                    .map(|c| c.unwrap_or(ErrorCode::Unavailable))
+                    .collect())
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                other => return other,
             }
         }
-        if !commits.is_empty() {
-            for (i, code) in which.into_iter().zip(self.commit_many(&commits).await?) {
-                codes[i] = code;
-            }
-        }
-        Ok(codes)
     }
 
-    /// Runs one exchange on a pooled connection under the call timeout. The connection goes
-    /// back to the pool only when the exchange left it in sync.
-    async fn run<T>(
+    /// Batched get, one request per owner in parallel; keys whose owner can't be reached are
+    /// tried on their next replica, misses (while the view is changing) on their previous
+    /// owner. With `prefix`, nothing after the first missing key is returned.
+    async fn get_many(
         &self,
-        f: impl AsyncFnOnce(&mut Conn) -> Result<T, ClientError>,
-    ) -> Result<T, ClientError> {
-        let inner = &*self.inner;
-        let work = async {
-            let pooled = inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let mut conn = match pooled {
-                Some(c) => c,
-                None => {
-                    Conn::open(
-                        &inner.endpoint,
-                        &inner.cfg,
-                        inner.quic.as_ref().map(|q| &q.1),
-                    )
-                    .await?
-                    .0
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        prefix: bool,
+        lease_ms: u64,
+    ) -> Result<Vec<Option<usize>>, ClientError> {
+        assert_eq!(keys.len(), dsts.len(), "one destination buffer per key");
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let rr = self.read_replicas();
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                let mut out: Vec<Option<usize>> = vec![None; keys.len()];
+                let owners: Vec<Vec<NodeId>> = keys.iter().map(|k| r.view.owners(k, rr)).collect();
+                // Round k asks the k-th owner of the keys whose earlier owners could not be reached;
+                // the last round asks previous owners for misses.
+                let mut todo: Vec<(usize, usize)> = (0..keys.len()).map(|i| (i, 0)).collect();
+                let mut slots: Vec<Option<&mut [u8]>> =
+                    dsts.iter_mut().map(|d| Some(&mut **d)).collect();
+                let mut misses: Vec<usize> = Vec::new();
+                while !todo.is_empty() {
+                    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+                    let mut next = Vec::new();
+                    for &(i, k) in &todo {
+                        let Some(o) = owners[i].get(k) else { continue };
+                        match groups.iter_mut().find(|g| g.0 == o.0) {
+                            Some(g) => g.1.push(i),
+                            None => groups.push((o.0, vec![i])),
+                        }
+                    }
+                    let single = groups.len() == 1 && todo.len() == keys.len();
+                    let calls = groups.iter().map(|(node, idx)| {
+                        let mut bufs: Vec<&mut [u8]> = idx
+                            .iter()
+                            .map(|&i| slots[i].take().expect("each key once"))
+                            .collect();
+                        let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                        let r = &r;
+                        async move {
+                            let res = async {
+                                let l = c.link(*node, r).await?;
+                                l.get_many(
+                                    cfg,
+                                    r.stamp,
+                                    l.ns(ns)?,
+                                    &sub,
+                                    &mut bufs,
+                                    prefix && single,
+                                    lease_ms,
+                                )
+                                .await
+                            }
+                            .await;
+                            (bufs, res)
+                        }
+                    });
+                    let results = join_all(calls).await;
+                    for ((node, idx), (bufs, res)) in groups.iter().zip(results) {
+                        for (&i, b) in idx.iter().zip(bufs) {
+                            slots[i] = Some(b);
+                        }
+                        match res {
+                            Ok(got) => {
+                                for (&i, g) in idx.iter().zip(got) {
+                                    out[i] = g;
+                                    if g.is_none() {
+                                        misses.push(i);
+                                    }
+                                }
+                            }
+                            Err(e) if e.is_unreachable() => {
+                                c.forget(*node);
+                                let round = todo.iter().find(|t| t.0 == idx[0]).map_or(0, |t| t.1);
+                                next.extend(idx.iter().map(|&i| (i, round + 1)));
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    todo = next;
                 }
-            };
-            let r = f(&mut conn).await;
-            if r.as_ref().err().is_none_or(|e| e.keeps_connection()) {
-                let mut idle = inner.idle.lock().unwrap_or_else(|e| e.into_inner());
-                if idle.len() < inner.cfg.max_idle {
-                    idle.push(conn);
+                if c.fallback(&r).is_some() && !misses.is_empty() {
+                    misses.sort_unstable();
+                    if prefix {
+                        // Blocks before the first miss are loaded; from it on, any may extend the
+                        // run, and those on one previous owner go in one request.
+                        let first = misses[0];
+                        misses = (first..keys.len()).filter(|&i| out[i].is_none()).collect();
+                    }
+                    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+                    for &i in &misses {
+                        let Some(o) = owners[i].first() else { continue };
+                        if let Some(p) = c.prev_owner(&r, keys[i], *o) {
+                            match groups.iter_mut().find(|g| g.0 == p) {
+                                Some(g) => g.1.push(i),
+                                None => groups.push((p, vec![i])),
+                            }
+                        }
+                    }
+                    let calls = groups.iter().map(|(node, idx)| {
+                        let mut bufs: Vec<&mut [u8]> = idx
+                            .iter()
+                            .map(|&i| slots[i].take().expect("each key once"))
+                            .collect();
+                        let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                        let r = &r;
+                        async move {
+                            let res = async {
+                                let l = c.link(*node, r).await?;
+                                l.get_many(cfg, 0, l.ns(ns)?, &sub, &mut bufs, false, lease_ms)
+                                    .await
+                            }
+                            .await;
+                            (bufs, res)
+                        }
+                    });
+                    let results = join_all(calls).await;
+                    for ((_, idx), (bufs, res)) in groups.iter().zip(results) {
+                        for (&i, b) in idx.iter().zip(bufs) {
+                            slots[i] = Some(b);
+                        }
+                        if let Ok(got) = res {
+                            for (&i, g) in idx.iter().zip(got) {
+                                out[i] = out[i].or(g);
+                            }
+                        }
+                    }
                 }
+                if prefix {
+                    if let Some(gap) = out.iter().position(|o| o.is_none()) {
+                        out[gap..].fill(None);
+                    }
+                }
+                Ok(out)
             }
-            r
-        };
-        tokio::time::timeout(inner.cfg.timeout, work)
-            .await
-            .map_err(|_| ClientError::Timeout)?
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                // The view kept changing: a miss, not an error.
+                Err(e) if e.code() == Some(ErrorCode::WrongView) => {
+                    return Ok(vec![None; keys.len()])
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// A keys operation answered with a count, on the first `r` owners of each key; the count
+    /// is the primary owners'.
+    async fn keys_op(
+        &self,
+        keys: &[&[u8]],
+        r_count: usize,
+        make: impl Fn(u32, Vec<Vec<u8>>) -> Op,
+    ) -> Result<u64, ClientError> {
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let make = &make;
+        let mut attempt = 0;
+        loop {
+            let r = self.routing();
+            let c = self;
+            let res: Result<_, ClientError> = async {
+                // (node, keys, primary?) groups.
+                let mut groups: Vec<(u32, bool, Vec<usize>)> = Vec::new();
+                for (i, k) in keys.iter().enumerate() {
+                    for (rank, o) in r.view.owners(k, r_count).into_iter().enumerate() {
+                        let primary = rank == 0;
+                        match groups.iter_mut().find(|g| g.0 == o.0 && g.1 == primary) {
+                            Some(g) => g.2.push(i),
+                            None => groups.push((o.0, primary, vec![i])),
+                        }
+                    }
+                }
+                let calls = groups.iter().map(|(node, _, idx)| {
+                    let sub = owned(&idx.iter().map(|&i| keys[i]).collect::<Vec<_>>());
+                    let r = &r;
+                    async move {
+                        let l = c.link(*node, r).await?;
+                        l.count(cfg, r.stamp, make(l.ns(ns)?, sub)).await
+                    }
+                });
+                let mut total = 0;
+                for ((node, primary, _), res) in groups.iter().zip(join_all(calls).await) {
+                    match res {
+                        Ok(n) if *primary => total += n,
+                        Ok(_) => {}
+                        Err(e) if e.is_unreachable() => c.forget(*node),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(total)
+            }
+            .await;
+            match res {
+                Err(e) if self.retry_view(&e, &mut attempt).await => {}
+                other => return other,
+            }
+        }
     }
 }
 
-fn owned(keys: &[&[u8]]) -> Vec<Vec<u8>> {
-    keys.iter().map(|k| k.to_vec()).collect()
+fn replication(link: &Link, ns: &str) -> (usize, usize) {
+    let id = link.ns(ns).ok();
+    link.hello
+        .replication
+        .iter()
+        .find(|r| Some(r.ns) == id)
+        .map_or((1, 2), |r| {
+            (r.replicas as usize, r.pinned_replicas as usize)
+        })
 }
 
-fn unexpected(r: &Reply) -> ClientError {
-    ClientError::Protocol(format!("unexpected reply {r:?}"))
-}
-
-fn fault(f: AddrFault) -> ClientError {
-    let code = ErrorCode::from(kvpool::PoolError::from(f));
+fn no_owner() -> ClientError {
     ClientError::Server {
-        code,
-        message: f.to_string(),
+        code: ErrorCode::Unavailable,
+        message: "no node is serving".into(),
     }
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct Conn {
     hdr: AlignedVec,
     next_id: u64,
     limits: Limits,
+    /// The view stamp the next requests are routed by (0: sent to this node on purpose).
+    pub(crate) view: u64,
 }
 
 impl Conn {
@@ -62,6 +64,7 @@ impl Conn {
             w: BufWriter::with_capacity(IO_BUFFER, w),
             hdr: AlignedVec::new(),
             next_id: 1,
+            view: 0,
             // Generous until the node tells us its limits: responses are bounded by what we ask.
             limits: Limits {
                 max_header: 64 << 20,
@@ -86,7 +89,11 @@ impl Conn {
     pub(crate) async fn send(&mut self, op: Op, payload: &[&[u8]]) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        let hdr = encode(&Request { id, op });
+        let hdr = encode(&Request {
+            id,
+            view: self.view,
+            op,
+        });
         write_frame(&mut self.w, &hdr, payload).await?;
         Ok(id)
     }

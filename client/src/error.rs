@@ -56,6 +56,14 @@ impl ClientError {
         }
     }
 
+    /// True when the node could not be reached or stopped answering: its keys are misses.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Io(_) | ClientError::Timeout | ClientError::Tls(_)
+        ) || self.code() == Some(ErrorCode::Unavailable)
+    }
+
     /// True when the connection is still in sync after this error and can be reused.
     pub(crate) fn keeps_connection(&self) -> bool {
         matches!(

@@ -33,6 +33,7 @@ mod client;
 mod conn;
 mod endpoint;
 mod error;
+mod link;
 mod local;
 
 pub use client::{Client, ClientConfig, Located, Prefix, SameHost};

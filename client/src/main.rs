@@ -104,6 +104,29 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The cluster: its view, and draining nodes out of it.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Print the cluster view: every node with its address, capacity and use, state and
+    /// epoch, and the view's version.
+    Status {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drain a node: it takes no new objects, moves its pinned objects to their new owners,
+    /// then leaves the cluster and exits. Needs the node token when nodes have one.
+    Drain {
+        /// Node id.
+        node: u32,
+        /// Wait until the node has left (state down).
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -320,6 +343,48 @@ fn run() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Cluster(ClusterCmd::Status { json }) => {
+            let view = client.async_client().routing_view();
+            let view = client.view().unwrap_or(view);
+            let rows: Vec<(kvpool::placement::NodeInfo, Option<kvpool::pool::PoolStats>)> = view
+                .nodes
+                .iter()
+                .map(|n| {
+                    let stats = (n.state != kvpool::placement::NodeState::Down)
+                        .then(|| client.node_stats(n.id).ok())
+                        .flatten();
+                    (n.clone(), stats)
+                })
+                .collect();
+            if *json {
+                println!("{}", cluster_json(view.version, &rows));
+            } else {
+                print_cluster(view.version, &rows);
+            }
+            Ok(0)
+        }
+        Cmd::Cluster(ClusterCmd::Drain { node, wait }) => {
+            client.drain_node(*node)?;
+            eprintln!("node {node} is draining");
+            if *wait {
+                let start = std::time::Instant::now();
+                loop {
+                    let v = client.view()?;
+                    let gone = v
+                        .node(kvpool::NodeId(*node))
+                        .is_none_or(|n| n.state == kvpool::placement::NodeState::Down);
+                    if gone {
+                        eprintln!("node {node} has left");
+                        break;
+                    }
+                    if start.elapsed() > Duration::from_secs(600) {
+                        bail!("node {node} is still draining after 10 minutes");
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            Ok(0)
+        }
         Cmd::Stats { json } => {
             let s = client.stats()?;
             if *json {
@@ -420,4 +485,63 @@ fn stats_json(s: &kvpool::pool::PoolStats) -> String {
         segs.join(","),
         nss.join(",")
     )
+}
+
+type ClusterRow = (kvpool::placement::NodeInfo, Option<kvpool::pool::PoolStats>);
+
+fn used_bytes(s: &kvpool::pool::PoolStats) -> u64 {
+    s.segments.iter().map(|g| g.used_bytes).sum()
+}
+
+fn print_cluster(version: u64, rows: &[ClusterRow]) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!("cluster view version {version}, {} nodes", rows.len());
+    println!(
+        "{:>5}  {:<9} {:>5}  {:<22} {:>11} {:>11} {:>10}",
+        "node", "state", "epoch", "tcp", "capacity", "used", "objects"
+    );
+    for (n, s) in rows {
+        let (used, objects) = match s {
+            Some(s) => (
+                format!("{:.3} GiB", gib(used_bytes(s))),
+                s.objects.to_string(),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:>5}  {:<9} {:>5}  {:<22} {:>7.3} GiB {:>11} {:>10}",
+            n.id,
+            n.state.name(),
+            n.epoch,
+            n.tcp,
+            gib(n.capacity),
+            used,
+            objects
+        );
+    }
+}
+
+fn cluster_json(version: u64, rows: &[ClusterRow]) -> String {
+    let nodes: Vec<String> = rows
+        .iter()
+        .map(|(n, s)| {
+            let (used, objects) = match s {
+                Some(s) => (used_bytes(s).to_string(), s.objects.to_string()),
+                None => ("null".into(), "null".into()),
+            };
+            format!(
+                r#"{{"id":{},"state":"{}","epoch":{},"tcp":{:?},"quic":{:?},"metrics":{:?},"capacity":{},"used_bytes":{},"objects":{}}}"#,
+                n.id,
+                n.state.name(),
+                n.epoch,
+                n.tcp,
+                n.quic,
+                n.metrics,
+                n.capacity,
+                used,
+                objects
+            )
+        })
+        .collect();
+    format!(r#"{{"version":{version},"nodes":[{}]}}"#, nodes.join(","))
 }

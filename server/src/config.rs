@@ -33,6 +33,40 @@ pub struct Config {
     pub namespaces: Vec<NamespaceEntry>,
     /// How long shutdown waits for in-flight requests, ms. Default 10 000.
     pub drain_timeout_ms: u64,
+    /// Membership in a cluster of nodes.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`. With no peers the node is a cluster of one, which other nodes may still join.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// TCP addresses (`host:port`) of other nodes to heartbeat (static membership). Default none.
+    pub peers: Vec<String>,
+    /// The TCP address other nodes and clients reach this node at. Default: the bound TCP
+    /// address.
+    pub advertise: Option<String>,
+    /// Heartbeat period, ms. Default 500.
+    pub heartbeat_ms: u64,
+    /// A peer silent for this long is marked down, ms. Default 2 000.
+    pub down_after_ms: u64,
+    /// Longest a drain waits for pinned objects to find their new owners, ms. Default 60 000.
+    pub drain_timeout_ms: u64,
+    /// Drain before exiting on SIGTERM when other nodes are serving. Default true.
+    pub drain_on_shutdown: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            peers: Vec::new(),
+            advertise: None,
+            heartbeat_ms: 500,
+            down_after_ms: 2_000,
+            drain_timeout_ms: 60_000,
+            drain_on_shutdown: true,
+        }
+    }
 }
 
 /// `[memory]`.
@@ -125,6 +159,20 @@ pub struct NamespaceEntry {
     /// Eviction policy: `s3fifo` (default), `lru` or `prefix-aware`.
     #[serde(default = "default_eviction")]
     pub eviction: String,
+    /// Nodes holding each unpinned object (KV blocks). Default 1.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Nodes holding each pinned object (model weights). Default 2.
+    #[serde(default = "two")]
+    pub pinned_replicas: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn two() -> u32 {
+    2
 }
 
 fn default_eviction() -> String {
@@ -143,6 +191,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             namespaces: Vec::new(),
             drain_timeout_ms: 10_000,
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -220,6 +269,17 @@ impl Config {
         for (name, id) in pool_namespaces {
             if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
                 out[*id as usize] = n.tokens.clone();
+            }
+        }
+        out
+    }
+
+    /// Per namespace (in the pool's id order): (replicas, pinned replicas).
+    pub fn replication(&self, pool_namespaces: &[(String, u32)]) -> Vec<(u32, u32)> {
+        let mut out = vec![(1, 2); pool_namespaces.len()];
+        for (name, id) in pool_namespaces {
+            if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
+                out[*id as usize] = (n.replicas.max(1), n.pinned_replicas.max(1));
             }
         }
         out
@@ -358,10 +418,19 @@ mod tests {
             name = "tenant-a"
             quota = "64MiB"
             eviction = "lru"
+            pinned_replicas = 3
+            [cluster]
+            peers = ["127.0.0.1:9100", "127.0.0.1:9200"]
+            heartbeat_ms = 100
             "#,
         )
         .unwrap();
         assert_eq!(c.memory.size, 256 << 20);
+        assert_eq!(c.cluster.peers.len(), 2);
+        assert_eq!(c.cluster.heartbeat_ms, 100);
+        assert_eq!(c.cluster.down_after_ms, 2_000, "the default");
+        let ns = [("default".to_string(), 0), ("tenant-a".to_string(), 1)];
+        assert_eq!(c.replication(&ns), vec![(1, 2), (1, 3)]);
         assert_eq!(c.namespaces[0].quota, Some(64 << 20));
         assert_eq!(c.unix_path(), PathBuf::from("/tmp/x/kvpool.sock"));
         let p = c.pool_config().unwrap();

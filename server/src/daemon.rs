@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::cluster::{self, Membership, Mover, Replication, Timing};
 use crate::config::{parse_listen, Config};
 use crate::handler::Shared;
 use crate::listeners::{self, Ctx};
@@ -60,6 +61,11 @@ pub struct Daemon {
     done: mpsc::Receiver<()>,
     tasks: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
+    cluster: Arc<Membership>,
+    token: String,
+    timing: Timing,
+    drain_on_shutdown: bool,
+    cluster_drain_timeout: Duration,
 }
 
 impl Daemon {
@@ -141,6 +147,36 @@ impl Daemon {
             .map(|l| l.local_addr())
             .transpose()?;
 
+        let advertise = match &config.cluster.advertise {
+            Some(a) => a.clone(),
+            None => match bound.tcp {
+                Some(a) if a.ip().is_unspecified() => {
+                    tracing::warn!(
+                        "TCP is bound to {a}: other nodes and clients reach this node at \
+                         127.0.0.1:{}; set cluster.advertise for other hosts",
+                        a.port()
+                    );
+                    format!("127.0.0.1:{}", a.port())
+                }
+                Some(a) => a.to_string(),
+                None => String::new(),
+            },
+        };
+        let in_cluster = !config.cluster.peers.is_empty();
+        let membership = Arc::new(Membership::new(NodeInfo {
+            id: config.node_id,
+            tcp: advertise,
+            quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
+            metrics: bound.metrics.map(|a| a.to_string()).unwrap_or_default(),
+            capacity: pool.stats().capacity(),
+            state: if in_cluster {
+                NodeState::Joining
+            } else {
+                NodeState::Serving
+            },
+            epoch: 1,
+        }));
+        let replication = config.replication(&pool.namespaces());
         let hello = HelloInfo {
             version: PROTOCOL_VERSION,
             node: config.node_id,
@@ -153,16 +189,18 @@ impl Daemon {
                 .unwrap_or_default(),
             max_payload: limits.max_payload,
             max_batch: limits.max_batch,
-            view: ClusterView {
-                version: 1,
-                nodes: vec![NodeInfo {
-                    id: config.node_id,
-                    tcp: bound.tcp.map(|a| a.to_string()).unwrap_or_default(),
-                    quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
-                    capacity: pool.stats().capacity(),
-                    state: NodeState::Serving,
-                }],
-            },
+            view: ClusterView::default(),
+            replication: replication
+                .iter()
+                .enumerate()
+                .map(
+                    |(ns, &(replicas, pinned_replicas))| kvpool::protocol::Replication {
+                        ns: ns as u32,
+                        replicas,
+                        pinned_replicas,
+                    },
+                )
+                .collect(),
         };
         let shared = Arc::new(Shared {
             pool: pool.clone(),
@@ -172,6 +210,7 @@ impl Daemon {
             ns_tokens: config.namespace_tokens(&pool.namespaces()),
             started: Instant::now(),
             hello,
+            cluster: membership.clone(),
         });
         let ctx = Ctx {
             shared: shared.clone(),
@@ -198,6 +237,32 @@ impl Daemon {
                 },
             )));
         }
+        let timing = Timing {
+            heartbeat: Duration::from_millis(config.cluster.heartbeat_ms.max(10)),
+            down_after: Duration::from_millis(config.cluster.down_after_ms.max(20)),
+        };
+        tasks.push(tokio::spawn(cluster::heartbeats(
+            membership.clone(),
+            config.cluster.peers.clone(),
+            config.auth.token.clone(),
+            timing.clone(),
+            shutdown.clone(),
+        )));
+        let cluster_drain_timeout = Duration::from_millis(config.cluster.drain_timeout_ms);
+        tasks.push(tokio::spawn(cluster::mover(
+            Mover {
+                pool: pool.clone(),
+                m: membership.clone(),
+                repl: Replication {
+                    pinned: replication.iter().map(|r| r.1).collect(),
+                },
+                token: config.auth.token.clone(),
+                timing: timing.clone(),
+                started: shared.started,
+                drain_timeout: cluster_drain_timeout,
+            },
+            shutdown.clone(),
+        )));
         // The reaper: abandoned allocations go back to the pool.
         let reaper_pool = pool.clone();
         let mut stop_rx = shutdown.clone();
@@ -222,7 +287,40 @@ impl Daemon {
             done,
             tasks,
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
+            cluster: membership,
+            token: config.auth.token.clone(),
+            timing,
+            drain_on_shutdown: config.cluster.drain_on_shutdown,
+            cluster_drain_timeout,
         })
+    }
+
+    /// This node's current cluster view.
+    pub fn view(&self) -> ClusterView {
+        self.cluster.view()
+    }
+
+    /// Resolves once the node has drained and left the cluster (after a `Drain` request); the
+    /// process should then shut down.
+    pub async fn left(&self) {
+        self.cluster.left().await
+    }
+
+    /// Leaves the cluster before a shutdown: when other nodes are serving (and
+    /// `cluster.drain_on_shutdown` is on) drains first, moving pinned objects to their owners,
+    /// bounded by `cluster.drain_timeout_ms`.
+    pub async fn leave(&self) {
+        if !self.drain_on_shutdown || !self.cluster.has_serving_peers() {
+            return;
+        }
+        self.cluster.request_drain();
+        let bound = self.cluster_drain_timeout + self.timing.heartbeat * 20;
+        if tokio::time::timeout(bound, self.cluster.left())
+            .await
+            .is_err()
+        {
+            tracing::warn!("drain did not finish in time");
+        }
     }
 
     /// What was bound.
@@ -238,6 +336,11 @@ impl Daemon {
     /// Stops accepting, waits for in-flight requests (up to the drain timeout), then releases
     /// everything.
     pub async fn shutdown(mut self) {
+        if self.cluster.my_state() != NodeState::Down && self.cluster.view().nodes.len() > 1 {
+            // Tell the peers at once instead of letting them time out.
+            self.cluster.set_state(NodeState::Down);
+            cluster::announce(&self.cluster, &self.token, self.timing.heartbeat * 2).await;
+        }
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
             let _ = t.await;

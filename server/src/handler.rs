@@ -21,6 +21,7 @@ use kvpool::{GlobalAddr, Millis, Pool, PoolError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::watch;
 
+use crate::cluster::Membership;
 use crate::metrics::{Metrics, OpKind, Transport};
 
 /// What every connection shares.
@@ -33,6 +34,7 @@ pub(crate) struct Shared {
     pub(crate) ns_tokens: Vec<Vec<String>>,
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
+    pub(crate) cluster: Arc<Membership>,
 }
 
 impl Shared {
@@ -62,6 +64,7 @@ pub(crate) async fn serve<R, W>(
         r: BufReader::with_capacity(IO_BUFFER, r),
         w: BufWriter::with_capacity(IO_BUFFER, w),
         greeted: false,
+        admin: false,
         allowed: Vec::new(),
     };
     let mut hdr = AlignedVec::<16>::new();
@@ -112,6 +115,8 @@ struct Conn<'a, R, W> {
     r: BufReader<R>,
     w: BufWriter<W>,
     greeted: bool,
+    /// Presented the node token (or the node has none): may gossip and drain.
+    admin: bool,
     /// Per namespace id: may this connection use it (set by the handshake).
     allowed: Vec<bool>,
 }
@@ -140,6 +145,21 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             )
             .await?;
             return Ok(false);
+        }
+        let routed = req.view.to_native();
+        if routed != 0 && op_namespace(&req.op).is_some() {
+            let stamp = self.s.cluster.stamp();
+            if routed != stamp {
+                discard(&mut self.r, payload).await?;
+                let version = self.s.cluster.view().version;
+                self.fail(
+                    id,
+                    ErrorCode::WrongView,
+                    &format!("routed by another cluster view; this node is at version {version}"),
+                )
+                .await?;
+                return Ok(true);
+            }
         }
         let start = Instant::now();
         let (kind, outcome) = self.dispatch(id, &req.op, payload).await?;
@@ -229,10 +249,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     "client connected"
                 );
                 self.greeted = true;
+                self.admin = self.s.token.is_empty() || admin;
                 let mut hello = self.s.hello.clone();
                 hello
                     .namespaces
                     .retain(|(_, id)| self.allowed[*id as usize]);
+                hello.replication.retain(|r| self.allowed[r.ns as usize]);
+                hello.view = self.s.cluster.view();
                 self.reply(id, Reply::Hello(hello), &[]).await?;
                 OpKind::Hello
             }
@@ -276,7 +299,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 ns,
                 items,
                 pin,
-                chain,
+                depths,
             } => {
                 let total: Option<u64> = items
                     .iter()
@@ -296,7 +319,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
                 let mut statuses = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
-                    let depth = chain.as_ref().map_or(0, |c| c.to_native() + i as u32);
+                    let depth = depths.get(i).map_or(0, |d| d.to_native());
                     let r = self
                         .put_one(
                             ns.to_native(),
@@ -378,9 +401,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 ns,
                 items,
                 pin,
-                chain,
+                depths,
             } => {
-                let first = chain.as_ref().map(|c| c.to_native());
                 if items.len() > max_batch {
                     self.fail(id, ErrorCode::BatchTooLarge, "too many items")
                         .await?;
@@ -390,7 +412,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .iter()
                     .enumerate()
                     .map(|(n, i)| {
-                        let depth = first.map_or(0, |f| f + n as u32);
+                        let depth = depths.get(n).map_or(0, |d| d.to_native());
                         match pool.alloc_in_chain(
                             ns.to_native(),
                             i.key.as_slice(),
@@ -513,8 +535,37 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 OpKind::Admin
             }
             ArchivedOp::View => {
-                self.reply(id, Reply::View(self.s.hello.view.clone()), &[])
+                self.reply(id, Reply::View(self.s.cluster.view()), &[])
                     .await?;
+                OpKind::Admin
+            }
+            ArchivedOp::Gossip { view } => {
+                if !self.admin {
+                    self.fail(id, ErrorCode::Unauthorized, "gossip needs the node token")
+                        .await?;
+                    return Ok((OpKind::Admin, Ok(())));
+                }
+                let theirs: kvpool::placement::ClusterView =
+                    match rkyv::deserialize::<_, rkyv::rancor::Error>(view) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.fail(id, ErrorCode::Malformed, &e.to_string()).await?;
+                            return Ok((OpKind::Admin, Ok(())));
+                        }
+                    };
+                let after = self.s.cluster.merge(&theirs);
+                self.reply(id, Reply::View(after), &[]).await?;
+                OpKind::Admin
+            }
+            ArchivedOp::Drain => {
+                if !self.admin {
+                    self.fail(id, ErrorCode::Unauthorized, "drain needs the node token")
+                        .await?;
+                    return Ok((OpKind::Admin, Ok(())));
+                }
+                tracing::info!(client = "drain request", "drain requested");
+                self.s.cluster.request_drain();
+                self.reply(id, Reply::Done, &[]).await?;
                 OpKind::Admin
             }
             ArchivedOp::MapInfo => {

@@ -7,13 +7,16 @@
 //! - [`config`]: the TOML file, environment and flags, with documented defaults;
 //! - [`Daemon`]: start, serve, drain on shutdown;
 //! - `handler`: one connection's request loop, shared by every transport;
+//! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP.
 
+mod cluster;
 pub mod config;
 mod daemon;
 mod handler;
 mod listeners;
 pub mod metrics;
+mod peer;
 pub mod tls;
 
 pub use config::Config;

@@ -53,6 +53,18 @@ struct Cli {
     /// Auth token clients must present [default: none].
     #[arg(long, env = "KVPOOL_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Another node's TCP address to heartbeat (static membership); repeat for several.
+    #[arg(long = "peer", env = "KVPOOL_PEERS", value_delimiter = ',')]
+    peers: Vec<String>,
+    /// The TCP address other nodes and clients reach this node at [default: the bound address].
+    #[arg(long, env = "KVPOOL_ADVERTISE")]
+    advertise: Option<String>,
+    /// Heartbeat period in ms [default: 500].
+    #[arg(long, env = "KVPOOL_HEARTBEAT_MS")]
+    heartbeat_ms: Option<u64>,
+    /// A peer silent this long (ms) is marked down [default: 2000].
+    #[arg(long, env = "KVPOOL_DOWN_AFTER_MS")]
+    down_after_ms: Option<u64>,
     /// Print the effective configuration and exit.
     #[arg(long)]
     print_config: bool,
@@ -84,7 +96,10 @@ fn main() -> anyhow::Result<()> {
         let daemon = Daemon::start(config).await?;
         println!("{}", daemon.bound().ready_line());
         tracing::info!("{}", daemon.bound().ready_line());
-        shutdown_signal().await;
+        tokio::select! {
+            _ = shutdown_signal() => daemon.leave().await,
+            _ = daemon.left() => {}
+        }
         tracing::info!("shutting down: draining in-flight requests");
         daemon.shutdown().await;
         Ok(())
@@ -124,6 +139,18 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.token {
         c.auth.token = v.clone();
+    }
+    if !cli.peers.is_empty() {
+        c.cluster.peers = cli.peers.clone();
+    }
+    if let Some(v) = &cli.advertise {
+        c.cluster.advertise = Some(v.clone());
+    }
+    if let Some(v) = cli.heartbeat_ms {
+        c.cluster.heartbeat_ms = v;
+    }
+    if let Some(v) = cli.down_after_ms {
+        c.cluster.down_after_ms = v;
     }
     Ok(())
 }

@@ -157,6 +157,14 @@ impl NsIndex {
         Some(self.release(h))
     }
 
+    /// Keys of the pinned objects (freed slots have empty keys, and keys are never empty).
+    pub(crate) fn pinned_keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.slots
+            .iter()
+            .filter(|s| s.entry.pinned && !s.key.is_empty())
+            .map(|s| &*s.key)
+    }
+
     /// Drops handle `h` (already gone from the policy) from the table and the slots.
     fn release(&mut self, h: Handle) -> Entry {
         let hash = table_hash(&self.slots[h as usize].key);

@@ -592,6 +592,21 @@ impl Pool {
         Ok(true)
     }
 
+    /// The keys of namespace `ns`'s pinned objects: a snapshot, one shard locked at a time (for
+    /// moving weights between nodes).
+    pub fn pinned_keys(&self, ns: u32) -> Result<Vec<Vec<u8>>, PoolError> {
+        self.ns(ns)?;
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            out.extend(
+                lock(shard).ns[ns as usize]
+                    .pinned_keys()
+                    .map(<[u8]>::to_vec),
+            );
+        }
+        Ok(out)
+    }
+
     /// Removes an object. Returns whether it existed. Readers still streaming it finish first.
     pub fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
         let space = self.ns(ns)?;

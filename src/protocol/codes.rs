@@ -52,6 +52,11 @@ pub enum ErrorCode {
     Busy = 26,
     /// The operation is only offered over the Unix socket.
     NotLocal = 30,
+    /// The request was routed with another cluster view than the node's: fetch the view
+    /// (`Op::View`) and route again. The message carries the node's view version.
+    WrongView = 40,
+    /// The node that holds the key can't be reached (a client-side code: keys there are misses).
+    Unavailable = 41,
     /// The client timed out (never sent by a node).
     Timeout = 97,
     /// The node is shutting down.
@@ -64,7 +69,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 27] = [
+        const ALL: [ErrorCode; 28] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -88,9 +93,10 @@ impl ErrorCode {
             NotWritable,
             Busy,
             NotLocal,
+            WrongView,
+            Unavailable,
             Timeout,
             ShuttingDown,
-            Internal,
             Internal,
         ];
         ALL.into_iter().find(|c| *c as u16 == v).unwrap_or(Internal)

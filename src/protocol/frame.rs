@@ -170,6 +170,7 @@ mod tests {
     fn request_round_trips_and_garbage_is_rejected() {
         let r = Request {
             id: 42,
+            view: 0,
             op: Op::Get {
                 ns: 3,
                 key: b"abc".to_vec(),
@@ -196,6 +197,7 @@ mod tests {
         vec![
             Request {
                 id: 1,
+                view: 0,
                 op: Op::Hello {
                     version: 1,
                     token: "t".into(),
@@ -204,6 +206,7 @@ mod tests {
             },
             Request {
                 id: 2,
+                view: 0,
                 op: Op::BatchPut {
                     ns: 0,
                     items: vec![PutItem {
@@ -212,11 +215,12 @@ mod tests {
                         checksum: 7,
                     }],
                     pin: true,
-                    chain: Some(3),
+                    depths: vec![3],
                 },
             },
             Request {
                 id: 3,
+                view: 0,
                 op: Op::Exists {
                     ns: 1,
                     keys: vec![b"a".to_vec(), b"bb".to_vec()],
@@ -224,12 +228,14 @@ mod tests {
             },
             Request {
                 id: 4,
+                view: 0,
                 op: Op::Commit {
                     items: vec![CommitItem { addr, checksum: 1 }],
                 },
             },
             Request {
                 id: 5,
+                view: 0,
                 op: Op::Read {
                     addr,
                     offset: 0,

@@ -13,6 +13,10 @@ use crate::pool::PoolStats;
 pub struct Request {
     /// Echoed in the response.
     pub id: u64,
+    /// The [`ClusterView::stamp`] the client routed this request by; the node refuses keyed
+    /// operations routed by another view with `WrongView`. 0: sent to this node on purpose
+    /// (one-sided access by address, a previous-owner lookup, a replica repair, admin tools).
+    pub view: u64,
     /// What to do.
     pub op: Op,
 }
@@ -58,9 +62,9 @@ pub enum Op {
         items: Vec<PutItem>,
         /// Pin the objects.
         pin: bool,
-        /// When the items are consecutive blocks of one prefix chain: the depth of the first
-        /// (item `i` has depth `chain + i`), for prefix-aware eviction.
-        chain: Option<u32>,
+        /// When the items are blocks of prefix chains: each item's depth in its chain (block
+        /// number), for prefix-aware eviction. Empty when they are not.
+        depths: Vec<u32>,
     },
     /// Fetch several values. Reply: `Values`, payload the present values concatenated.
     BatchGet {
@@ -94,8 +98,8 @@ pub enum Op {
         items: Vec<AllocItem>,
         /// Pin the objects when committed.
         pin: bool,
-        /// As in `BatchPut`: the depth of the first item when they form a prefix chain.
-        chain: Option<u32>,
+        /// As in `BatchPut`: each item's depth in its prefix chain, or empty.
+        depths: Vec<u32>,
     },
     /// One-sided write into a pending allocation. Payload: the bytes.
     Write {
@@ -152,6 +156,16 @@ pub enum Op {
     Stats,
     /// The cluster view. Reply: `View`.
     View,
+    /// Node to node heartbeat: the sender's view, merged into the receiver's. Reply: `View`,
+    /// the receiver's view after the merge. Needs the node token when the node has one.
+    Gossip {
+        /// The sender's view.
+        view: ClusterView,
+    },
+    /// Leave the cluster: take no new objects, move pinned objects to their other owners,
+    /// then exit. Reply: `Done` once draining has started. Needs the node token when the node
+    /// has one.
+    Drain,
     /// Segment files and layouts for a same-host mapping (Unix socket only). Reply: `MapInfo`.
     MapInfo,
 }
@@ -281,6 +295,19 @@ pub struct HelloInfo {
     pub max_batch: u32,
     /// The cluster view.
     pub view: ClusterView,
+    /// Replication factors of the namespaces this client may use.
+    pub replication: Vec<Replication>,
+}
+
+/// How many nodes hold each object of a namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Replication {
+    /// Namespace id.
+    pub ns: u32,
+    /// Copies of each unpinned object (KV blocks): default 1.
+    pub replicas: u32,
+    /// Copies of each pinned object (weights): default 2.
+    pub pinned_replicas: u32,
 }
 
 /// A segment a same-host client may map.

@@ -26,4 +26,4 @@ pub use message::*;
 pub use rkyv::util::AlignedVec;
 
 /// Protocol version spoken by this build; the handshake refuses any other.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;

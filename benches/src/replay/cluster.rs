@@ -16,18 +16,19 @@ pub struct Pooled {
 impl Pooled {
     /// Pools `nodes` with equal weights.
     pub fn new(nodes: Vec<Box<dyn BlockCache>>) -> Self {
-        let view = ClusterView {
-            version: 1,
-            nodes: (0..nodes.len() as u32)
+        let view = ClusterView::from_nodes(
+            (0..nodes.len() as u32)
                 .map(|id| NodeInfo {
                     id,
                     tcp: String::new(),
                     quic: String::new(),
+                    metrics: String::new(),
                     capacity: 1,
                     state: NodeState::Serving,
+                    epoch: 1,
                 })
                 .collect(),
-        };
+        );
         Pooled { nodes, view }
     }
 

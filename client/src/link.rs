@@ -1,0 +1,595 @@
+//! One node as a client reaches it: pooled connections, what the node said at the handshake,
+//! and — when the node runs on this host — its segments mapped for direct loads and stores.
+//! Every operation here goes to this node only; [`crate::Client`] decides which node.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kvpool::protocol::{AllocItem, CommitItem, ErrorCode, HelloInfo, Op, PutItem, Reply};
+use kvpool::{checksum, AddrFault, GlobalAddr};
+
+use crate::client::{ClientConfig, Located, SameHost};
+use crate::conn::{quic_connect, Conn};
+use crate::endpoint::Endpoint;
+use crate::error::ClientError;
+use crate::local::LocalMap;
+
+/// Values at least this large take the same-host path for single puts (below it one socket
+/// round trip is cheaper than the alloc and commit round trips).
+const LOCAL_PUT_MIN: usize = 16 << 10;
+
+/// A connection pool to one node.
+pub(crate) struct Link {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) hello: HelloInfo,
+    namespaces: HashMap<String, u32>,
+    idle: Mutex<Vec<Conn>>,
+    quic: Option<(quinn::Endpoint, quinn::Connection)>,
+    pub(crate) local: Option<LocalMap>,
+}
+
+impl Link {
+    /// Connects and shakes hands; on the same host switches to the Unix socket and maps the
+    /// node's segments (unless `cfg.same_host` is off).
+    pub(crate) async fn open(
+        mut endpoint: Endpoint,
+        cfg: &ClientConfig,
+    ) -> Result<Link, ClientError> {
+        let quic = match endpoint {
+            Endpoint::Quic(_) => Some(quic_connect(&endpoint, cfg).await?),
+            _ => None,
+        };
+        let (mut conn, mut hello) = Conn::open(&endpoint, cfg, quic.as_ref().map(|q| &q.1)).await?;
+        let mut local = None;
+        if cfg.same_host == SameHost::Auto
+            && !hello.uds_path.is_empty()
+            && hello.host_id == kvpool::segment::host_id()
+        {
+            let uds = Endpoint::Unix(hello.uds_path.clone().into());
+            // Same host: control goes over the Unix socket, data through the mapping.
+            if let Ok((mut c, h)) = Conn::open(&uds, cfg, None).await {
+                if let Ok(Reply::MapInfo(maps)) = c.call_simple(Op::MapInfo, &[]).await {
+                    match LocalMap::open(h.node, &maps) {
+                        Ok(m) => {
+                            local = Some(m);
+                            endpoint = uds;
+                            conn = c;
+                            hello = h;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "same-host mapping failed; using the socket path")
+                        }
+                    }
+                }
+            }
+        }
+        let namespaces = hello.namespaces.iter().cloned().collect();
+        Ok(Link {
+            endpoint,
+            hello,
+            namespaces,
+            idle: Mutex::new(vec![conn]),
+            quic,
+            local,
+        })
+    }
+
+    /// The node's id.
+    pub(crate) fn node(&self) -> u32 {
+        self.hello.node
+    }
+
+    /// The node's id for namespace `name`.
+    pub(crate) fn ns(&self, name: &str) -> Result<u32, ClientError> {
+        self.namespaces
+            .get(name)
+            .copied()
+            .ok_or_else(|| ClientError::UnknownNamespace(name.to_string()))
+    }
+
+    /// Runs one exchange on a pooled connection under the call timeout, routed by view stamp
+    /// `view` (0: this node on purpose). The connection goes back to the pool only when the
+    /// exchange left it in sync.
+    pub(crate) async fn run<T>(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        f: impl AsyncFnOnce(&mut Conn) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let work = async {
+            let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let mut conn = match pooled {
+                Some(c) => c,
+                None => {
+                    Conn::open(&self.endpoint, cfg, self.quic.as_ref().map(|q| &q.1))
+                        .await?
+                        .0
+                }
+            };
+            conn.view = view;
+            let r = f(&mut conn).await;
+            if r.as_ref().err().is_none_or(|e| e.keeps_connection()) {
+                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                if idle.len() < cfg.max_idle {
+                    idle.push(conn);
+                }
+            }
+            r
+        };
+        tokio::time::timeout(cfg.timeout, work)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
+    /// A call whose reply carries no payload.
+    pub(crate) async fn simple(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<Reply, ClientError> {
+        self.run(cfg, view, async |c: &mut Conn| {
+            c.call_simple(op, payload).await
+        })
+        .await
+    }
+
+    /// Length of the leading run of `keys` present.
+    pub(crate) async fn exists(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        keys: &[&[u8]],
+    ) -> Result<usize, ClientError> {
+        let op = Op::Exists {
+            ns,
+            keys: owned(keys),
+        };
+        match self.simple(cfg, view, op, &[]).await? {
+            Reply::Count(n) => Ok(n as usize),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Locates (and leases for `lease_ms`) objects.
+    pub(crate) async fn lookup(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        keys: &[&[u8]],
+        lease_ms: u64,
+    ) -> Result<Vec<Option<Located>>, ClientError> {
+        let op = Op::Lookup {
+            ns,
+            keys: owned(keys),
+            lease_ms,
+        };
+        match self.simple(cfg, view, op, &[]).await? {
+            Reply::Located(v) if v.len() == keys.len() => {
+                Ok(v.into_iter().map(|l| l.map(Located::from)).collect())
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// A keys operation answered with a count (remove, release, pin).
+    pub(crate) async fn count(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        op: Op,
+    ) -> Result<u64, ClientError> {
+        match self.simple(cfg, view, op, &[]).await? {
+            Reply::Count(n) => Ok(n),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Stores values (one code per item). On the same host the bytes are copied straight into
+    /// the node's memory.
+    pub(crate) async fn put_many(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        items: &[(&[u8], &[u8])],
+        pin: bool,
+        depths: Vec<u32>,
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        let local_worth =
+            items.len() > 1 || items.first().is_some_and(|i| i.1.len() >= LOCAL_PUT_MIN);
+        if self.local.is_some() && local_worth {
+            return self.put_local(cfg, view, ns, items, pin, depths).await;
+        }
+        if let ([(key, value)], true) = (items, depths.is_empty()) {
+            let op = Op::Put {
+                ns,
+                key: key.to_vec(),
+                checksum: checksum(value),
+                pin,
+            };
+            return match self.simple(cfg, view, op, &[value]).await {
+                Ok(_) => Ok(vec![ErrorCode::Ok]),
+                Err(ClientError::Server { code, .. }) if code != ErrorCode::WrongView => {
+                    Ok(vec![code])
+                }
+                Err(e) => Err(e),
+            };
+        }
+        let op = Op::BatchPut {
+            depths,
+            ns,
+            items: items
+                .iter()
+                .map(|(k, v)| PutItem {
+                    key: k.to_vec(),
+                    len: v.len() as u64,
+                    checksum: checksum(v),
+                })
+                .collect(),
+            pin,
+        };
+        let payload: Vec<&[u8]> = items.iter().map(|(_, v)| *v).collect();
+        match self.simple(cfg, view, op, &payload).await? {
+            Reply::Statuses(s) if s.len() == items.len() => {
+                Ok(s.into_iter().map(ErrorCode::from_u16).collect())
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    async fn put_local(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        items: &[(&[u8], &[u8])],
+        pin: bool,
+        depths: Vec<u32>,
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        let lens: Vec<(&[u8], u64)> = items.iter().map(|(k, v)| (*k, v.len() as u64)).collect();
+        let allocs = self.alloc_many(cfg, view, ns, &lens, pin, depths).await?;
+        let local = self.local.as_ref().expect("local path");
+        let mut codes = vec![ErrorCode::Ok; items.len()];
+        let mut commits = Vec::new();
+        let mut which = Vec::new();
+        for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
+            match a {
+                Ok(addr) => match local.write(addr, 0, v) {
+                    Ok(()) => {
+                        commits.push((*addr, checksum(v)));
+                        which.push(i);
+                    }
+                    Err(f) => codes[i] = ErrorCode::from(kvpool::PoolError::from(f)),
+                },
+                Err(code) => codes[i] = *code,
+            }
+        }
+        if !commits.is_empty() {
+            for (i, code) in which
+                .into_iter()
+                .zip(self.commit_many(cfg, &commits).await?)
+            {
+                codes[i] = code;
+            }
+        }
+        Ok(codes)
+    }
+
+    /// Reserves memory for values to be written one-sided.
+    pub(crate) async fn alloc_many(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        items: &[(&[u8], u64)],
+        pin: bool,
+        depths: Vec<u32>,
+    ) -> Result<Vec<Result<GlobalAddr, ErrorCode>>, ClientError> {
+        let op = Op::Alloc {
+            ns,
+            depths,
+            items: items
+                .iter()
+                .map(|(k, l)| AllocItem {
+                    key: k.to_vec(),
+                    len: *l,
+                })
+                .collect(),
+            pin,
+        };
+        match self.simple(cfg, view, op, &[]).await? {
+            Reply::Allocated(rs) if rs.len() == items.len() => Ok(rs
+                .into_iter()
+                .map(|r| r.addr.ok_or(ErrorCode::from_u16(r.code)))
+                .collect()),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Makes pending allocations visible.
+    pub(crate) async fn commit_many(
+        &self,
+        cfg: &ClientConfig,
+        items: &[(GlobalAddr, u64)],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        let op = Op::Commit {
+            items: items
+                .iter()
+                .map(|(addr, checksum)| CommitItem {
+                    addr: *addr,
+                    checksum: *checksum,
+                })
+                .collect(),
+        };
+        match self.simple(cfg, 0, op, &[]).await? {
+            Reply::Statuses(s) if s.len() == items.len() => {
+                Ok(s.into_iter().map(ErrorCode::from_u16).collect())
+            }
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Batched get into caller buffers. With `prefix`, the node stops at the first missing key.
+    /// On the same host the objects are leased for `lease_ms` while they are copied out of the
+    /// mapping (0: no lease; the version check still catches a concurrent reuse).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the routing layer's one call site"
+    )]
+    pub(crate) async fn get_many(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        prefix: bool,
+        lease_ms: u64,
+    ) -> Result<Vec<Option<usize>>, ClientError> {
+        debug_assert_eq!(keys.len(), dsts.len());
+        if self.local.is_some() {
+            let located = self.lookup(cfg, view, ns, keys, lease_ms).await?;
+            let mut out = vec![None; keys.len()];
+            let mut fallback = Vec::new();
+            for (i, l) in located.iter().enumerate() {
+                let Some(l) = l else {
+                    if prefix {
+                        break;
+                    }
+                    continue;
+                };
+                let need = l.addr.len;
+                let have = dsts[i].len() as u64;
+                let dst = dsts[i]
+                    .get_mut(..need as usize)
+                    .ok_or(ClientError::BufferTooSmall { need, have })?;
+                if self.read_local_checked(cfg, l, dst)? {
+                    out[i] = Some(need as usize);
+                } else {
+                    fallback.push(i);
+                }
+            }
+            if lease_ms > 0 {
+                let leased: Vec<Vec<u8>> = located
+                    .iter()
+                    .zip(keys)
+                    .filter(|(l, _)| l.is_some())
+                    .map(|(_, k)| k.to_vec())
+                    .collect();
+                self.count(cfg, 0, Op::Release { ns, keys: leased }).await?;
+            }
+            // Objects replaced between lookup and copy: fetch them through the socket.
+            for i in fallback {
+                out[i] = self
+                    .get_remote(
+                        cfg,
+                        0,
+                        ns,
+                        &[keys[i]],
+                        std::slice::from_mut(&mut dsts[i]),
+                        false,
+                    )
+                    .await?
+                    .pop()
+                    .flatten();
+            }
+            if prefix {
+                if let Some(gap) = out.iter().position(|o| o.is_none()) {
+                    out[gap..].fill(None);
+                }
+            }
+            return Ok(out);
+        }
+        self.get_remote(cfg, view, ns, keys, dsts, prefix).await
+    }
+
+    async fn get_remote(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        prefix: bool,
+    ) -> Result<Vec<Option<usize>>, ClientError> {
+        let op = Op::BatchGet {
+            ns,
+            keys: owned(keys),
+            prefix,
+        };
+        let verify = cfg.verify_checksums;
+        self.run(cfg, view, async move |c: &mut Conn| {
+            let (reply, _) = c.call(op, &[]).await?;
+            let Reply::Values(metas) = reply else {
+                return Err(unexpected(&reply));
+            };
+            if metas.len() != dsts.len() {
+                return Err(ClientError::Protocol("wrong number of values".into()));
+            }
+            let mut out = Vec::with_capacity(metas.len());
+            let mut err = None;
+            for (meta, dst) in metas.iter().zip(dsts.iter_mut()) {
+                let Some(m) = meta else {
+                    out.push(None);
+                    continue;
+                };
+                match dst.get_mut(..m.len as usize) {
+                    Some(d) => {
+                        c.read_into(d).await?;
+                        if verify && checksum(d) != m.checksum {
+                            err = Some(ClientError::Checksum);
+                        }
+                        out.push(Some(m.len as usize));
+                    }
+                    None => {
+                        c.skip(m.len).await?;
+                        err = Some(ClientError::BufferTooSmall {
+                            need: m.len,
+                            have: dst.len() as u64,
+                        });
+                        out.push(None);
+                    }
+                }
+            }
+            err.map_or(Ok(out), Err)
+        })
+        .await
+    }
+
+    /// One value as a fresh buffer, or None on a miss.
+    pub(crate) async fn get(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, ClientError> {
+        if self.local.is_some() {
+            let Some(l) = self.lookup(cfg, view, ns, &[key], 0).await?.pop().flatten() else {
+                return Ok(None);
+            };
+            let mut buf = vec![0u8; l.addr.len as usize];
+            if self.read_local_checked(cfg, &l, &mut buf)? {
+                return Ok(Some(buf));
+            }
+        }
+        let verify = cfg.verify_checksums;
+        let key = key.to_vec();
+        self.run(cfg, view, async move |c: &mut Conn| {
+            let (reply, len) = match c.call(Op::Get { ns, key }, &[]).await {
+                Err(ClientError::Server {
+                    code: ErrorCode::NotFound,
+                    ..
+                }) => return Ok(None),
+                r => r?,
+            };
+            let Reply::Value { checksum: sum, .. } = reply else {
+                return Err(unexpected(&reply));
+            };
+            let mut buf = vec![0u8; len as usize];
+            c.read_into(&mut buf).await?;
+            if verify && checksum(&buf) != sum {
+                return Err(ClientError::Checksum);
+            }
+            Ok(Some(buf))
+        })
+        .await
+    }
+
+    /// One-sided read; Ok(false) when the object is gone or was replaced.
+    pub(crate) async fn read(
+        &self,
+        cfg: &ClientConfig,
+        addr: &GlobalAddr,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<bool, ClientError> {
+        if let Some(local) = self.local.as_ref().filter(|l| l.covers(addr)) {
+            return match local.read(addr, offset, dst) {
+                Ok(()) => Ok(true),
+                Err(AddrFault::Stale) => Ok(false),
+                Err(f) => Err(fault(f)),
+            };
+        }
+        let op = Op::Read {
+            addr: *addr,
+            offset,
+            len: dst.len() as u64,
+        };
+        self.run(cfg, 0, async move |c: &mut Conn| {
+            match c.call(op, &[]).await {
+                Ok((Reply::Data, len)) if len == dst.len() as u64 => {
+                    c.read_into(dst).await?;
+                    Ok(true)
+                }
+                Ok((r, len)) => {
+                    c.skip(len).await?;
+                    Err(unexpected(&r))
+                }
+                Err(ClientError::Server {
+                    code: ErrorCode::Stale,
+                    ..
+                }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// One-sided write into a pending allocation.
+    pub(crate) async fn write(
+        &self,
+        cfg: &ClientConfig,
+        addr: &GlobalAddr,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), ClientError> {
+        if let Some(local) = self.local.as_ref().filter(|l| l.covers(addr)) {
+            return local.write(addr, offset, bytes).map_err(fault);
+        }
+        let op = Op::Write {
+            addr: *addr,
+            offset,
+        };
+        self.simple(cfg, 0, op, &[bytes]).await.map(|_| ())
+    }
+
+    /// Local read plus checksum; Ok(false) when the object was replaced meanwhile.
+    fn read_local_checked(
+        &self,
+        cfg: &ClientConfig,
+        l: &Located,
+        dst: &mut [u8],
+    ) -> Result<bool, ClientError> {
+        let local = self.local.as_ref().expect("local path");
+        match local.read(&l.addr, 0, dst) {
+            Ok(()) => {}
+            Err(AddrFault::Stale) => return Ok(false),
+            Err(f) => return Err(fault(f)),
+        }
+        if cfg.verify_checksums && checksum(dst) != l.checksum {
+            return Err(ClientError::Checksum);
+        }
+        Ok(true)
+    }
+}
+
+pub(crate) fn owned(keys: &[&[u8]]) -> Vec<Vec<u8>> {
+    keys.iter().map(|k| k.to_vec()).collect()
+}
+
+pub(crate) fn unexpected(r: &Reply) -> ClientError {
+    ClientError::Protocol(format!("unexpected reply {r:?}"))
+}
+
+pub(crate) fn fault(f: AddrFault) -> ClientError {
+    let code = ErrorCode::from(kvpool::PoolError::from(f));
+    ClientError::Server {
+        code,
+        message: f.to_string(),
+    }
+}

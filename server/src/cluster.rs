@@ -1,0 +1,530 @@
+//! Membership: this node's view of the cluster, kept current by heartbeats, and the mover that
+//! puts pinned objects (model weights) where the view says they belong.
+//!
+//! Static membership (the embedded default): every node heartbeats every peer it knows (the
+//! configured `peers` plus every node in its view) with `Gossip`, carrying its whole view; the
+//! peer merges it and answers with its own, which is merged back. A peer that has not answered
+//! for `down_after_ms` is marked down; a node that finds itself marked down raises its epoch
+//! to refute it (see [`kvpool::placement`]). Views therefore converge within a few heartbeats,
+//! and nodes that agree on every record agree on the view's version and stamp.
+//!
+//! A node starts `joining` (it owns nothing yet), pulls its peers' views for two heartbeats,
+//! then turns `serving`. Draining turns it `draining` (it owns nothing, clients route around
+//! it), the mover copies its pinned objects to their owners, and it leaves as `down`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+use kvpool::protocol::{LocatedWire, Op, Reply};
+use kvpool::{NodeId, Pool};
+use tokio::sync::watch;
+
+use crate::peer::Peer;
+
+/// Timing of heartbeats and failure detection.
+#[derive(Clone, Debug)]
+pub(crate) struct Timing {
+    pub(crate) heartbeat: Duration,
+    pub(crate) down_after: Duration,
+}
+
+/// This node's view of the cluster.
+pub(crate) struct Membership {
+    me: u32,
+    view: Mutex<ClusterView>,
+    stamp: AtomicU64,
+    changed: watch::Sender<u64>,
+    /// Set when draining was asked for (`Drain`, or SIGTERM in a cluster).
+    drain: watch::Sender<bool>,
+    /// Set once the node has drained and left: the process should exit.
+    left: watch::Sender<bool>,
+}
+
+impl Membership {
+    pub(crate) fn new(me: NodeInfo) -> Membership {
+        let id = me.id;
+        let view = ClusterView::from_nodes(vec![me]);
+        let stamp = view.stamp();
+        Membership {
+            me: id,
+            view: Mutex::new(view),
+            stamp: AtomicU64::new(stamp),
+            changed: watch::channel(stamp).0,
+            drain: watch::channel(false).0,
+            left: watch::channel(false).0,
+        }
+    }
+
+    /// Asks the node to drain and leave (idempotent).
+    pub(crate) fn request_drain(&self) {
+        self.drain.send_replace(true);
+    }
+
+    /// Resolves once the node has drained and left.
+    pub(crate) async fn left(&self) {
+        let mut rx = self.left.subscribe();
+        let _ = rx.wait_for(|l| *l).await;
+    }
+
+    /// True when some other node is serving: leaving then means draining first.
+    pub(crate) fn has_serving_peers(&self) -> bool {
+        self.lock()
+            .nodes
+            .iter()
+            .any(|n| n.id != self.me && n.state == NodeState::Serving)
+    }
+
+    /// This node's id.
+    pub(crate) fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// A copy of the current view.
+    pub(crate) fn view(&self) -> ClusterView {
+        self.lock().clone()
+    }
+
+    /// The current view's stamp (what routed requests must carry).
+    pub(crate) fn stamp(&self) -> u64 {
+        self.stamp.load(Ordering::Acquire)
+    }
+
+    /// This node's own record.
+    pub(crate) fn my_state(&self) -> NodeState {
+        self.lock()
+            .node(NodeId(self.me))
+            .map_or(NodeState::Down, |n| n.state)
+    }
+
+    /// Wakes on every change of the view.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ClusterView> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ClusterView, u32) -> bool) {
+        let mut v = self.lock();
+        let before = v.version;
+        if f(&mut v, self.me) {
+            let stamp = v.stamp();
+            self.stamp.store(stamp, Ordering::Release);
+            tracing::info!(
+                version = v.version,
+                from = before,
+                nodes = %describe(&v),
+                "cluster view changed"
+            );
+            drop(v);
+            self.changed.send_replace(stamp);
+        }
+    }
+
+    /// Merges a peer's view. When it holds a record of this node at least as new as the one
+    /// this node holds but different (marked down, or a record from an earlier run), this node
+    /// refutes it with a higher epoch. Returns the view after the merge.
+    pub(crate) fn merge(&self, other: &ClusterView) -> ClusterView {
+        self.update(|v, me| {
+            let mut changed = v.merge(other, me);
+            if let (Some(theirs), Some(mine)) =
+                (other.node(NodeId(me)), v.node(NodeId(me)).cloned())
+            {
+                if theirs.epoch >= mine.epoch && *theirs != mine {
+                    let mut rec = mine;
+                    rec.epoch = theirs.epoch + 1;
+                    changed |= v.offer(&rec);
+                }
+            }
+            changed
+        });
+        self.view()
+    }
+
+    /// Changes this node's own state (raising its epoch).
+    pub(crate) fn set_state(&self, state: NodeState) {
+        self.update(|v, me| {
+            let Some(mut rec) = v.node(NodeId(me)).cloned() else {
+                return false;
+            };
+            if rec.state == state {
+                return false;
+            }
+            rec.state = state;
+            rec.epoch += 1;
+            v.offer(&rec)
+        });
+    }
+
+    /// Marks a peer down (it stopped answering heartbeats).
+    pub(crate) fn mark_down(&self, id: u32) {
+        if id != self.me {
+            self.update(|v, _| v.mark_down(id));
+        }
+    }
+}
+
+fn describe(v: &ClusterView) -> String {
+    v.nodes
+        .iter()
+        .map(|n| format!("{}:{}@{}", n.id, n.state.name(), n.epoch))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Heartbeats: one task per peer address, started as peers appear (configured, or learnt
+/// from a view), each gossiping every heartbeat. Returns when `stop` fires.
+pub(crate) async fn heartbeats(
+    m: Arc<Membership>,
+    peers: Vec<String>,
+    token: String,
+    timing: Timing,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut running: HashSet<String> = HashSet::new();
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(timing.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let my_tcp = m
+        .view()
+        .node(NodeId(m.me()))
+        .map(|n| n.tcp.clone())
+        .unwrap_or_default();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let view = m.view();
+        let wanted = peers.iter().cloned().chain(
+            view.nodes
+                .iter()
+                .filter(|n| n.id != m.me() && !n.tcp.is_empty())
+                .map(|n| n.tcp.clone()),
+        );
+        for addr in wanted {
+            if addr != my_tcp && running.insert(addr.clone()) {
+                tasks.push(tokio::spawn(peer_loop(
+                    m.clone(),
+                    addr,
+                    token.clone(),
+                    timing.clone(),
+                    stop.clone(),
+                )));
+            }
+        }
+        // Joining: two heartbeats to pull the peers' views, then take a share of the keys.
+        if m.my_state() == NodeState::Joining && started.elapsed() >= timing.heartbeat * 2 {
+            m.set_state(NodeState::Serving);
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+async fn peer_loop(
+    m: Arc<Membership>,
+    addr: String,
+    token: String,
+    timing: Timing,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut peer: Option<Peer> = None;
+    let mut last_ok = Instant::now();
+    let mut tick = tokio::time::interval(timing.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if peer.is_none() {
+            match Peer::connect(&addr, &token, m.me(), timing.heartbeat).await {
+                Ok(p) if p.hello.node == m.me() => return, // our own address under another name
+                Ok(p) => peer = Some(p),
+                Err(e) => {
+                    if !warned {
+                        tracing::debug!(peer = %addr, error = %e, "peer unreachable");
+                        warned = true;
+                    }
+                }
+            }
+        }
+        if let Some(p) = peer.as_mut() {
+            match p.call(Op::Gossip { view: m.view() }, &[]).await {
+                Ok(Reply::View(v)) => {
+                    m.merge(&v);
+                    last_ok = Instant::now();
+                    warned = false;
+                }
+                Ok(other) => {
+                    tracing::warn!(peer = %addr, reply = ?other, "unexpected gossip reply");
+                    peer = None;
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %addr, error = %e, "heartbeat failed");
+                    peer = None;
+                }
+            }
+        }
+        if last_ok.elapsed() >= timing.down_after {
+            // The node this address belongs to, as the view knows it.
+            let id = m.view().nodes.iter().find(|n| n.tcp == addr).map(|n| n.id);
+            if let Some(id) = id {
+                m.mark_down(id);
+            }
+        }
+    }
+}
+
+/// Tells every peer in the view this node's latest record at once (best effort), instead of
+/// waiting for the next heartbeat: used when leaving.
+pub(crate) async fn announce(m: &Membership, token: &str, timeout: Duration) {
+    let view = m.view();
+    let peers: Vec<String> = view
+        .nodes
+        .iter()
+        .filter(|n| n.id != m.me() && n.state != NodeState::Down && !n.tcp.is_empty())
+        .map(|n| n.tcp.clone())
+        .collect();
+    let calls = peers.into_iter().map(|addr| {
+        let view = view.clone();
+        async move {
+            if let Ok(mut p) = Peer::connect(&addr, token, m.me(), timeout).await {
+                let _ = p.call(Op::Gossip { view }, &[]).await;
+            }
+        }
+    });
+    for c in calls {
+        c.await;
+    }
+}
+
+/// Replication factors, by namespace id.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Replication {
+    /// Per namespace id: copies of each pinned object.
+    pub(crate) pinned: Vec<u32>,
+}
+
+/// Outcome of one pass of the mover.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct MovePass {
+    /// Pinned objects copied to an owner that lacked them.
+    pub(crate) copied: usize,
+    /// Pinned objects dropped here because every owner holds them and this node is not one.
+    pub(crate) handed_off: usize,
+    /// Pinned objects still here that this node does not own (an owner was unreachable).
+    pub(crate) stranded: usize,
+}
+
+/// Most keys per `Lookup` a pass sends.
+const MOVE_BATCH: usize = 1024;
+
+/// One pass over the pinned objects: each goes to the serving nodes that own it under the
+/// current view (a copy where an owner lacks it: a new owner after a join, a lost replica
+/// after a crash), and is dropped here once every owner holds it and this node is not one of
+/// them (after a join, or while draining). Objects are sent one at a time: low priority.
+pub(crate) async fn move_pass(
+    pool: &Pool,
+    m: &Membership,
+    repl: &Replication,
+    token: &str,
+    timeout: Duration,
+    started: Instant,
+) -> MovePass {
+    let view = m.view();
+    let me = NodeId(m.me());
+    let mut out = MovePass::default();
+    let mut peers: HashMap<u32, Option<Peer>> = HashMap::new();
+    for (ns, &r) in repl.pinned.iter().enumerate() {
+        let ns = ns as u32;
+        let Ok(keys) = pool.pinned_keys(ns) else {
+            continue;
+        };
+        // Per owner other than me, the keys it should hold.
+        let mut by_owner: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut owned_here = vec![false; keys.len()];
+        for (i, k) in keys.iter().enumerate() {
+            for o in view.owners(k, r.max(1) as usize) {
+                if o == me {
+                    owned_here[i] = true;
+                } else {
+                    by_owner.entry(o.0).or_default().push(i);
+                }
+            }
+        }
+        let mut confirmed = vec![0usize; keys.len()];
+        let mut failed = vec![false; keys.len()];
+        for (owner, idx) in by_owner {
+            let peer = match peers.entry(owner) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let addr = view.node(NodeId(owner)).map(|n| n.tcp.clone());
+                    let p = match addr {
+                        Some(a) => Peer::connect(&a, token, me.0, timeout).await.ok(),
+                        None => None,
+                    };
+                    e.insert(p)
+                }
+            };
+            let Some(p) = peer.as_mut() else {
+                idx.iter().for_each(|&i| failed[i] = true);
+                continue;
+            };
+            for chunk in idx.chunks(MOVE_BATCH) {
+                let lookup = Op::Lookup {
+                    ns,
+                    keys: chunk.iter().map(|&i| keys[i].clone()).collect(),
+                    lease_ms: 0,
+                };
+                let present: Vec<Option<LocatedWire>> = match p.call(lookup, &[]).await {
+                    Ok(Reply::Located(l)) if l.len() == chunk.len() => l,
+                    _ => {
+                        chunk.iter().for_each(|&i| failed[i] = true);
+                        continue;
+                    }
+                };
+                for (&i, have) in chunk.iter().zip(present) {
+                    if have.is_some() {
+                        confirmed[i] += 1;
+                        continue;
+                    }
+                    let now = started.elapsed().as_millis() as u64;
+                    let Ok(obj) = pool.get_ref(ns, &keys[i], now) else {
+                        continue; // removed meanwhile
+                    };
+                    let put = Op::Put {
+                        ns,
+                        key: keys[i].clone(),
+                        checksum: obj.checksum(),
+                        pin: true,
+                    };
+                    match p.call(put, &[obj.bytes()]).await {
+                        Ok(Reply::Done) => {
+                            confirmed[i] += 1;
+                            out.copied += 1;
+                        }
+                        Ok(_) | Err(_) => failed[i] = true,
+                    }
+                }
+            }
+        }
+        for (i, k) in keys.iter().enumerate() {
+            if owned_here[i] || failed[i] {
+                if !owned_here[i] {
+                    out.stranded += 1;
+                }
+                continue;
+            }
+            let owners = view.owners(k, r.max(1) as usize).len();
+            if owners > 0 && confirmed[i] == owners && pool.remove(ns, k).unwrap_or(false) {
+                out.handed_off += 1;
+            } else if owners == 0 {
+                out.stranded += 1;
+            }
+        }
+    }
+    out
+}
+
+/// What the mover needs.
+pub(crate) struct Mover {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) m: Arc<Membership>,
+    pub(crate) repl: Replication,
+    pub(crate) token: String,
+    pub(crate) timing: Timing,
+    pub(crate) started: Instant,
+    /// Longest a drain waits for pinned objects to find a new home.
+    pub(crate) drain_timeout: Duration,
+}
+
+/// Runs the mover: a pass after every view change (and every few seconds while objects are
+/// stranded), and the drain when asked for. Returns when `stop` fires or the node has left.
+pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
+    let mut changed = mv.m.subscribe();
+    let mut drain = mv.m.drain.subscribe();
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pending = false;
+    loop {
+        let drain_now = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            r = changed.changed() => { if r.is_err() { return; } pending = true; false }
+            _ = tick.tick() => false,
+            r = drain.wait_for(|d| *d) => r.is_ok(),
+        };
+        if drain_now {
+            drain_and_leave(&mv).await;
+            return;
+        }
+        if !pending || mv.m.view().nodes.len() < 2 {
+            continue;
+        }
+        let pass = move_pass(
+            &mv.pool,
+            &mv.m,
+            &mv.repl,
+            &mv.token,
+            mv.timing.heartbeat * 4,
+            mv.started,
+        )
+        .await;
+        if pass != MovePass::default() {
+            tracing::info!(
+                copied = pass.copied,
+                handed_off = pass.handed_off,
+                stranded = pass.stranded,
+                "moved pinned objects"
+            );
+        }
+        pending = pass.stranded > 0;
+    }
+}
+
+async fn drain_and_leave(mv: &Mover) {
+    tracing::info!("draining: taking no new objects, moving pinned objects off");
+    mv.m.set_state(NodeState::Draining);
+    announce(&mv.m, &mv.token, mv.timing.heartbeat * 4).await;
+    let deadline = Instant::now() + mv.drain_timeout;
+    loop {
+        let pass = move_pass(
+            &mv.pool,
+            &mv.m,
+            &mv.repl,
+            &mv.token,
+            mv.timing.heartbeat * 4,
+            mv.started,
+        )
+        .await;
+        tracing::info!(
+            copied = pass.copied,
+            handed_off = pass.handed_off,
+            stranded = pass.stranded,
+            "drain pass"
+        );
+        if pass.stranded == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                stranded = pass.stranded,
+                "drain timeout: leaving with pinned objects that found no home"
+            );
+            break;
+        }
+        tokio::time::sleep(mv.timing.heartbeat).await;
+    }
+    mv.m.set_state(NodeState::Down);
+    announce(&mv.m, &mv.token, mv.timing.heartbeat * 4).await;
+    tracing::info!("drained: leaving the cluster");
+    mv.m.left.send_replace(true);
+}

@@ -1,0 +1,129 @@
+//! A daemon's own connection to another daemon: heartbeats (`Gossip`) and moving pinned
+//! objects (`Lookup`, `Put`, `Drain`). Plain TCP, one request at a time, every call bounded by
+//! a timeout. Requests go with view stamp 0: the daemon addresses the peer on purpose.
+
+use std::time::Duration;
+
+use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
+use kvpool::protocol::{
+    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
+    Response, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// A failed exchange with a peer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PeerError {
+    #[error("peer i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer frame: {0}")]
+    Wire(#[from] kvpool::protocol::io::WireError),
+    #[error("peer protocol: {0}")]
+    Protocol(String),
+    #[error("peer timed out")]
+    Timeout,
+    #[error("peer answered {code:?}: {message}")]
+    Server { code: ErrorCode, message: String },
+}
+
+/// One connection to one peer, after the handshake.
+pub(crate) struct Peer {
+    r: BufReader<OwnedReadHalf>,
+    w: BufWriter<OwnedWriteHalf>,
+    hdr: AlignedVec,
+    next_id: u64,
+    limits: Limits,
+    timeout: Duration,
+    /// What the peer said at the handshake.
+    pub(crate) hello: HelloInfo,
+}
+
+impl Peer {
+    /// Connects to `addr` (`host:port`) and shakes hands with `token`.
+    pub(crate) async fn connect(
+        addr: &str,
+        token: &str,
+        node: u32,
+        timeout: Duration,
+    ) -> Result<Peer, PeerError> {
+        let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| PeerError::Timeout)??;
+        s.set_nodelay(true)?;
+        let (r, w) = s.into_split();
+        let mut p = Peer {
+            r: BufReader::with_capacity(64 << 10, r),
+            w: BufWriter::with_capacity(64 << 10, w),
+            hdr: AlignedVec::new(),
+            next_id: 1,
+            limits: Limits {
+                max_header: 64 << 20,
+                max_payload: u64::MAX,
+                max_batch: u32::MAX,
+            },
+            timeout,
+            hello: HelloInfo {
+                version: 0,
+                node: 0,
+                namespaces: Vec::new(),
+                host_id: String::new(),
+                uds_path: String::new(),
+                max_payload: 0,
+                max_batch: 0,
+                view: Default::default(),
+                replication: Vec::new(),
+            },
+        };
+        let hello = Op::Hello {
+            version: PROTOCOL_VERSION,
+            token: token.to_string(),
+            client: format!("kvpoold node {node}"),
+        };
+        match p.call(hello, &[]).await? {
+            Reply::Hello(h) => p.hello = h,
+            r => return Err(PeerError::Protocol(format!("handshake answered {r:?}"))),
+        }
+        Ok(p)
+    }
+
+    /// One request. Replies carrying a payload are refused (nothing the daemon asks a peer for
+    /// has one), so a peer can't make us buffer anything.
+    pub(crate) async fn call(&mut self, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.exchange(op, payload))
+            .await
+            .map_err(|_| PeerError::Timeout)?
+    }
+
+    async fn exchange(&mut self, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let hdr = encode(&Request { id, view: 0, op });
+        write_frame(&mut self.w, &hdr, payload).await?;
+        self.w.flush().await?;
+        let prefix = read_prefix(&mut self.r, &self.limits)
+            .await?
+            .ok_or_else(|| PeerError::Protocol("peer closed the connection".into()))?;
+        read_header(&mut self.r, &prefix, &mut self.hdr).await?;
+        let Response { id: got, reply } =
+            decode_response_owned(&self.hdr).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        if got != id {
+            return Err(PeerError::Protocol(format!(
+                "response {got} for request {id}"
+            )));
+        }
+        if let Reply::Error { code, message } = reply {
+            discard(&mut self.r, prefix.payload_len).await?;
+            return Err(PeerError::Server {
+                code: ErrorCode::from_u16(code),
+                message,
+            });
+        }
+        if prefix.payload_len != 0 {
+            return Err(PeerError::Protocol("unexpected reply payload".into()));
+        }
+        Ok(reply)
+    }
+}

@@ -1,0 +1,418 @@
+//! Multi-node tests with real `kvpoold` processes on loopback: placement by weight, routing
+//! from any node, a node killed with SIGKILL under load, a node joining, a node draining.
+//! Static membership with fast heartbeats (100 ms, down after 600 ms). Every wait is bounded.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{temp_dir, value, Node};
+use kvpool::placement::{ClusterView, NodeState};
+use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
+
+const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
+
+/// Starts node `id` with `memory`, joining through `seed` (none for the first node).
+fn start(id: u32, memory: &str, seed: Option<&Node>, extra: &[&str]) -> Node {
+    let id = id.to_string();
+    let mut args: Vec<&str> = vec!["--node-id", &id];
+    args.extend_from_slice(HEARTBEAT);
+    let peer;
+    if let Some(s) = seed {
+        peer = s.tcp.clone();
+        args.extend_from_slice(&["--peer", &peer]);
+    }
+    args.extend_from_slice(extra);
+    Node::start(memory, &args)
+}
+
+fn cfg(same_host: SameHost) -> ClientConfig {
+    ClientConfig {
+        same_host,
+        timeout: Duration::from_secs(5),
+        ..Default::default()
+    }
+}
+
+/// Polls `node`'s view until `want` holds (at most 20 s).
+async fn wait_view(client: &Client, what: &str, want: impl Fn(&ClusterView) -> bool) -> Duration {
+    let t = Instant::now();
+    loop {
+        if let Ok(v) = client.view().await {
+            if want(&v) {
+                return t.elapsed();
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "view never reached: {what}: {:?}",
+            client.view().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn serving(v: &ClusterView) -> usize {
+    v.nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Serving)
+        .count()
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key-{i:08}").into_bytes()
+}
+
+/// Writes keys `range` with 256-byte values, in batches; returns how many were stored.
+async fn fill(c: &Client, range: std::ops::Range<u64>) -> usize {
+    let mut stored = 0;
+    let ids: Vec<u64> = range.collect();
+    for chunk in ids.chunks(500) {
+        let keys: Vec<Vec<u8>> = chunk.iter().map(|&i| key(i)).collect();
+        let vals: Vec<Vec<u8>> = chunk.iter().map(|&i| value(i, 256)).collect();
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(&vals)
+            .map(|(k, v)| (&k[..], &v[..]))
+            .collect();
+        let codes = c.batch_put_from(&items).await.unwrap();
+        stored += codes.iter().filter(|c| **c == ErrorCode::Ok).count();
+    }
+    stored
+}
+
+/// Reads keys `range` back in batches, checking every byte; returns how many were present.
+async fn check(c: &Client, range: std::ops::Range<u64>) -> usize {
+    let mut present = 0;
+    let ids: Vec<u64> = range.collect();
+    for chunk in ids.chunks(500) {
+        let keys: Vec<Vec<u8>> = chunk.iter().map(|&i| key(i)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let mut bufs = vec![vec![0u8; 256]; chunk.len()];
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+        for ((g, b), &i) in got.iter().zip(&bufs).zip(chunk) {
+            if let Some(len) = g {
+                assert_eq!(*len, 256);
+                assert_eq!(b, &value(i, 256), "key {i}: wrong bytes");
+                present += 1;
+            }
+        }
+    }
+    present
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_spread_keys_by_weight_and_serve_them_from_any_node() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let n1 = start(1, "128MiB", Some(&n0), &[]);
+    let n2 = start(2, "64MiB", Some(&n0), &[]);
+    let c0 = Client::connect(&n0.tcp_url(), cfg(SameHost::Auto))
+        .await
+        .unwrap();
+    wait_view(&c0, "3 serving", |v| serving(v) == 3).await;
+    let c1 = Client::connect(&n1.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    let c2 = Client::connect(&n2.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    for c in [&c1, &c2] {
+        wait_view(c, "3 serving", |v| serving(v) == 3).await;
+    }
+    let v = c0.view().await.unwrap();
+    assert_eq!(v.stamp(), c1.view().await.unwrap().stamp(), "views agree");
+    assert_eq!(v.version, c2.view().await.unwrap().version);
+
+    assert_eq!(fill(&c0, 0..10_000).await, 10_000);
+    // Shares follow capacity (1:2:1) within 15 % of each node's weight.
+    let total: u64 = v.nodes.iter().map(|n| n.capacity).sum();
+    for n in &v.nodes {
+        let objects = c0.node_stats(n.id).await.unwrap().objects;
+        let want = 10_000.0 * n.capacity as f64 / total as f64;
+        let dev = (objects as f64 - want).abs() / want;
+        println!("node {}: {objects} keys, weight share {want:.0}", n.id);
+        assert!(
+            dev < 0.15,
+            "node {} holds {objects}, expected about {want:.0}",
+            n.id
+        );
+    }
+    // Every key is readable from a client of any node, over the mapping or TCP.
+    for c in [&c0, &c1, &c2] {
+        assert_eq!(check(c, 0..10_000).await, 10_000);
+        assert_eq!(
+            c.batch_exists(&[&key(1)[..], &key(2)[..], b"absent", &key(3)[..]])
+                .await
+                .unwrap(),
+            2,
+            "the leading run over the whole batch, across owners"
+        );
+    }
+    // The CLI prints the same view, with every node's use.
+    let out = std::process::Command::new(common::bin("kvpool"))
+        .args(["cluster", "status", "--json", "-e", &n2.tcp_url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        json.contains(&format!(r#""version":{}"#, v.version)),
+        "{json}"
+    );
+    assert_eq!(json.matches(r#""state":"serving""#).count(), 3, "{json}");
+    let objects: u64 = json
+        .split(r#""objects":"#)
+        .skip(1)
+        .map(|t| {
+            t.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(objects, 10_000, "{json}");
+    let table = std::process::Command::new(common::bin("kvpool"))
+        .args(["cluster", "status", "-e", &n0.tcp_url()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.contains("serving") && table.lines().count() == 5,
+        "{table}"
+    );
+    // A request routed by another view is refused, never served by the wrong owner.
+    let stale = raw_get_with_view(&n1.tcp, v.stamp() ^ 1, &key(7)).await;
+    assert_eq!(stale, ErrorCode::WrongView as u16);
+    let right = raw_get_with_view(&n1.tcp, v.stamp(), &key(7)).await;
+    assert!(
+        right == 0 || right == ErrorCode::NotFound as u16,
+        "a correctly routed request is served: {right}"
+    );
+}
+
+/// Sends one `Get` routed by view stamp `view` over a fresh connection; returns 0 for a value
+/// or the error code.
+async fn raw_get_with_view(addr: &str, view: u64, key: &[u8]) -> u16 {
+    use kvpool::protocol::io::{read_header, read_prefix, write_frame};
+    use kvpool::protocol::{
+        decode_response_owned, encode, AlignedVec, Limits, Op, Reply, Request, PROTOCOL_VERSION,
+    };
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let ops = [
+        Op::Hello {
+            version: PROTOCOL_VERSION,
+            token: String::new(),
+            client: "test".into(),
+        },
+        Op::Get {
+            ns: 0,
+            key: key.to_vec(),
+        },
+    ];
+    let mut last = 0;
+    for (id, op) in ops.into_iter().enumerate() {
+        let hdr = encode(&Request {
+            id: id as u64,
+            view: if id == 0 { 0 } else { view },
+            op,
+        });
+        write_frame(&mut s, &hdr, &[]).await.unwrap();
+        s.flush().await.unwrap();
+        let p = read_prefix(&mut s, &Limits::default())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut h = AlignedVec::new();
+        read_header(&mut s, &p, &mut h).await.unwrap();
+        kvpool::protocol::io::discard(&mut s, p.payload_len)
+            .await
+            .unwrap();
+        last = match decode_response_owned(&h).unwrap().reply {
+            Reply::Error { code, .. } => code,
+            _ => 0,
+        };
+    }
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_under_load_turns_its_keys_into_misses_never_errors() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let n1 = start(1, "64MiB", Some(&n0), &[]);
+    let mut n2 = start(2, "64MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
+    assert_eq!(fill(&c, 0..3_000).await, 3_000);
+    // Pinned objects live on two nodes (pinned_replicas defaults to 2).
+    for i in 0..200u64 {
+        c.put_pinned(
+            format!("weights-{i}").as_bytes(),
+            &value(1_000_000 + i, 4096),
+        )
+        .await
+        .unwrap();
+    }
+    let on_n2 = c.node_stats(2).await.unwrap().objects;
+    assert!(on_n2 > 500, "node 2 holds a share: {on_n2}");
+
+    // Mixed load: reads of the preloaded keys (every byte checked), writes of new keys.
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (c, stop, ops) = (c.clone(), stop.clone(), ops.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = i * 7 % 3_000;
+                if let Some(v) = c.get(&key(k)).await.expect("reads never fail") {
+                    assert_eq!(v, value(k, 256), "key {k}: wrong bytes");
+                }
+                let w = 100_000 + i;
+                let r = c.put(&key(w), &value(w, 256)).await;
+                if let Err(e) = r {
+                    // A put may be refused while the node is unreachable; never anything else.
+                    assert!(
+                        matches!(
+                            e.code(),
+                            Some(ErrorCode::Unavailable) | Some(ErrorCode::WrongView)
+                        ),
+                        "put failed: {e}"
+                    );
+                }
+                ops.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            i
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before_kill = ops.load(Ordering::Relaxed);
+    let mut child = n2.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let took = wait_view(&c, "node 2 down", |v| {
+        v.node(kvpool::NodeId(2))
+            .is_some_and(|n| n.state == NodeState::Down)
+    })
+    .await;
+    println!(
+        "node 2 marked down {:?} after SIGKILL (heartbeat 100 ms, down after 600 ms)",
+        killed.elapsed().max(took)
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let total = load.await.unwrap();
+    assert!(
+        total > before_kill + 10,
+        "the load kept running: {before_kill} ops before the kill, {total} in all"
+    );
+    // Keys node 2 held are misses now; every other key is still there, byte for byte.
+    let present = check(&c, 0..3_000).await;
+    assert!(
+        present >= 3_000 - on_n2 as usize - 50 && present < 3_000,
+        "present after the kill: {present} (node 2 held {on_n2})"
+    );
+    // Replicated objects survived.
+    for i in 0..200u64 {
+        let got = c.get(format!("weights-{i}").as_bytes()).await.unwrap();
+        assert_eq!(got, Some(value(1_000_000 + i, 4096)), "pinned object {i}");
+    }
+    drop(n1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_takes_a_share_of_new_writes_and_old_keys_stay_reachable() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let _n1 = start(1, "64MiB", Some(&n0), &[]);
+    let _n2 = start(2, "64MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Auto))
+        .await
+        .unwrap();
+    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
+    assert_eq!(fill(&c, 0..3_000).await, 3_000);
+    let before = check(&c, 0..3_000).await as f64 / 3_000.0;
+
+    let _n3 = start(3, "64MiB", Some(&n0), &[]);
+    wait_view(&c, "4 serving", |v| serving(v) == 4).await;
+    assert_eq!(fill(&c, 10_000..14_000).await, 4_000);
+    let share = c.node_stats(3).await.unwrap().objects as f64 / 4_000.0;
+    println!("node 3 took {:.1} % of new writes", share * 100.0);
+    assert!((0.15..0.35).contains(&share), "about a quarter: {share}");
+    // About a quarter of the old keys now belong to node 3, which never saw them: the lookup
+    // falls back to their previous owner.
+    let after = check(&c, 0..3_000).await as f64 / 3_000.0;
+    println!("hit rate on old keys: {before:.3} before the join, {after:.3} after");
+    assert!(after >= 0.9 * before, "{after} against {before}");
+    // And prefix matches across the change see the whole run.
+    let keys: Vec<Vec<u8>> = (0..64).map(key).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    assert_eq!(c.batch_exists(&refs).await.unwrap(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_hands_its_pinned_objects_over_before_it_exits() {
+    // One copy of each pinned object, so only the mover can save them.
+    let conf = temp_dir("drain-conf").join("kvpool.toml");
+    std::fs::write(
+        &conf,
+        "[[namespace]]\nname = \"weights\"\npinned_replicas = 1\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap().to_string();
+    let n0 = start(0, "64MiB", None, &["--config", &conf]);
+    let mut n1 = start(1, "64MiB", Some(&n0), &["--config", &conf]);
+    let _n2 = start(2, "64MiB", Some(&n0), &["--config", &conf]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap()
+        .namespace("weights")
+        .unwrap();
+    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
+    for i in 0..300u64 {
+        c.put_pinned(format!("layer-{i}").as_bytes(), &value(i, 8192))
+            .await
+            .unwrap();
+    }
+    let on_n1 = c.node_stats(1).await.unwrap().objects;
+    assert!(on_n1 > 50, "node 1 holds a share: {on_n1}");
+    let out = std::process::Command::new(common::bin("kvpool"))
+        .args(["cluster", "drain", "1", "-e", &n0.tcp_url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // It exits by itself once its objects have moved.
+    let mut child = n1.child.take().unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "drained node did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    wait_view(&c, "node 1 gone", |v| {
+        v.node(kvpool::NodeId(1))
+            .is_some_and(|n| n.state == NodeState::Down)
+    })
+    .await;
+    for i in 0..300u64 {
+        let got = c.get(format!("layer-{i}").as_bytes()).await.unwrap();
+        assert_eq!(
+            got,
+            Some(value(i, 8192)),
+            "pinned object {i} after the drain"
+        );
+    }
+}
