@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::{cfg, check, fill, key, serving, wait_view};
 use common::{temp_dir, value, Node};
-use kvpool::placement::{ClusterView, NodeState};
-use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
+use kvpool::placement::NodeState;
+use kvpool_client::{Client, ErrorCode, SameHost};
 
 const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
 
@@ -26,82 +27,6 @@ fn start(id: u32, memory: &str, seed: Option<&Node>, extra: &[&str]) -> Node {
     }
     args.extend_from_slice(extra);
     Node::start(memory, &args)
-}
-
-fn cfg(same_host: SameHost) -> ClientConfig {
-    ClientConfig {
-        same_host,
-        timeout: Duration::from_secs(5),
-        ..Default::default()
-    }
-}
-
-/// Polls `node`'s view until `want` holds (at most 20 s).
-async fn wait_view(client: &Client, what: &str, want: impl Fn(&ClusterView) -> bool) -> Duration {
-    let t = Instant::now();
-    loop {
-        if let Ok(v) = client.view().await {
-            if want(&v) {
-                return t.elapsed();
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "view never reached: {what}: {:?}",
-            client.view().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn serving(v: &ClusterView) -> usize {
-    v.nodes
-        .iter()
-        .filter(|n| n.state == NodeState::Serving)
-        .count()
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key-{i:08}").into_bytes()
-}
-
-/// Writes keys `range` with 256-byte values, in batches; returns how many were stored.
-async fn fill(c: &Client, range: std::ops::Range<u64>) -> usize {
-    let mut stored = 0;
-    let ids: Vec<u64> = range.collect();
-    for chunk in ids.chunks(500) {
-        let keys: Vec<Vec<u8>> = chunk.iter().map(|&i| key(i)).collect();
-        let vals: Vec<Vec<u8>> = chunk.iter().map(|&i| value(i, 256)).collect();
-        let items: Vec<(&[u8], &[u8])> = keys
-            .iter()
-            .zip(&vals)
-            .map(|(k, v)| (&k[..], &v[..]))
-            .collect();
-        let codes = c.batch_put_from(&items).await.unwrap();
-        stored += codes.iter().filter(|c| **c == ErrorCode::Ok).count();
-    }
-    stored
-}
-
-/// Reads keys `range` back in batches, checking every byte; returns how many were present.
-async fn check(c: &Client, range: std::ops::Range<u64>) -> usize {
-    let mut present = 0;
-    let ids: Vec<u64> = range.collect();
-    for chunk in ids.chunks(500) {
-        let keys: Vec<Vec<u8>> = chunk.iter().map(|&i| key(i)).collect();
-        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        let mut bufs = vec![vec![0u8; 256]; chunk.len()];
-        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-        let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
-        for ((g, b), &i) in got.iter().zip(&bufs).zip(chunk) {
-            if let Some(len) = g {
-                assert_eq!(*len, 256);
-                assert_eq!(b, &value(i, 256), "key {i}: wrong bytes");
-                present += 1;
-            }
-        }
-    }
-    present
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

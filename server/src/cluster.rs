@@ -1,5 +1,6 @@
-//! Membership: this node's view of the cluster, kept current by heartbeats, and the mover that
-//! puts pinned objects (model weights) where the view says they belong.
+//! Membership: this node's view of the cluster, kept current by heartbeats (or derived from
+//! etcd, see [`crate::etcd`]), and the mover that puts pinned objects (model weights) where the
+//! view says they belong.
 //!
 //! Static membership (the embedded default): every node heartbeats every peer it knows (the
 //! configured `peers` plus every node in its view) with `Gossip`, carrying its whole view; the
@@ -31,9 +32,20 @@ pub(crate) struct Timing {
     pub(crate) down_after: Duration,
 }
 
+/// Where the view comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Heartbeats between the nodes, carrying their views ([`heartbeats`]).
+    Gossip,
+    /// etcd: the view is replaced wholesale by the one derived from etcd, versions are etcd
+    /// revisions, and gossip from other nodes is ignored.
+    Etcd,
+}
+
 /// This node's view of the cluster.
 pub(crate) struct Membership {
     me: u32,
+    source: Source,
     view: Mutex<ClusterView>,
     stamp: AtomicU64,
     changed: watch::Sender<u64>,
@@ -41,21 +53,30 @@ pub(crate) struct Membership {
     drain: watch::Sender<bool>,
     /// Set once the node has drained and left: the process should exit.
     left: watch::Sender<bool>,
+    /// The epoch of this node's record as last published to etcd.
+    published: watch::Sender<u64>,
 }
 
 impl Membership {
-    pub(crate) fn new(me: NodeInfo) -> Membership {
+    pub(crate) fn new(me: NodeInfo, source: Source) -> Membership {
         let id = me.id;
         let view = ClusterView::from_nodes(vec![me]);
         let stamp = view.stamp();
         Membership {
             me: id,
+            source,
             view: Mutex::new(view),
             stamp: AtomicU64::new(stamp),
             changed: watch::channel(stamp).0,
             drain: watch::channel(false).0,
             left: watch::channel(false).0,
+            published: watch::channel(0).0,
         }
+    }
+
+    /// Where the view comes from.
+    pub(crate) fn source(&self) -> Source {
+        self.source
     }
 
     /// Asks the node to drain and leave (idempotent).
@@ -92,7 +113,12 @@ impl Membership {
         self.stamp.load(Ordering::Acquire)
     }
 
-    /// This node's own record.
+    /// This node's own record, as it last set it.
+    pub(crate) fn my_record(&self) -> Option<NodeInfo> {
+        self.lock().node(NodeId(self.me)).cloned()
+    }
+
+    /// This node's own state.
     pub(crate) fn my_state(&self) -> NodeState {
         self.lock()
             .node(NodeId(self.me))
@@ -109,9 +135,23 @@ impl Membership {
     }
 
     fn update(&self, f: impl FnOnce(&mut ClusterView, u32) -> bool) {
+        self.update_from(false, f)
+    }
+
+    /// Applies `f`; `from_etcd`: `f` installs a view derived from etcd, at its revision.
+    fn update_from(&self, from_etcd: bool, f: impl FnOnce(&mut ClusterView, u32) -> bool) {
         let mut v = self.lock();
         let before = v.version;
         if f(&mut v, self.me) {
+            if self.source == Source::Etcd {
+                // Versions are etcd revisions; a change made here before etcd has it, or a
+                // wiped etcd starting its revisions again, still moves the version forward.
+                v.version = if from_etcd {
+                    v.version.max(before + 1)
+                } else {
+                    before + 1
+                };
+            }
             let stamp = v.stamp();
             self.stamp.store(stamp, Ordering::Release);
             tracing::info!(
@@ -128,21 +168,50 @@ impl Membership {
     /// Merges a peer's view. When it holds a record of this node at least as new as the one
     /// this node holds but different (marked down, or a record from an earlier run), this node
     /// refutes it with a higher epoch. Returns the view after the merge.
+    ///
+    /// With etcd membership the view comes from etcd only: gossip is answered, not merged.
     pub(crate) fn merge(&self, other: &ClusterView) -> ClusterView {
+        if self.source == Source::Etcd {
+            return self.view();
+        }
         self.update(|v, me| {
             let mut changed = v.merge(other, me);
-            if let (Some(theirs), Some(mine)) =
-                (other.node(NodeId(me)), v.node(NodeId(me)).cloned())
-            {
-                if theirs.epoch >= mine.epoch && *theirs != mine {
-                    let mut rec = mine;
-                    rec.epoch = theirs.epoch + 1;
-                    changed |= v.offer(&rec);
-                }
+            if let Some(theirs) = other.node(NodeId(me)) {
+                changed |= refute(v, me, theirs);
             }
             changed
         });
         self.view()
+    }
+
+    /// Replaces the view wholesale with one derived elsewhere (etcd), keeping this node's own
+    /// record as this node last set it: its changes reach the others by being published.
+    pub(crate) fn replace(&self, mut view: ClusterView) {
+        self.update_from(true, |v, me| {
+            view.nodes.retain(|n| n.id != me);
+            if let Some(mine) = v.node(NodeId(me)).cloned() {
+                let at = view.nodes.partition_point(|n| n.id < me);
+                view.nodes.insert(at, mine);
+            }
+            if view.nodes == v.nodes {
+                // The same records at a later revision: no change to route by.
+                v.version = v.version.max(view.version);
+                return false;
+            }
+            *v = view;
+            true
+        });
+    }
+
+    /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left
+    /// by an earlier run), when that is at least as new as this node's own and differs.
+    pub(crate) fn outrank(&self, theirs: &NodeInfo) {
+        self.update(|v, me| refute(v, me, theirs));
+    }
+
+    /// Records that this node's record at `epoch` is in etcd.
+    pub(crate) fn mark_published(&self, epoch: u64) {
+        self.published.send_replace(epoch);
     }
 
     /// Changes this node's own state (raising its epoch).
@@ -166,6 +235,20 @@ impl Membership {
             self.update(|v, _| v.mark_down(id));
         }
     }
+}
+
+/// Raises this node's epoch above `theirs` when that record of this node is at least as new as
+/// its own and differs (marked down, or from an earlier run). True when the view changed.
+fn refute(v: &mut ClusterView, me: u32, theirs: &NodeInfo) -> bool {
+    let Some(mine) = v.node(NodeId(me)).cloned() else {
+        return false;
+    };
+    if theirs.epoch < mine.epoch || *theirs == mine {
+        return false;
+    }
+    let mut rec = mine;
+    rec.epoch = theirs.epoch + 1;
+    v.offer(&rec)
 }
 
 fn describe(v: &ClusterView) -> String {
@@ -285,8 +368,21 @@ async fn peer_loop(
 }
 
 /// Tells every peer in the view this node's latest record at once (best effort), instead of
-/// waiting for the next heartbeat: used when leaving.
+/// waiting for the next heartbeat: used when leaving. With etcd membership, waits (bounded) for
+/// the record to be published instead.
 pub(crate) async fn announce(m: &Membership, token: &str, timeout: Duration) {
+    if m.source == Source::Etcd {
+        let epoch = m.my_record().map_or(0, |n| n.epoch);
+        let mut published = m.published.subscribe();
+        let wait = published.wait_for(|&p| p >= epoch);
+        if tokio::time::timeout(timeout.max(Duration::from_secs(2)), wait)
+            .await
+            .is_err()
+        {
+            tracing::warn!("etcd: this node's new state was not published in time");
+        }
+        return;
+    }
     let view = m.view();
     let peers: Vec<String> = view
         .nodes

@@ -9,6 +9,9 @@ use kvpool::pool::NamespaceConfig;
 use kvpool::protocol::Limits;
 use serde::{Deserialize, Deserializer};
 
+use crate::etcd::EtcdConfig;
+use crate::http::Url;
+
 /// Everything `kvpoold` can be told.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -37,12 +40,19 @@ pub struct Config {
     pub cluster: ClusterConfig,
 }
 
-/// `[cluster]`. With no peers the node is a cluster of one, which other nodes may still join.
+/// `[cluster]`. With no peers and no etcd the node is a cluster of one, which other nodes may
+/// still join.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// TCP addresses (`host:port`) of other nodes to heartbeat (static membership). Default none.
     pub peers: Vec<String>,
+    /// etcd client URLs (`http://host:port`): membership through etcd instead of heartbeats
+    /// (then `peers` must be empty). Default none.
+    pub etcd: Vec<String>,
+    /// Prefix of this cluster's keys in etcd, so several clusters can share one. Default
+    /// `"/kvpool/"`.
+    pub etcd_prefix: String,
     /// The TCP address other nodes and clients reach this node at. Default: the bound TCP
     /// address.
     pub advertise: Option<String>,
@@ -60,6 +70,8 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             peers: Vec::new(),
+            etcd: Vec::new(),
+            etcd_prefix: "/kvpool/".into(),
             advertise: None,
             heartbeat_ms: 500,
             down_after_ms: 2_000,
@@ -285,6 +297,31 @@ impl Config {
         out
     }
 
+    /// How this node learns the cluster: heartbeats to `peers`, or etcd.
+    pub(crate) fn membership(&self) -> anyhow::Result<MembershipConfig> {
+        let c = &self.cluster;
+        if c.etcd.is_empty() {
+            return Ok(MembershipConfig::Static {
+                peers: c.peers.clone(),
+            });
+        }
+        if !c.peers.is_empty() {
+            bail!("cluster: set either peers (static membership) or etcd, not both");
+        }
+        if c.etcd_prefix.is_empty() {
+            bail!("cluster.etcd_prefix must not be empty");
+        }
+        let endpoints = c
+            .etcd
+            .iter()
+            .map(|u| Url::parse(u).map_err(|e| anyhow::anyhow!("cluster.etcd: {e}")))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(MembershipConfig::Etcd(EtcdConfig {
+            endpoints,
+            prefix: c.etcd_prefix.clone(),
+        }))
+    }
+
     /// The wire limits.
     pub fn wire_limits(&self) -> anyhow::Result<Limits> {
         let l = &self.limits;
@@ -352,6 +389,18 @@ impl Config {
             namespaces,
         })
     }
+}
+
+/// How a node learns the cluster.
+#[derive(Clone, Debug)]
+pub(crate) enum MembershipConfig {
+    /// Heartbeats to these peers (and every node they tell of).
+    Static {
+        /// TCP addresses of other nodes.
+        peers: Vec<String>,
+    },
+    /// Registration in etcd, and the view derived from it.
+    Etcd(EtcdConfig),
 }
 
 /// Parses `"1GiB"`, `"512 MiB"`, `"64k"`, `"1g"` or a plain number of bytes.
@@ -448,6 +497,27 @@ mod tests {
             .unwrap()
             .pool_config()
             .is_err());
+    }
+
+    #[test]
+    fn etcd_membership_excludes_peers_and_needs_http_urls() {
+        let c = Config::from_toml(
+            "[cluster]\netcd = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379/\"]",
+        )
+        .unwrap();
+        assert_eq!(c.cluster.etcd_prefix, "/kvpool/", "the default");
+        match c.membership().unwrap() {
+            MembershipConfig::Etcd(e) => assert_eq!(e.endpoints.len(), 2),
+            other => panic!("{other:?}"),
+        }
+        let both = "[cluster]\netcd = [\"http://h:1\"]\npeers = [\"h:2\"]";
+        assert!(Config::from_toml(both).unwrap().membership().is_err());
+        let tls = "[cluster]\netcd = [\"https://h:1\"]";
+        assert!(Config::from_toml(tls).unwrap().membership().is_err());
+        assert!(matches!(
+            Config::default().membership().unwrap(),
+            MembershipConfig::Static { .. }
+        ));
     }
 
     #[test]

@@ -15,8 +15,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{self, Membership, Mover, Replication, Timing};
-use crate::config::{parse_listen, Config};
+use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
+use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::handler::Shared;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
@@ -75,6 +75,7 @@ impl Daemon {
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let limits = config.wire_limits()?;
+        let membership_cfg = config.membership()?;
         let pool_cfg = config.pool_config()?;
         let pool =
             Arc::new(Pool::new(&pool_cfg, random_secret()?).context("creating memory segments")?);
@@ -162,20 +163,26 @@ impl Daemon {
                 None => String::new(),
             },
         };
-        let in_cluster = !config.cluster.peers.is_empty();
-        let membership = Arc::new(Membership::new(NodeInfo {
-            id: config.node_id,
-            tcp: advertise,
-            quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
-            metrics: bound.metrics.map(|a| a.to_string()).unwrap_or_default(),
-            capacity: pool.stats().capacity(),
-            state: if in_cluster {
-                NodeState::Joining
-            } else {
-                NodeState::Serving
+        let (in_cluster, source) = match &membership_cfg {
+            MembershipConfig::Static { peers } => (!peers.is_empty(), Source::Gossip),
+            MembershipConfig::Etcd(_) => (true, Source::Etcd),
+        };
+        let membership = Arc::new(Membership::new(
+            NodeInfo {
+                id: config.node_id,
+                tcp: advertise,
+                quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
+                metrics: bound.metrics.map(|a| a.to_string()).unwrap_or_default(),
+                capacity: pool.stats().capacity(),
+                state: if in_cluster {
+                    NodeState::Joining
+                } else {
+                    NodeState::Serving
+                },
+                epoch: 1,
             },
-            epoch: 1,
-        }));
+            source,
+        ));
         let replication = config.replication(&pool.namespaces());
         let hello = HelloInfo {
             version: PROTOCOL_VERSION,
@@ -241,13 +248,21 @@ impl Daemon {
             heartbeat: Duration::from_millis(config.cluster.heartbeat_ms.max(10)),
             down_after: Duration::from_millis(config.cluster.down_after_ms.max(20)),
         };
-        tasks.push(tokio::spawn(cluster::heartbeats(
-            membership.clone(),
-            config.cluster.peers.clone(),
-            config.auth.token.clone(),
-            timing.clone(),
-            shutdown.clone(),
-        )));
+        tasks.push(match membership_cfg {
+            MembershipConfig::Static { peers } => tokio::spawn(cluster::heartbeats(
+                membership.clone(),
+                peers,
+                config.auth.token.clone(),
+                timing.clone(),
+                shutdown.clone(),
+            )),
+            MembershipConfig::Etcd(etcd) => tokio::spawn(crate::etcd::run(
+                membership.clone(),
+                etcd,
+                timing.clone(),
+                shutdown.clone(),
+            )),
+        });
         let cluster_drain_timeout = Duration::from_millis(config.cluster.drain_timeout_ms);
         tasks.push(tokio::spawn(cluster::mover(
             Mover {
@@ -336,8 +351,10 @@ impl Daemon {
     /// Stops accepting, waits for in-flight requests (up to the drain timeout), then releases
     /// everything.
     pub async fn shutdown(mut self) {
-        if self.cluster.my_state() != NodeState::Down && self.cluster.view().nodes.len() > 1 {
-            // Tell the peers at once instead of letting them time out.
+        let others_see_me =
+            self.cluster.view().nodes.len() > 1 || self.cluster.source() == Source::Etcd;
+        if self.cluster.my_state() != NodeState::Down && others_see_me {
+            // Tell the peers (or etcd) at once instead of letting them time out.
             self.cluster.set_state(NodeState::Down);
             cluster::announce(&self.cluster, &self.token, self.timing.heartbeat * 2).await;
         }

@@ -8,12 +8,16 @@
 //! - [`Daemon`]: start, serve, drain on shutdown;
 //! - `handler`: one connection's request loop, shared by every transport;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
+//! - `etcd`: membership through etcd instead (leases, the view derived and watched), over a
+//!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP.
 
 mod cluster;
 pub mod config;
 mod daemon;
+mod etcd;
 mod handler;
+mod http;
 mod listeners;
 pub mod metrics;
 mod peer;

@@ -56,6 +56,12 @@ struct Cli {
     /// Another node's TCP address to heartbeat (static membership); repeat for several.
     #[arg(long = "peer", env = "KVPOOL_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
+    /// etcd client URL (http://host:port) for membership instead of peers; repeat for several.
+    #[arg(long = "etcd", env = "KVPOOL_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// Prefix of this cluster's keys in etcd [default: /kvpool/].
+    #[arg(long, env = "KVPOOL_ETCD_PREFIX")]
+    etcd_prefix: Option<String>,
     /// The TCP address other nodes and clients reach this node at [default: the bound address].
     #[arg(long, env = "KVPOOL_ADVERTISE")]
     advertise: Option<String>,
@@ -142,6 +148,12 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if !cli.peers.is_empty() {
         c.cluster.peers = cli.peers.clone();
+    }
+    if !cli.etcd.is_empty() {
+        c.cluster.etcd = cli.etcd.clone();
+    }
+    if let Some(v) = &cli.etcd_prefix {
+        c.cluster.etcd_prefix = v.clone();
     }
     if let Some(v) = &cli.advertise {
         c.cluster.advertise = Some(v.clone());

@@ -7,6 +7,8 @@
     reason = "each test binary uses a different subset"
 )]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

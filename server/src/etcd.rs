@@ -1,0 +1,743 @@
+//! Membership through etcd (`[cluster] etcd`), instead of heartbeats between the nodes.
+//!
+//! Layout under the prefix (default `/kvpool/`), through etcd v3's JSON gateway:
+//!
+//! - `nodes/<id>`: the node's record as JSON (id, addresses, capacity, state, epoch), written by
+//!   the node itself without a lease, so a node that dies stays in the view, as down;
+//! - `alive/<id>`: written under the node's lease (TTL: `down_after_ms` in whole seconds, or
+//!   etcd's minimum if larger), kept alive every third of the TTL.
+//!
+//! The view is every record under `nodes/`, with the state forced to `down` where `alive/<id>`
+//! is absent, at version = the etcd revision it was built at. Every node builds it the same way
+//! from the same keys, so nodes that have seen the same revision agree on the stamp. A node
+//! builds it from a range of the prefix, then follows a watch from the next revision.
+//!
+//! A node registers (both keys, in one transaction) and then turns from `joining` to
+//! `serving`; every later change of its own record (drain, leave) is put again. When etcd can't
+//! be reached the node keeps serving on its last view and retries; when etcd is back it keeps
+//! its lease if etcd still has it (etcd refreshes leases when it restarts) or takes a new one,
+//! registers again, and ranges and watches afresh. A record of this node left by an earlier run
+//! with an epoch at least as high as the node's own is outranked before the first put.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::cluster::{Membership, Timing};
+use crate::http::{self, HttpError, Url};
+
+/// Where etcd is and where in it this cluster lives.
+#[derive(Clone, Debug)]
+pub(crate) struct EtcdConfig {
+    /// Client URLs of the etcd members; tried in turn.
+    pub(crate) endpoints: Vec<Url>,
+    /// Prefix of every key of this cluster.
+    pub(crate) prefix: String,
+}
+
+/// What can go wrong with etcd.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EtcdError {
+    /// HTTP to the gateway failed.
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// A call took longer than its timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The gateway answered something else than expected.
+    #[error("unexpected reply: {0}")]
+    Reply(String),
+    /// The lease is gone (it expired while etcd could not be reached).
+    #[error("lease {0:x} expired")]
+    LeaseLost(i64),
+    /// The watch stream ended.
+    #[error("watch ended")]
+    WatchEnded,
+}
+
+/// Largest reply, or message of the watch stream, read from etcd.
+const MAX_REPLY: usize = 4 << 20;
+
+/// Keeps this node registered in etcd and the view derived from it, until `stop` fires.
+/// Failures are retried (every heartbeat, at most every second) while the node keeps serving
+/// on its last view.
+pub(crate) async fn run(
+    m: Arc<Membership>,
+    cfg: EtcdConfig,
+    timing: Timing,
+    mut stop: watch::Receiver<bool>,
+) {
+    let ttl = lease_ttl(timing.down_after);
+    let call_timeout = Duration::from_millis(ttl as u64 * 1000 / 3)
+        .clamp(Duration::from_millis(500), Duration::from_secs(5));
+    let retry = timing
+        .heartbeat
+        .clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut r = Registrar {
+        keys: Keys::new(&cfg.prefix, m.me()),
+        m,
+        etcd: Etcd {
+            endpoints: cfg.endpoints,
+            current: 0,
+            timeout: call_timeout,
+        },
+        prefix: cfg.prefix,
+        ttl,
+        lease: None,
+        published: None,
+        failing: false,
+    };
+    loop {
+        match r.session(&mut stop).await {
+            Ok(()) => return,
+            Err(e) => {
+                if !r.failing {
+                    tracing::warn!(error = %e, "etcd: lost; serving on the last view, retrying");
+                } else {
+                    tracing::debug!(error = %e, "etcd: still unreachable");
+                }
+                r.failing = true;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry) => {}
+            _ = stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Resolves once `stop` fires (without holding the channel's lock across awaits).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// The lease TTL asked of etcd: `down_after`, rounded up to whole seconds (etcd may grant more:
+/// its minimum is 1.5 election timeouts, 2 s with its defaults).
+pub(crate) fn lease_ttl(down_after: Duration) -> i64 {
+    (down_after.as_millis().div_ceil(1000) as i64).max(1)
+}
+
+/// The keys under the prefix, and the view they make.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    records: BTreeMap<u32, NodeInfo>,
+    alive: BTreeSet<u32>,
+    revision: u64,
+}
+
+impl Registry {
+    /// Applies one key's new value (None: deleted). Keys outside the layout, and records that
+    /// don't parse or name another node, are ignored (by every node alike).
+    pub(crate) fn apply(&mut self, prefix: &str, key: &[u8], value: Option<&[u8]>) {
+        let Some(rest) = key
+            .strip_prefix(prefix.as_bytes())
+            .and_then(|r| std::str::from_utf8(r).ok())
+        else {
+            return;
+        };
+        let id_in = |dir: &str| rest.strip_prefix(dir).and_then(|i| i.parse::<u32>().ok());
+        if let Some(id) = id_in("nodes/") {
+            match value.map(decode_record) {
+                Some(Some(rec)) if rec.id == id => {
+                    self.records.insert(id, rec);
+                }
+                Some(_) => {
+                    tracing::warn!(node = id, "etcd: ignoring a malformed node record");
+                    self.records.remove(&id);
+                }
+                None => {
+                    self.records.remove(&id);
+                }
+            }
+        } else if let Some(id) = id_in("alive/") {
+            if value.is_some() {
+                self.alive.insert(id);
+            } else {
+                self.alive.remove(&id);
+            }
+        }
+    }
+
+    /// The view: every record, down where its node holds no lease, at the revision seen.
+    pub(crate) fn view(&self) -> ClusterView {
+        ClusterView {
+            version: self.revision,
+            nodes: self
+                .records
+                .values()
+                .map(|n| {
+                    let mut n = n.clone();
+                    if !self.alive.contains(&n.id) {
+                        n.state = NodeState::Down;
+                    }
+                    n
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A node record as stored in etcd.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    id: u32,
+    tcp: String,
+    quic: String,
+    metrics: String,
+    capacity: u64,
+    state: String,
+    epoch: u64,
+}
+
+fn encode_record(n: &NodeInfo) -> Vec<u8> {
+    serde_json::to_vec(&Record {
+        id: n.id,
+        tcp: n.tcp.clone(),
+        quic: n.quic.clone(),
+        metrics: n.metrics.clone(),
+        capacity: n.capacity,
+        state: n.state.name().to_string(),
+        epoch: n.epoch,
+    })
+    .expect("a record serializes")
+}
+
+fn decode_record(b: &[u8]) -> Option<NodeInfo> {
+    let r: Record = serde_json::from_slice(b).ok()?;
+    let state = [
+        NodeState::Joining,
+        NodeState::Serving,
+        NodeState::Draining,
+        NodeState::Down,
+    ]
+    .into_iter()
+    .find(|s| s.name() == r.state)?;
+    Some(NodeInfo {
+        id: r.id,
+        tcp: r.tcp,
+        quic: r.quic,
+        metrics: r.metrics,
+        capacity: r.capacity,
+        state,
+        epoch: r.epoch,
+    })
+}
+
+/// This node's keys.
+struct Keys {
+    record: Vec<u8>,
+    alive: Vec<u8>,
+}
+
+impl Keys {
+    fn new(prefix: &str, me: u32) -> Keys {
+        Keys {
+            record: format!("{prefix}nodes/{me}").into_bytes(),
+            alive: format!("{prefix}alive/{me}").into_bytes(),
+        }
+    }
+}
+
+/// A granted lease.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    id: i64,
+    ttl: i64,
+}
+
+/// The state kept across sessions (one session: from connecting to etcd to losing it).
+struct Registrar {
+    m: Arc<Membership>,
+    etcd: Etcd,
+    prefix: String,
+    keys: Keys,
+    ttl: i64,
+    lease: Option<Lease>,
+    /// This node's record as last put.
+    published: Option<NodeInfo>,
+    /// The last session failed (for logging once per outage).
+    failing: bool,
+}
+
+impl Registrar {
+    /// Registers, builds the view, then follows the watch, keeps the lease alive and publishes
+    /// this node's changes. Ok when `stop` fired; an error when etcd was lost.
+    async fn session(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), EtcdError> {
+        let lease = self.lease().await?;
+        if let Some(theirs) = self.etcd.get(&self.keys.record).await? {
+            if let Some(theirs) = decode_record(&theirs) {
+                self.m.outrank(&theirs);
+            }
+        }
+        let mine = self.m.my_record().expect("this node is in its own view");
+        self.etcd
+            .txn_put(&[
+                (&self.keys.record, &encode_record(&mine), None),
+                (&self.keys.alive, b"", Some(lease.id)),
+            ])
+            .await?;
+        self.mark_published(mine);
+        let (revision, kvs) = self.etcd.range_prefix(&self.prefix).await?;
+        let mut reg = Registry {
+            revision,
+            ..Registry::default()
+        };
+        for (k, v) in &kvs {
+            reg.apply(&self.prefix, k, Some(v));
+        }
+        self.m.replace(reg.view());
+        if self.m.my_state() == NodeState::Joining {
+            self.m.set_state(NodeState::Serving);
+        }
+        let body = self.etcd.watch(&self.prefix, revision + 1).await?;
+        let (tx, mut events) = mpsc::channel(16);
+        let _watch = AbortOnDrop(tokio::spawn(follow(body, tx)));
+        if self.failing {
+            tracing::info!(revision, "etcd: back; registered again");
+            self.failing = false;
+        } else {
+            tracing::info!(revision, lease_ttl_s = lease.ttl, "etcd: registered");
+        }
+        let mut changed = self.m.subscribe();
+        let every = Duration::from_millis(lease.ttl.max(1) as u64 * 1000 / 3);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let mine = self.m.my_record().expect("this node is in its own view");
+            if self.published.as_ref() != Some(&mine) {
+                self.etcd
+                    .put(&self.keys.record, &encode_record(&mine))
+                    .await?;
+                self.mark_published(mine);
+            }
+            tokio::select! {
+                _ = tick.tick() => {
+                    if self.etcd.keepalive(lease.id).await?.is_none() {
+                        self.lease = None;
+                        return Err(EtcdError::LeaseLost(lease.id));
+                    }
+                }
+                batch = events.recv() => {
+                    let (revision, kvs) = batch.unwrap_or(Err(EtcdError::WatchEnded))?;
+                    if kvs.is_empty() {
+                        continue;
+                    }
+                    reg.revision = reg.revision.max(revision);
+                    for (k, v) in &kvs {
+                        reg.apply(&self.prefix, k, v.as_deref());
+                    }
+                    self.m.replace(reg.view());
+                }
+                r = changed.changed() => {
+                    if r.is_err() {
+                        return Ok(());
+                    }
+                }
+                _ = stopped(stop) => return Ok(()),
+            }
+        }
+    }
+
+    /// The lease of the last session if etcd still holds it, else a new one.
+    async fn lease(&mut self) -> Result<Lease, EtcdError> {
+        if let Some(l) = self.lease {
+            if self.etcd.keepalive(l.id).await?.is_some() {
+                return Ok(l);
+            }
+            tracing::info!(lease = l.id, "etcd: lease expired; taking a new one");
+        }
+        let l = self.etcd.grant(self.ttl).await?;
+        if l.ttl != self.ttl {
+            tracing::info!(
+                asked_s = self.ttl,
+                granted_s = l.ttl,
+                "etcd: lease TTL differs from down_after_ms"
+            );
+        }
+        self.lease = Some(l);
+        Ok(l)
+    }
+
+    fn mark_published(&mut self, rec: NodeInfo) {
+        self.m.mark_published(rec.epoch);
+        self.published = Some(rec);
+    }
+}
+
+/// Reads watch messages into `tx` until the stream fails or ends (then sends the error).
+async fn follow(mut body: http::Body, tx: mpsc::Sender<Result<WatchBatch, EtcdError>>) {
+    loop {
+        let r = match body.next_line().await {
+            Ok(Some(line)) => parse_watch(&line),
+            Ok(None) => Err(EtcdError::WatchEnded),
+            Err(e) => Err(e.into()),
+        };
+        let end = r.is_err();
+        if tx.send(r).await.is_err() || end {
+            return;
+        }
+    }
+}
+
+/// Aborts a task when dropped (the watch reader, when its session ends).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One watch message: its revision, and each changed key with its new value (None: deleted).
+type WatchBatch = (u64, Vec<(Vec<u8>, Option<Vec<u8>>)>);
+
+fn parse_watch(line: &[u8]) -> Result<WatchBatch, EtcdError> {
+    let v: Value = serde_json::from_slice(line).map_err(|e| EtcdError::Reply(e.to_string()))?;
+    let r = v.get("result").ok_or_else(|| reply_error(&v))?;
+    if r.get("canceled").and_then(Value::as_bool) == Some(true) {
+        return Err(EtcdError::Reply(format!("watch canceled: {r}")));
+    }
+    let mut revision = int(&r["header"]["revision"]).unwrap_or(0) as u64;
+    let mut kvs = Vec::new();
+    for e in r["events"].as_array().into_iter().flatten() {
+        let kv = &e["kv"];
+        let key = bytes(&kv["key"])?;
+        revision = revision.max(int(&kv["mod_revision"]).unwrap_or(0) as u64);
+        // proto3 JSON leaves out defaults: no type is PUT.
+        let value = match e["type"].as_str() {
+            Some("DELETE") => None,
+            _ => Some(bytes(&kv["value"])?),
+        };
+        kvs.push((key, value));
+    }
+    Ok((revision, kvs))
+}
+
+/// etcd v3 through its JSON gateway: one connection per call, every call bounded by a timeout,
+/// endpoints tried in turn (the next call after a failure goes to the next endpoint).
+struct Etcd {
+    endpoints: Vec<Url>,
+    current: usize,
+    timeout: Duration,
+}
+
+impl Etcd {
+    /// Grants a lease of `ttl` seconds.
+    async fn grant(&mut self, ttl: i64) -> Result<Lease, EtcdError> {
+        let r = self
+            .call("/v3/lease/grant", json!({ "TTL": ttl }), false)
+            .await?;
+        match (int(&r["ID"]), int(&r["TTL"])) {
+            (Some(id), Some(ttl)) if ttl > 0 => Ok(Lease { id, ttl }),
+            _ => Err(EtcdError::Reply(format!("lease grant: {r}"))),
+        }
+    }
+
+    /// Refreshes a lease: its TTL, or None when etcd no longer has it.
+    async fn keepalive(&mut self, id: i64) -> Result<Option<i64>, EtcdError> {
+        let r = self
+            .call("/v3/lease/keepalive", json!({ "ID": id.to_string() }), true)
+            .await?;
+        let r = r.get("result").ok_or_else(|| reply_error(&r))?;
+        Ok(int(&r["TTL"]).filter(|&t| t > 0))
+    }
+
+    /// Puts one key (no lease).
+    async fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), EtcdError> {
+        let body = json!({ "key": B64.encode(key), "value": B64.encode(value) });
+        self.call("/v3/kv/put", body, false).await.map(drop)
+    }
+
+    /// Puts several keys in one transaction (one revision), each with its lease or none.
+    async fn txn_put(&mut self, puts: &[(&[u8], &[u8], Option<i64>)]) -> Result<(), EtcdError> {
+        let ops: Vec<Value> = puts
+            .iter()
+            .map(|(k, v, lease)| {
+                let mut put = json!({ "key": B64.encode(k), "value": B64.encode(v) });
+                if let Some(l) = lease {
+                    put["lease"] = json!(l.to_string());
+                }
+                json!({ "request_put": put })
+            })
+            .collect();
+        let r = self
+            .call("/v3/kv/txn", json!({ "success": ops }), false)
+            .await?;
+        if r["succeeded"].as_bool() != Some(true) {
+            return Err(EtcdError::Reply(format!("txn: {r}")));
+        }
+        Ok(())
+    }
+
+    /// One key's value.
+    async fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, EtcdError> {
+        let r = self
+            .call("/v3/kv/range", json!({ "key": B64.encode(key) }), false)
+            .await?;
+        match r["kvs"].as_array().and_then(|a| a.first()) {
+            Some(kv) => Ok(Some(bytes(&kv["value"])?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every key under `prefix` with its value, and the revision they were read at.
+    async fn range_prefix(
+        &mut self,
+        prefix: &str,
+    ) -> Result<(u64, Vec<(Vec<u8>, Vec<u8>)>), EtcdError> {
+        let body = json!({
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix.as_bytes())),
+        });
+        let r = self.call("/v3/kv/range", body, false).await?;
+        let revision = int(&r["header"]["revision"])
+            .ok_or_else(|| EtcdError::Reply(format!("range: {r}")))? as u64;
+        let mut out = Vec::new();
+        for kv in r["kvs"].as_array().into_iter().flatten() {
+            out.push((bytes(&kv["key"])?, bytes(&kv["value"])?));
+        }
+        Ok((revision, out))
+    }
+
+    /// Opens a watch of every key under `prefix` from revision `from`; the stream's messages
+    /// follow the confirmation, which this reads.
+    async fn watch(&mut self, prefix: &str, from: u64) -> Result<http::Body, EtcdError> {
+        let body = json!({ "create_request": {
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix.as_bytes())),
+            "start_revision": from.to_string(),
+        }});
+        let url = self.endpoints[self.current].clone();
+        let json = body.to_string().into_bytes();
+        let r = tokio::time::timeout(self.timeout, async {
+            let mut b = http::post(&url, "/v3/watch", &json, MAX_REPLY).await?;
+            let first = b.next_line().await?.ok_or(EtcdError::WatchEnded)?;
+            let v: Value =
+                serde_json::from_slice(&first).map_err(|e| EtcdError::Reply(e.to_string()))?;
+            if v["result"]["created"].as_bool() != Some(true) {
+                return Err(EtcdError::Reply(format!("watch: {v}")));
+            }
+            Ok(b)
+        })
+        .await
+        .unwrap_or(Err(EtcdError::Timeout(self.timeout)));
+        if r.is_err() {
+            self.next_endpoint();
+        }
+        r
+    }
+
+    /// One call: the reply's JSON (the first message, for a streaming endpoint).
+    async fn call(&mut self, path: &str, req: Value, stream: bool) -> Result<Value, EtcdError> {
+        let url = self.endpoints[self.current].clone();
+        let json = req.to_string().into_bytes();
+        let r = tokio::time::timeout(self.timeout, async {
+            let mut b = http::post(&url, path, &json, MAX_REPLY).await?;
+            let reply = if stream {
+                b.next_line().await?.unwrap_or_default()
+            } else {
+                b.read_all().await?
+            };
+            let v: Value =
+                serde_json::from_slice(&reply).map_err(|e| EtcdError::Reply(e.to_string()))?;
+            if v.get("error").is_some() {
+                return Err(reply_error(&v));
+            }
+            Ok(v)
+        })
+        .await
+        .unwrap_or(Err(EtcdError::Timeout(self.timeout)));
+        if r.is_err() {
+            self.next_endpoint();
+        }
+        r
+    }
+
+    fn next_endpoint(&mut self) {
+        self.current = (self.current + 1) % self.endpoints.len().max(1);
+    }
+}
+
+fn reply_error(v: &Value) -> EtcdError {
+    EtcdError::Reply(v.to_string().chars().take(300).collect())
+}
+
+/// An int64 of proto3 JSON: a string, or a number.
+fn int(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| v.as_str()?.parse().ok())
+}
+
+/// A bytes field of proto3 JSON (base64); absent is empty.
+fn bytes(v: &Value) -> Result<Vec<u8>, EtcdError> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::String(s) => B64
+            .decode(s)
+            .map_err(|e| EtcdError::Reply(format!("base64: {e}"))),
+        other => Err(EtcdError::Reply(format!("not bytes: {other}"))),
+    }
+}
+
+/// The end of a prefix range: the prefix with its last byte below 0xff raised by one.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
+        NodeInfo {
+            id,
+            tcp: format!("127.0.0.1:{}", 7000 + id),
+            quic: String::new(),
+            metrics: String::new(),
+            capacity: 1 << 20,
+            state,
+            epoch,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_bad_ones_are_refused() {
+        for s in [
+            NodeState::Joining,
+            NodeState::Serving,
+            NodeState::Draining,
+            NodeState::Down,
+        ] {
+            let r = rec(3, s, 7);
+            assert_eq!(decode_record(&encode_record(&r)), Some(r));
+        }
+        assert_eq!(decode_record(b"{\"id\":1}"), None);
+        assert_eq!(decode_record(b"nonsense"), None);
+    }
+
+    #[test]
+    fn the_view_is_the_records_with_down_where_no_lease_is_held() {
+        let p = "/kvpool/";
+        let mut a = Registry::default();
+        a.apply(
+            p,
+            b"/kvpool/nodes/1",
+            Some(&encode_record(&rec(1, NodeState::Serving, 2))),
+        );
+        a.apply(
+            p,
+            b"/kvpool/nodes/0",
+            Some(&encode_record(&rec(0, NodeState::Serving, 2))),
+        );
+        a.apply(p, b"/kvpool/alive/0", Some(b""));
+        a.apply(p, b"/kvpool/alive/1", Some(b""));
+        a.apply(
+            p,
+            b"/other/nodes/5",
+            Some(&encode_record(&rec(5, NodeState::Serving, 1))),
+        );
+        a.apply(
+            p,
+            b"/kvpool/nodes/9",
+            Some(&encode_record(&rec(8, NodeState::Serving, 1))),
+        );
+        a.apply(p, b"/kvpool/nodes/x", Some(b"{}"));
+        a.apply(p, b"/kvpool/alive/1", None);
+        a.revision = 12;
+        let v = a.view();
+        assert_eq!(v.version, 12);
+        let states: Vec<_> = v.nodes.iter().map(|n| (n.id, n.state)).collect();
+        assert_eq!(
+            states,
+            [(0, NodeState::Serving), (1, NodeState::Down)],
+            "sorted, node 1 down, foreign and mismatched keys ignored"
+        );
+        // The same keys in another order make the same view.
+        let mut b = Registry::default();
+        b.apply(p, b"/kvpool/alive/0", Some(b""));
+        b.apply(
+            p,
+            b"/kvpool/nodes/0",
+            Some(&encode_record(&rec(0, NodeState::Serving, 2))),
+        );
+        b.apply(
+            p,
+            b"/kvpool/nodes/1",
+            Some(&encode_record(&rec(1, NodeState::Serving, 2))),
+        );
+        assert_eq!(b.view().stamp(), v.stamp());
+    }
+
+    #[test]
+    fn watch_messages_parse() {
+        let line = br#"{"result":{"header":{"revision":"3"},"events":[{"kv":{"key":"L2t2cG9vbC9hbGl2ZS8x","mod_revision":"2","value":"eA=="}},{"type":"DELETE","kv":{"key":"L2t2cG9vbC9hbGl2ZS8x","mod_revision":"3"}}]}}"#;
+        let (rev, kvs) = parse_watch(line).unwrap();
+        assert_eq!(rev, 3);
+        assert_eq!(
+            kvs,
+            vec![
+                (b"/kvpool/alive/1".to_vec(), Some(b"x".to_vec())),
+                (b"/kvpool/alive/1".to_vec(), None)
+            ]
+        );
+        assert!(parse_watch(br#"{"result":{"canceled":true,"compact_revision":"9"}}"#).is_err());
+        assert!(parse_watch(br#"{"error":{"grpc_code":14}}"#).is_err());
+    }
+
+    #[test]
+    fn prefix_ends_and_lease_ttls() {
+        assert_eq!(prefix_end(b"/kvpool/"), b"/kvpool0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(lease_ttl(Duration::from_millis(2000)), 2);
+        assert_eq!(lease_ttl(Duration::from_millis(2001)), 3);
+        assert_eq!(lease_ttl(Duration::from_millis(100)), 1);
+    }
+
+    #[test]
+    fn a_replaced_view_keeps_this_nodes_own_record_and_never_goes_back() {
+        let m = Membership::new(rec(1, NodeState::Draining, 5), crate::cluster::Source::Etcd);
+        let mut reg = Registry::default();
+        let p = "/p/";
+        reg.apply(
+            p,
+            b"/p/nodes/0",
+            Some(&encode_record(&rec(0, NodeState::Serving, 1))),
+        );
+        reg.apply(
+            p,
+            b"/p/nodes/1",
+            Some(&encode_record(&rec(1, NodeState::Serving, 4))),
+        );
+        reg.apply(p, b"/p/alive/0", Some(b""));
+        reg.revision = 40;
+        m.replace(reg.view());
+        let v = m.view();
+        assert_eq!(v.version, 40);
+        assert_eq!(v.nodes.len(), 2);
+        assert_eq!(v.nodes[1], rec(1, NodeState::Draining, 5), "my own record");
+        // A wiped etcd starts its revisions again: the version still only goes up.
+        reg.apply(p, b"/p/alive/0", None);
+        reg.revision = 3;
+        m.replace(reg.view());
+        assert_eq!(m.view().version, 41);
+        assert_eq!(m.view().nodes[0].state, NodeState::Down);
+        // A leftover record of mine with a higher epoch is outranked.
+        m.outrank(&rec(1, NodeState::Serving, 9));
+        assert_eq!(m.my_record().unwrap().epoch, 10);
+        assert_eq!(m.my_record().unwrap().state, NodeState::Draining);
+    }
+}

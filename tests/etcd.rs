@@ -1,0 +1,306 @@
+//! Membership through etcd, with real processes on loopback: an `etcd` of our own (free ports,
+//! its own data dir) and `kvpoold`s registered in it with fast timings (down after 1 s: etcd
+//! grants its 2 s minimum lease). Three nodes serve by weight, one is killed with SIGKILL, a
+//! fourth joins, etcd itself is killed and restarted while the nodes keep serving, and a fifth
+//! joins afterwards. Skips, saying why, where no `etcd` binary is installed (Debian:
+//! `apt-get install etcd-server`). Every wait is bounded.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cluster::{cfg, check, fill, serving, wait_view};
+use common::{temp_dir, Node};
+use kvpool::placement::{ClusterView, NodeState};
+use kvpool::NodeId;
+use kvpool_client::{Client, SameHost};
+
+const TIMING: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "1000"];
+
+/// The `etcd` binary: on PATH, or where Debian's `etcd-server` puts it.
+fn find_etcd() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
+        .map(|d| d.join("etcd"))
+        .find(|p| p.is_file())
+}
+
+/// A single-member etcd on loopback.
+struct Etcd {
+    bin: PathBuf,
+    dir: PathBuf,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    fn start(bin: PathBuf) -> Etcd {
+        let mut e = Etcd {
+            bin,
+            dir: temp_dir("etcd"),
+            client: free_port(),
+            peer: free_port(),
+            child: None,
+        };
+        e.launch();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    /// Starts the process (on the same ports and data dir every time) and waits until it
+    /// answers `/health`.
+    fn launch(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .args(["--name", "kvpool-test"])
+            .args(["--data-dir", self.dir.join("data").to_str().unwrap()])
+            .args(["--listen-client-urls", &self.url()])
+            .args(["--advertise-client-urls", &self.url()])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("kvpool-test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning etcd");
+        self.child = Some(child);
+        let t = Instant::now();
+        while !self.healthy() {
+            if t.elapsed() > Duration::from_secs(30) {
+                let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+                panic!("etcd did not become healthy in 30 s:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn healthy(&self) -> bool {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.client)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let mut out = String::new();
+        s.write_all(req.as_bytes()).is_ok()
+            && s.read_to_string(&mut out).is_ok()
+            && out.contains("\"health\":\"true\"")
+    }
+
+    /// SIGKILL, and wait for it.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts node `id` with `memory`, registered in `etcd`.
+fn start(id: u32, memory: &str, etcd: &Etcd) -> Node {
+    let id = id.to_string();
+    let url = etcd.url();
+    let mut args: Vec<&str> = vec!["--node-id", &id, "--etcd", &url];
+    args.extend_from_slice(TIMING);
+    Node::start(memory, &args)
+}
+
+async fn connect(n: &Node) -> Client {
+    Client::connect(&n.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap()
+}
+
+/// Polls every client's node until all hold the same view (same stamp) and `want` holds of it
+/// (at most 20 s); returns that view.
+async fn agree(
+    clients: &[&Client],
+    what: &str,
+    want: impl Fn(&ClusterView) -> bool,
+) -> ClusterView {
+    let t = Instant::now();
+    loop {
+        let mut views = Vec::new();
+        for c in clients {
+            views.push(c.view().await.ok());
+        }
+        if let Some(Some(first)) = views.first() {
+            if want(first)
+                && views
+                    .iter()
+                    .all(|v| v.as_ref().is_some_and(|v| v.stamp() == first.stamp()))
+            {
+                return first.clone();
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the nodes never agreed on a view where {what}: {views:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn state(v: &ClusterView, id: u32) -> Option<NodeState> {
+    v.node(NodeId(id)).map(|n| n.state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_membership_survives_a_crash_a_join_and_an_etcd_restart() {
+    let Some(bin) = find_etcd() else {
+        eprintln!(
+            "skipping the etcd membership test: no `etcd` binary on PATH or in /usr/bin \
+             (Debian: apt-get install etcd-server)"
+        );
+        return;
+    };
+    let mut etcd = Etcd::start(bin);
+    let n0 = start(0, "64MiB", &etcd);
+    let n1 = start(1, "128MiB", &etcd);
+    let mut n2 = start(2, "64MiB", &etcd);
+    let (c0, c1, c2) = (connect(&n0).await, connect(&n1).await, connect(&n2).await);
+    agree(&[&c0, &c1, &c2], "3 serving", |v| serving(v) == 3).await;
+
+    // Keys spread by weight (1:2:1) and are readable from every node.
+    assert_eq!(fill(&c0, 0..10_000).await, 10_000);
+    let mut held = [0u64; 3];
+    for (id, h) in held.iter_mut().enumerate() {
+        *h = c0.node_stats(id as u32).await.unwrap().objects;
+    }
+    for (id, want) in [0.25, 0.5, 0.25].into_iter().enumerate() {
+        let share = held[id] as f64 / 10_000.0;
+        assert!((share - want).abs() < 0.05, "node {id}: {share}");
+    }
+    assert_eq!(check(&c1, 0..10_000).await, 10_000);
+    assert_eq!(check(&c2, 0..10_000).await, 10_000);
+
+    // SIGKILL node 2: its lease expires and every node marks it down.
+    let mut child = n2.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    wait_view(&c0, "node 2 down", |v| state(v, 2) == Some(NodeState::Down)).await;
+    println!(
+        "node 2 marked down {:?} after SIGKILL (down after 1000 ms, so a 2 s lease)",
+        killed.elapsed()
+    );
+    agree(&[&c0, &c1], "node 2 down, 2 serving", |v| {
+        state(v, 2) == Some(NodeState::Down) && serving(v) == 2
+    })
+    .await;
+    // Its keys are misses; every other key is still there, byte for byte.
+    assert_eq!(check(&c0, 0..10_000).await as u64, 10_000 - held[2]);
+    drop(c2);
+
+    // A fourth node joins and takes about a quarter of new writes (64 of 256 MiB).
+    let n3 = start(3, "64MiB", &etcd);
+    let c3 = connect(&n3).await;
+    agree(&[&c0, &c1, &c3], "node 3 serving", |v| {
+        serving(v) == 3 && state(v, 3) == Some(NodeState::Serving)
+    })
+    .await;
+    assert_eq!(fill(&c0, 20_000..24_000).await, 4_000);
+    let share = c0.node_stats(3).await.unwrap().objects as f64 / 4_000.0;
+    println!("node 3 took {:.1} % of new writes", share * 100.0);
+    assert!((0.15..0.35).contains(&share), "about a quarter: {share}");
+
+    // etcd goes away: the nodes keep serving reads and writes on their last view, for longer
+    // than a lease lasts.
+    let mut before = Vec::new();
+    for c in [&c0, &c1, &c3] {
+        before.push(c.view().await.unwrap().version);
+    }
+    etcd.kill();
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(3) {
+        let i = outage.elapsed().as_millis() as u64;
+        let base = 30_000 + i * 100;
+        assert_eq!(
+            fill(&c1, base..base + 100).await,
+            100,
+            "writes during the outage"
+        );
+        assert_eq!(
+            check(&c3, base..base + 100).await,
+            100,
+            "reads during the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let during = agree(&[&c0, &c1, &c3], "3 serving during the outage", |v| {
+        serving(v) == 3
+    })
+    .await;
+    assert_eq!(state(&during, 2), Some(NodeState::Down));
+
+    // etcd is back (same data dir): every node registers again and follows it afresh.
+    etcd.launch();
+    let back = Instant::now();
+    for (c, v0) in [&c0, &c1, &c3].into_iter().zip(before) {
+        wait_view(c, "registered again (a newer revision)", |v| v.version > v0).await;
+    }
+    println!(
+        "nodes registered again {:?} after etcd came back",
+        back.elapsed()
+    );
+    let after = agree(&[&c0, &c1, &c3], "3 serving after the restart", |v| {
+        serving(v) == 3
+    })
+    .await;
+    assert_eq!(
+        after.stamp(),
+        during.stamp(),
+        "nobody changed: the same view"
+    );
+
+    // A fresh node still joins, and every node agrees again.
+    let mut n4 = start(4, "64MiB", &etcd);
+    let c4 = connect(&n4).await;
+    agree(&[&c0, &c1, &c3, &c4], "node 4 serving", |v| {
+        serving(v) == 4 && state(v, 4) == Some(NodeState::Serving)
+    })
+    .await;
+    // Keys that now hash to node 4 are found on their previous owners (the client's fallback).
+    let found = check(&c0, 20_000..24_000).await;
+    assert!(found >= 3_600, "old keys after the join: {found} of 4000");
+
+    // SIGTERM with other nodes serving: it drains, publishes `down`, and exits.
+    drop(c4);
+    let status = n4.stop();
+    assert!(status.success(), "{status:?}");
+    agree(&[&c0, &c1, &c3], "node 4 left", |v| {
+        state(v, 4) == Some(NodeState::Down) && serving(v) == 3
+    })
+    .await;
+    drop((n0, n1));
+}
