@@ -73,4 +73,73 @@ fn replay_against_running_daemons_matches_an_unbounded_cache() {
             .unwrap();
         assert!(rt.block_on(c.stats()).unwrap().objects > 100);
     }
+
+    // A cluster pools by itself: one endpoint, the client routes each block to its owner.
+    let seed = Node::start("64MiB", &["--node-id", "0", "--heartbeat-ms", "100"]);
+    let other = Node::start(
+        "64MiB",
+        &[
+            "--node-id",
+            "1",
+            "--heartbeat-ms",
+            "100",
+            "--peer",
+            &seed.tcp,
+        ],
+    );
+    let c = rt
+        .block_on(kvpool_client::Client::connect(
+            &seed.tcp_url(),
+            Default::default(),
+        ))
+        .unwrap();
+    let t = std::time::Instant::now();
+    while rt
+        .block_on(c.view())
+        .unwrap()
+        .nodes
+        .iter()
+        .filter(|n| n.state == kvpool::placement::NodeState::Serving)
+        .count()
+        < 2
+    {
+        assert!(t.elapsed().as_secs() < 20, "the cluster did not form");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let setup = Setup {
+        trace: &trace,
+        trace_name: "slice".into(),
+        block_bytes: 4096,
+        ttft: TtftModel {
+            prefill_tokens_per_s: 1e4,
+            pool_bytes_per_s: 1e10,
+            block_bytes: 4096,
+            block_tokens: 512,
+        },
+        pool_shards: 1,
+        endpoints: vec![seed.tcp_url()],
+        namespace: "default".into(),
+    };
+    let spec = RunSpec {
+        engine: Engine::Pool,
+        policy: Policy::Lru,
+        capacity_blocks: 0,
+        nodes: 1,
+        scenario: Scenario::Pooled,
+    };
+    let row = setup.run(&spec, &next, || {}).unwrap();
+    assert_eq!(row.nodes, 2, "both nodes of the cluster");
+    assert_eq!(row.hits, ceiling.hits);
+    for node in [&seed, &other] {
+        let c = rt
+            .block_on(kvpool_client::Client::connect(
+                &node.tcp_url(),
+                Default::default(),
+            ))
+            .unwrap();
+        assert!(
+            rt.block_on(c.stats()).unwrap().objects > 100,
+            "blocks spread over the cluster"
+        );
+    }
 }

@@ -116,8 +116,14 @@ struct Inner {
     scheme: Scheme,
     first: Arc<Link>,
     links: Mutex<HashMap<u32, Arc<Link>>>,
+    /// Nodes that just failed, and until when they are treated as unreachable without trying
+    /// (so a dead host costs one connect timeout, not one per request).
+    backoff: Mutex<HashMap<u32, Instant>>,
     routing: RwLock<Arc<Routing>>,
 }
+
+/// How long a node that failed is skipped before the client tries it again.
+const BACKOFF: Duration = Duration::from_millis(500);
 
 /// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
 /// connections and the view.
@@ -186,6 +192,7 @@ impl Client {
                 scheme,
                 first: link,
                 links: Mutex::new(links),
+                backoff: Mutex::new(HashMap::new()),
                 routing: RwLock::new(Arc::new(Routing {
                     stamp: view.stamp(),
                     view,
@@ -274,7 +281,7 @@ impl Client {
                             return Ok(None);
                         }
                         Ok(None) => return Ok(None),
-                        Err(e) if e.is_unreachable() => c.forget(owner.0),
+                        Err(e) if e.is_unreachable() => c.lost(owner.0, &e),
                         Err(e) => return Err(e),
                     }
                 }
@@ -338,7 +345,7 @@ impl Client {
                     let n = match res {
                         Ok(n) => n,
                         Err(e) if e.is_unreachable() => {
-                            c.forget(*node);
+                            c.lost(*node, &e);
                             0
                         }
                         Err(e) => return Err(e),
@@ -393,7 +400,7 @@ impl Client {
                 for ((n, _), res) in nodes.iter().zip(join_all(calls).await) {
                     match res {
                         Ok(k) => any |= k > 0,
-                        Err(e) if e.is_unreachable() => c.forget(*n),
+                        Err(e) if e.is_unreachable() => c.lost(*n, &e),
                         Err(e) => return Err(e),
                     }
                 }
@@ -568,7 +575,7 @@ impl Client {
         };
         match l.read(&self.inner.cfg, addr, offset, dst).await {
             Err(e) if e.is_unreachable() => {
-                self.forget(addr.node.0);
+                self.lost(addr.node.0, &e);
                 Ok(false)
             }
             r => r,
@@ -616,7 +623,7 @@ impl Client {
                 for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
                     match res {
                         Ok(found) => idx.iter().zip(found).for_each(|(&i, f)| out[i] = f),
-                        Err(e) if e.is_unreachable() => c.forget(*node),
+                        Err(e) if e.is_unreachable() => c.lost(*node, &e),
                         Err(e) => return Err(e),
                     }
                 }
@@ -754,6 +761,19 @@ impl Client {
         {
             return Ok(l.clone());
         }
+        let skipped = self
+            .inner
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .is_some_and(|until| Instant::now() < *until);
+        if skipped {
+            return Err(ClientError::Server {
+                code: ErrorCode::Unavailable,
+                message: format!("node {node} failed moments ago"),
+            });
+        }
         let info = r
             .view
             .node(NodeId(node))
@@ -768,9 +788,19 @@ impl Client {
             _ => Endpoint::Tcp(info.tcp.clone()),
         };
         let cfg = &self.inner.cfg;
-        let link = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
+        let opened = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
             .await
-            .map_err(|_| ClientError::Timeout)??;
+            .map_err(|_| ClientError::Timeout)
+            .and_then(|r| r);
+        let link = match opened {
+            Ok(l) => l,
+            Err(e) => {
+                if e.is_unreachable() {
+                    self.lost(node, &e);
+                }
+                return Err(e);
+            }
+        };
         if link.node() != node {
             return Err(ClientError::Protocol(format!(
                 "{endpoint} is node {}, the view says node {node}",
@@ -785,8 +815,19 @@ impl Client {
         self.link(addr.node.0, &self.routing()).await
     }
 
-    /// Drops the link to a node that failed, so the next use reconnects.
+    /// A node failed: its keys are misses for now. Logged, and the link dropped.
+    fn lost(&self, node: u32, e: &ClientError) {
+        tracing::warn!(node, error = %e, "node unreachable: its keys are misses");
+        self.forget(node);
+    }
+
+    /// Drops the link to a node that failed, so the next use reconnects (after [`BACKOFF`]).
     fn forget(&self, node: u32) {
+        self.inner
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, Instant::now() + BACKOFF);
         if node != self.inner.first.node() {
             self.inner
                 .links
@@ -890,7 +931,7 @@ impl Client {
                     .iter()
                     .zip(found)
                     .for_each(|(&i, f)| present[i] = f.is_some()),
-                Err(e) if e.is_unreachable() => self.forget(*node),
+                Err(e) if e.is_unreachable() => self.lost(*node, &e),
                 Err(e) => return Err(e),
             }
         }
@@ -968,7 +1009,7 @@ impl Client {
                     let got = match res {
                         Ok(got) => got,
                         Err(e) if e.is_unreachable() => {
-                            c.forget(*node);
+                            c.lost(*node, &e);
                             vec![ErrorCode::Unavailable; idx.len()]
                         }
                         Err(e) => return Err(e),
@@ -1071,7 +1112,7 @@ impl Client {
                                 }
                             }
                             Err(e) if e.is_unreachable() => {
-                                c.forget(*node);
+                                c.lost(*node, &e);
                                 let round = todo.iter().find(|t| t.0 == idx[0]).map_or(0, |t| t.1);
                                 next.extend(idx.iter().map(|&i| (i, round + 1)));
                             }
@@ -1186,7 +1227,7 @@ impl Client {
                     match res {
                         Ok(n) if *primary => total += n,
                         Ok(_) => {}
-                        Err(e) if e.is_unreachable() => c.forget(*node),
+                        Err(e) if e.is_unreachable() => c.lost(*node, &e),
                         Err(e) => return Err(e),
                     }
                 }

@@ -36,6 +36,15 @@ pub(crate) struct Daemon {
 impl Daemon {
     /// Starts `binary` with `memory` bytes and waits for its ready line.
     pub(crate) fn start(binary: &Path, memory: u64) -> anyhow::Result<Daemon> {
+        Daemon::start_with(binary, memory, &[])
+    }
+
+    /// [`Daemon::start`] with extra flags (node id, peers, timings).
+    pub(crate) fn start_with(
+        binary: &Path,
+        memory: u64,
+        extra: &[String],
+    ) -> anyhow::Result<Daemon> {
         if !binary.exists() {
             bail!("{} not found: build it with `cargo build --release -p kvpool-server` or pass --kvpoold", binary.display());
         }
@@ -54,6 +63,7 @@ impl Daemon {
                 "--metrics",
                 "127.0.0.1:0",
             ])
+            .args(extra)
             .env("KVPOOL_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -6,12 +6,14 @@
 //! block allocator, a bare `HashMap` for the index. Every measurement lasts `--duration-ms`;
 //! the run stops by itself.
 //!
-//! Sections (in run order): `memcpy`, `local`, `tcp`, `peers`, `quic`, `alloc`, `index`.
+//! Sections (in run order): `memcpy`, `local`, `tcp`, `peers`, `quic`, `cluster`, `alloc`,
+//! `index`.
 //! `local` needs `memcpy` as its reference, and `tcp` and `peers` need each other, so selecting
 //! one with `--only` runs the other too. References are measured in slices alternating with
 //! what they are compared with (see `compare`), so drift of the machine does not skew ratios.
 
 mod alloc;
+mod cluster;
 mod compare;
 mod daemon;
 mod driver;
@@ -87,6 +89,9 @@ pub(crate) enum Section {
     Peers,
     /// Get over QUIC next to a bare quinn stream.
     Quic,
+    /// Aggregate get throughput of 1, 2 and 4 daemons in one cluster, and the extra hop to a
+    /// previous owner after a node joins.
+    Cluster,
     /// Block allocator allocate+free pairs.
     Alloc,
     /// Index memory per object.
@@ -95,12 +100,13 @@ pub(crate) enum Section {
 
 impl Section {
     /// Every section, in run order.
-    pub(crate) const ALL: [Section; 7] = [
+    pub(crate) const ALL: [Section; 8] = [
         Section::Memcpy,
         Section::Local,
         Section::Tcp,
         Section::Peers,
         Section::Quic,
+        Section::Cluster,
         Section::Alloc,
         Section::Index,
     ];
@@ -113,6 +119,7 @@ impl Section {
             Section::Tcp => "tcp",
             Section::Peers => "peers",
             Section::Quic => "quic",
+            Section::Cluster => "cluster",
             Section::Alloc => "alloc",
             Section::Index => "index",
         }
@@ -130,6 +137,9 @@ impl Section {
                 "peers: memcached and redis on loopback, same keys, sizes, connections, depth"
             }
             Section::Quic => "quic: kvpool over QUIC next to a bare quinn stream",
+            Section::Cluster => {
+                "cluster: 1, 2 and 4 daemons as one pool over loopback TCP; the extra hop after a join"
+            }
             Section::Alloc => "alloc: block allocator, allocate+free pairs, one thread",
             Section::Index => "index: memory per object",
         }
@@ -237,6 +247,11 @@ pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
                 Ok(())
             }
             Section::Quic => quic::run(&mut ctx),
+            Section::Cluster => {
+                // Its own daemons: give the shared one's memory back first.
+                ctx.daemon = None;
+                cluster::run(&mut ctx)
+            }
             Section::Alloc => alloc::run(&mut ctx),
             Section::Index => index::run(&mut ctx),
         };

@@ -153,6 +153,17 @@ impl Remote {
         })
     }
 
+    /// Serving nodes in the cluster this daemon belongs to (1 for a standalone daemon): the
+    /// client routes every block to its owner among them.
+    pub fn cluster_nodes(&self) -> anyhow::Result<usize> {
+        let view = self.client.view()?;
+        Ok(view
+            .nodes
+            .iter()
+            .filter(|n| n.state == kvpool::placement::NodeState::Serving)
+            .count())
+    }
+
     fn key(&self, block: u64) -> Vec<u8> {
         let mut k = self.tag.to_le_bytes().to_vec();
         k.extend_from_slice(&block_key(block));

@@ -169,25 +169,44 @@ impl Setup<'_> {
                 )?),
             })
         };
-        let nodes: Vec<Box<dyn BlockCache>> =
-            if spec.engine == Engine::Pool && !self.endpoints.is_empty() {
-                let tag = std::process::id() ^ (Instant::now().elapsed().subsec_nanos());
-                self.endpoints
-                    .iter()
-                    .map(|e| {
-                        Ok(
-                            Box::new(Remote::connect(e, &self.namespace, self.block_bytes, tag)?)
-                                as Box<dyn BlockCache>,
-                        )
-                    })
-                    .collect::<anyhow::Result<_>>()?
-            } else {
-                (0..spec.nodes).map(node).collect::<anyhow::Result<_>>()?
-            };
+        let nodes: Vec<Box<dyn BlockCache>> = if spec.engine == Engine::Pool
+            && !self.endpoints.is_empty()
+        {
+            let tag = std::process::id() ^ (Instant::now().elapsed().subsec_nanos());
+            // A cluster pools by itself: one client routes every block to its owner.
+            let first =
+                Remote::connect(&self.endpoints[0], &self.namespace, self.block_bytes, tag)?;
+            if first.cluster_nodes()? > 1 {
+                if spec.scenario == Scenario::Private {
+                    bail!("{} belongs to a cluster: private caches need standalone daemons (one --endpoint each)", self.endpoints[0]);
+                }
+                return Ok(Box::new(first));
+            }
+            self.endpoints
+                .iter()
+                .map(|e| {
+                    Ok(
+                        Box::new(Remote::connect(e, &self.namespace, self.block_bytes, tag)?)
+                            as Box<dyn BlockCache>,
+                    )
+                })
+                .collect::<anyhow::Result<_>>()?
+        } else {
+            (0..spec.nodes).map(node).collect::<anyhow::Result<_>>()?
+        };
         Ok(match nodes.len() {
             1 => nodes.into_iter().next().expect("one"),
             _ if spec.scenario == Scenario::Private => Box::new(Private::new(nodes)),
             _ => Box::new(Pooled::new(nodes)),
+        })
+    }
+
+    /// Nodes behind the endpoints: a cluster's serving nodes, or one per standalone daemon.
+    fn cluster_size(&self) -> anyhow::Result<u32> {
+        let r = Remote::connect(&self.endpoints[0], &self.namespace, self.block_bytes, 0)?;
+        Ok(match r.cluster_nodes()? {
+            1 => self.endpoints.len() as u32,
+            n => n as u32,
         })
     }
 
@@ -198,7 +217,7 @@ impl Setup<'_> {
         let o = replay(self.trace, cache.as_mut(), next, tick)?;
         let est = self.ttft.estimate(&o.per_request);
         let nodes = if spec.engine == Engine::Pool && !self.endpoints.is_empty() {
-            self.endpoints.len() as u32
+            self.cluster_size()?
         } else {
             spec.nodes
         };
