@@ -3,6 +3,10 @@
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;

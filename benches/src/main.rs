@@ -5,6 +5,7 @@
 //!   memcached, redis, bare quinn) measured in the same run with the same parameters.
 //! - `replay`: cache hit rates on real request traces, simulated policies and a real kvpool
 //!   side by side, bounded by Belady's optimum and an unbounded cache (`kvpool_bench::replay`).
+//! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
 
@@ -34,11 +35,15 @@ enum Command {
     /// kvpool, with Belady and unbounded bounds, pooled versus private fleets and a TTFT model;
     /// writes CSV, JSON and PNG charts.
     Replay(Box<kvpool_bench::replay::cli::ReplayArgs>),
+    /// Writes a deterministic synthetic prefix workload (chat, rag, agent, scan) as JSONL in the
+    /// bundled trace's format.
+    GenTrace(kvpool_bench::replay::cli::GenTraceArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Perf(args) => perf::run(args),
         Command::Replay(args) => kvpool_bench::replay::cli::run(&args).map(|_| ()),
+        Command::GenTrace(args) => kvpool_bench::replay::cli::gen_trace(&args),
     }
 }

@@ -21,6 +21,13 @@ impl Default for Lru {
     }
 }
 
+impl Lru {
+    /// True when `h` is one of the objects held.
+    pub(super) fn holds(&self, h: Handle) -> bool {
+        self.links.list_of(h).is_some()
+    }
+}
+
 impl Eviction for Lru {
     fn insert(&mut self, h: Handle, info: Insert) {
         super::set_stamp(&mut self.stamp, h, info.tick);

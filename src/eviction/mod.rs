@@ -7,6 +7,11 @@
 //! may not go now (pinned, leased, being read); the policy must skip those and keep the scan
 //! bounded.
 //!
+//! A sharded index builds a namespace's instances together ([`PolicyKind::build_shards`]); they
+//! share what the policy learns through atomics and rank their next victims by ticks that mean
+//! the same in every shard ([`Eviction::peek_stamp`], [`Eviction::victim_below`]), so that the
+//! shards evict as one policy over all the objects would.
+//!
 //! Named implementations, chosen per namespace in the daemon's config (`eviction = "..."`):
 //!
 //! - [`Lru`] (`lru`): least recently used, the baseline;
@@ -59,10 +64,27 @@ pub trait Eviction: Send + fmt::Debug {
     /// Picks and forgets the next object to evict, skipping those `evictable` refuses; `None`
     /// when a bounded scan found nothing evictable. `tick` is the logical time now.
     fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle>;
+    /// [`Eviction::victim`] for a sharded index, where `bound` is the [`Eviction::peek_stamp`]
+    /// of the best candidate of the other shards sampled: `None` as soon as the object to look
+    /// at next ranks above `bound`, because a scan that spared objects (S3-FIFO promoting or
+    /// re-queueing touched ones) reached objects younger than the other shard's candidate, which
+    /// one policy over all the objects would have looked at first. The caller samples again.
+    /// The default ignores `bound`: policies whose first candidate is their victim don't need it.
+    fn victim_below(
+        &mut self,
+        evictable: &mut dyn FnMut(Handle) -> bool,
+        tick: u64,
+        bound: u64,
+    ) -> Option<Handle> {
+        let _ = bound;
+        self.victim(evictable, tick)
+    }
     /// The age of the object [`Eviction::victim`] would consider first, as the logical time the
     /// policy ranks it by (last access for LRU, entry into its queue for S3-FIFO): a sharded
     /// index evicts from the shard whose next victim is oldest. Ticks come from one pool-wide
-    /// counter, so they compare across shards.
+    /// counter, so they compare across shards. A candidate that is next in its shard but not in
+    /// its namespace's order (S3-FIFO: from the FIFO the namespace is not evicting from) carries
+    /// [`OUT_OF_TURN`], so that every candidate in turn goes first.
     fn peek_stamp(&self) -> Option<u64>;
     /// Objects held.
     fn len(&self) -> usize;
@@ -79,6 +101,10 @@ fn set_stamp(stamps: &mut Vec<u64>, h: Handle, tick: u64) {
     }
     stamps[h as usize] = tick;
 }
+
+/// Set in a [`Eviction::peek_stamp`] whose candidate is out of its namespace's turn. Ticks
+/// never come near it (one per operation; 2^63 operations take centuries).
+pub const OUT_OF_TURN: u64 = 1 << 63;
 
 /// How many objects a victim scan looks at before giving up (or, for S3-FIFO, before falling
 /// back to plain FIFO order).
@@ -109,12 +135,24 @@ impl PolicyKind {
         }
     }
 
-    /// A fresh instance.
+    /// A fresh instance, over all the objects of a namespace.
     pub fn build(self) -> Box<dyn Eviction> {
+        self.build_shards(1).pop().expect("one instance")
+    }
+
+    /// `n` fresh instances, one per shard of a sharded index, over the objects of one namespace.
+    /// They share what the policy learns (S3-FIFO's queue lengths and target, prefix-aware's
+    /// object count), so `n` shards behave as one policy as far as a shard can see.
+    pub fn build_shards(self, n: usize) -> Vec<Box<dyn Eviction>> {
+        fn boxed<E: Eviction + 'static>(v: Vec<E>) -> Vec<Box<dyn Eviction>> {
+            v.into_iter()
+                .map(|e| Box::new(e) as Box<dyn Eviction>)
+                .collect()
+        }
         match self {
-            PolicyKind::Lru => Box::new(Lru::default()),
-            PolicyKind::PrefixAware => Box::new(PrefixAware::default()),
-            PolicyKind::S3Fifo => Box::new(S3Fifo::default()),
+            PolicyKind::Lru => boxed((0..n).map(|_| Lru::default()).collect()),
+            PolicyKind::PrefixAware => boxed(PrefixAware::shards(n)),
+            PolicyKind::S3Fifo => boxed(S3Fifo::shards(S3FifoConfig::default(), n)),
         }
     }
 }

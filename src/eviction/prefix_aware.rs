@@ -6,14 +6,41 @@
 //! does, since a request touches its blocks head first). Depth is intrinsic to a block (its
 //! position in the chain), so the policy needs no parent pointers and works in every shard of a
 //! sharded index, where a block's parent usually lives in another shard.
+//!
+//! The window the deepest block is chosen from is the [`SCAN`] coldest objects of the namespace.
+//! A shard holds its share of them: with `n` shards, about `SCAN / n` of its own coldest (at
+//! least one), which the instances compute from an object count they share. A fixed window of
+//! [`SCAN`] per shard would reach `n` times deeper into recency and evict recently used blocks.
 
 use super::{Eviction, Handle, Insert, Lru, SCAN};
+use crate::sync::{Arc, AtomicU64, Ordering::Relaxed};
 
 /// Leaves-first LRU: [`Lru`]'s order, with its own choice of victim.
 #[derive(Debug, Default)]
 pub struct PrefixAware {
     lru: Lru,
     depth: Vec<u32>,
+    /// Objects held over all the shards of the namespace.
+    total: Arc<AtomicU64>,
+}
+
+impl PrefixAware {
+    /// `n` empty instances for the `n` shards of one namespace.
+    pub fn shards(n: usize) -> Vec<PrefixAware> {
+        let total = Arc::new(AtomicU64::new(0));
+        (0..n)
+            .map(|_| PrefixAware {
+                total: Arc::clone(&total),
+                ..PrefixAware::default()
+            })
+            .collect()
+    }
+
+    /// This shard's part of the namespace's cold window.
+    fn window(&self) -> usize {
+        let total = self.total.load(Relaxed).max(1) as usize;
+        (SCAN * self.lru.len()).div_ceil(total).clamp(1, SCAN)
+    }
 }
 
 impl Eviction for PrefixAware {
@@ -23,6 +50,7 @@ impl Eviction for PrefixAware {
         }
         self.depth[h as usize] = info.depth;
         self.lru.insert(h, info);
+        self.total.fetch_add(1, Relaxed);
     }
 
     fn access(&mut self, h: Handle, tick: u64) {
@@ -30,19 +58,23 @@ impl Eviction for PrefixAware {
     }
 
     fn remove(&mut self, h: Handle) {
+        if self.lru.holds(h) {
+            self.total.fetch_sub(1, Relaxed);
+        }
         self.lru.remove(h);
     }
 
     fn victim(&mut self, evictable: &mut dyn FnMut(Handle) -> bool, tick: u64) -> Option<Handle> {
-        // The cold window: up to SCAN evictable objects from the LRU end; unevictable ones are
-        // moved to the hot end as in LRU. The deepest of the window goes.
+        // The cold window: up to `window` evictable objects from the LRU end; unevictable ones
+        // are moved to the hot end as in LRU. The deepest of the window goes.
+        let want = self.window();
         let lru = &mut self.lru;
         let mut window: [Handle; SCAN] = [0; SCAN];
         let mut n = 0;
         let mut cursor = lru.order.front();
         let mut looked = 0;
         while let Some(h) = cursor {
-            if n == SCAN || looked == SCAN * 2 {
+            if n == want || looked == SCAN * 2 {
                 break;
             }
             looked += 1;
@@ -61,6 +93,7 @@ impl Eviction for PrefixAware {
             .copied()
             .min_by_key(|&h| std::cmp::Reverse(self.depth[h as usize]))?;
         lru.links.remove(&mut lru.order, victim);
+        self.total.fetch_sub(1, Relaxed);
         Some(victim)
     }
 

@@ -14,74 +14,104 @@ fn ins(fp: u64) -> Insert {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Insert,
+    /// Insert into shard `n` (modulo the shards).
+    Insert(usize),
     Access(usize),
     Remove(usize),
-    /// Victim, with objects whose handle is divisible by `n` refused.
-    Victim(u32),
+    /// Victim from shard `shard`, with objects whose handle is divisible by `refuse` refused,
+    /// below `bound` (a tick; none when `None`).
+    Victim {
+        shard: usize,
+        refuse: u32,
+        bound: Option<u64>,
+    },
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     proptest::collection::vec(
         prop_oneof![
-            3 => Just(Op::Insert),
+            3 => (0usize..4).prop_map(Op::Insert),
             2 => (0usize..64).prop_map(Op::Access),
             1 => (0usize..64).prop_map(Op::Remove),
-            2 => (2u32..6).prop_map(Op::Victim),
+            2 => (0usize..4, 2u32..6, proptest::option::of(0u64..400))
+                .prop_map(|(shard, refuse, bound)| Op::Victim { shard, refuse, bound }),
         ],
         1..400,
     )
 }
 
 proptest! {
-    /// Every policy holds exactly the objects inserted and not yet removed or evicted, never
-    /// evicts what it was told it may not, and never hands out an object twice.
+    /// Every policy, alone or split over shards that share its state, holds exactly the objects
+    /// inserted and not yet removed or evicted, never evicts what it was told it may not, and
+    /// never hands out an object twice.
     #[test]
-    fn policies_track_exactly_their_objects(ops in ops(), which in 0usize..3) {
-        let mut p = PolicyKind::ALL[which].build();
-        let mut live: BTreeSet<u32> = BTreeSet::new();
-        let mut free: Vec<u32> = Vec::new();
-        let mut next = 0u32;
+    fn policies_track_exactly_their_objects(ops in ops(), which in 0usize..3, n in 1usize..4) {
+        let mut p = PolicyKind::ALL[which].build_shards(n);
+        // Per shard: live handles, free handles, next new handle.
+        let mut live: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); n];
+        let mut free: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut next = vec![0u32; n];
+        let mut tick = 0u64;
+        let pick = |live: &[BTreeSet<u32>], i: usize| {
+            let all: Vec<(usize, u32)> = live
+                .iter()
+                .enumerate()
+                .flat_map(|(s, l)| l.iter().map(move |&h| (s, h)))
+                .collect();
+            (!all.is_empty()).then(|| all[i % all.len()])
+        };
         for op in ops {
+            tick += 1;
             match op {
-                Op::Insert => {
-                    let h = free.pop().unwrap_or_else(|| { next += 1; next - 1 });
-                    p.insert(h, Insert { fingerprint: h as u64 * 31 % 7, depth: h % 5, tick: 0 });
-                    live.insert(h);
+                Op::Insert(s) => {
+                    let s = s % n;
+                    let h = free[s].pop().unwrap_or_else(|| { next[s] += 1; next[s] - 1 });
+                    p[s].insert(h, Insert { fingerprint: h as u64 * 31 % 7, depth: h % 5, tick });
+                    live[s].insert(h);
                 }
                 Op::Access(i) => {
-                    if let Some(&h) = live.iter().nth(i % live.len().max(1)) {
-                        p.access(h, 0);
+                    if let Some((s, h)) = pick(&live, i) {
+                        p[s].access(h, tick);
                     }
                 }
                 Op::Remove(i) => {
-                    if let Some(&h) = live.iter().nth(i % live.len().max(1)) {
-                        p.remove(h);
-                        live.remove(&h);
-                        free.push(h);
+                    if let Some((s, h)) = pick(&live, i) {
+                        p[s].remove(h);
+                        live[s].remove(&h);
+                        free[s].push(h);
                     }
                 }
-                Op::Victim(n) => {
-                    let v = p.victim(&mut |h| h % n != 0, 0);
+                Op::Victim { shard, refuse, bound } => {
+                    let s = shard % n;
+                    let mut ok = |h: u32| h % refuse != 0;
+                    let v = match bound {
+                        Some(b) => p[s].victim_below(&mut ok, tick, b),
+                        None => p[s].victim(&mut ok, tick),
+                    };
                     if let Some(h) = v {
-                        prop_assert!(h % n != 0, "evicted a protected object");
-                        prop_assert!(live.remove(&h), "evicted an object it did not hold");
-                        free.push(h);
-                    } else {
+                        prop_assert!(h % refuse != 0, "evicted a protected object");
+                        prop_assert!(live[s].remove(&h), "evicted an object it did not hold");
+                        free[s].push(h);
+                    } else if bound.is_none() {
                         // Nothing evictable within the scan budget: there may be evictable
                         // objects beyond it, but not among few objects.
-                        prop_assert!(live.len() > SCAN || live.iter().all(|h| h % n == 0), "{live:?}");
+                        let l = &live[s];
+                        prop_assert!(l.len() > SCAN || l.iter().all(|h| h % refuse == 0), "{l:?}");
                     }
                 }
             }
-            prop_assert_eq!(p.len(), live.len());
+            for s in 0..n {
+                prop_assert_eq!(p[s].len(), live[s].len());
+            }
         }
         // Drain: everything comes out exactly once.
-        let mut out = BTreeSet::new();
-        while let Some(h) = p.victim(&mut |_| true, 0) {
-            prop_assert!(out.insert(h));
+        for s in 0..n {
+            let mut out = BTreeSet::new();
+            while let Some(h) = p[s].victim(&mut |_| true, tick) {
+                prop_assert!(out.insert(h));
+            }
+            prop_assert_eq!(&out, &live[s]);
         }
-        prop_assert_eq!(out, live);
     }
 }
 
@@ -180,4 +210,107 @@ fn names_round_trip() {
     }
     assert!("mru".parse::<PolicyKind>().is_err());
     assert_eq!(PolicyKind::default(), PolicyKind::S3Fifo);
+}
+
+/// Drives one namespace split over `policies` (one per shard, keys placed by hash) the way the
+/// pool does: evict from the shard whose candidate ranks first, bounded by the runner-up. Returns
+/// the hits of `accesses` at `capacity` objects.
+fn sharded_hits(mut policies: Vec<Box<dyn Eviction>>, accesses: &[u64], capacity: usize) -> u64 {
+    use std::collections::HashMap;
+    let n = policies.len();
+    let shard = |k: u64| (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
+    let mut handle: HashMap<u64, (usize, Handle)> = HashMap::new();
+    let mut key: Vec<Vec<u64>> = vec![Vec::new(); n];
+    let mut free: Vec<Vec<Handle>> = vec![Vec::new(); n];
+    let (mut hits, mut tick) = (0, 0u64);
+    for &k in accesses {
+        tick += 1;
+        if let Some(&(s, h)) = handle.get(&k) {
+            hits += 1;
+            policies[s].access(h, tick);
+            continue;
+        }
+        while handle.len() >= capacity {
+            let mut ranked: Vec<(u64, usize)> = (0..n)
+                .filter_map(|s| policies[s].peek_stamp().map(|st| (st, s)))
+                .collect();
+            ranked.sort_unstable();
+            let bound = ranked.get(1).map_or(u64::MAX, |r| r.0);
+            let s = ranked[0].1;
+            tick += 1;
+            if let Some(v) = policies[s].victim_below(&mut |_| true, tick, bound) {
+                handle.remove(&key[s][v as usize]);
+                free[s].push(v);
+            }
+        }
+        let s = shard(k);
+        let h = free[s].pop().unwrap_or(key[s].len() as Handle);
+        if h as usize == key[s].len() {
+            key[s].push(k);
+        } else {
+            key[s][h as usize] = k;
+        }
+        handle.insert(k, (s, h));
+        policies[s].insert(
+            h,
+            Insert {
+                fingerprint: k.wrapping_mul(0xff51_afd7_ed55_8ccd),
+                depth: 0,
+                tick,
+            },
+        );
+    }
+    hits
+}
+
+/// A workload where S3-FIFO's adaptation matters: a skewed hot set that recurs after a delay
+/// (so the ghost lists see it come back), mixed with keys seen once.
+fn recurring_with_one_offs() -> Vec<u64> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut out = Vec::new();
+    let mut fresh = 1_000_000u64;
+    for _ in 0..60_000 {
+        let r = next();
+        if r % 3 == 0 {
+            fresh += 1;
+            out.push(fresh);
+        } else {
+            // Squaring a uniform draw skews towards small keys: 0..3000, the hottest first.
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+            out.push((u * u * 3000.0) as u64);
+        }
+    }
+    out
+}
+
+#[test]
+fn sharded_s3fifo_adapts_as_one_policy() {
+    let accesses = recurring_with_one_offs();
+    let capacity = 400;
+    let one = sharded_hits(vec![PolicyKind::S3Fifo.build()], &accesses, capacity);
+    let shared = sharded_hits(PolicyKind::S3Fifo.build_shards(32), &accesses, capacity);
+    let alone = sharded_hits(
+        (0..32).map(|_| PolicyKind::S3Fifo.build()).collect(),
+        &accesses,
+        capacity,
+    );
+    let lru = sharded_hits(vec![PolicyKind::Lru.build()], &accesses, capacity);
+    println!("one {one} shared {shared} alone {alone} lru {lru}");
+    let tolerance = accesses.len() as u64 / 200;
+    assert!(
+        shared.abs_diff(one) <= tolerance,
+        "32 shards sharing their state hit {shared}, one policy {one}"
+    );
+    // What the sharing is for: the same shards adapting alone do measurably worse.
+    assert!(
+        alone + tolerance < one,
+        "32 shards adapting alone hit {alone}, one policy {one}: the workload no longer shows the sharing"
+    );
+    assert!(one > lru, "s3fifo {one} vs lru {lru}");
 }

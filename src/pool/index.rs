@@ -8,7 +8,7 @@
 
 use hashbrown::HashTable;
 
-use crate::eviction::{Eviction, Handle, Insert, PolicyKind};
+use crate::eviction::{Eviction, Handle, Insert};
 use crate::pool::Millis;
 
 /// What the index knows of one committed object. Kept small: pools hold millions.
@@ -63,12 +63,12 @@ fn table_hash(key: &[u8]) -> u64 {
 }
 
 impl NsIndex {
-    fn new(policy: PolicyKind) -> Self {
+    fn new(policy: Box<dyn Eviction>) -> Self {
         NsIndex {
             table: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
-            policy: policy.build(),
+            policy,
         }
     }
 
@@ -165,6 +165,18 @@ impl NsIndex {
             .map(|s| &*s.key)
     }
 
+    /// [`NsIndex::victim`], unless the policy's next candidate ranks above `bound` (see
+    /// [`Eviction::victim_below`]).
+    pub(crate) fn victim_below(&mut self, now: Millis, tick: u64, bound: u64) -> Option<Entry> {
+        let slots = &self.slots;
+        let h = self.policy.victim_below(
+            &mut |h| slots[h as usize].entry.evictable(now),
+            tick,
+            bound,
+        )?;
+        Some(self.release(h))
+    }
+
     /// Drops handle `h` (already gone from the policy) from the table and the slots.
     fn release(&mut self, h: Handle) -> Entry {
         let hash = table_hash(&self.slots[h as usize].key);
@@ -184,9 +196,12 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(policies: &[PolicyKind]) -> Self {
+    /// A shard with one policy instance per namespace (see [`PolicyKind::build_shards`]).
+    ///
+    /// [`PolicyKind::build_shards`]: crate::eviction::PolicyKind::build_shards
+    pub(crate) fn new(policies: Vec<Box<dyn Eviction>>) -> Self {
         Shard {
-            ns: policies.iter().map(|&p| NsIndex::new(p)).collect(),
+            ns: policies.into_iter().map(NsIndex::new).collect(),
             zombies: Vec::new(),
         }
     }

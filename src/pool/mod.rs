@@ -26,7 +26,6 @@ use crate::addr::{GlobalAddr, MacKey, NodeId};
 use crate::alloc::{AllocConfig, Allocator};
 use crate::checksum::checksum;
 use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
-use crate::eviction::PolicyKind;
 use crate::segment::{Backing, HugePages, Segment, SegmentSpec};
 use crate::seqlock;
 use index::{Entry, Shard, Zombie};
@@ -56,9 +55,10 @@ pub struct PoolConfig {
     /// Allocator geometry. Default 64 KiB pages, 512 B granule.
     pub alloc: AllocConfig,
     /// Index shards (rounded up to a power of two). Default 1: one eviction domain, so every
-    /// policy behaves exactly as the harness simulates it. LRU stays exact with more shards
-    /// (victims are compared across shards); `s3fifo` and `prefix-aware` lose hit rate as shards
-    /// are added (docs/BENCHMARKS.md), so raise it only where index lock contention is measured.
+    /// policy behaves exactly as the harness simulates it. With more shards the policy instances
+    /// of a namespace share their state and victims are compared across shards, which keeps
+    /// every policy within a fifth of a point of one domain on the public trace at 64 shards
+    /// (docs/BENCHMARKS.md); raise it where index lock contention is measured.
     pub shards: usize,
     /// How long an allocation may stay uncommitted before it is reclaimed. Default 30 s.
     pub pending_timeout_ms: Millis,
@@ -126,6 +126,9 @@ struct SegmentSlot {
 /// Shards whose next victims an eviction compares.
 const EVICTION_SAMPLES: usize = 8;
 
+/// Samples an eviction takes before it takes a victim from any shard (see `Pool::evict_one`).
+const EVICTION_ROUNDS: usize = 16;
+
 /// Bounds the work of one allocation under memory pressure.
 const MAX_EVICTIONS_PER_ALLOC: usize = 4096;
 
@@ -172,14 +175,23 @@ impl Pool {
             }
         }
         let namespaces: Vec<Namespace> = ns_cfg.iter().map(Namespace::new).collect();
-        let policies: Vec<PolicyKind> = ns_cfg.iter().map(|n| n.eviction).collect();
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
+        // Per namespace, one policy instance per shard, built together so they share state.
+        let mut policies: Vec<_> = ns_cfg
+            .iter()
+            .map(|n| n.eviction.build_shards(nshards).into_iter())
+            .collect();
         Ok(Pool {
             node: cfg.node,
             mac: MacKey::new(secret),
             segments,
             shards: (0..nshards)
-                .map(|_| Mutex::new(Shard::new(&policies)))
+                .map(|_| {
+                    let ns = policies
+                        .iter_mut()
+                        .map(|p| p.next().expect("one per shard"));
+                    Mutex::new(Shard::new(ns.collect()))
+                })
                 .collect(),
             pending: (0..nshards)
                 .map(|_| Mutex::new(PendingShard::default()))
@@ -717,11 +729,14 @@ impl Pool {
     /// evictable.
     ///
     /// Each shard's policy orders only its own objects, so which shard gives up a victim decides
-    /// how close the pool comes to its policy applied to all objects at once. Every object
-    /// carries the logical time of its last insert or access; eviction looks at the next victim
-    /// of [`EVICTION_SAMPLES`] shards (starting with `near`, the shard the new object goes to)
-    /// and evicts from the shard whose candidate is oldest, as Redis samples for its LRU. On the
-    /// public conversation trace this brings 64 shards within a point of one global policy.
+    /// how close the pool comes to its policy applied to all objects at once. Every candidate
+    /// carries the logical time the policy ranks it by (its last access for LRU, its entry into
+    /// its FIFO for S3-FIFO); eviction looks at the next victim of [`EVICTION_SAMPLES`] shards
+    /// (starting with `near`, the shard the new object goes to) and evicts from the shard whose
+    /// candidate is oldest, as Redis samples for its LRU. That shard's policy may spare its
+    /// candidate (S3-FIFO promotes touched objects); it stops once its next one is younger than
+    /// the runner-up's, and the pool samples again, up to [`EVICTION_ROUNDS`] times, so that the
+    /// shards together take their steps in one order. Then any shard will do.
     fn evict_one(&self, only: Option<u32>, near: usize, now: Millis) -> bool {
         let mask = self.shards.len() - 1;
         let nns = self.namespaces.len();
@@ -729,35 +744,57 @@ impl Pool {
         let tries = if only.is_some() { 1 } else { nns };
         for j in 0..tries {
             let ns = only.map_or((start + j) % nns, |n| n as usize);
-            let mut best: Option<(u64, usize)> = None;
-            for k in 0..EVICTION_SAMPLES.min(mask + 1) {
-                let s = if k == 0 {
-                    near
-                } else {
-                    (start.wrapping_mul(7) + near + k) & mask
-                };
-                if let Some(stamp) = lock(&self.shards[s]).ns[ns].next_victim_stamp() {
-                    if best.is_none_or(|(b, _)| stamp < b) {
-                        best = Some((stamp, s));
+            let mut first = None;
+            for round in 0..EVICTION_ROUNDS {
+                // The best candidate of the sample and the runner-up's stamp.
+                let mut best: Option<(u64, usize)> = None;
+                let mut bound = u64::MAX;
+                let base = start.wrapping_mul(7) + near + round * EVICTION_SAMPLES;
+                for k in 0..EVICTION_SAMPLES.min(mask + 1) {
+                    let s = if k == 0 && round == 0 {
+                        near
+                    } else {
+                        (base + k) & mask
+                    };
+                    let Some(stamp) = lock(&self.shards[s]).ns[ns].next_victim_stamp() else {
+                        continue;
+                    };
+                    match best {
+                        Some((_, bs)) if bs == s => {}
+                        Some((b, _)) if b <= stamp => bound = bound.min(stamp),
+                        _ => {
+                            bound = best.map_or(bound, |(b, _)| bound.min(b));
+                            best = Some((stamp, s));
+                        }
                     }
+                }
+                let Some((_, s)) = best else { break };
+                first.get_or_insert(s);
+                let mut shard = lock(&self.shards[s]);
+                if let Some(e) = shard.ns[ns].victim_below(now, self.tick(), bound) {
+                    self.retire_victim(&mut shard, ns, e);
+                    return true;
                 }
             }
             // Then every shard, in case the sampled ones hold nothing evictable.
-            let first = best.map(|(_, s)| s);
             let order = first
                 .into_iter()
                 .chain((0..=mask).map(|i| (start + i) & mask));
             for s in order {
                 let mut shard = lock(&self.shards[s]);
                 if let Some(e) = shard.ns[ns].victim(now, self.tick()) {
-                    self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
-                    self.retire_entry(&mut shard, ns as u32, e);
-                    self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.retire_victim(&mut shard, ns, e);
                     return true;
                 }
             }
         }
         false
+    }
+
+    fn retire_victim(&self, shard: &mut Shard, ns: usize, e: Entry) {
+        self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
+        self.retire_entry(shard, ns as u32, e);
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Frees an object that just left the index, or parks it until its readers are done.

@@ -437,3 +437,62 @@ proptest! {
         }
     }
 }
+
+/// Hits of a namespace of `capacity` small objects in a pool of `shards` index shards, over
+/// a skewed set of recurring keys mixed with keys seen once.
+fn hits_with_shards(policy: PolicyKind, shards: usize, capacity: u64) -> u64 {
+    let len = 512;
+    let reserved = crate::alloc::Allocator::new(8 << 20, AllocConfig::default())
+        .unwrap()
+        .reserved_size(len)
+        .unwrap();
+    let c = PoolConfig {
+        shards,
+        namespaces: vec![NamespaceConfig {
+            name: DEFAULT_NAMESPACE.into(),
+            quota_bytes: Some(capacity * reserved),
+            eviction: policy,
+        }],
+        ..cfg(8 << 20)
+    };
+    let p = Pool::new(&c, [3; 16]).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut fresh = 1u64 << 40;
+    let mut hits = 0;
+    for _ in 0..30_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let key = if x % 3 == 0 {
+            fresh += 1;
+            fresh
+        } else {
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            (u * u * 2000.0) as u64
+        };
+        match p.get_ref(0, &key.to_le_bytes(), 0) {
+            Ok(_) => hits += 1,
+            Err(_) => {
+                let v = value(key as u32, len as usize);
+                p.put(0, &key.to_le_bytes(), &v, false, 0).unwrap();
+            }
+        }
+    }
+    hits
+}
+
+#[test]
+fn shards_of_one_namespace_evict_as_one_policy() {
+    // Each of 32 shards holds about 8 of the 250 objects: alone, its S3-FIFO would adapt on a
+    // handful of ghost hits and evict from its own queues out of step with the others.
+    let capacity = 250;
+    for policy in [PolicyKind::S3Fifo, PolicyKind::Lru, PolicyKind::PrefixAware] {
+        let one = hits_with_shards(policy, 1, capacity);
+        let many = hits_with_shards(policy, 32, capacity);
+        println!("{policy}: 1 shard {one}, 32 shards {many}");
+        assert!(
+            many + 30_000 / 100 >= one,
+            "{policy}: 32 shards hit {many}, one shard {one}"
+        );
+    }
+}

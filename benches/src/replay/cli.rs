@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::sweep::{
     erased::Name, grid, write_csv, write_json, Engine, Policy, Row, Scenario, Setup,
 };
+use super::synth::{self, Workload};
 use super::trace::{Trace, TraceFormat};
 use super::ttft::TtftModel;
 use crate::units::parse_size;
@@ -36,8 +37,17 @@ pub const MODELS: &[(&str, u64)] = &[
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// Trace file (JSONL). Default: the bundled Mooncake conversation trace.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "synthetic")]
     pub trace: Option<PathBuf>,
+    /// Replay a synthetic workload instead of a trace file (see `kvpool-bench gen-trace`).
+    #[arg(long, value_enum)]
+    pub synthetic: Option<Workload>,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Requests of the synthetic workload.
+    #[arg(long, default_value_t = 20_000)]
+    pub requests: usize,
     /// Trace format.
     #[arg(long, value_enum, default_value = "auto")]
     pub format: TraceFormat,
@@ -112,19 +122,68 @@ pub struct ReplayArgs {
     pub no_plot: bool,
 }
 
+/// `kvpool-bench gen-trace`: writes a synthetic workload as JSONL.
+#[derive(Args, Debug, Clone)]
+pub struct GenTraceArgs {
+    /// The workload.
+    #[arg(long, value_enum)]
+    pub workload: Workload,
+    /// Seed: the same seed always gives the same trace.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Requests.
+    #[arg(long, default_value_t = 20_000)]
+    pub requests: usize,
+    /// Output file (Mooncake JSONL, like the bundled trace).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Runs `gen-trace`.
+pub fn gen_trace(args: &GenTraceArgs) -> anyhow::Result<()> {
+    let t = synth::generate(args.workload, args.seed, args.requests);
+    let f = std::fs::File::create(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    synth::write_jsonl(&t, &mut w)?;
+    std::io::Write::flush(&mut w)?;
+    eprintln!(
+        "wrote {}: {} requests, {} blocks ({} distinct)",
+        args.out.display(),
+        t.requests.len(),
+        t.total_blocks(),
+        t.distinct_blocks()
+    );
+    Ok(())
+}
+
 /// Runs the subcommand; returns the rows.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
-    let path = args
-        .trace
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(BUNDLED_TRACE));
-    let trace = Trace::load(
-        &path,
-        args.format,
-        args.block_tokens,
-        args.time_unit_ms,
-        args.limit,
-    )?;
+    let (trace, trace_name) = match args.synthetic {
+        Some(w) => {
+            let mut t = synth::generate(w, args.seed, args.requests);
+            t.requests.truncate(args.limit.unwrap_or(usize::MAX));
+            (t, format!("synthetic-{}-seed{}", w.name(), args.seed))
+        }
+        None => {
+            let path = args
+                .trace
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(BUNDLED_TRACE));
+            let t = Trace::load(
+                &path,
+                args.format,
+                args.block_tokens,
+                args.time_unit_ms,
+                args.limit,
+            )?;
+            let name = path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            (t, name)
+        }
+    };
     let block_bytes = match &args.block_bytes {
         Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
         None => {
@@ -155,10 +214,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
     }
     let setup = Setup {
         trace: &trace,
-        trace_name: path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        ),
+        trace_name,
         block_bytes,
         ttft: TtftModel {
             prefill_tokens_per_s: args.prefill_tps,

@@ -8,6 +8,7 @@
 //! nothing.
 //!
 //! - [`trace`]: Mooncake and Qwen/Bailian JSONL traces;
+//! - [`synth`]: deterministic synthetic prefix workloads in the same format;
 //! - [`cache`]: the simulated policies (LRU, Belady, unbounded);
 //! - [`pool_engine`]: the real pool, in-process or over the network;
 //! - [`cluster`]: pooled versus private fleets;
@@ -20,6 +21,7 @@ pub mod cluster;
 pub mod plot;
 pub mod pool_engine;
 pub mod sweep;
+pub mod synth;
 pub mod trace;
 pub mod ttft;
 

@@ -3,7 +3,8 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::bail;
 use serde::Serialize;
@@ -172,7 +173,16 @@ impl Setup<'_> {
         let nodes: Vec<Box<dyn BlockCache>> = if spec.engine == Engine::Pool
             && !self.endpoints.is_empty()
         {
-            let tag = std::process::id() ^ (Instant::now().elapsed().subsec_nanos());
+            // Distinct per run, also between runs of one process against the same daemons
+            // (an `Instant` just taken has elapsed nothing, so it can't tell them apart).
+            static RUNS: AtomicU32 = AtomicU32::new(0);
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let run = RUNS
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9e37_79b9);
+            let tag = std::process::id().rotate_left(16) ^ nanos ^ run;
             // A cluster pools by itself: one client routes every block to its owner.
             let first =
                 Remote::connect(&self.endpoints[0], &self.namespace, self.block_bytes, tag)?;

@@ -244,3 +244,37 @@ fn the_default_policy_beats_lru_where_it_matters() {
         );
     }
 }
+
+#[test]
+fn synthetic_workloads_are_deterministic_and_shaped_like_traces() {
+    use synth::{generate, write_jsonl, Workload};
+    for w in Workload::ALL {
+        let a = generate(w, 7, 300);
+        let b = generate(w, 7, 300);
+        assert_eq!(a.requests, b.requests, "{w:?}: same seed, same trace");
+        assert_ne!(
+            a.requests,
+            generate(w, 8, 300).requests,
+            "{w:?}: another seed, another trace"
+        );
+        // The JSONL reads back as the same trace, like the bundled one.
+        let mut jsonl = Vec::new();
+        write_jsonl(&a, &mut jsonl).unwrap();
+        let back = Trace::read(&jsonl[..], TraceFormat::Auto, None, None, None).unwrap();
+        assert_eq!(back.requests, a.requests);
+        assert_eq!(back.block_tokens, 512);
+        // Ids are dense in order of first appearance; each prompt's last block is partial.
+        let mut seen = 0;
+        for r in &a.requests {
+            for &id in &r.blocks {
+                assert!(id <= seen, "{w:?}: id {id} before {seen}");
+                seen = seen.max(id + 1);
+            }
+            assert_eq!(r.blocks.len() as u64, r.input_tokens.div_ceil(512));
+            assert!(r.arrival_ms >= a.requests[0].arrival_ms);
+        }
+        // Every workload reuses prefixes, and none is all reuse.
+        let o = run(&a, &mut Unbounded::default());
+        assert!(o.hits > 0 && o.hits < o.blocks, "{w:?}: {o:?}");
+    }
+}
