@@ -98,16 +98,25 @@ impl ClusterView {
     /// The node that owns `key`: the serving node with the highest weighted rendezvous score.
     /// None when no node is serving.
     pub fn owner(&self, key: &[u8]) -> Option<NodeId> {
-        self.owners(key, 1).first().copied()
+        // The hot path of routing: one pass, no allocation.
+        let kh = xxhash_rust::xxh3::xxh3_64(key);
+        self.serving()
+            .map(|n| (score(kh, n.id, n.capacity), n.id))
+            .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, id)| NodeId(id))
+    }
+
+    fn serving(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Serving && n.capacity > 0)
     }
 
     /// The `r` serving nodes that hold `key`, best first (fewer when fewer are serving).
     pub fn owners(&self, key: &[u8], r: usize) -> Vec<NodeId> {
         let kh = xxhash_rust::xxh3::xxh3_64(key);
         let mut scored: Vec<(f64, u32)> = self
-            .nodes
-            .iter()
-            .filter(|n| n.state == NodeState::Serving && n.capacity > 0)
+            .serving()
             .map(|n| (score(kh, n.id, n.capacity), n.id))
             .collect();
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));

@@ -15,6 +15,24 @@ use kvpool_bench::replay::trace::{Trace, TraceFormat};
 use kvpool_bench::replay::ttft::TtftModel;
 use kvpool_bench::replay::{next_uses, replay};
 
+/// The harness driving `endpoints` with 4 KiB blocks.
+fn setup(trace: &Trace, endpoints: Vec<String>) -> Setup<'_> {
+    Setup {
+        trace,
+        trace_name: "slice".into(),
+        block_bytes: 4096,
+        ttft: TtftModel {
+            prefill_tokens_per_s: 1e4,
+            pool_bytes_per_s: 1e10,
+            block_bytes: 4096,
+            block_tokens: 512,
+        },
+        pool_shards: 1,
+        endpoints,
+        namespace: "default".into(),
+    }
+}
+
 #[test]
 fn replay_against_running_daemons_matches_an_unbounded_cache() {
     let trace = Trace::load(
@@ -30,20 +48,10 @@ fn replay_against_running_daemons_matches_an_unbounded_cache() {
     assert!(ceiling.hits > 100);
     let nodes = [Node::start("64MiB", &[]), Node::start("64MiB", &[])];
     for n in 1..=2 {
-        let setup = Setup {
-            trace: &trace,
-            trace_name: "slice".into(),
-            block_bytes: 4096,
-            ttft: TtftModel {
-                prefill_tokens_per_s: 1e4,
-                pool_bytes_per_s: 1e10,
-                block_bytes: 4096,
-                block_tokens: 512,
-            },
-            pool_shards: 1,
-            endpoints: nodes[..n].iter().map(|node| node.tcp_url()).collect(),
-            namespace: "default".into(),
-        };
+        let setup = setup(
+            &trace,
+            nodes[..n].iter().map(|node| node.tcp_url()).collect(),
+        );
         let spec = RunSpec {
             engine: Engine::Pool,
             policy: Policy::Lru,
@@ -106,20 +114,7 @@ fn replay_against_running_daemons_matches_an_unbounded_cache() {
         assert!(t.elapsed().as_secs() < 20, "the cluster did not form");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let setup = Setup {
-        trace: &trace,
-        trace_name: "slice".into(),
-        block_bytes: 4096,
-        ttft: TtftModel {
-            prefill_tokens_per_s: 1e4,
-            pool_bytes_per_s: 1e10,
-            block_bytes: 4096,
-            block_tokens: 512,
-        },
-        pool_shards: 1,
-        endpoints: vec![seed.tcp_url()],
-        namespace: "default".into(),
-    };
+    let setup = setup(&trace, vec![seed.tcp_url()]);
     let spec = RunSpec {
         engine: Engine::Pool,
         policy: Policy::Lru,

@@ -141,6 +141,25 @@ const LOAD_LEASE_MS: u64 = 5_000;
 /// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
 const VIEW_ATTEMPTS: u32 = 5;
 
+/// Runs `$body` (the contents of an async block that routes by `$r`, the current routing) and
+/// runs it again, with a fresh view, when a node answers that the view changed (a bounded
+/// number of times). With `wrong_view_miss`, a view that keeps changing yields that value (a
+/// miss for reads) instead of the `WrongView` error.
+macro_rules! routed {
+    ($client:ident, $r:ident => $body:block $(, wrong_view_miss => $miss:expr)?) => {{
+        let mut attempt = 0;
+        loop {
+            let $r = $client.routing();
+            let res: Result<_, ClientError> = async $body.await;
+            match res {
+                Err(e) if $client.retry_view(&e, &mut attempt).await => {}
+                $(Err(e) if e.code() == Some(ErrorCode::WrongView) => break Ok($miss),)?
+                other => break other,
+            }
+        }
+    }};
+}
+
 /// The blocks of a prefix, named by their tokens or by keys the engine computed itself.
 #[derive(Clone, Copy, Debug)]
 pub enum Prefix<'a> {
@@ -253,48 +272,34 @@ impl Client {
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                for (attempt, owner) in r
-                    .view
-                    .owners(key, c.read_replicas())
-                    .into_iter()
-                    .enumerate()
-                {
-                    let found = match c.link(owner.0, &r).await {
-                        Ok(l) => l.get(cfg, r.stamp, l.ns(ns)?, key).await,
-                        Err(e) => Err(e),
-                    };
-                    match found {
-                        Ok(Some(v)) => return Ok(Some(v)),
-                        Ok(None) if attempt == 0 => {
-                            if let Some(prev) = c.prev_owner(&r, key, owner) {
-                                if let Ok(l) = c.link(prev, &r).await {
-                                    if let Ok(Some(v)) = l.get(cfg, 0, l.ns(ns)?, key).await {
-                                        return Ok(Some(v));
-                                    }
+        routed!(self, r => {
+            for attempt in 0..self.read_replicas() {
+                let Some(owner) = self.owner_at(&r, key, attempt) else {
+                    break;
+                };
+                let found = match self.link(owner.0, &r).await {
+                    Ok(l) => l.get(cfg, r.stamp, l.ns(ns)?, key).await,
+                    Err(e) => Err(e),
+                };
+                match found {
+                    Ok(Some(v)) => return Ok(Some(v)),
+                    Ok(None) if attempt == 0 => {
+                        if let Some(prev) = self.prev_owner(&r, key, owner) {
+                            if let Ok(l) = self.link(prev, &r).await {
+                                if let Ok(Some(v)) = l.get(cfg, 0, l.ns(ns)?, key).await {
+                                    return Ok(Some(v));
                                 }
                             }
-                            return Ok(None);
                         }
-                        Ok(None) => return Ok(None),
-                        Err(e) if e.is_unreachable() => c.lost(owner.0, &e),
-                        Err(e) => return Err(e),
+                        return Ok(None);
                     }
+                    Ok(None) => return Ok(None),
+                    Err(e) if e.is_unreachable() => self.lost(owner.0, &e),
+                    Err(e) => return Err(e),
                 }
-                Ok(None)
             }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                // The view kept changing: a miss, not an error.
-                Err(e) if e.code() == Some(ErrorCode::WrongView) => return Ok(None),
-                other => return other,
-            }
-        }
+            Ok(None)
+        }, wrong_view_miss => None)
     }
 
     /// Copies the value of `key` into `dst`; returns its length, or None on a miss.
@@ -321,97 +326,75 @@ impl Client {
         }
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                if c.fallback(&r).is_some() {
-                    // Per-key presence, so misses can be looked up on their previous owners.
-                    let present = c.presence(&r, keys).await?;
-                    return Ok(present.iter().take_while(|p| **p).count());
-                }
-                let groups = c.group_by_owner(&r, keys);
-                let calls = groups.iter().map(|(node, idx)| {
-                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                    let r = &r;
-                    async move {
-                        let l = c.link(*node, r).await?;
-                        l.exists(cfg, r.stamp, l.ns(ns)?, &sub).await
-                    }
-                });
-                let mut run = keys.len();
-                for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-                    let n = match res {
-                        Ok(n) => n,
-                        Err(e) if e.is_unreachable() => {
-                            c.lost(*node, &e);
-                            0
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    if n < idx.len() {
-                        run = run.min(idx[n]);
-                    }
-                }
-                Ok(run)
+        routed!(self, r => {
+            if self.fallback(&r).is_some() {
+                // Per-key presence, so misses can be looked up on their previous owners.
+                let present = self.presence(&r, keys).await?;
+                return Ok(present.iter().take_while(|p| **p).count());
             }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                // The view kept changing: a miss, not an error.
-                Err(e) if e.code() == Some(ErrorCode::WrongView) => return Ok(0),
-                other => return other,
+            let groups = self.group_by_owner(&r, keys);
+            let calls = groups.iter().map(|(node, idx)| {
+                let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                let r = &r;
+                async move {
+                    let l = self.link(*node, r).await?;
+                    l.exists(cfg, r.stamp, l.ns(ns)?, &sub).await
+                }
+            });
+            let mut run = keys.len();
+            for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+                let n = match res {
+                    Ok(n) => n,
+                    Err(e) if e.is_unreachable() => {
+                        self.lost(*node, &e);
+                        0
+                    }
+                    Err(e) => return Err(e),
+                };
+                if n < idx.len() {
+                    run = run.min(idx[n]);
+                }
             }
-        }
+            Ok(run)
+        }, wrong_view_miss => 0)
     }
 
     /// Removes `key` from every node that may hold it; true when one did.
     pub async fn remove(&self, key: &[u8]) -> Result<bool, ClientError> {
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                // The owners, routed by the view; the previous owner asked on purpose (stamp 0).
-                let mut nodes: Vec<(u32, u64)> = r
-                    .view
-                    .owners(key, c.read_replicas())
-                    .into_iter()
-                    .map(|o| (o.0, r.stamp))
-                    .collect();
-                if let Some(p) = r.view.owner(key).and_then(|o| c.prev_owner(&r, key, o)) {
-                    nodes.push((p, 0));
-                }
-                let calls = nodes.iter().map(|&(n, stamp)| {
-                    let r = &r;
-                    async move {
-                        let l = c.link(n, r).await?;
-                        let op = Op::Remove {
-                            ns: l.ns(ns)?,
-                            keys: vec![key.to_vec()],
-                        };
-                        l.count(cfg, stamp, op).await
-                    }
-                });
-                let mut any = false;
-                for ((n, _), res) in nodes.iter().zip(join_all(calls).await) {
-                    match res {
-                        Ok(k) => any |= k > 0,
-                        Err(e) if e.is_unreachable() => c.lost(*n, &e),
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(any)
+        routed!(self, r => {
+            // The owners, routed by the view; the previous owner asked on purpose (stamp 0).
+            let mut nodes: Vec<(u32, u64)> = r
+                .view
+                .owners(key, self.read_replicas())
+                .into_iter()
+                .map(|o| (o.0, r.stamp))
+                .collect();
+            if let Some(p) = r.view.owner(key).and_then(|o| self.prev_owner(&r, key, o)) {
+                nodes.push((p, 0));
             }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                other => return other,
+            let calls = nodes.iter().map(|&(n, stamp)| {
+                let r = &r;
+                async move {
+                    let l = self.link(n, r).await?;
+                    let op = Op::Remove {
+                        ns: l.ns(ns)?,
+                        keys: vec![key.to_vec()],
+                    };
+                    l.count(cfg, stamp, op).await
+                }
+            });
+            let mut any = false;
+            for ((n, _), res) in nodes.iter().zip(join_all(calls).await) {
+                match res {
+                    Ok(k) => any |= k > 0,
+                    Err(e) if e.is_unreachable() => self.lost(*n, &e),
+                    Err(e) => return Err(e),
+                }
             }
-        }
+            Ok(any)
+        })
     }
 
     /// Stores many values, one round trip per owner, in parallel. Returns one code per item
@@ -502,29 +485,19 @@ impl Client {
     pub async fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                let owner = c.primary(&r, key)?;
-                let l = c.link(owner, &r).await?;
-                let mut res = l
-                    .alloc_many(cfg, r.stamp, l.ns(ns)?, &[(key, len)], false, Vec::new())
-                    .await?;
-                res.pop()
-                    .expect("one result")
-                    .map_err(|code| ClientError::Server {
-                        code,
-                        message: format!("{code:?}"),
-                    })
-            }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                other => return other,
-            }
-        }
+        routed!(self, r => {
+            let owner = self.primary(&r, key)?;
+            let l = self.link(owner, &r).await?;
+            let mut res = l
+                .alloc_many(cfg, r.stamp, l.ns(ns)?, &[(key, len)], false, Vec::new())
+                .await?;
+            res.pop()
+                .expect("one result")
+                .map_err(|code| ClientError::Server {
+                    code,
+                    message: format!("{code:?}"),
+                })
+        })
     }
 
     /// Writes `bytes` at `offset` into a pending allocation on the node the address names: a
@@ -605,36 +578,26 @@ impl Client {
     ) -> Result<Vec<Option<Located>>, ClientError> {
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                let groups = c.group_by_owner(&r, keys);
-                let calls = groups.iter().map(|(node, idx)| {
-                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                    let r = &r;
-                    async move {
-                        let l = c.link(*node, r).await?;
-                        l.lookup(cfg, r.stamp, l.ns(ns)?, &sub, lease_ms).await
-                    }
-                });
-                let mut out = vec![None; keys.len()];
-                for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-                    match res {
-                        Ok(found) => idx.iter().zip(found).for_each(|(&i, f)| out[i] = f),
-                        Err(e) if e.is_unreachable() => c.lost(*node, &e),
-                        Err(e) => return Err(e),
-                    }
+        routed!(self, r => {
+            let groups = self.group_by_owner(&r, keys);
+            let calls = groups.iter().map(|(node, idx)| {
+                let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                let r = &r;
+                async move {
+                    let l = self.link(*node, r).await?;
+                    l.lookup(cfg, r.stamp, l.ns(ns)?, &sub, lease_ms).await
                 }
-                Ok(out)
+            });
+            let mut out = vec![None; keys.len()];
+            for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+                match res {
+                    Ok(found) => idx.iter().zip(found).for_each(|(&i, f)| out[i] = f),
+                    Err(e) if e.is_unreachable() => self.lost(*node, &e),
+                    Err(e) => return Err(e),
+                }
             }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                other => return other,
-            }
-        }
+            Ok(out)
+        })
     }
 
     /// Ends leases; returns how many of the objects exist.
@@ -733,6 +696,15 @@ impl Client {
         (prev != owner && alive).then_some(prev.0)
     }
 
+    /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,
+    /// found without ranking every node).
+    fn owner_at(&self, r: &Routing, key: &[u8], k: usize) -> Option<NodeId> {
+        match k {
+            0 => r.view.owner(key),
+            _ => r.view.owners(key, self.read_replicas()).get(k).copied(),
+        }
+    }
+
     fn primary(&self, r: &Routing, key: &[u8]) -> Result<u32, ClientError> {
         r.view.owner(key).map(|n| n.0).ok_or_else(no_owner)
     }
@@ -742,10 +714,7 @@ impl Client {
         let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
         for (i, k) in keys.iter().enumerate() {
             let Some(o) = r.view.owner(k) else { continue };
-            match groups.iter_mut().find(|g| g.0 == o.0) {
-                Some(g) => g.1.push(i),
-                None => groups.push((o.0, vec![i])),
-            }
+            add_to_group(&mut groups, o.0, i);
         }
         groups
     }
@@ -942,10 +911,7 @@ impl Client {
                 continue;
             };
             if let Some(p) = self.prev_owner(r, k, owner) {
-                match prev_groups.iter_mut().find(|g| g.0 == p) {
-                    Some(g) => g.1.push(i),
-                    None => prev_groups.push((p, vec![i])),
-                }
+                add_to_group(&mut prev_groups, p, i);
             }
         }
         let calls = prev_groups.iter().map(|(node, idx)| {
@@ -976,62 +942,49 @@ impl Client {
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
         let r_count = if pin { self.repl.1 } else { self.repl.0 }.max(1);
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-                for (i, (k, _)) in items.iter().enumerate() {
-                    for o in r.view.owners(k, r_count) {
-                        match groups.iter_mut().find(|g| g.0 == o.0) {
-                            Some(g) => g.1.push(i),
-                            None => groups.push((o.0, vec![i])),
-                        }
+        routed!(self, r => {
+            let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+            for (i, (k, _)) in items.iter().enumerate() {
+                for o in r.view.owners(k, r_count) {
+                    add_to_group(&mut groups, o.0, i);
+                }
+            }
+            let calls = groups.iter().map(|(node, idx)| {
+                let sub: Vec<(&[u8], &[u8])> = idx.iter().map(|&i| items[i]).collect();
+                let sub_depths: Vec<u32> = if depths.is_empty() {
+                    Vec::new()
+                } else {
+                    idx.iter().map(|&i| depths[i]).collect()
+                };
+                let r = &r;
+                async move {
+                    let l = self.link(*node, r).await?;
+                    l.put_many(cfg, r.stamp, l.ns(ns)?, &sub, pin, sub_depths)
+                        .await
+                }
+            });
+            let mut codes: Vec<Option<ErrorCode>> = vec![None; items.len()];
+            for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
+                let got = match res {
+                    Ok(got) => got,
+                    Err(e) if e.is_unreachable() => {
+                        self.lost(*node, &e);
+                        vec![ErrorCode::Unavailable; idx.len()]
+                    }
+                    Err(e) => return Err(e),
+                };
+                for (&i, code) in idx.iter().zip(got) {
+                    // Stored once is stored; otherwise report the first owner's refusal.
+                    if code == ErrorCode::Ok || codes[i].is_none() {
+                        codes[i] = Some(code);
                     }
                 }
-                let calls = groups.iter().map(|(node, idx)| {
-                    let sub: Vec<(&[u8], &[u8])> = idx.iter().map(|&i| items[i]).collect();
-                    let sub_depths: Vec<u32> = if depths.is_empty() {
-                        Vec::new()
-                    } else {
-                        idx.iter().map(|&i| depths[i]).collect()
-                    };
-                    let r = &r;
-                    async move {
-                        let l = c.link(*node, r).await?;
-                        l.put_many(cfg, r.stamp, l.ns(ns)?, &sub, pin, sub_depths)
-                            .await
-                    }
-                });
-                let mut codes: Vec<Option<ErrorCode>> = vec![None; items.len()];
-                for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-                    let got = match res {
-                        Ok(got) => got,
-                        Err(e) if e.is_unreachable() => {
-                            c.lost(*node, &e);
-                            vec![ErrorCode::Unavailable; idx.len()]
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    for (&i, code) in idx.iter().zip(got) {
-                        // Stored once is stored; otherwise report the first owner's refusal.
-                        if code == ErrorCode::Ok || codes[i].is_none() {
-                            codes[i] = Some(code);
-                        }
-                    }
-                }
-                Ok(codes
-                    .into_iter()
-                    .map(|c| c.unwrap_or(ErrorCode::Unavailable))
-                    .collect())
             }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                other => return other,
-            }
-        }
+            Ok(codes
+                .into_iter()
+                .map(|c| c.unwrap_or(ErrorCode::Unavailable))
+                .collect())
+        })
     }
 
     /// Batched get, one request per owner in parallel; keys whose owner can't be reached are
@@ -1047,144 +1000,122 @@ impl Client {
         assert_eq!(keys.len(), dsts.len(), "one destination buffer per key");
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
-        let rr = self.read_replicas();
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                let mut out: Vec<Option<usize>> = vec![None; keys.len()];
-                let owners: Vec<Vec<NodeId>> = keys.iter().map(|k| r.view.owners(k, rr)).collect();
-                // Round k asks the k-th owner of the keys whose earlier owners could not be reached;
-                // the last round asks previous owners for misses.
-                let mut todo: Vec<(usize, usize)> = (0..keys.len()).map(|i| (i, 0)).collect();
-                let mut slots: Vec<Option<&mut [u8]>> =
-                    dsts.iter_mut().map(|d| Some(&mut **d)).collect();
-                let mut misses: Vec<usize> = Vec::new();
-                while !todo.is_empty() {
-                    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-                    let mut next = Vec::new();
-                    for &(i, k) in &todo {
-                        let Some(o) = owners[i].get(k) else { continue };
-                        match groups.iter_mut().find(|g| g.0 == o.0) {
-                            Some(g) => g.1.push(i),
-                            None => groups.push((o.0, vec![i])),
+        routed!(self, r => {
+            let mut out: Vec<Option<usize>> = vec![None; keys.len()];
+            // Round k asks the k-th owner of the keys whose earlier owners could not be reached;
+            // the last round asks previous owners for misses.
+            let mut todo: Vec<(usize, usize)> = (0..keys.len()).map(|i| (i, 0)).collect();
+            let mut slots: Vec<Option<&mut [u8]>> =
+                dsts.iter_mut().map(|d| Some(&mut **d)).collect();
+            let mut misses: Vec<usize> = Vec::new();
+            while !todo.is_empty() {
+                let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+                let mut next = Vec::new();
+                for &(i, k) in &todo {
+                    let Some(o) = self.owner_at(&r, keys[i], k) else { continue };
+                    add_to_group(&mut groups, o.0, i);
+                }
+                let single = groups.len() == 1 && todo.len() == keys.len();
+                let calls = groups.iter().map(|(node, idx)| {
+                    let mut bufs: Vec<&mut [u8]> = idx
+                        .iter()
+                        .map(|&i| slots[i].take().expect("each key once"))
+                        .collect();
+                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                    let r = &r;
+                    async move {
+                        let res = async {
+                            let l = self.link(*node, r).await?;
+                            l.get_many(
+                                cfg,
+                                r.stamp,
+                                l.ns(ns)?,
+                                &sub,
+                                &mut bufs,
+                                prefix && single,
+                                lease_ms,
+                            )
+                            .await
                         }
+                        .await;
+                        (bufs, res)
                     }
-                    let single = groups.len() == 1 && todo.len() == keys.len();
-                    let calls = groups.iter().map(|(node, idx)| {
-                        let mut bufs: Vec<&mut [u8]> = idx
-                            .iter()
-                            .map(|&i| slots[i].take().expect("each key once"))
-                            .collect();
-                        let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                        let r = &r;
-                        async move {
-                            let res = async {
-                                let l = c.link(*node, r).await?;
-                                l.get_many(
-                                    cfg,
-                                    r.stamp,
-                                    l.ns(ns)?,
-                                    &sub,
-                                    &mut bufs,
-                                    prefix && single,
-                                    lease_ms,
-                                )
-                                .await
-                            }
-                            .await;
-                            (bufs, res)
-                        }
-                    });
-                    let results = join_all(calls).await;
-                    for ((node, idx), (bufs, res)) in groups.iter().zip(results) {
-                        for (&i, b) in idx.iter().zip(bufs) {
-                            slots[i] = Some(b);
-                        }
-                        match res {
-                            Ok(got) => {
-                                for (&i, g) in idx.iter().zip(got) {
-                                    out[i] = g;
-                                    if g.is_none() {
-                                        misses.push(i);
-                                    }
+                });
+                let results = join_all(calls).await;
+                for ((node, idx), (bufs, res)) in groups.iter().zip(results) {
+                    for (&i, b) in idx.iter().zip(bufs) {
+                        slots[i] = Some(b);
+                    }
+                    match res {
+                        Ok(got) => {
+                            for (&i, g) in idx.iter().zip(got) {
+                                out[i] = g;
+                                if g.is_none() {
+                                    misses.push(i);
                                 }
                             }
-                            Err(e) if e.is_unreachable() => {
-                                c.lost(*node, &e);
-                                let round = todo.iter().find(|t| t.0 == idx[0]).map_or(0, |t| t.1);
-                                next.extend(idx.iter().map(|&i| (i, round + 1)));
-                            }
-                            Err(e) => return Err(e),
                         }
-                    }
-                    todo = next;
-                }
-                if c.fallback(&r).is_some() && !misses.is_empty() {
-                    misses.sort_unstable();
-                    if prefix {
-                        // Blocks before the first miss are loaded; from it on, any may extend the
-                        // run, and those on one previous owner go in one request.
-                        let first = misses[0];
-                        misses = (first..keys.len()).filter(|&i| out[i].is_none()).collect();
-                    }
-                    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-                    for &i in &misses {
-                        let Some(o) = owners[i].first() else { continue };
-                        if let Some(p) = c.prev_owner(&r, keys[i], *o) {
-                            match groups.iter_mut().find(|g| g.0 == p) {
-                                Some(g) => g.1.push(i),
-                                None => groups.push((p, vec![i])),
-                            }
+                        Err(e) if e.is_unreachable() => {
+                            self.lost(*node, &e);
+                            let round = todo.iter().find(|t| t.0 == idx[0]).map_or(0, |t| t.1);
+                            next.extend(idx.iter().map(|&i| (i, round + 1)));
                         }
-                    }
-                    let calls = groups.iter().map(|(node, idx)| {
-                        let mut bufs: Vec<&mut [u8]> = idx
-                            .iter()
-                            .map(|&i| slots[i].take().expect("each key once"))
-                            .collect();
-                        let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                        let r = &r;
-                        async move {
-                            let res = async {
-                                let l = c.link(*node, r).await?;
-                                l.get_many(cfg, 0, l.ns(ns)?, &sub, &mut bufs, false, lease_ms)
-                                    .await
-                            }
-                            .await;
-                            (bufs, res)
-                        }
-                    });
-                    let results = join_all(calls).await;
-                    for ((_, idx), (bufs, res)) in groups.iter().zip(results) {
-                        for (&i, b) in idx.iter().zip(bufs) {
-                            slots[i] = Some(b);
-                        }
-                        if let Ok(got) = res {
-                            for (&i, g) in idx.iter().zip(got) {
-                                out[i] = out[i].or(g);
-                            }
-                        }
+                        Err(e) => return Err(e),
                     }
                 }
+                todo = next;
+            }
+            if self.fallback(&r).is_some() && !misses.is_empty() {
+                misses.sort_unstable();
                 if prefix {
-                    if let Some(gap) = out.iter().position(|o| o.is_none()) {
-                        out[gap..].fill(None);
+                    // Blocks before the first miss are loaded; from it on, any may extend the
+                    // run, and those on one previous owner go in one request.
+                    let first = misses[0];
+                    misses = (first..keys.len()).filter(|&i| out[i].is_none()).collect();
+                }
+                let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+                for &i in &misses {
+                    let Some(o) = r.view.owner(keys[i]) else { continue };
+                    if let Some(p) = self.prev_owner(&r, keys[i], o) {
+                        add_to_group(&mut groups, p, i);
                     }
                 }
-                Ok(out)
-            }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                // The view kept changing: a miss, not an error.
-                Err(e) if e.code() == Some(ErrorCode::WrongView) => {
-                    return Ok(vec![None; keys.len()])
+                let calls = groups.iter().map(|(node, idx)| {
+                    let mut bufs: Vec<&mut [u8]> = idx
+                        .iter()
+                        .map(|&i| slots[i].take().expect("each key once"))
+                        .collect();
+                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                    let r = &r;
+                    async move {
+                        let res = async {
+                            let l = self.link(*node, r).await?;
+                            l.get_many(cfg, 0, l.ns(ns)?, &sub, &mut bufs, false, lease_ms)
+                                .await
+                        }
+                        .await;
+                        (bufs, res)
+                    }
+                });
+                let results = join_all(calls).await;
+                for ((_, idx), (bufs, res)) in groups.iter().zip(results) {
+                    for (&i, b) in idx.iter().zip(bufs) {
+                        slots[i] = Some(b);
+                    }
+                    if let Ok(got) = res {
+                        for (&i, g) in idx.iter().zip(got) {
+                            out[i] = out[i].or(g);
+                        }
+                    }
                 }
-                other => return other,
             }
-        }
+            if prefix {
+                if let Some(gap) = out.iter().position(|o| o.is_none()) {
+                    out[gap..].fill(None);
+                }
+            }
+            Ok(out)
+        }, wrong_view_miss => vec![None; keys.len()])
     }
 
     /// A keys operation answered with a count, on the first `r` owners of each key; the count
@@ -1198,47 +1129,45 @@ impl Client {
         let cfg = &self.inner.cfg;
         let ns = &*self.ns;
         let make = &make;
-        let mut attempt = 0;
-        loop {
-            let r = self.routing();
-            let c = self;
-            let res: Result<_, ClientError> = async {
-                // (node, keys, primary?) groups.
-                let mut groups: Vec<(u32, bool, Vec<usize>)> = Vec::new();
-                for (i, k) in keys.iter().enumerate() {
-                    for (rank, o) in r.view.owners(k, r_count).into_iter().enumerate() {
-                        let primary = rank == 0;
-                        match groups.iter_mut().find(|g| g.0 == o.0 && g.1 == primary) {
-                            Some(g) => g.2.push(i),
-                            None => groups.push((o.0, primary, vec![i])),
-                        }
+        routed!(self, r => {
+            // (node, keys, primary?) groups.
+            let mut groups: Vec<(u32, bool, Vec<usize>)> = Vec::new();
+            for (i, k) in keys.iter().enumerate() {
+                for (rank, o) in r.view.owners(k, r_count).into_iter().enumerate() {
+                    let primary = rank == 0;
+                    match groups.iter_mut().find(|g| g.0 == o.0 && g.1 == primary) {
+                        Some(g) => g.2.push(i),
+                        None => groups.push((o.0, primary, vec![i])),
                     }
                 }
-                let calls = groups.iter().map(|(node, _, idx)| {
-                    let sub = owned(&idx.iter().map(|&i| keys[i]).collect::<Vec<_>>());
-                    let r = &r;
-                    async move {
-                        let l = c.link(*node, r).await?;
-                        l.count(cfg, r.stamp, make(l.ns(ns)?, sub)).await
-                    }
-                });
-                let mut total = 0;
-                for ((node, primary, _), res) in groups.iter().zip(join_all(calls).await) {
-                    match res {
-                        Ok(n) if *primary => total += n,
-                        Ok(_) => {}
-                        Err(e) if e.is_unreachable() => c.lost(*node, &e),
-                        Err(e) => return Err(e),
-                    }
+            }
+            let calls = groups.iter().map(|(node, _, idx)| {
+                let sub = owned(&idx.iter().map(|&i| keys[i]).collect::<Vec<_>>());
+                let r = &r;
+                async move {
+                    let l = self.link(*node, r).await?;
+                    l.count(cfg, r.stamp, make(l.ns(ns)?, sub)).await
                 }
-                Ok(total)
+            });
+            let mut total = 0;
+            for ((node, primary, _), res) in groups.iter().zip(join_all(calls).await) {
+                match res {
+                    Ok(n) if *primary => total += n,
+                    Ok(_) => {}
+                    Err(e) if e.is_unreachable() => self.lost(*node, &e),
+                    Err(e) => return Err(e),
+                }
             }
-            .await;
-            match res {
-                Err(e) if self.retry_view(&e, &mut attempt).await => {}
-                other => return other,
-            }
-        }
+            Ok(total)
+        })
+    }
+}
+
+/// Puts key index `i` in node `node`'s group (groups keep the order nodes first appear in).
+fn add_to_group(groups: &mut Vec<(u32, Vec<usize>)>, node: u32, i: usize) {
+    match groups.iter_mut().find(|g| g.0 == node) {
+        Some(g) => g.1.push(i),
+        None => groups.push((node, vec![i])),
     }
 }
 

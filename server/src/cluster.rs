@@ -543,6 +543,22 @@ pub(crate) struct Mover {
     pub(crate) drain_timeout: Duration,
 }
 
+impl Mover {
+    /// One pass of [`move_pass`] with this node's settings.
+    async fn pass(&self) -> MovePass {
+        let timeout = self.timing.heartbeat * 4;
+        move_pass(
+            &self.pool,
+            &self.m,
+            &self.repl,
+            &self.token,
+            timeout,
+            self.started,
+        )
+        .await
+    }
+}
+
 /// Runs the mover: a pass after every view change (and every few seconds while objects are
 /// stranded), and the drain when asked for. Returns when `stop` fires or the node has left.
 pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
@@ -565,15 +581,7 @@ pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
         if !pending || mv.m.view().nodes.len() < 2 {
             continue;
         }
-        let pass = move_pass(
-            &mv.pool,
-            &mv.m,
-            &mv.repl,
-            &mv.token,
-            mv.timing.heartbeat * 4,
-            mv.started,
-        )
-        .await;
+        let pass = mv.pass().await;
         if pass != MovePass::default() {
             tracing::info!(
                 copied = pass.copied,
@@ -592,15 +600,7 @@ async fn drain_and_leave(mv: &Mover) {
     announce(&mv.m, &mv.token, mv.timing.heartbeat * 4).await;
     let deadline = Instant::now() + mv.drain_timeout;
     loop {
-        let pass = move_pass(
-            &mv.pool,
-            &mv.m,
-            &mv.repl,
-            &mv.token,
-            mv.timing.heartbeat * 4,
-            mv.started,
-        )
-        .await;
+        let pass = mv.pass().await;
         tracing::info!(
             copied = pass.copied,
             handed_off = pass.handed_off,

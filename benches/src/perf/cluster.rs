@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use kvpool::placement::NodeState;
-use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
+use kvpool_client::{Client, ClientConfig, SameHost};
 
 use super::compare::{interleave_tasks, AnyWorker};
 use super::daemon::{self, Daemon};
@@ -73,23 +73,6 @@ async fn wait_serving(endpoint: &str, n: usize) -> anyhow::Result<()> {
     }
 }
 
-/// Stores `keys` with values of `size` through a routed client.
-async fn load(client: &Client, keys: &[Vec<u8>], size: u64) -> anyhow::Result<()> {
-    let value = workloads::value(size);
-    let per_batch = ((32u64 << 20) / size).max(1) as usize;
-    for chunk in keys.chunks(per_batch) {
-        let items: Vec<(&[u8], &[u8])> = chunk
-            .iter()
-            .map(|k| (k.as_slice(), value.as_slice()))
-            .collect();
-        let codes = client.batch_put_from(&items).await?;
-        if let Some(c) = codes.iter().find(|c| **c != ErrorCode::Ok) {
-            bail!("loading the cluster: {c:?}");
-        }
-    }
-    Ok(())
-}
-
 fn client_cfg(ctx: &Ctx) -> ClientConfig {
     ClientConfig {
         same_host: SameHost::Off,
@@ -110,7 +93,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         let (nodes, endpoint) = start_cluster(ctx, n, memory)?;
         eprintln!("  {n} daemon(s), {} MiB each", memory >> 20);
         let loader = ctx.rt.block_on(Client::connect(&endpoint, cfg.clone()))?;
-        ctx.rt.block_on(load(&loader, &keys, size))?;
+        ctx.rt.block_on(workloads::store(&loader, &keys, size))?;
         for conns in ctx.args.conns.clone() {
             let m = ctx.rt.block_on(async {
                 let mut side = Vec::new();
@@ -171,7 +154,7 @@ fn hop(ctx: &mut Ctx, cfg: &ClientConfig) -> anyhow::Result<()> {
     let memory = (keys.len() as u64 * size * 2 + (256 << 20)).next_multiple_of(256 << 20);
     let (mut nodes, endpoint) = start_cluster(ctx, 3, memory)?;
     let client = ctx.rt.block_on(Client::connect(&endpoint, cfg.clone()))?;
-    ctx.rt.block_on(load(&client, &keys, size))?;
+    ctx.rt.block_on(workloads::store(&client, &keys, size))?;
     let bin = ctx
         .args
         .kvpoold

@@ -140,23 +140,30 @@ pub(crate) async fn ensure_loaded(
     }
     let client = Client::connect(&format!("tcp://{}", daemon.tcp), ClientConfig::default()).await?;
     for size in todo {
-        let (keys, value) = (stored_keys(size, conns), value(size));
+        let keys = stored_keys(size, conns);
         eprintln!("  loading {} × {} into kvpoold", keys.len(), fmt_size(size));
-        let per_batch = ((32u64 << 20) / size).max(1) as usize;
-        for chunk in keys.chunks(per_batch) {
-            let items: Vec<(&[u8], &[u8])> = chunk
-                .iter()
-                .map(|k| (k.as_slice(), value.as_slice()))
-                .collect();
-            let codes = client
-                .batch_put_from(&items)
-                .await
-                .context("loading the data set")?;
-            if let Some(c) = codes.iter().find(|c| **c != ErrorCode::Ok) {
-                bail!("loading {} values: {c:?}", fmt_size(size));
-            }
-        }
+        store(&client, &keys, size).await?;
         daemon.loaded.push(size);
+    }
+    Ok(())
+}
+
+/// Stores `keys`, each with the value of `size` ([`value`]), in batches of about 32 MiB.
+pub(crate) async fn store(client: &Client, keys: &[Vec<u8>], size: u64) -> anyhow::Result<()> {
+    let value = value(size);
+    let per_batch = ((32u64 << 20) / size).max(1) as usize;
+    for chunk in keys.chunks(per_batch) {
+        let items: Vec<(&[u8], &[u8])> = chunk
+            .iter()
+            .map(|k| (k.as_slice(), value.as_slice()))
+            .collect();
+        let codes = client
+            .batch_put_from(&items)
+            .await
+            .context("loading the data set")?;
+        if let Some(c) = codes.iter().find(|c| **c != ErrorCode::Ok) {
+            bail!("loading {} values: {c:?}", fmt_size(size));
+        }
     }
     Ok(())
 }
