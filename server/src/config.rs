@@ -168,7 +168,7 @@ pub struct NamespaceEntry {
     /// Tokens that may use this namespace; empty (the default): every client the node admits.
     #[serde(default)]
     pub tokens: Vec<String>,
-    /// Eviction policy: `s3fifo` (default), `lru` or `prefix-aware`.
+    /// Eviction policy: `s3fifo-lru` (default), `s3fifo`, `lru` or `prefix-aware`.
     #[serde(default = "default_eviction")]
     pub eviction: String,
     /// Nodes holding each unpinned object (KV blocks). Default 1.
@@ -487,7 +487,7 @@ mod tests {
         assert_eq!(p.namespaces[1].eviction, kvpool::eviction::PolicyKind::Lru);
         assert_eq!(
             p.namespaces[0].eviction,
-            kvpool::eviction::PolicyKind::S3Fifo,
+            kvpool::eviction::PolicyKind::S3FifoLru,
             "the default"
         );
         let bad = Config::from_toml("[[namespace]]\nname = \"x\"\neviction = \"mru\"").unwrap();

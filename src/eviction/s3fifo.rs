@@ -8,6 +8,15 @@
 //! small FIFO's share: towards more room for newcomers when the small ghost hit (they were
 //! evicted too early), towards less when the main ghost hit.
 //!
+//! With [`S3FifoConfig::main_lru`] (the `s3fifo-lru` policy, kvpool's default) the main queue is
+//! kept in recency order instead: a touched object moves to its back at once, and main evicts its
+//! least recently used object. Small, ghosts and the adaptive share are unchanged. Prefix
+//! workloads need it: a conversation or an agent rereads all its blocks on every turn, so they
+//! collect the maximum count, then the conversation ends and they are dead; the paper's main FIFO
+//! gives each of them `max_freq` more rounds, crowding out the live conversations (2 to 3 points
+//! below LRU on such workloads, where recency order loses nothing). The small FIFO still keeps
+//! the blocks seen once from flushing main, which is most of what S3-FIFO wins on scans.
+//!
 //! A sharded index runs one instance per shard, built together by [`S3Fifo::shards`]: they share
 //! the queue lengths, the ghost lengths and the small FIFO's target through atomics, so the
 //! namespace adapts as one policy over all its objects (a shard alone sees a few dozen objects
@@ -34,6 +43,11 @@ pub struct S3FifoConfig {
     pub ghost_factor: f64,
     /// Touches counted per object. Default 3.
     pub max_freq: u8,
+    /// Keep the main queue in recency order: an object touched in main moves to its back at
+    /// once, and main evicts its least recently used object. Off (the paper's S3-FIFO: main is
+    /// a FIFO in which touched objects go round again, up to `max_freq` times) for `s3fifo`, on
+    /// for `s3fifo-lru`. See [`S3Fifo`] for why.
+    pub main_lru: bool,
 }
 
 impl Default for S3FifoConfig {
@@ -42,6 +56,7 @@ impl Default for S3FifoConfig {
             small_share: 0.5,
             ghost_factor: 2.0,
             max_freq: 3,
+            main_lru: false,
         }
     }
 }
@@ -353,7 +368,12 @@ impl Eviction for S3Fifo {
         }
     }
 
-    fn access(&mut self, h: Handle, _tick: u64) {
+    fn access(&mut self, h: Handle, tick: u64) {
+        if self.cfg.main_lru && self.links.list_of(h) == Some(MAIN) {
+            self.stamp[h as usize] = tick;
+            self.move_to_back(MAIN, h);
+            return;
+        }
         if let Some(f) = self.freq.get_mut(h as usize) {
             *f = (*f + 1).min(self.cfg.max_freq);
         }

@@ -15,7 +15,7 @@ pub struct NamespaceConfig {
     /// Most bytes (of reserved memory, pinned objects included) the namespace may hold on this
     /// node; `None` for no limit but the pool's size.
     pub quota_bytes: Option<u64>,
-    /// Eviction policy of the namespace's objects. Default [`PolicyKind::S3Fifo`].
+    /// Eviction policy of the namespace's objects. Default [`PolicyKind::S3FifoLru`].
     pub eviction: PolicyKind,
 }
 

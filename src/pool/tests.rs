@@ -486,7 +486,7 @@ fn shards_of_one_namespace_evict_as_one_policy() {
     // Each of 32 shards holds about 8 of the 250 objects: alone, its S3-FIFO would adapt on a
     // handful of ghost hits and evict from its own queues out of step with the others.
     let capacity = 250;
-    for policy in [PolicyKind::S3Fifo, PolicyKind::Lru, PolicyKind::PrefixAware] {
+    for policy in PolicyKind::ALL {
         let one = hits_with_shards(policy, 1, capacity);
         let many = hits_with_shards(policy, 32, capacity);
         println!("{policy}: 1 shard {one}, 32 shards {many}");

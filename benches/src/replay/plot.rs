@@ -87,6 +87,7 @@ fn draw(rows: &[&Row], caps: &[u64], file: &Path, title: &str) -> anyhow::Result
         Policy::Lru => RGBColor(31, 119, 180),
         Policy::PrefixAware => RGBColor(148, 103, 189),
         Policy::S3fifo => RGBColor(214, 39, 40),
+        Policy::S3fifoLru => RGBColor(255, 127, 14),
         Policy::Belady => RGBColor(44, 160, 44),
         Policy::Unbounded => RGBColor(127, 127, 127),
     };

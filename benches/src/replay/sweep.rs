@@ -26,8 +26,10 @@ pub enum Policy {
     Lru,
     /// Leaves-first LRU (`kvpool::eviction::PrefixAware`).
     PrefixAware,
-    /// Adaptive S3-FIFO (`kvpool::eviction::S3Fifo`), the pool's default.
+    /// Adaptive S3-FIFO (`kvpool::eviction::S3Fifo`), main queue as in the paper.
     S3fifo,
+    /// Adaptive S3-FIFO with its main queue in recency order, the pool's default.
+    S3fifoLru,
     /// Belady's offline optimum (simulation only): the bound from below on misses.
     Belady,
     /// No eviction at all: the ceiling.
@@ -41,6 +43,7 @@ impl Policy {
             Policy::Lru => Some(PolicyKind::Lru),
             Policy::PrefixAware => Some(PolicyKind::PrefixAware),
             Policy::S3fifo => Some(PolicyKind::S3Fifo),
+            Policy::S3fifoLru => Some(PolicyKind::S3FifoLru),
             Policy::Belady | Policy::Unbounded => None,
         }
     }
@@ -148,17 +151,17 @@ impl Setup<'_> {
     pub fn cache(&self, spec: &RunSpec) -> anyhow::Result<Box<dyn BlockCache>> {
         let pool_policy = spec.policy.pool_policy();
         if spec.engine == Engine::Pool && pool_policy.is_none() {
-            bail!("{:?} is simulation only; the pool engine runs the pool's own policies (lru, prefix-aware, s3fifo)", spec.policy);
+            bail!("{:?} is simulation only; the pool engine runs the pool's own policies (lru, prefix-aware, s3fifo, s3fifo-lru)", spec.policy);
         }
         let node = |_: u32| -> anyhow::Result<Box<dyn BlockCache>> {
             let cap = spec.capacity_blocks;
             Ok(match (spec.engine, spec.policy) {
                 (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize)),
-                (Engine::Sim, Policy::PrefixAware) => {
-                    Box::new(PoolPolicy::new(PolicyKind::PrefixAware, cap as usize))
-                }
-                (Engine::Sim, Policy::S3fifo) => {
-                    Box::new(PoolPolicy::new(PolicyKind::S3Fifo, cap as usize))
+                (Engine::Sim, Policy::PrefixAware | Policy::S3fifo | Policy::S3fifoLru) => {
+                    Box::new(PoolPolicy::new(
+                        pool_policy.expect("a pool policy"),
+                        cap as usize,
+                    ))
                 }
                 (Engine::Sim, Policy::Belady) => Box::new(Belady::new(cap as usize)),
                 (Engine::Sim, Policy::Unbounded) => Box::new(Unbounded::default()),
