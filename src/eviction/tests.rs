@@ -263,16 +263,20 @@ fn sharded_hits(mut policies: Vec<Box<dyn Eviction>>, accesses: &[u64], capacity
     hits
 }
 
-/// A workload where S3-FIFO's adaptation matters: a skewed hot set that recurs after a delay
-/// (so the ghost lists see it come back), mixed with keys seen once.
-fn recurring_with_one_offs() -> Vec<u64> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
+/// A deterministic pseudo-random stream (xorshift64) for the workloads below.
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x
-    };
+    }
+}
+
+/// A workload where S3-FIFO's adaptation matters: a skewed hot set that recurs after a delay
+/// (so the ghost lists see it come back), mixed with keys seen once.
+fn recurring_with_one_offs() -> Vec<u64> {
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
     let mut out = Vec::new();
     let mut fresh = 1_000_000u64;
     for _ in 0..60_000 {
@@ -321,20 +325,15 @@ fn sharded_adapts_as_one_policy(kind: PolicyKind) {
 /// system prompt, then every earlier turn) and appends 3 new blocks; a conversation ends after 1
 /// to 12 turns and a new one opens. Every block is reread many times, then never again.
 fn conversations(open: usize, turns: usize) -> Vec<u64> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut fresh = 1_000u64;
-    let new_conv = |next: &mut dyn FnMut() -> u64| {
-        // 10 system prompts of 4 blocks (keys 0..40), the lowest the likeliest.
+    /// A new conversation: one of 10 system prompts of 4 blocks (keys 0..40, the lowest the
+    /// likeliest), and how many turns it will last.
+    fn start(next: &mut impl FnMut() -> u64) -> (Vec<u64>, u64) {
         let p = (next() % 10).min(next() % 10);
-        ((p * 4..p * 4 + 4).collect::<Vec<u64>>(), 1 + next() % 12)
-    };
-    let mut convs: Vec<(Vec<u64>, u64)> = (0..open).map(|_| new_conv(&mut next)).collect();
+        ((p * 4..p * 4 + 4).collect(), 1 + next() % 12)
+    }
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
+    let mut fresh = 1_000u64;
+    let mut convs: Vec<(Vec<u64>, u64)> = (0..open).map(|_| start(&mut next)).collect();
     let mut out = Vec::new();
     for _ in 0..turns {
         let i = (next() % open as u64) as usize;
@@ -346,7 +345,7 @@ fn conversations(open: usize, turns: usize) -> Vec<u64> {
         }
         convs[i].1 -= 1;
         if convs[i].1 == 0 {
-            convs[i] = new_conv(&mut next);
+            convs[i] = start(&mut next);
         }
     }
     out
