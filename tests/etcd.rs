@@ -177,13 +177,12 @@ fn state(v: &ClusterView, id: u32) -> Option<NodeState> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_membership_survives_a_crash_a_join_and_an_etcd_restart() {
-    let Some(bin) = find_etcd() else {
-        eprintln!(
-            "skipping the etcd membership test: no `etcd` binary on PATH or in /usr/bin \
-             (Debian: apt-get install etcd-server)"
-        );
+    let bin = find_etcd();
+    let test = "etcd_membership_survives_a_crash_a_join_and_an_etcd_restart";
+    if !common::deps::require(bin.is_some(), test, "etcd", "apt-get install etcd-server") {
         return;
-    };
+    }
+    let bin = bin.expect("checked above");
     let mut etcd = Etcd::start(bin);
     let n0 = start(0, "64MiB", &etcd);
     let n1 = start(1, "128MiB", &etcd);

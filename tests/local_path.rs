@@ -3,7 +3,7 @@
 //! through the mapping, and compares the total syscall counts; as a control, 1 000 reads
 //! through the socket must cost at least 1 000 syscalls more than 0.
 //!
-//! Without strace on the machine it prints why and skips (`.ci/run` installs strace).
+//! Without strace it fails in CI (`.ci/run` installs strace) and elsewhere says it skipped.
 
 #[cfg(not(loom))]
 mod common;
@@ -20,8 +20,8 @@ fn main() {
         return;
     }
     let name = "ten_thousand_local_reads_make_no_syscalls";
-    if Command::new("strace").arg("-V").output().is_err() {
-        println!("test {name} ... skipped: strace is not installed (apt-get install strace)");
+    let has_strace = Command::new("strace").arg("-V").output().is_ok();
+    if !common::deps::require(has_strace, name, "strace", "apt-get install strace") {
         return;
     }
     let node = common::Node::start("64MiB", &[]);

@@ -8,6 +8,7 @@
 )]
 
 pub mod cluster;
+pub mod deps;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
