@@ -1,105 +1,111 @@
-//! The report as JSON, written by hand: the shape is flat and fixed.
+//! The report as JSON, built with serde_json so that every string is escaped and every number
+//! is valid JSON (a non-finite figure is `null`).
 
-use std::fmt::Write as _;
+use serde_json::{json, Value};
 
 use super::report::{Report, Row};
 
 impl Report {
-    /// The report as JSON (no external serializer: the shape is flat and fixed).
+    /// The report as pretty-printed JSON; `args` is the command line that produced it.
     pub(crate) fn to_json(&self, args: &str) -> String {
         let m = &self.machine;
-        let mut s = String::from("{\n");
-        let _ = writeln!(
-            s,
-            "  \"machine\": {{\"nproc\": {}, \"cpu\": {}, \"kernel\": {}, \"mem_gib\": {:.1}, \"date\": {}}},",
-            m.nproc,
-            json_str(&m.cpu),
-            json_str(&m.kernel),
-            m.mem_gib,
-            json_str(&m.date)
-        );
-        let _ = writeln!(s, "  \"args\": {},", json_str(args));
-        s.push_str("  \"rows\": [\n");
-        let rows: Vec<String> = self.rows.iter().map(row_json).collect();
-        s.push_str(&rows.join(",\n"));
-        s.push_str("\n  ],\n  \"notes\": [\n");
-        let notes: Vec<String> = self
+        let notes: Vec<Value> = self
             .notes
             .iter()
-            .map(|(sec, n)| {
-                format!(
-                    "    {{\"section\": {}, \"note\": {}}}",
-                    json_str(sec.name()),
-                    json_str(n)
-                )
-            })
+            .map(|(sec, n)| json!({"section": sec.name(), "note": n}))
             .collect();
-        s.push_str(&notes.join(",\n"));
-        s.push_str("\n  ]\n}\n");
+        let doc = json!({
+            "machine": {
+                "nproc": m.nproc,
+                "cpu": m.cpu,
+                "kernel": m.kernel,
+                "mem_gib": m.mem_gib,
+                "date": m.date,
+            },
+            "args": args,
+            "rows": self.rows.iter().map(row_json).collect::<Vec<_>>(),
+            "notes": notes,
+        });
+        let mut s = serde_json::to_string_pretty(&doc).expect("a Value always serialises");
+        s.push('\n');
         s
     }
 }
 
-fn row_json(r: &Row) -> String {
-    let num = |v: Option<f64>| {
-        v.map_or("null".into(), |v| {
-            if v.is_finite() {
-                format!("{v:.4}")
-            } else {
-                "null".into()
-            }
-        })
-    };
-    let int = |v: Option<u64>| v.map_or("null".into(), |v| v.to_string());
-    let refs: Vec<String> = r
+fn row_json(r: &Row) -> Value {
+    let refs: Vec<Value> = r
         .refs
         .iter()
         .map(|f| {
-            let met = f
-                .target
-                .map_or("null".into(), |t| (f.ratio >= t).to_string());
-            format!(
-                "{{\"reference\": {}, \"ratio\": {}, \"target\": {}, \"met\": {}}}",
-                json_str(&f.name),
-                num(Some(f.ratio)),
-                num(f.target),
-                met
-            )
+            json!({
+                "reference": f.name,
+                "ratio": finite(Some(f.ratio)),
+                "target": finite(f.target),
+                "met": f.target.map(|t| f.ratio >= t),
+            })
         })
         .collect();
-    format!(
-        "    {{\"section\": {}, \"system\": {}, \"op\": {}, \"size\": {}, \"conns\": {}, \"depth\": {}, \"gbps\": {}, \"ops_per_s\": {}, \"p50_ns\": {}, \"p99_ns\": {}, \"objects\": {}, \"bytes_per_object\": {}, \"refs\": [{}]}}",
-        json_str(r.section.name()),
-        json_str(&r.system),
-        json_str(&r.op),
-        int(r.size),
-        int(r.conns.map(|c| c as u64)),
-        int(r.depth.map(|d| d as u64)),
-        num(r.gbps),
-        num(r.ops_per_s),
-        num(r.p50_ns),
-        num(r.p99_ns),
-        int(r.objects),
-        num(r.bytes_per_object),
-        refs.join(", ")
-    )
+    json!({
+        "section": r.section.name(),
+        "system": r.system,
+        "op": r.op,
+        "size": r.size,
+        "conns": r.conns,
+        "depth": r.depth,
+        "gbps": finite(r.gbps),
+        "ops_per_s": finite(r.ops_per_s),
+        "p50_ns": finite(r.p50_ns),
+        "p99_ns": finite(r.p99_ns),
+        "objects": r.objects,
+        "bytes_per_object": finite(r.bytes_per_object),
+        "refs": refs,
+    })
 }
 
-/// A JSON string literal.
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+/// JSON has no NaN or infinity: such a figure is written as `null`.
+fn finite(v: Option<f64>) -> Option<f64> {
+    v.filter(|v| v.is_finite())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::machine::Machine;
+    use super::super::report::{Ref, Report, Row};
+    use super::super::Section;
+
+    #[test]
+    fn the_report_is_valid_json_whatever_its_strings_and_numbers() {
+        let machine = Machine {
+            nproc: 2,
+            cpu: "cpu \"quoted\"\\ with\ttab\u{1}".into(),
+            kernel: "6.1".into(),
+            mem_gib: 23.5,
+            date: "2026-11-23".into(),
+        };
+        let mut report = Report::new(machine);
+        let mut row = Row::new(Section::Tcp, "kvpool", "get\n2 MiB");
+        row.size = Some(2 << 20);
+        row.gbps = Some(f64::NAN);
+        row.ops_per_s = Some(1234.5);
+        row.refs.push(Ref {
+            name: "memcached".into(),
+            ratio: f64::INFINITY,
+            target: Some(1.0),
+        });
+        report.rows.push(row);
+        report.note(Section::Tcp, "a note with \"quotes\"\n");
+
+        let text = report.to_json("kvpool-bench perf --json \"out file\".json");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(v["machine"]["cpu"], "cpu \"quoted\"\\ with\ttab\u{1}");
+        let row = &v["rows"][0];
+        assert_eq!(row["op"], "get\n2 MiB");
+        assert_eq!(row["size"], 2 << 20);
+        assert!(row["gbps"].is_null(), "NaN is written as null");
+        assert_eq!(row["ops_per_s"], 1234.5);
+        assert!(row["refs"][0]["ratio"].is_null());
+        assert_eq!(row["refs"][0]["met"], true);
+        assert_eq!(v["notes"][0]["note"], "a note with \"quotes\"\n");
+        assert_eq!(v["args"], "kvpool-bench perf --json \"out file\".json");
     }
-    out.push('"');
-    out
 }
