@@ -1,7 +1,7 @@
 //! `kvpool-bench`: kvpool's benchmarks, one subcommand each.
 //!
 //! - `perf`: throughput and latency of every data path (same-host one-sided reads, TCP, QUIC),
-//!   the allocator and the index, each figure next to its physical limit or a peer (memcpy,
+//!   the allocator and the index, each figure next to its physical limit or a baseline (memcpy,
 //!   memcached, redis, bare quinn) measured in the same run with the same parameters.
 //! - `replay`: cache hit rates on real request traces, simulated policies and a real kvpool
 //!   side by side, bounded by Belady's optimum and an unbounded cache (`kvpool_bench::replay`).

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use super::baseline_client::{BaselineGet, BaselineSet};
 use super::driver::{run_tasks, run_threads, Measured, ThreadOp, Worker};
-use super::peer_client::{PeerGet, PeerSet};
 use super::quic::BareClient;
 use super::raw::{RawGet, RawPut};
 use super::workloads::{KvGet, KvPut};
@@ -21,9 +21,9 @@ pub(crate) enum AnyWorker {
     /// kvpool put.
     KvPut(KvPut),
     /// memcached or redis get (pipelined when deeper than 1).
-    PeerGet(PeerGet),
+    BaselineGet(BaselineGet),
     /// memcached or redis set.
-    PeerSet(PeerSet),
+    BaselineSet(BaselineSet),
     /// Bare quinn request.
     Bare(BareClient),
     /// Raw TCP request for bytes (pipelined when deeper than 1).
@@ -37,8 +37,8 @@ impl Worker for AnyWorker {
         match self {
             AnyWorker::KvGet(w) => w.op().await,
             AnyWorker::KvPut(w) => w.op().await,
-            AnyWorker::PeerGet(w) => w.op().await,
-            AnyWorker::PeerSet(w) => w.op().await,
+            AnyWorker::BaselineGet(w) => w.op().await,
+            AnyWorker::BaselineSet(w) => w.op().await,
             AnyWorker::Bare(w) => w.op().await,
             AnyWorker::RawGet(w) => w.op().await,
             AnyWorker::RawPut(w) => w.op().await,

@@ -6,13 +6,15 @@
 //! block allocator, a bare `HashMap` for the index. Every measurement lasts `--duration-ms`;
 //! the run stops by itself.
 //!
-//! Sections (in run order): `memcpy`, `local`, `tcp`, `peers`, `quic`, `cluster`, `alloc`,
+//! Sections (in run order): `memcpy`, `local`, `tcp`, `baselines`, `quic`, `cluster`, `alloc`,
 //! `index`.
-//! `local` needs `memcpy` as its reference, and `tcp` and `peers` need each other, so selecting
+//! `local` needs `memcpy` as its reference, and `tcp` and `baselines` need each other, so selecting
 //! one with `--only` runs the other too. References are measured in slices alternating with
 //! what they are compared with (see `compare`), so drift of the machine does not skew ratios.
 
 mod alloc;
+mod baseline_client;
+mod baselines;
 mod cluster;
 mod compare;
 mod daemon;
@@ -22,8 +24,6 @@ mod json;
 mod local;
 mod machine;
 mod memcpy;
-mod peer_client;
-mod peers;
 mod quic;
 mod raw;
 mod render;
@@ -64,7 +64,7 @@ pub(crate) struct PerfArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Turn off the xxh3 check of every received value in the TCP and QUIC kvpool clients (on
-    /// by default, as in the client; the peers check nothing). `local` measures both anyway.
+    /// by default, as in the client; the baselines check nothing). `local` measures both anyway.
     #[arg(long)]
     no_verify: bool,
     /// Objects inserted by the `index` section (fewer when memory is short).
@@ -86,7 +86,7 @@ pub(crate) enum Section {
     /// Get and put over TCP, next to a raw TCP stream moving the same bytes.
     Tcp,
     /// memcached and redis on loopback, same workloads.
-    Peers,
+    Baselines,
     /// Get over QUIC next to a bare quinn stream.
     Quic,
     /// Aggregate get throughput of 1, 2 and 4 daemons in one cluster, and the extra hop to a
@@ -104,7 +104,7 @@ impl Section {
         Section::Memcpy,
         Section::Local,
         Section::Tcp,
-        Section::Peers,
+        Section::Baselines,
         Section::Quic,
         Section::Cluster,
         Section::Alloc,
@@ -117,7 +117,7 @@ impl Section {
             Section::Memcpy => "memcpy",
             Section::Local => "local",
             Section::Tcp => "tcp",
-            Section::Peers => "peers",
+            Section::Baselines => "baselines",
             Section::Quic => "quic",
             Section::Cluster => "cluster",
             Section::Alloc => "alloc",
@@ -133,8 +133,8 @@ impl Section {
             Section::Tcp => {
                 "tcp: kvpool over loopback TCP (SameHost::Off) next to a raw TCP stream"
             }
-            Section::Peers => {
-                "peers: memcached and redis on loopback, same keys, sizes, connections, depth"
+            Section::Baselines => {
+                "baselines: memcached and redis on loopback, same keys, sizes, connections, depth"
             }
             Section::Quic => "quic: kvpool over QUIC next to a bare quinn stream",
             Section::Cluster => {
@@ -213,7 +213,7 @@ pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("interrupted: stopping kvpoold and the peers");
+        eprintln!("interrupted: stopping kvpoold and the baselines");
         daemon::kill_all();
         std::process::exit(130);
     });
@@ -240,9 +240,9 @@ pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
             }
             Section::Memcpy => memcpy::run(&mut ctx),
             Section::Local => local::run(&mut ctx),
-            // `tcp` and `peers` always run together: the four contenders alternate per shape.
+            // `tcp` and `baselines` always run together: the four contenders alternate per shape.
             Section::Tcp => tcp::run(&mut ctx),
-            Section::Peers => {
+            Section::Baselines => {
                 eprintln!("  measured by `tcp`, alternating with kvpool");
                 Ok(())
             }
@@ -288,12 +288,15 @@ fn selection(only: &[Section]) -> Vec<Section> {
     }
     if only.contains(&Section::Tcp) {
         add(
-            Section::Peers,
+            Section::Baselines,
             "memcached and redis are the references of `tcp`",
         );
     }
-    if only.contains(&Section::Peers) {
-        add(Section::Tcp, "`peers` compares them with kvpool over TCP");
+    if only.contains(&Section::Baselines) {
+        add(
+            Section::Tcp,
+            "`baselines` compares them with kvpool over TCP",
+        );
     }
     s
 }

@@ -23,7 +23,7 @@ use super::workloads::{self, Buffers};
 /// Marks a request as a put (the length is in the other bits).
 const PUT: u64 = 1 << 63;
 
-/// Read buffer of the server's connections, as in kvpool's client and the peers' clients.
+/// Read buffer of the server's connections, as in kvpool's client and the baselines' clients.
 const IO_BUFFER: usize = 64 << 10;
 
 /// The in-process raw TCP server, on its own runtime; stopped when dropped.
@@ -93,7 +93,7 @@ async fn serve(mut stream: TcpStream, payload: Arc<Vec<u8>>) -> anyhow::Result<(
     }
 }
 
-/// Connects to the raw server with the same socket options as the kvpool and peer clients.
+/// Connects to the raw server with the same socket options as the kvpool and baseline clients.
 async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
     let s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;

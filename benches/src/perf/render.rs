@@ -15,7 +15,7 @@ impl Report {
         let _ = writeln!(out, "kvpool-bench perf — {}", self.machine.describe());
         for section in Section::ALL {
             let mut rows: Vec<&Row> = self.rows.iter().filter(|r| r.section == section).collect();
-            if section == Section::Peers {
+            if section == Section::Baselines {
                 // Measured interleaved; shown one system after the other.
                 rows.sort_by(|a, b| a.system.cmp(&b.system));
             }
@@ -32,7 +32,7 @@ impl Report {
             if !rows.is_empty() {
                 out.push_str(&rows_table(&rows));
             }
-            if section == Section::Peers {
+            if section == Section::Baselines {
                 out.push_str(&self.side_by_side());
             }
             for n in notes {
@@ -50,8 +50,8 @@ impl Report {
             .iter()
             .filter(|r| r.section == Section::Tcp && r.system == "kvpool")
         {
-            let peer = |name: &str| self.find(Section::Peers, name, &kv.op, kv);
-            let (mc, rd) = (peer("memcached"), peer("redis"));
+            let baseline = |name: &str| self.find(Section::Baselines, name, &kv.op, kv);
+            let (mc, rd) = (baseline("memcached"), baseline("redis"));
             let raw = self.find(Section::Tcp, RAW, &kv.op, kv);
             let gb = |r: Option<&Row>| {
                 r.and_then(|r| r.gbps)

@@ -2,15 +2,15 @@
 //! would from another host — next to a raw TCP stream moving the same bytes (the physical
 //! limit, see [`raw`](super::raw)) and memcached and redis running the same workloads. For
 //! each shape the four run in alternating slices (see [`compare`](super::compare)); kvpool's
-//! and the raw stream's rows go to the `tcp` section, the peers' to `peers`. One client (one
+//! and the raw stream's rows go to the `tcp` section, the baselines' to `baselines`. One client (one
 //! connection) per conn; the n-th connections of all four share their receive buffers.
 
 use anyhow::Context;
 use kvpool_client::{Client, ClientConfig, SameHost};
 
+use super::baseline_client::{BaselineConn, BaselineGet, BaselineSet};
+use super::baselines;
 use super::compare::{interleave_tasks, AnyWorker};
-use super::peer_client::{PeerConn, PeerGet, PeerSet};
-use super::peers;
 use super::raw::{RawGet, RawPut, RawServer};
 use super::report::{Ref, Row};
 use super::workloads::{self, Buffers, KvGet, KvPut, DEPTH};
@@ -29,7 +29,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let window = ctx.window();
     let max_size = ctx.args.sizes.iter().copied().max().context("no sizes")?;
     let raw = RawServer::start(max_size)?;
-    let running = peers::start_all(ctx)?;
+    let running = baselines::start_all(ctx)?;
     let verify = !ctx.args.no_verify;
     let cfg = ClientConfig {
         same_host: SameHost::Off,
@@ -73,15 +73,18 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                     }
                     sides.push(kv);
                     sides.push(stream);
-                    for peer in &running {
+                    for baseline in &running {
                         let mut side = Vec::new();
                         for (w, b) in bufs.iter().enumerate() {
-                            let c = PeerConn::connect(peer.proto, peer.port).await?;
+                            let c = BaselineConn::connect(baseline.proto, baseline.port).await?;
                             side.push(match op {
-                                "put" => {
-                                    AnyWorker::PeerSet(PeerSet::new(c, value.clone(), w, conns))
-                                }
-                                _ => AnyWorker::PeerGet(PeerGet::new(
+                                "put" => AnyWorker::BaselineSet(BaselineSet::new(
+                                    c,
+                                    value.clone(),
+                                    w,
+                                    conns,
+                                )),
+                                _ => AnyWorker::BaselineGet(BaselineGet::new(
                                     c,
                                     keys.clone(),
                                     size,
@@ -106,9 +109,9 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                 }
                 ctx.report.push(raw_row);
                 ctx.report.push(row);
-                for (peer, m) in running.iter().zip(&m[2..]) {
+                for (baseline, m) in running.iter().zip(&m[2..]) {
                     ctx.report.push(
-                        Row::new(Section::Peers, peer.proto.name(), op)
+                        Row::new(Section::Baselines, baseline.proto.name(), op)
                             .shape(size, conns, depth)
                             .measured(m),
                     );
@@ -118,7 +121,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     }
     drop(running);
     drop(raw);
-    peers::link(&mut ctx.report);
+    baselines::link(&mut ctx.report);
     ctx.report.note(
         Section::Tcp,
         format!(
@@ -133,7 +136,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              client writes the request and reads the bytes into a reused buffer (depth {DEPTH}: one request for \
              all {DEPTH} values, the reply read into {DEPTH} buffers with readv; put: header and value in one \
              writev, the server reads them into a reused buffer and echoes the 8-byte header); no framing, lookup \
-             or checksum; the n-th connections of kvpool, raw tcp and the peers share their receive buffers",
+             or checksum; the n-th connections of kvpool, raw tcp and the baselines share their receive buffers",
             if verify {
                 "every value received is checked against its xxh3 checksum (the default)"
             } else {
@@ -141,6 +144,6 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             }
         ),
     );
-    peers::note(&mut ctx.report, &ctx.args.sizes, &ctx.args.conns);
+    baselines::note(&mut ctx.report, &ctx.args.sizes, &ctx.args.conns);
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The data sets every section reads (same keys and sizes for kvpool and its peers) and the
+//! The data sets every section reads (same keys and sizes for kvpool and its baselines) and the
 //! kvpool client loops driven by [`run_tasks`](super::driver::run_tasks).
 
 use std::sync::{Arc, Mutex};

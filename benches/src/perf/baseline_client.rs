@@ -1,4 +1,4 @@
-//! Minimal async clients of the peers, just enough for the benchmark: redis (RESP `GET`/`SET`
+//! Minimal async clients of the baselines, just enough for the benchmark: redis (RESP `GET`/`SET`
 //! with bulk strings) and memcached (text protocol `get`/`set`). Requests are buffered and
 //! sent on `flush`, so a pipelined batch is several `send_get`s, one `flush`, then as many
 //! `read_get`s.
@@ -16,7 +16,7 @@ use super::workloads::{put_keys, Buffers};
 /// Same buffer size as kvpool's client.
 const IO_BUFFER: usize = 64 << 10;
 
-/// Which peer.
+/// Which baseline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Proto {
     /// redis, RESP2.
@@ -35,21 +35,21 @@ impl Proto {
     }
 }
 
-/// One connection to a peer.
-pub(crate) struct PeerConn {
+/// One connection to a baseline.
+pub(crate) struct BaselineConn {
     proto: Proto,
     r: BufReader<OwnedReadHalf>,
     w: BufWriter<OwnedWriteHalf>,
     line: Vec<u8>,
 }
 
-impl PeerConn {
-    /// Connects to the peer on loopback `port`.
-    pub(crate) async fn connect(proto: Proto, port: u16) -> std::io::Result<PeerConn> {
+impl BaselineConn {
+    /// Connects to the baseline on loopback `port`.
+    pub(crate) async fn connect(proto: Proto, port: u16) -> std::io::Result<BaselineConn> {
         let s = TcpStream::connect(("127.0.0.1", port)).await?;
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
-        Ok(PeerConn {
+        Ok(BaselineConn {
             proto,
             r: BufReader::with_capacity(IO_BUFFER, r),
             w: BufWriter::with_capacity(IO_BUFFER, w),
@@ -179,8 +179,8 @@ impl PeerConn {
 }
 
 /// Gets `depth` keys per round trip: `depth` requests written back to back, then the replies.
-pub(crate) struct PeerGet {
-    conn: PeerConn,
+pub(crate) struct BaselineGet {
+    conn: BaselineConn,
     keys: Arc<Vec<Vec<u8>>>,
     next: usize,
     size: usize,
@@ -188,17 +188,17 @@ pub(crate) struct PeerGet {
     bufs: Buffers,
 }
 
-impl PeerGet {
+impl BaselineGet {
     /// A loop over `keys` (values of `size`) starting at key `start`, receiving into `bufs`.
     pub(crate) fn new(
-        conn: PeerConn,
+        conn: BaselineConn,
         keys: Arc<Vec<Vec<u8>>>,
         size: u64,
         depth: usize,
         start: usize,
         bufs: Buffers,
-    ) -> PeerGet {
-        PeerGet {
+    ) -> BaselineGet {
+        BaselineGet {
             conn,
             next: start % keys.len(),
             keys,
@@ -209,7 +209,7 @@ impl PeerGet {
     }
 }
 
-impl Worker for PeerGet {
+impl Worker for BaselineGet {
     async fn op(&mut self) -> anyhow::Result<u64> {
         let n = self.keys.len();
         for j in 0..self.depth {
@@ -229,17 +229,22 @@ impl Worker for PeerGet {
 
 /// Sets one value per round trip, cycling over a few keys of its own (the keys kvpool's put
 /// loop uses).
-pub(crate) struct PeerSet {
-    conn: PeerConn,
+pub(crate) struct BaselineSet {
+    conn: BaselineConn,
     keys: Vec<Vec<u8>>,
     next: usize,
     value: Arc<Vec<u8>>,
 }
 
-impl PeerSet {
+impl BaselineSet {
     /// A set loop for worker number `worker` of `conns`.
-    pub(crate) fn new(conn: PeerConn, value: Arc<Vec<u8>>, worker: usize, conns: usize) -> PeerSet {
-        PeerSet {
+    pub(crate) fn new(
+        conn: BaselineConn,
+        value: Arc<Vec<u8>>,
+        worker: usize,
+        conns: usize,
+    ) -> BaselineSet {
+        BaselineSet {
             conn,
             keys: put_keys(value.len() as u64, worker, conns),
             next: 0,
@@ -248,7 +253,7 @@ impl PeerSet {
     }
 }
 
-impl Worker for PeerSet {
+impl Worker for BaselineSet {
     async fn op(&mut self) -> anyhow::Result<u64> {
         self.conn
             .send_set(&self.keys[self.next], &self.value)

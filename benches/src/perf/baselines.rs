@@ -1,6 +1,6 @@
 //! memcached and redis as child processes on loopback, loaded with the same keys and values as
 //! kvpool, for the `tcp` section to drive with the same workloads (sizes, connections, depth,
-//! duration) through the minimal clients of [`peer_client`](super::peer_client); then the
+//! duration) through the minimal clients of [`baseline_client`](super::baseline_client); then the
 //! ratios kvpool/memcached and kvpool/redis attached to kvpool's rows.
 
 use std::path::PathBuf;
@@ -9,20 +9,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use super::baseline_client::{BaselineConn, Proto};
 use super::daemon::{register, stop};
-use super::peer_client::{PeerConn, Proto};
 use super::report::{Ref, Report};
 use super::workloads::{self, DEPTH};
 use super::{Ctx, Section};
 use kvpool_bench::units::fmt_size;
 
-/// Value size at which the targets apply, and the targets (kvpool ÷ peer).
+/// Value size at which the targets apply, and the targets (kvpool ÷ baseline).
 const TARGET_SIZE: u64 = 2 << 20;
 const TARGET_MEMCACHED: f64 = 1.0;
 const TARGET_REDIS: f64 = 1.5;
 
-/// A running peer server, stopped when dropped.
-pub(crate) struct Peer {
+/// A running baseline server, stopped when dropped.
+pub(crate) struct Baseline {
     /// Which one.
     pub(crate) proto: Proto,
     /// Its loopback port.
@@ -30,13 +30,13 @@ pub(crate) struct Peer {
     child: Child,
 }
 
-impl Drop for Peer {
+impl Drop for Baseline {
     fn drop(&mut self) {
         stop(&mut self.child, Duration::from_secs(5));
     }
 }
 
-/// Memory settings of the peers, large enough for what a run stores (the defaults unless the
+/// Memory settings of the baselines, large enough for what a run stores (the defaults unless the
 /// sizes or connection counts call for more).
 struct Limits {
     /// memcached `-m`, MiB.
@@ -63,20 +63,20 @@ impl Limits {
 
 /// Starts memcached and redis (those installed; a note for each missing one) and stores every
 /// size's data set in them.
-pub(crate) fn start_all(ctx: &mut Ctx) -> anyhow::Result<Vec<Peer>> {
+pub(crate) fn start_all(ctx: &mut Ctx) -> anyhow::Result<Vec<Baseline>> {
     let limits = Limits::new(&ctx.args.sizes, &ctx.args.conns);
     let mut running = Vec::new();
     for proto in [Proto::Memcached, Proto::Redis] {
         match start(proto, &limits)? {
-            Some(peer) => {
+            Some(baseline) => {
                 ctx.rt
-                    .block_on(load(proto, peer.port, &ctx.args.sizes, &ctx.args.conns))?;
-                running.push(peer);
+                    .block_on(load(proto, baseline.port, &ctx.args.sizes, &ctx.args.conns))?;
+                running.push(baseline);
             }
             None => {
                 let (bin, pkg) = binary(proto);
                 ctx.report.note(
-                    Section::Peers,
+                    Section::Baselines,
                     format!("{bin} not installed: skipping (apt-get install {pkg})"),
                 );
             }
@@ -85,7 +85,7 @@ pub(crate) fn start_all(ctx: &mut Ctx) -> anyhow::Result<Vec<Peer>> {
     Ok(running)
 }
 
-/// Attaches kvpool/peer ratios to every TCP row that has a peer row of the same shape.
+/// Attaches kvpool/baseline ratios to every TCP row that has a baseline row of the same shape.
 pub(crate) fn link(report: &mut Report) {
     let mut add = Vec::new();
     for (i, kv) in report
@@ -98,11 +98,11 @@ pub(crate) fn link(report: &mut Report) {
             (Proto::Memcached, TARGET_MEMCACHED),
             (Proto::Redis, TARGET_REDIS),
         ] {
-            let peer = report
-                .find(Section::Peers, proto.name(), &kv.op, kv)
+            let baseline = report
+                .find(Section::Baselines, proto.name(), &kv.op, kv)
                 .and_then(|p| p.gbps)
                 .filter(|g| *g > 0.0);
-            if let (Some(p), Some(k)) = (peer, kv.gbps) {
+            if let (Some(p), Some(k)) = (baseline, kv.gbps) {
                 let r = if kv.size == Some(TARGET_SIZE) {
                     Ref::with_target(proto.name(), k / p, target)
                 } else {
@@ -118,11 +118,11 @@ pub(crate) fn link(report: &mut Report) {
     }
 }
 
-/// Explains the peer rows.
+/// Explains the baseline rows.
 pub(crate) fn note(report: &mut Report, sizes: &[u64], conns: &[usize]) {
     let l = Limits::new(sizes, conns);
     report.note(
-        Section::Peers,
+        Section::Baselines,
         format!(
             "put = SET/set; depth {DEPTH} = {DEPTH} GET/get requests written back to back before reading the replies \
              (kvpool: one batch_get_into of {DEPTH} keys); memcached -t 2 -m {} -I {}m, redis single-threaded, \
@@ -135,7 +135,7 @@ pub(crate) fn note(report: &mut Report, sizes: &[u64], conns: &[usize]) {
     );
 }
 
-/// (binary, Debian package) of a peer.
+/// (binary, Debian package) of a baseline.
 fn binary(proto: Proto) -> (&'static str, &'static str) {
     match proto {
         Proto::Redis => ("redis-server", "redis-server"),
@@ -161,8 +161,8 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// Starts the peer on a free port and waits until it answers; None when not installed.
-fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Peer>> {
+/// Starts the baseline on a free port and waits until it answers; None when not installed.
+fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Baseline>> {
     let (bin, _) = binary(proto);
     let Some(path) = which(bin) else {
         return Ok(None);
@@ -227,15 +227,15 @@ fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Peer>> {
         .spawn()
         .with_context(|| format!("starting {bin}"))?;
     register(child.id(), None);
-    let mut peer = Peer { proto, port, child };
+    let mut baseline = Baseline { proto, port, child };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(status) = peer.child.try_wait()? {
+        if let Some(status) = baseline.child.try_wait()? {
             bail!("{bin} exited at start ({status}); run `{cmd:?}` by hand to see why");
         }
         std::thread::sleep(Duration::from_millis(50));
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(Some(peer));
+            return Ok(Some(baseline));
         }
         if Instant::now() > deadline {
             bail!("{bin} did not accept connections on port {port} within 10 s");
@@ -243,9 +243,9 @@ fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Peer>> {
     }
 }
 
-/// Stores every size's data set and put keys in the peer, 16 pipelined sets at a time.
+/// Stores every size's data set and put keys in the baseline, 16 pipelined sets at a time.
 async fn load(proto: Proto, port: u16, sizes: &[u64], conns: &[usize]) -> anyhow::Result<()> {
-    let mut c = PeerConn::connect(proto, port).await?;
+    let mut c = BaselineConn::connect(proto, port).await?;
     c.ping().await?;
     for &size in sizes {
         let (keys, value) = (workloads::stored_keys(size, conns), workloads::value(size));
