@@ -7,7 +7,8 @@
 //! request is served by the wrong owner. Keys on a node that can't be reached are misses. For a
 //! while after the view changes (`ClientConfig::fallback_window`), a key that misses on its new
 //! owner is looked up once more on its previous owner, so adding a node does not dump the hit
-//! rate.
+//! rate; that copy is used only when the key's current owners vouch that they acknowledged no
+//! write or remove of it that the copy could be older than (`Op::Vouch`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -57,7 +58,8 @@ pub struct ClientConfig {
     /// Accept any QUIC server certificate. Default false.
     pub insecure_skip_verify: bool,
     /// After the cluster view changes, keys that miss on their new owner are looked up on
-    /// their previous owner for this long (one extra hop). Default 60 s.
+    /// their previous owner for this long (one extra hop; the copy is used only when the new
+    /// owners vouch that no newer write of the key was acknowledged). Default 60 s.
     pub fallback_window: Duration,
 }
 
