@@ -122,6 +122,16 @@ async fn three_nodes_spread_keys_by_weight_and_serve_them_from_any_node() {
 /// Sends one `Get` routed by view stamp `view` over a fresh connection; returns 0 for a value
 /// or the error code.
 async fn raw_get_with_view(addr: &str, view: u64, key: &[u8]) -> u16 {
+    let get = kvpool::protocol::Op::Get {
+        ns: 0,
+        key: key.to_vec(),
+    };
+    raw_with_view(addr, view, get).await
+}
+
+/// Sends `op` routed by view stamp `view` over a fresh connection; returns 0 for an answer
+/// that is not an error, or the error code.
+async fn raw_with_view(addr: &str, view: u64, op: kvpool::protocol::Op) -> u16 {
     use kvpool::protocol::io::{read_header, read_prefix, write_frame};
     use kvpool::protocol::{
         decode_response_owned, encode, AlignedVec, Limits, Op, Reply, Request, PROTOCOL_VERSION,
@@ -134,10 +144,7 @@ async fn raw_get_with_view(addr: &str, view: u64, key: &[u8]) -> u16 {
             token: String::new(),
             client: "test".into(),
         },
-        Op::Get {
-            ns: 0,
-            key: key.to_vec(),
-        },
+        op,
     ];
     let mut last = 0;
     for (id, op) in ops.into_iter().enumerate() {
@@ -340,4 +347,123 @@ async fn a_drained_node_hands_its_pinned_objects_over_before_it_exits() {
             "pinned object {i} after the drain"
         );
     }
+}
+
+/// Puts `value` under `key`, retrying (bounded) while the client's link to a restarted node
+/// is still the dead one.
+async fn put_retrying(c: &Client, key: &[u8], value: &[u8]) {
+    let t = Instant::now();
+    loop {
+        match c.put(key, value).await {
+            Ok(()) => return,
+            Err(e) => assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "put never succeeded: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_previous_owner_never_shadows_a_write_acknowledged_after_the_owner_came_back() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let mut n1 = start(1, "8MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    // Keys node 1 owns: 8 to overwrite, 8 to remove.
+    let view = c.routing_view();
+    let owned: Vec<Vec<u8>> = (0..10_000u64)
+        .map(|i| format!("shadow-{i}").into_bytes())
+        .filter(|k| view.owner(k) == Some(kvpool::NodeId(1)))
+        .take(16)
+        .collect();
+    let (rewritten, removed) = owned.split_at(8);
+
+    // The owner goes down: version 1 lands on node 0.
+    let mut child = n1.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_view(&c, "node 1 down", |v| serving(v) == 1).await;
+    for (i, k) in owned.iter().enumerate() {
+        c.put(k, &value(i as u64, 1024)).await.unwrap();
+    }
+    assert_eq!(c.node_stats(0).await.unwrap().objects, 16);
+
+    // It comes back (a fresh process): version 2 is written to it and acknowledged, by this
+    // client (whose previous view has node 0 as the owner), and the other keys are removed
+    // on node 1 (only there, as a client routing with another view might).
+    let n1b = start(1, "8MiB", Some(&n0), &[]);
+    wait_view(&c, "node 1 back", |v| serving(v) == 2).await;
+    for (i, k) in rewritten.iter().enumerate() {
+        put_retrying(&c, k, &value(100 + i as u64, 1024)).await;
+    }
+    for k in removed {
+        let remove = kvpool::protocol::Op::Remove {
+            ns: 0,
+            keys: vec![k.clone()],
+        };
+        assert_eq!(raw_with_view(&n1b.tcp, 0, remove).await, 0);
+    }
+    let w = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    // Version 2 is evicted on node 1: fill it with other keys it owns.
+    let wv = w.routing_view();
+    let filler: Vec<Vec<u8>> = (0..100_000u64)
+        .map(|i| format!("filler-{i}").into_bytes())
+        .filter(|k| wv.owner(k) == Some(kvpool::NodeId(1)))
+        .take(200)
+        .collect();
+    let big = value(7, 256 << 10);
+    for k in &filler {
+        w.put(k, &big).await.unwrap();
+    }
+    // Node 0 still holds every version 1: only the read path stands between them and a reader.
+    assert_eq!(c.node_stats(0).await.unwrap().objects, 16);
+
+    // Newest value or a miss, never version 1: by `get`, batched, and by presence.
+    let mut evicted = 0;
+    for (i, k) in rewritten.iter().enumerate() {
+        match c.get(k).await.unwrap() {
+            Some(v) => assert!(
+                v == value(100 + i as u64, 1024),
+                "key {i}: version 1 served"
+            ),
+            None => evicted += 1,
+        }
+    }
+    assert!(
+        evicted > 0,
+        "no version 2 was evicted: the test proves nothing"
+    );
+    let refs: Vec<&[u8]> = rewritten.iter().map(|k| &k[..]).collect();
+    let mut bufs = vec![vec![0u8; 1024]; refs.len()];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+    for (i, (g, b)) in got.iter().zip(&bufs).enumerate() {
+        if g.is_some() {
+            assert!(
+                *b == value(100 + i as u64, 1024),
+                "key {i}: version 1 served"
+            );
+        }
+    }
+    for (i, k) in removed.iter().enumerate() {
+        assert!(
+            c.get(k).await.unwrap().is_none(),
+            "removed key {i} came back"
+        );
+        assert!(!c.exists(k).await.unwrap(), "removed key {i} came back");
+    }
+    let refs: Vec<&[u8]> = removed.iter().map(|k| &k[..]).collect();
+    let mut bufs = vec![vec![0u8; 1024]; refs.len()];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+    assert!(
+        got.iter().all(|g| g.is_none()),
+        "removed keys came back: {got:?}"
+    );
 }

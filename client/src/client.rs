@@ -7,7 +7,8 @@
 //! request is served by the wrong owner. Keys on a node that can't be reached are misses. For a
 //! while after the view changes (`ClientConfig::fallback_window`), a key that misses on its new
 //! owner is looked up once more on its previous owner, so adding a node does not dump the hit
-//! rate.
+//! rate; that copy is used only when the key's current owners vouch that they acknowledged no
+//! write or remove of it that the copy could be older than (`Op::Vouch`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -57,7 +58,8 @@ pub struct ClientConfig {
     /// Accept any QUIC server certificate. Default false.
     pub insecure_skip_verify: bool,
     /// After the cluster view changes, keys that miss on their new owner are looked up on
-    /// their previous owner for this long (one extra hop). Default 60 s.
+    /// their previous owner for this long (one extra hop; the copy is used only when the new
+    /// owners vouch that no newer write of the key was acknowledged). Default 60 s.
     pub fallback_window: Duration,
 }
 
@@ -285,10 +287,15 @@ impl Client {
                     Ok(Some(v)) => return Ok(Some(v)),
                     Ok(None) if attempt == 0 => {
                         if let Some(prev) = self.prev_owner(&r, key, owner) {
-                            if let Ok(l) = self.link(prev, &r).await {
-                                if let Ok(Some(v)) = l.get(cfg, 0, l.ns(ns)?, key).await {
-                                    return Ok(Some(v));
-                                }
+                            let old = async {
+                                let l = self.link(prev, &r).await?;
+                                l.get(cfg, 0, l.ns(ns)?, key).await
+                            };
+                            let (one, asked) = ([key], [(0, prev)]);
+                            let (vouched, old) =
+                                tokio::join!(self.vouched(&r, &one, &asked), old);
+                            if let (true, Ok(Some(v))) = (vouched[0], old) {
+                                return Ok(Some(v));
                             }
                         }
                         return Ok(None);
@@ -696,6 +703,49 @@ impl Client {
         (prev != owner && alive).then_some(prev.0)
     }
 
+    /// Per key of `keys`: may the copy of `keys[i]` on its previous owner `p` be served, for
+    /// each `(i, p)` in `asked`? Only when every current owner of the key (among the replicas
+    /// reads consult; `p` itself aside) vouches that it acknowledged no write or remove of the
+    /// key since it could have taken one over that copy (`Op::Vouch`). Without that a copy
+    /// from before an acknowledged write could shadow it, once the write is evicted or removed
+    /// on the owner. An owner that does not answer vouches for nothing: a miss, never a stale
+    /// value. One request per owner, in parallel.
+    async fn vouched(&self, r: &Routing, keys: &[&[u8]], asked: &[(usize, u32)]) -> Vec<bool> {
+        let cfg = &self.inner.cfg;
+        let ns = &*self.ns;
+        let mut ok = vec![false; keys.len()];
+        let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+        for &(i, prev) in asked {
+            ok[i] = true;
+            for o in r.view.owners(keys[i], self.read_replicas()) {
+                if o.0 != prev {
+                    add_to_group(&mut groups, o.0, i);
+                }
+            }
+        }
+        let calls = groups.iter().map(|(node, idx)| async move {
+            let l = self.link(*node, r).await?;
+            let op = Op::Vouch {
+                ns: l.ns(ns)?,
+                keys: idx.iter().map(|&i| keys[i].to_vec()).collect(),
+            };
+            match l.simple(cfg, 0, op, &[]).await? {
+                Reply::Statuses(s) if s.len() == idx.len() => Ok(s),
+                other => Err(unexpected(&other)),
+            }
+        });
+        for ((_, idx), res) in groups.iter().zip(join_all(calls).await) {
+            match res {
+                Ok(s) => idx
+                    .iter()
+                    .zip(s)
+                    .for_each(|(&i, c)| ok[i] &= c == ErrorCode::Ok as u16),
+                Err(_) => idx.iter().for_each(|&i| ok[i] = false),
+            }
+        }
+        ok
+    }
+
     /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,
     /// found without ranking every node).
     fn owner_at(&self, r: &Routing, key: &[u8], k: usize) -> Option<NodeId> {
@@ -921,11 +971,13 @@ impl Client {
                 l.lookup(cfg, 0, l.ns(ns)?, &sub, 0).await
             }
         });
-        for ((_, idx), res) in prev_groups.iter().zip(join_all(calls).await) {
+        let asked = asked_of(&prev_groups);
+        let (vouched, results) = tokio::join!(self.vouched(r, keys, &asked), join_all(calls));
+        for ((_, idx), res) in prev_groups.iter().zip(results) {
             if let Ok(found) = res {
                 idx.iter()
                     .zip(found)
-                    .for_each(|(&i, f)| present[i] |= f.is_some());
+                    .for_each(|(&i, f)| present[i] |= f.is_some() && vouched[i]);
             }
         }
         Ok(present)
@@ -1097,14 +1149,18 @@ impl Client {
                         (bufs, res)
                     }
                 });
-                let results = join_all(calls).await;
+                let asked = asked_of(&groups);
+                let (vouched, results) =
+                    tokio::join!(self.vouched(&r, keys, &asked), join_all(calls));
                 for ((_, idx), (bufs, res)) in groups.iter().zip(results) {
                     for (&i, b) in idx.iter().zip(bufs) {
                         slots[i] = Some(b);
                     }
                     if let Ok(got) = res {
                         for (&i, g) in idx.iter().zip(got) {
-                            out[i] = out[i].or(g);
+                            // A copy the owners did not vouch for is a miss (its bytes in
+                            // the buffer are not reported).
+                            out[i] = out[i].or(g.filter(|_| vouched[i]));
                         }
                     }
                 }
@@ -1169,6 +1225,14 @@ fn add_to_group(groups: &mut Vec<(u32, Vec<usize>)>, node: u32, i: usize) {
         Some(g) => g.1.push(i),
         None => groups.push((node, vec![i])),
     }
+}
+
+/// The `(key index, previous owner)` pairs of groups by previous owner.
+fn asked_of(groups: &[(u32, Vec<usize>)]) -> Vec<(usize, u32)> {
+    groups
+        .iter()
+        .flat_map(|(node, idx)| idx.iter().map(move |&i| (i, *node)))
+        .collect()
 }
 
 fn replication(link: &Link, ns: &str) -> (usize, usize) {

@@ -24,6 +24,7 @@ use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
 use crate::peer::Peer;
+use crate::written::Written;
 
 /// Timing of heartbeats and failure detection.
 #[derive(Clone, Debug)]
@@ -55,6 +56,8 @@ pub(crate) struct Membership {
     left: watch::Sender<bool>,
     /// The epoch of this node's record as last published to etcd.
     published: watch::Sender<u64>,
+    /// Keys written or removed here: what this node vouches for (see [`crate::written`]).
+    written: Written,
 }
 
 impl Membership {
@@ -71,7 +74,19 @@ impl Membership {
             drain: watch::channel(false).0,
             left: watch::channel(false).0,
             published: watch::channel(0).0,
+            written: Written::default(),
         }
+    }
+
+    /// Notes a write or remove of `key` here, before it is acknowledged.
+    pub(crate) fn note_write(&self, ns: u32, key: &[u8]) {
+        self.written.note(ns, key, || self.view());
+    }
+
+    /// True when a copy of `key` on another node can't shadow a write or remove acknowledged
+    /// here (see [`crate::written`]).
+    pub(crate) fn vouches(&self, ns: u32, key: &[u8], replicas: usize) -> bool {
+        self.written.vouches(ns, key, NodeId(self.me), replicas)
     }
 
     /// Where the view comes from.

@@ -391,8 +391,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::Remove { ns, keys } => {
                 let r = self.count(
                     keys.len(),
-                    keys.iter()
-                        .map(|k| pool.remove(ns.to_native(), k.as_slice())),
+                    keys.iter().map(|k| {
+                        self.s.cluster.note_write(ns.to_native(), k.as_slice());
+                        pool.remove(ns.to_native(), k.as_slice())
+                    }),
                 );
                 self.answer(id, r).await?;
                 OpKind::Remove
@@ -413,6 +415,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .enumerate()
                     .map(|(n, i)| {
                         let depth = depths.get(n).map_or(0, |d| d.to_native());
+                        // Noted at the alloc, so before the commit acknowledges the write.
+                        self.s.cluster.note_write(ns.to_native(), i.key.as_slice());
                         match pool.alloc_in_chain(
                             ns.to_native(),
                             i.key.as_slice(),
@@ -489,6 +493,33 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     Err(e) => self.pool_fail(id, e).await?,
                 }
                 OpKind::Read
+            }
+            ArchivedOp::Vouch { ns, keys } => {
+                let ns = ns.to_native();
+                // A copy elsewhere may be one of up to this many (pinned objects have more).
+                let replicas = self
+                    .s
+                    .hello
+                    .replication
+                    .iter()
+                    .find(|r| r.ns == ns)
+                    .map(|r| r.replicas.max(r.pinned_replicas) as usize)
+                    .ok_or(ErrorCode::UnknownNamespace);
+                let r = self.batch_check(keys.len()).and(replicas).map(|replicas| {
+                    Reply::Statuses(
+                        keys.iter()
+                            .map(|k| {
+                                if self.s.cluster.vouches(ns, k.as_slice(), replicas) {
+                                    ErrorCode::Ok as u16
+                                } else {
+                                    ErrorCode::Superseded as u16
+                                }
+                            })
+                            .collect(),
+                    )
+                });
+                self.answer(id, r).await?;
+                OpKind::Lookup
             }
             ArchivedOp::Lookup { ns, keys, lease_ms } => {
                 let r = self.batch_check(keys.len()).and_then(|()| {
@@ -609,6 +640,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         now: Millis,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
+        self.s.cluster.note_write(ns, key);
         let addr = match pool.alloc_in_chain(ns, key, len, pin, depth, now) {
             Ok(a) => a,
             Err(e) => {
@@ -720,6 +752,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Remove { ns, .. }
         | ArchivedOp::Alloc { ns, .. }
         | ArchivedOp::Lookup { ns, .. }
+        | ArchivedOp::Vouch { ns, .. }
         | ArchivedOp::Release { ns, .. }
         | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
         _ => None,

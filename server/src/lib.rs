@@ -8,6 +8,8 @@
 //! - [`Daemon`]: start, serve, drain on shutdown;
 //! - `handler`: one connection's request loop, shared by every transport;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
+//! - `written`: the keys written or removed here, so a previous owner's older copy is never
+//!   served over them;
 //! - `etcd`: membership through etcd instead (leases, the view derived and watched), over a
 //!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP.
@@ -22,6 +24,7 @@ mod listeners;
 pub mod metrics;
 mod peer;
 pub mod tls;
+mod written;
 
 pub use config::Config;
 pub use daemon::{Bound, Daemon};

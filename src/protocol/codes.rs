@@ -57,6 +57,9 @@ pub enum ErrorCode {
     WrongView = 40,
     /// The node that holds the key can't be reached (a client-side code: keys there are misses).
     Unavailable = 41,
+    /// (`Vouch`) This node acknowledged a write or remove of the key that a copy on another
+    /// node could be older than (or it can't rule one out): don't serve that copy.
+    Superseded = 55,
     /// The client timed out (never sent by a node).
     Timeout = 97,
     /// The node is shutting down.
@@ -69,7 +72,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 28] = [
+        const ALL: [ErrorCode; 29] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -95,6 +98,7 @@ impl ErrorCode {
             NotLocal,
             WrongView,
             Unavailable,
+            Superseded,
             Timeout,
             ShuttingDown,
             Internal,

@@ -168,6 +168,15 @@ pub enum Op {
     Drain,
     /// Segment files and layouts for a same-host mapping (Unix socket only). Reply: `MapInfo`.
     MapInfo,
+    /// Asked of a key's owner before a copy from its previous owner is used: may a copy of
+    /// each key on another node be served? Reply: `Statuses`, per key `Ok` (this node has
+    /// acknowledged no write or remove of it that such a copy could shadow) or `Superseded`.
+    Vouch {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
 }
 
 /// One value of a `BatchPut`.
