@@ -126,11 +126,24 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts node `id` with `memory`, registered in `etcd`.
+/// Starts node `id` with `memory`, registered in `etcd`, with the cluster secret kept next to
+/// etcd's data.
 fn start(id: u32, memory: &str, etcd: &Etcd) -> Node {
     let id = id.to_string();
     let url = etcd.url();
-    let mut args: Vec<&str> = vec!["--node-id", &id, "--etcd", &url];
+    let secret = etcd.dir.join("cluster.secret");
+    if !secret.exists() {
+        common::write_secret(&secret, 42);
+    }
+    let secret = secret.to_str().unwrap().to_string();
+    let mut args: Vec<&str> = vec![
+        "--node-id",
+        &id,
+        "--etcd",
+        &url,
+        "--cluster-secret-file",
+        &secret,
+    ];
     args.extend_from_slice(TIMING);
     Node::start(memory, &args)
 }

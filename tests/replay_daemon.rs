@@ -93,6 +93,8 @@ fn replay_against_running_daemons_matches_an_unbounded_cache() {
             "100",
             "--peer",
             &seed.tcp,
+            "--cluster-secret-file",
+            seed.secret_file().to_str().unwrap(),
         ],
     );
     let c = rt

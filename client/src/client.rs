@@ -61,6 +61,10 @@ pub struct ClientConfig {
     /// their previous owner for this long (one extra hop; the copy is used only when the new
     /// owners vouch that no newer write of the key was acknowledged). Default 60 s.
     pub fallback_window: Duration,
+    /// The cluster secret, for operator tools only (`kvpool cluster drain`): every connection
+    /// then proves it after the handshake and may send cluster control such as `Drain`.
+    /// Applications never hold it. Default none.
+    pub cluster_secret: Option<kvpool::protocol::auth::ClusterSecret>,
 }
 
 impl Default for ClientConfig {
@@ -76,6 +80,7 @@ impl Default for ClientConfig {
             ca: None,
             insecure_skip_verify: false,
             fallback_window: Duration::from_secs(60),
+            cluster_secret: None,
         }
     }
 }
@@ -659,8 +664,8 @@ impl Client {
     }
 
     /// Asks node `node` to drain: it takes no new objects, moves its pinned objects to their
-    /// other owners, then leaves the cluster and exits. Needs the node token when the node has
-    /// one.
+    /// other owners, then leaves the cluster and exits. Needs
+    /// [`ClientConfig::cluster_secret`]; without it the node answers `Unauthorized`.
     pub async fn drain_node(&self, node: u32) -> Result<(), ClientError> {
         let r = self.routing();
         let l = self.link(node, &r).await?;

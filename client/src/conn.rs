@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
@@ -77,10 +78,37 @@ impl Conn {
             token: cfg.token.clone(),
             client: cfg.client_name.clone(),
         };
-        match conn.call(hello, &[]).await?.0 {
-            Reply::Hello(h) => Ok((conn, h)),
+        let hello = match conn.call(hello, &[]).await?.0 {
+            Reply::Hello(h) => h,
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "unexpected handshake reply {other:?}"
+                )))
+            }
+        };
+        if let Some(secret) = &cfg.cluster_secret {
+            conn.cluster_auth(secret, &hello).await?;
+        }
+        Ok((conn, hello))
+    }
+
+    /// Proves the cluster secret to the node and checks the node's proof in turn.
+    async fn cluster_auth(
+        &mut self,
+        secret: &ClusterSecret,
+        hello: &HelloInfo,
+    ) -> Result<(), ClientError> {
+        let nonce = auth::random().map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let proof = secret.peer_proof(hello.node, &hello.challenge, &nonce);
+        match self.call(Op::ClusterAuth { nonce, proof }, &[]).await?.0 {
+            Reply::ClusterAuth { proof }
+                if secret.verify_node(hello.node, &hello.challenge, &nonce, &proof) =>
+            {
+                Ok(())
+            }
             other => Err(ClientError::Protocol(format!(
-                "unexpected handshake reply {other:?}"
+                "node {} failed the cluster secret check (answered {other:?})",
+                hello.node
             ))),
         }
     }

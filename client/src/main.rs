@@ -119,13 +119,18 @@ enum ClusterCmd {
         json: bool,
     },
     /// Drain a node: it takes no new objects, moves its pinned objects to their new owners,
-    /// then leaves the cluster and exits. Needs the node token when nodes have one.
+    /// then leaves the cluster and exits. Needs the cluster secret (and the node token when
+    /// nodes have one).
     Drain {
         /// Node id.
         node: u32,
         /// Wait until the node has left (state down).
         #[arg(long)]
         wait: bool,
+        /// File holding the cluster secret [default: cluster.secret in the data directory of
+        /// the endpoint's node, when it runs on this host].
+        #[arg(long, env = "KVPOOL_CLUSTER_SECRET_FILE")]
+        cluster_secret_file: Option<PathBuf>,
     },
 }
 
@@ -248,7 +253,7 @@ fn run() -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
-    let client = Client::connect(&cli.endpoint, cfg)
+    let client = Client::connect(&cli.endpoint, cfg.clone())
         .with_context(|| format!("connecting to {}", cli.endpoint))?;
     let key = |k: &str| -> anyhow::Result<Vec<u8>> {
         if cli.hex {
@@ -363,8 +368,31 @@ fn run() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Cluster(ClusterCmd::Drain { node, wait }) => {
-            client.drain_node(*node)?;
+        Cmd::Cluster(ClusterCmd::Drain {
+            node,
+            wait,
+            cluster_secret_file,
+        }) => {
+            let path = match cluster_secret_file {
+                Some(p) => p.clone(),
+                None => local_secret_file(client.async_client().hello())?,
+            };
+            let secret = std::fs::read(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(|b| {
+                    kvpool::protocol::auth::ClusterSecret::from_file_contents(&b)
+                        .map_err(anyhow::Error::from)
+                })
+                .with_context(|| format!("reading the cluster secret {}", path.display()))?;
+            let control = Client::connect(
+                &cli.endpoint,
+                ClientConfig {
+                    cluster_secret: Some(secret),
+                    ..cfg
+                },
+            )
+            .with_context(|| format!("connecting to {} as a cluster peer", cli.endpoint))?;
+            control.drain_node(*node)?;
             eprintln!("node {node} is draining");
             if *wait {
                 let start = std::time::Instant::now();
@@ -394,6 +422,22 @@ fn run() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+    }
+}
+
+/// The cluster secret file of the endpoint's node, when it runs on this host: next to its Unix
+/// socket, in its data directory.
+fn local_secret_file(hello: &kvpool::protocol::HelloInfo) -> anyhow::Result<PathBuf> {
+    let dir = std::path::Path::new(&hello.uds_path).parent();
+    match dir {
+        Some(d) if hello.host_id == kvpool::segment::host_id() && !hello.uds_path.is_empty() => {
+            Ok(d.join("cluster.secret"))
+        }
+        _ => bail!(
+            "node {} runs on another host: pass --cluster-secret-file with a copy of the \
+             cluster secret",
+            hello.node
+        ),
     }
 }
 

@@ -23,7 +23,7 @@ use kvpool::protocol::{LocatedWire, Op, Reply};
 use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
-use crate::peer::Peer;
+use crate::peer::{Peer, PeerAuth, PeerError};
 use crate::written::Written;
 
 /// Timing of heartbeats and failure detection.
@@ -279,7 +279,7 @@ fn describe(v: &ClusterView) -> String {
 pub(crate) async fn heartbeats(
     m: Arc<Membership>,
     peers: Vec<String>,
-    token: String,
+    creds: PeerAuth,
     timing: Timing,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -310,7 +310,7 @@ pub(crate) async fn heartbeats(
                 tasks.push(tokio::spawn(peer_loop(
                     m.clone(),
                     addr,
-                    token.clone(),
+                    creds.clone(),
                     timing.clone(),
                     stop.clone(),
                 )));
@@ -329,7 +329,7 @@ pub(crate) async fn heartbeats(
 async fn peer_loop(
     m: Arc<Membership>,
     addr: String,
-    token: String,
+    creds: PeerAuth,
     timing: Timing,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -344,9 +344,18 @@ async fn peer_loop(
             _ = stop.wait_for(|s| *s) => return,
         }
         if peer.is_none() {
-            match Peer::connect(&addr, &token, m.me(), timing.heartbeat).await {
+            match Peer::connect(&addr, &creds, m.me(), timing.heartbeat).await {
                 Ok(p) if p.hello.node == m.me() => return, // our own address under another name
                 Ok(p) => peer = Some(p),
+                Err(PeerError::NotInCluster) => {
+                    if !warned {
+                        tracing::warn!(
+                            peer = %addr,
+                            "peer refused: it does not hold this cluster's secret"
+                        );
+                        warned = true;
+                    }
+                }
                 Err(e) => {
                     if !warned {
                         tracing::debug!(peer = %addr, error = %e, "peer unreachable");
@@ -385,7 +394,7 @@ async fn peer_loop(
 /// Tells every peer in the view this node's latest record at once (best effort), instead of
 /// waiting for the next heartbeat: used when leaving. With etcd membership, waits (bounded) for
 /// the record to be published instead.
-pub(crate) async fn announce(m: &Membership, token: &str, timeout: Duration) {
+pub(crate) async fn announce(m: &Membership, creds: &PeerAuth, timeout: Duration) {
     if m.source == Source::Etcd {
         let epoch = m.my_record().map_or(0, |n| n.epoch);
         let mut published = m.published.subscribe();
@@ -408,7 +417,7 @@ pub(crate) async fn announce(m: &Membership, token: &str, timeout: Duration) {
     let calls = peers.into_iter().map(|addr| {
         let view = view.clone();
         async move {
-            if let Ok(mut p) = Peer::connect(&addr, token, m.me(), timeout).await {
+            if let Ok(mut p) = Peer::connect(&addr, creds, m.me(), timeout).await {
                 let _ = p.call(Op::Gossip { view }, &[]).await;
             }
         }
@@ -447,7 +456,7 @@ pub(crate) async fn move_pass(
     pool: &Pool,
     m: &Membership,
     repl: &Replication,
-    token: &str,
+    creds: &PeerAuth,
     timeout: Duration,
     started: Instant,
 ) -> MovePass {
@@ -480,7 +489,7 @@ pub(crate) async fn move_pass(
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let addr = view.node(NodeId(owner)).map(|n| n.tcp.clone());
                     let p = match addr {
-                        Some(a) => Peer::connect(&a, token, me.0, timeout).await.ok(),
+                        Some(a) => Peer::connect(&a, creds, me.0, timeout).await.ok(),
                         None => None,
                     };
                     e.insert(p)
@@ -551,7 +560,7 @@ pub(crate) struct Mover {
     pub(crate) pool: Arc<Pool>,
     pub(crate) m: Arc<Membership>,
     pub(crate) repl: Replication,
-    pub(crate) token: String,
+    pub(crate) creds: PeerAuth,
     pub(crate) timing: Timing,
     pub(crate) started: Instant,
     /// Longest a drain waits for pinned objects to find a new home.
@@ -566,7 +575,7 @@ impl Mover {
             &self.pool,
             &self.m,
             &self.repl,
-            &self.token,
+            &self.creds,
             timeout,
             self.started,
         )
@@ -612,7 +621,7 @@ pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
 async fn drain_and_leave(mv: &Mover) {
     tracing::info!("draining: taking no new objects, moving pinned objects off");
     mv.m.set_state(NodeState::Draining);
-    announce(&mv.m, &mv.token, mv.timing.heartbeat * 4).await;
+    announce(&mv.m, &mv.creds, mv.timing.heartbeat * 4).await;
     let deadline = Instant::now() + mv.drain_timeout;
     loop {
         let pass = mv.pass().await;
@@ -635,7 +644,7 @@ async fn drain_and_leave(mv: &Mover) {
         tokio::time::sleep(mv.timing.heartbeat).await;
     }
     mv.m.set_state(NodeState::Down);
-    announce(&mv.m, &mv.token, mv.timing.heartbeat * 4).await;
+    announce(&mv.m, &mv.creds, mv.timing.heartbeat * 4).await;
     tracing::info!("drained: leaving the cluster");
     mv.m.left.send_replace(true);
 }

@@ -64,6 +64,12 @@ pub struct ClusterConfig {
     pub drain_timeout_ms: u64,
     /// Drain before exiting on SIGTERM when other nodes are serving. Default true.
     pub drain_on_shutdown: bool,
+    /// File holding the cluster secret, which every node of the cluster shares and clients
+    /// never see: cluster control (gossip, drain, moving objects) needs it. Default none: the
+    /// node uses `<data_dir>/cluster.secret`, generating it (mode 0600) when absent and the
+    /// node joins no one (no `peers`, no `etcd`); a node that joins others must be given the
+    /// cluster's secret (see [`crate::secret`]).
+    pub secret_file: Option<PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -77,6 +83,7 @@ impl Default for ClusterConfig {
             down_after_ms: 2_000,
             drain_timeout_ms: 60_000,
             drain_on_shutdown: true,
+            secret_file: None,
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::handler::Shared;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
+use crate::peer::PeerAuth;
 use crate::tls;
 
 /// The addresses a running daemon actually bound (port 0 in the config picks a free port).
@@ -62,7 +63,7 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
     cluster: Arc<Membership>,
-    token: String,
+    creds: PeerAuth,
     timing: Timing,
     drain_on_shutdown: bool,
     cluster_drain_timeout: Duration,
@@ -76,6 +77,27 @@ impl Daemon {
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let limits = config.wire_limits()?;
         let membership_cfg = config.membership()?;
+        let joins = match &membership_cfg {
+            MembershipConfig::Static { peers } => !peers.is_empty(),
+            MembershipConfig::Etcd(_) => true,
+        };
+        let secret = crate::secret::load_or_generate(
+            config.cluster.secret_file.as_deref(),
+            &data_dir,
+            joins,
+        )?;
+        if secret.generated {
+            tracing::info!(
+                path = %secret.path.display(),
+                "generated a new cluster secret: start the nodes that join this one with                  --cluster-secret-file pointing at a copy of it"
+            );
+        } else {
+            tracing::info!(path = %secret.path.display(), "cluster secret loaded");
+        }
+        let creds = PeerAuth {
+            token: config.auth.token.clone(),
+            secret: secret.secret,
+        };
         let pool_cfg = config.pool_config()?;
         let pool =
             Arc::new(Pool::new(&pool_cfg, random_secret()?).context("creating memory segments")?);
@@ -208,6 +230,7 @@ impl Daemon {
                     },
                 )
                 .collect(),
+            challenge: [0; kvpool::protocol::auth::AUTH_LEN],
         };
         let shared = Arc::new(Shared {
             pool: pool.clone(),
@@ -218,6 +241,7 @@ impl Daemon {
             started: Instant::now(),
             hello,
             cluster: membership.clone(),
+            cluster_secret: creds.secret.clone(),
         });
         let ctx = Ctx {
             shared: shared.clone(),
@@ -252,7 +276,7 @@ impl Daemon {
             MembershipConfig::Static { peers } => tokio::spawn(cluster::heartbeats(
                 membership.clone(),
                 peers,
-                config.auth.token.clone(),
+                creds.clone(),
                 timing.clone(),
                 shutdown.clone(),
             )),
@@ -271,7 +295,7 @@ impl Daemon {
                 repl: Replication {
                     pinned: replication.iter().map(|r| r.1).collect(),
                 },
-                token: config.auth.token.clone(),
+                creds: creds.clone(),
                 timing: timing.clone(),
                 started: shared.started,
                 drain_timeout: cluster_drain_timeout,
@@ -303,7 +327,7 @@ impl Daemon {
             tasks,
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
             cluster: membership,
-            token: config.auth.token.clone(),
+            creds,
             timing,
             drain_on_shutdown: config.cluster.drain_on_shutdown,
             cluster_drain_timeout,
@@ -356,7 +380,7 @@ impl Daemon {
         if self.cluster.my_state() != NodeState::Down && others_see_me {
             // Tell the peers (or etcd) at once instead of letting them time out.
             self.cluster.set_state(NodeState::Down);
-            cluster::announce(&self.cluster, &self.token, self.timing.heartbeat * 2).await;
+            cluster::announce(&self.cluster, &self.creds, self.timing.heartbeat * 2).await;
         }
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {

@@ -11,6 +11,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvpool::protocol::auth::{self, AuthBytes, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, WireError};
 use kvpool::protocol::AlignedVec;
 use kvpool::protocol::{
@@ -35,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
     pub(crate) cluster: Arc<Membership>,
+    /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
+    pub(crate) cluster_secret: ClusterSecret,
 }
 
 impl Shared {
@@ -64,7 +67,8 @@ pub(crate) async fn serve<R, W>(
         r: BufReader::with_capacity(IO_BUFFER, r),
         w: BufWriter::with_capacity(IO_BUFFER, w),
         greeted: false,
-        admin: false,
+        peer: false,
+        challenge: [0; auth::AUTH_LEN],
         allowed: Vec::new(),
     };
     let mut hdr = AlignedVec::<16>::new();
@@ -115,8 +119,10 @@ struct Conn<'a, R, W> {
     r: BufReader<R>,
     w: BufWriter<W>,
     greeted: bool,
-    /// Presented the node token (or the node has none): may gossip and drain.
-    admin: bool,
+    /// Proved the cluster secret (`ClusterAuth`): a cluster peer, may gossip and drain.
+    peer: bool,
+    /// This connection's random challenge, sent in the `Hello` reply.
+    challenge: AuthBytes,
     /// Per namespace id: may this connection use it (set by the handshake).
     allowed: Vec<bool>,
 }
@@ -248,9 +254,16 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     transport = self.transport.name(),
                     "client connected"
                 );
+                self.challenge = match auth::random() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.fail(id, ErrorCode::Internal, &e.to_string()).await?;
+                        return Ok((OpKind::Hello, Err(Close)));
+                    }
+                };
                 self.greeted = true;
-                self.admin = self.s.token.is_empty() || admin;
                 let mut hello = self.s.hello.clone();
+                hello.challenge = self.challenge;
                 hello
                     .namespaces
                     .retain(|(_, id)| self.allowed[*id as usize]);
@@ -570,10 +583,39 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .await?;
                 OpKind::Admin
             }
-            ArchivedOp::Gossip { view } => {
-                if !self.admin {
-                    self.fail(id, ErrorCode::Unauthorized, "gossip needs the node token")
+            ArchivedOp::ClusterAuth { nonce, proof } => {
+                let node = self.s.hello.node;
+                if !self
+                    .s
+                    .cluster_secret
+                    .verify_peer(node, &self.challenge, nonce, proof)
+                {
+                    // debug, not warn: anyone can send this, and logs must not be floodable.
+                    tracing::debug!(
+                        transport = self.transport.name(),
+                        "refused a connection that failed the cluster secret check"
+                    );
+                    self.fail(id, ErrorCode::Unauthorized, "wrong cluster secret")
                         .await?;
+                    return Ok((OpKind::Admin, Err(Close)));
+                }
+                self.peer = true;
+                self.allowed.iter_mut().for_each(|a| *a = true);
+                let proof = self
+                    .s
+                    .cluster_secret
+                    .node_proof(node, &self.challenge, nonce);
+                self.reply(id, Reply::ClusterAuth { proof }, &[]).await?;
+                OpKind::Admin
+            }
+            ArchivedOp::Gossip { view } => {
+                if !self.peer {
+                    self.fail(
+                        id,
+                        ErrorCode::Unauthorized,
+                        "gossip is cluster control: it needs the cluster secret (ClusterAuth)",
+                    )
+                    .await?;
                     return Ok((OpKind::Admin, Ok(())));
                 }
                 let theirs: kvpool::placement::ClusterView =
@@ -589,9 +631,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 OpKind::Admin
             }
             ArchivedOp::Drain => {
-                if !self.admin {
-                    self.fail(id, ErrorCode::Unauthorized, "drain needs the node token")
-                        .await?;
+                if !self.peer {
+                    self.fail(
+                        id,
+                        ErrorCode::Unauthorized,
+                        "drain is cluster control: it needs the cluster secret (ClusterAuth)",
+                    )
+                    .await?;
                     return Ok((OpKind::Admin, Ok(())));
                 }
                 tracing::info!(client = "drain request", "drain requested");

@@ -12,7 +12,8 @@
 //!   served over them;
 //! - `etcd`: membership through etcd instead (leases, the view derived and watched), over a
 //!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
-//! - [`metrics`]: Prometheus counters and histograms over HTTP.
+//! - [`metrics`]: Prometheus counters and histograms over HTTP;
+//! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md).
 
 mod cluster;
 pub mod config;
@@ -23,6 +24,7 @@ mod http;
 mod listeners;
 pub mod metrics;
 mod peer;
+pub mod secret;
 pub mod tls;
 mod written;
 

@@ -1,9 +1,12 @@
 //! A daemon's own connection to another daemon: heartbeats (`Gossip`) and moving pinned
-//! objects (`Lookup`, `Put`, `Drain`). Plain TCP, one request at a time, every call bounded by
-//! a timeout. Requests go with view stamp 0: the daemon addresses the peer on purpose.
+//! objects (`Lookup`, `Put`). Plain TCP, one request at a time, every call bounded by a
+//! timeout. Requests go with view stamp 0: the daemon addresses the peer on purpose. Every
+//! connection proves the cluster secret right after the handshake (`ClusterAuth`) and checks
+//! the peer's proof in turn, so objects and views only ever go to a node of the cluster.
 
 use std::time::Duration;
 
+use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
@@ -26,6 +29,18 @@ pub(crate) enum PeerError {
     Timeout,
     #[error("peer answered {code:?}: {message}")]
     Server { code: ErrorCode, message: String },
+    #[error("peer failed the cluster secret check: not a node of this cluster")]
+    NotInCluster,
+    #[error("no randomness for the cluster handshake: {0}")]
+    Random(#[from] auth::AuthError),
+}
+
+/// What a daemon presents to its peers: the node token (when nodes have one) at `Hello`, and
+/// proof of the cluster secret right after.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerAuth {
+    pub(crate) token: String,
+    pub(crate) secret: ClusterSecret,
 }
 
 /// One connection to one peer, after the handshake.
@@ -41,10 +56,11 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    /// Connects to `addr` (`host:port`) and shakes hands with `token`.
+    /// Connects to `addr` (`host:port`), shakes hands with the token and proves the cluster
+    /// secret; fails unless the peer proves it too.
     pub(crate) async fn connect(
         addr: &str,
-        token: &str,
+        creds: &PeerAuth,
         node: u32,
         timeout: Duration,
     ) -> Result<Peer, PeerError> {
@@ -74,16 +90,35 @@ impl Peer {
                 max_batch: 0,
                 view: Default::default(),
                 replication: Vec::new(),
+                challenge: [0; auth::AUTH_LEN],
             },
         };
         let hello = Op::Hello {
             version: PROTOCOL_VERSION,
-            token: token.to_string(),
+            token: creds.token.clone(),
             client: format!("kvpoold node {node}"),
         };
         match p.call(hello, &[]).await? {
             Reply::Hello(h) => p.hello = h,
             r => return Err(PeerError::Protocol(format!("handshake answered {r:?}"))),
+        }
+        let nonce = auth::random()?;
+        let (them, challenge) = (p.hello.node, p.hello.challenge);
+        let proof = creds.secret.peer_proof(them, &challenge, &nonce);
+        match p.call(Op::ClusterAuth { nonce, proof }, &[]).await {
+            Ok(Reply::ClusterAuth { proof })
+                if creds.secret.verify_node(them, &challenge, &nonce, &proof) => {}
+            Ok(Reply::ClusterAuth { .. })
+            | Err(PeerError::Server {
+                code: ErrorCode::Unauthorized,
+                ..
+            }) => return Err(PeerError::NotInCluster),
+            Ok(r) => {
+                return Err(PeerError::Protocol(format!(
+                    "cluster handshake answered {r:?}"
+                )))
+            }
+            Err(e) => return Err(e),
         }
         Ok(p)
     }

@@ -157,14 +157,14 @@ pub enum Op {
     /// The cluster view. Reply: `View`.
     View,
     /// Node to node heartbeat: the sender's view, merged into the receiver's. Reply: `View`,
-    /// the receiver's view after the merge. Needs the node token when the node has one.
+    /// the receiver's view after the merge. Only on a connection that passed `ClusterAuth`.
     Gossip {
         /// The sender's view.
         view: ClusterView,
     },
     /// Leave the cluster: take no new objects, move pinned objects to their other owners,
-    /// then exit. Reply: `Done` once draining has started. Needs the node token when the node
-    /// has one.
+    /// then exit. Reply: `Done` once draining has started. Only on a connection that passed
+    /// `ClusterAuth`.
     Drain,
     /// Segment files and layouts for a same-host mapping (Unix socket only). Reply: `MapInfo`.
     MapInfo,
@@ -176,6 +176,16 @@ pub enum Op {
         ns: u32,
         /// Keys.
         keys: Vec<Key>,
+    },
+    /// Proves knowledge of the cluster secret (see [`crate::protocol::auth`]); after it the
+    /// connection may send cluster control (`Gossip`, `Drain`) and use every namespace. Reply:
+    /// `ClusterAuth` with the node's proof; a wrong proof gets `Unauthorized` and the
+    /// connection is closed.
+    ClusterAuth {
+        /// The sender's fresh random bytes.
+        nonce: [u8; 32],
+        /// `HMAC-SHA256(secret, transcript("peer"))` over the Hello's challenge and `nonce`.
+        proof: [u8; 32],
     },
 }
 
@@ -249,6 +259,11 @@ pub enum Reply {
     View(ClusterView),
     /// Segments to map.
     MapInfo(Vec<SegmentMap>),
+    /// The node's answer to `ClusterAuth`: `HMAC-SHA256(secret, transcript("node"))`.
+    ClusterAuth {
+        /// The node's proof.
+        proof: [u8; 32],
+    },
     /// The request failed; `code` is an [`crate::protocol::ErrorCode`].
     Error {
         /// Error code.
@@ -306,6 +321,8 @@ pub struct HelloInfo {
     pub view: ClusterView,
     /// Replication factors of the namespaces this client may use.
     pub replication: Vec<Replication>,
+    /// Fresh random bytes of this connection, for `ClusterAuth`.
+    pub challenge: [u8; 32],
 }
 
 /// How many nodes hold each object of a namespace.

@@ -6,6 +6,7 @@
 //! [`decode_request`] validates the archived header (rkyv's bytecheck) before anything reads it.
 //! No input can make a reader allocate more than `max_header` bytes.
 
+pub mod auth;
 mod codes;
 mod frame;
 #[cfg(feature = "io")]

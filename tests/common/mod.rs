@@ -137,6 +137,12 @@ impl Node {
         self.dir.join("tls-cert.pem")
     }
 
+    /// The cluster secret this node generated (it was started without peers or a secret):
+    /// what nodes joining it are started with (`--cluster-secret-file`).
+    pub fn secret_file(&self) -> PathBuf {
+        self.dir.join("cluster.secret")
+    }
+
     /// SIGTERM and wait; returns the exit status. Keeps the data dir for a restart.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         self.keep_dir = true;
@@ -181,6 +187,21 @@ fn unsafe_kill(pid: u32, sig: i32) {
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
         .status();
+}
+
+/// Writes a cluster secret derived from `seed` (64 hex digits, mode 0600) to `path`.
+pub fn write_secret(path: &Path, seed: u64) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let hex: String = value(seed, 32).iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    writeln!(f, "{hex}").unwrap();
 }
 
 /// Deterministic bytes for a value.

@@ -44,6 +44,8 @@ fn start_cluster(ctx: &Ctx, n: usize, memory: u64) -> anyhow::Result<(Vec<Daemon
         if let Some(seed) = nodes.first() {
             extra.push("--peer".into());
             extra.push(seed.tcp.clone());
+            extra.push("--cluster-secret-file".into());
+            extra.push(seed.secret_file().display().to_string());
         }
         nodes.push(Daemon::start_with(&bin, memory, &extra)?);
     }
@@ -160,6 +162,7 @@ fn hop(ctx: &mut Ctx, cfg: &ClientConfig) -> anyhow::Result<()> {
         .kvpoold
         .clone()
         .unwrap_or_else(daemon::default_binary);
+    let secret = nodes[0].secret_file().display().to_string();
     let extra: Vec<String> = [
         "--node-id",
         "3",
@@ -167,6 +170,8 @@ fn hop(ctx: &mut Ctx, cfg: &ClientConfig) -> anyhow::Result<()> {
         "100",
         "--peer",
         &nodes[0].tcp,
+        "--cluster-secret-file",
+        &secret,
     ]
     .iter()
     .map(|s| s.to_string())

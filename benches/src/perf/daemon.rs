@@ -34,6 +34,12 @@ pub(crate) struct Daemon {
 }
 
 impl Daemon {
+    /// The cluster secret a node started without peers generated: nodes joining it are
+    /// started with `--cluster-secret-file` and this path.
+    pub(crate) fn secret_file(&self) -> PathBuf {
+        self.dir.join("cluster.secret")
+    }
+
     /// Starts `binary` with `memory` bytes and waits for its ready line.
     pub(crate) fn start(binary: &Path, memory: u64) -> anyhow::Result<Daemon> {
         Daemon::start_with(binary, memory, &[])
