@@ -6,15 +6,19 @@
 //!
 //! - [`config`]: the TOML file, environment and flags, with documented defaults;
 //! - [`Daemon`]: start, serve, drain on shutdown;
-//! - `handler`: one connection's request loop, shared by every transport;
+//! - `handler`: one connection's request loop, shared by every transport, with `deadline`'s
+//!   timeouts on its reads and writes;
+//! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `etcd`: membership through etcd instead (leases, the view derived and watched), over a
 //!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP.
 
+mod admission;
 mod cluster;
 pub mod config;
 mod daemon;
+mod deadline;
 mod etcd;
 mod handler;
 mod http;
