@@ -19,7 +19,7 @@ pub(crate) fn raise_fd_limit() -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     if lim.rlim_cur >= lim.rlim_max {
-        return Ok(lim.rlim_cur as u64);
+        return Ok(lim.rlim_cur);
     }
     // An unlimited hard limit is not a valid soft one for descriptors: the kernel caps it at
     // fs.nr_open.
@@ -39,7 +39,7 @@ pub(crate) fn raise_fd_limit() -> io::Result<u64> {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(target as u64)
+    Ok(target)
 }
 
 /// The most connections the open-file limit allows once `reserve` descriptors are kept for

@@ -42,10 +42,6 @@ pub(crate) async fn unix(listener: UnixListener, ctx: Ctx) {
 trait Accept {
     type R: AsyncRead + Unpin + Send + 'static;
     type W: AsyncWrite + Unpin + Send + 'static;
-    #[expect(
-        clippy::type_complexity,
-        reason = "a tuple read once, at the call site"
-    )]
     fn accept_halves(
         &self,
     ) -> impl Future<Output = io::Result<(Self::R, Self::W, Option<IpAddr>)>> + Send;
