@@ -127,8 +127,32 @@ pub struct ListenConfig {
     pub metrics: String,
     /// Unix socket path. Default `<data_dir>/kvpool.sock`.
     pub unix: Option<PathBuf>,
-    /// Most concurrent connections (QUIC streams count as connections). Default 1024.
+    /// Most concurrent connections (QUIC streams count as connections). Default 1024. Lowered
+    /// at start to what the open-file limit allows after `reserve_fds`.
     pub max_connections: usize,
+    /// Most concurrent TCP connections from one IP address; 0 for no cap. Default 256. A
+    /// connection over the cap is closed as soon as it is accepted.
+    pub max_connections_per_peer: usize,
+    /// File descriptors kept out of `max_connections` for segments, cluster links, etcd and
+    /// metrics scrapes. Default 64.
+    pub reserve_fds: u64,
+    /// Per-namespace series (names and usage) on the metrics page: `"off"` (the default),
+    /// `"token"` (only for a scrape with `Authorization: Bearer <auth.token>`) or `"open"`.
+    pub metrics_namespaces: NamespaceMetrics,
+}
+
+/// Who sees the per-namespace series of the metrics page.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespaceMetrics {
+    /// Nobody: namespace names stay private.
+    #[default]
+    Off,
+    /// Scrapes that present the node token as a bearer token (everyone when the node has
+    /// no token, as for the data plane).
+    Token,
+    /// Every scrape.
+    Open,
 }
 
 /// `[limits]`.
@@ -143,6 +167,19 @@ pub struct LimitsConfig {
     pub max_payload: u64,
     /// Most keys per batch. Default 16 384.
     pub max_batch: u32,
+    /// Largest header before the handshake (the `Hello`), when a peer has not yet
+    /// authenticated. Default 64 KiB.
+    #[serde(deserialize_with = "de_size")]
+    pub max_header_unauthenticated: u64,
+    /// A connection that has not completed its handshake this long after it was accepted is
+    /// closed, ms. Default 10 000.
+    pub handshake_timeout_ms: u64,
+    /// An authenticated connection idle between requests this long is closed, ms; 0 for never.
+    /// Default 0.
+    pub idle_timeout_ms: u64,
+    /// A reply the peer does not read for this long (no progress writing it) is dropped with
+    /// its connection, releasing the objects it referenced, ms. Default 30 000.
+    pub write_timeout_ms: u64,
 }
 
 /// `[auth]`.
@@ -239,6 +276,9 @@ impl Default for ListenConfig {
             metrics: "127.0.0.1:7372".into(),
             unix: None,
             max_connections: 1024,
+            max_connections_per_peer: 256,
+            reserve_fds: 64,
+            metrics_namespaces: NamespaceMetrics::Off,
         }
     }
 }
@@ -250,6 +290,10 @@ impl Default for LimitsConfig {
             max_header: l.max_header as u64,
             max_payload: l.max_payload,
             max_batch: l.max_batch,
+            max_header_unauthenticated: kvpool::protocol::MAX_HELLO_HEADER as u64,
+            handshake_timeout_ms: 10_000,
+            idle_timeout_ms: 0,
+            write_timeout_ms: 30_000,
         }
     }
 }
@@ -339,6 +383,21 @@ impl Config {
             max_header: l.max_header as u32,
             max_payload: l.max_payload,
             max_batch: l.max_batch,
+        })
+    }
+
+    /// The wire limits before the handshake: a small header and no payload (a `Hello` has
+    /// none).
+    pub fn hello_limits(&self) -> anyhow::Result<Limits> {
+        let l = self.wire_limits()?;
+        let max = self.limits.max_header_unauthenticated;
+        if max == 0 || max > l.max_header as u64 {
+            bail!("limits: max_header_unauthenticated must be 1..=max_header");
+        }
+        Ok(Limits {
+            max_header: max as u32,
+            max_payload: 0,
+            ..l
         })
     }
 
@@ -534,5 +593,18 @@ mod tests {
         assert_eq!(c.listen.quic, "127.0.0.1:7371");
         assert_eq!(c.memory.size, 1 << 30);
         assert_eq!(c.data_dir(), PathBuf::from("/dev/shm/kvpool-0"));
+        assert_eq!(c.limits.max_header, 8 << 20);
+        assert_eq!(c.limits.max_header_unauthenticated, 64 << 10);
+        assert_eq!(c.limits.handshake_timeout_ms, 10_000);
+        assert_eq!(c.limits.idle_timeout_ms, 0);
+        assert_eq!(c.limits.write_timeout_ms, 30_000);
+        assert_eq!(c.listen.max_connections_per_peer, 256);
+        assert_eq!(c.listen.reserve_fds, 64);
+        assert_eq!(c.listen.metrics_namespaces, NamespaceMetrics::Off);
+        let h = c.hello_limits().unwrap();
+        assert_eq!((h.max_header, h.max_payload), (64 << 10, 0));
+        let open = Config::from_toml("[listen]\nmetrics_namespaces = \"token\"").unwrap();
+        assert_eq!(open.listen.metrics_namespaces, NamespaceMetrics::Token);
+        assert!(Config::from_toml("[listen]\nmetrics_namespaces = \"maybe\"").is_err());
     }
 }

@@ -15,8 +15,10 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::admission::{self, PeerCounts};
 use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
+use crate::deadline::ConnPolicy;
 use crate::handler::Shared;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
@@ -76,6 +78,8 @@ impl Daemon {
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let limits = config.wire_limits()?;
+        let hello_limits = config.hello_limits()?;
+        let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
         let joins = match &membership_cfg {
             MembershipConfig::Static { peers } => !peers.is_empty(),
@@ -89,7 +93,7 @@ impl Daemon {
         if secret.generated {
             tracing::info!(
                 path = %secret.path.display(),
-                "generated a new cluster secret: start the nodes that join this one with                  --cluster-secret-file pointing at a copy of it"
+                "generated a new cluster secret: start the nodes that join this one with --cluster-secret-file pointing at a copy of it"
             );
         } else {
             tracing::info!(path = %secret.path.display(), "cluster secret loaded");
@@ -242,12 +246,22 @@ impl Daemon {
             hello,
             cluster: membership.clone(),
             cluster_secret: creds.secret.clone(),
+            conn: ConnPolicy {
+                hello_limits,
+                handshake: Duration::from_millis(config.limits.handshake_timeout_ms.max(1)),
+                idle: match config.limits.idle_timeout_ms {
+                    0 => None,
+                    ms => Some(Duration::from_millis(ms)),
+                },
+                write: Duration::from_millis(config.limits.write_timeout_ms.max(1)),
+            },
         });
         let ctx = Ctx {
             shared: shared.clone(),
-            limit: Arc::new(Semaphore::new(config.listen.max_connections.max(1))),
+            limit: Arc::new(Semaphore::new(max_connections)),
             shutdown: shutdown.clone(),
             done: done_tx,
+            peers: PeerCounts::new(config.listen.max_connections_per_peer),
         };
         if let Some(l) = tcp {
             tasks.push(tokio::spawn(listeners::tcp(l, ctx.clone())));
@@ -263,6 +277,8 @@ impl Daemon {
                 l,
                 metrics,
                 pool.clone(),
+                config.listen.metrics_namespaces,
+                config.auth.token.clone(),
                 async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 },
@@ -398,6 +414,28 @@ impl Daemon {
         }
         tracing::info!("kvpoold stopped");
     }
+}
+
+/// Raises the open-file limit as far as allowed and fits `max_connections` under it, keeping
+/// `reserve_fds` for everything else.
+fn connection_cap(config: &Config) -> usize {
+    let configured = config.listen.max_connections.max(1);
+    let fds = match admission::raise_fd_limit() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read or raise the open-file limit");
+            return configured;
+        }
+    };
+    let cap = admission::connection_cap(configured, fds, config.listen.reserve_fds);
+    if cap < configured {
+        tracing::warn!(
+            open_files = fds,
+            reserve = config.listen.reserve_fds,
+            "listen.max_connections lowered from {configured} to {cap} to fit the open-file limit"
+        );
+    }
+    cap
 }
 
 fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::watch;
 
 use crate::cluster::Membership;
+use crate::deadline::{within, ConnPolicy, StallLimit};
 use crate::metrics::{Metrics, OpKind, Transport};
 
 /// What every connection shares.
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) cluster: Arc<Membership>,
     /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
     pub(crate) cluster_secret: ClusterSecret,
+    /// Limits before the handshake and the timeouts of every stage of a connection.
+    pub(crate) conn: ConnPolicy,
 }
 
 impl Shared {
@@ -65,18 +68,30 @@ pub(crate) async fn serve<R, W>(
         s: &shared,
         transport,
         r: BufReader::with_capacity(IO_BUFFER, r),
-        w: BufWriter::with_capacity(IO_BUFFER, w),
+        // A reply the peer stops reading fails the connection, releasing what it referenced.
+        w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         greeted: false,
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         allowed: Vec::new(),
     };
     let mut hdr = AlignedVec::<16>::new();
+    let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
     loop {
+        // Until the Hello is accepted: a small header, no payload, one deadline for it all.
+        let (limits, deadline) = if conn.greeted {
+            let idle = shared.conn.idle;
+            (
+                &shared.limits,
+                idle.map(|d| tokio::time::Instant::now() + d),
+            )
+        } else {
+            (&shared.conn.hello_limits, Some(hello_by))
+        };
         let prefix = tokio::select! {
             biased;
             _ = shutdown.wait_for(|stop| *stop) => break,
-            p = read_prefix(&mut conn.r, &shared.limits) => p,
+            p = within(deadline, read_prefix(&mut conn.r, limits)) => p,
         };
         let prefix = match prefix {
             Ok(Some(p)) => p,
@@ -95,15 +110,19 @@ pub(crate) async fn serve<R, W>(
                 break;
             }
         };
-        if read_header(&mut conn.r, &prefix, &mut hdr).await.is_err() {
+        if within(deadline, read_header(&mut conn.r, &prefix, &mut hdr))
+            .await
+            .is_err()
+        {
             break;
         }
         match conn.request(&hdr, prefix.payload_len).await {
             Ok(true) => {}
-            Ok(false) | Err(_) => {
+            Ok(false) => {
                 let _ = conn.w.flush().await;
                 break;
             }
+            Err(_) => break,
         }
         if conn.r.buffer().is_empty() && conn.w.flush().await.is_err() {
             break;

@@ -6,7 +6,9 @@
 //!
 //! - [`config`]: the TOML file, environment and flags, with documented defaults;
 //! - [`Daemon`]: start, serve, drain on shutdown;
-//! - `handler`: one connection's request loop, shared by every transport;
+//! - `handler`: one connection's request loop, shared by every transport, with `deadline`'s
+//!   timeouts on its reads and writes;
+//! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
 //!   served over them;
@@ -15,9 +17,11 @@
 //! - [`metrics`]: Prometheus counters and histograms over HTTP;
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md).
 
+mod admission;
 mod cluster;
 pub mod config;
 mod daemon;
+mod deadline;
 mod etcd;
 mod handler;
 mod http;

@@ -1,15 +1,20 @@
 //! Accept loops, one per transport, in the mini-redis shape: a semaphore bounds concurrent
 //! connections (accepting waits when it is exhausted), each connection gets its own task, and
-//! every task holds a clone of `done` so shutdown can wait for all of them to drain.
+//! every task holds a clone of `done` so shutdown can wait for all of them to drain. A TCP peer
+//! address over its connection cap is closed at once; a failed accept (out of descriptors)
+//! pauses the loop, longer while failures continue, and is logged at a bounded rate.
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 
+use crate::admission::{AcceptErrors, LogLimiter, PeerCounts, LOG_EVERY};
 use crate::handler::{serve, Shared};
 use crate::metrics::Transport;
 
@@ -20,6 +25,8 @@ pub(crate) struct Ctx {
     pub(crate) limit: Arc<Semaphore>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) done: mpsc::Sender<()>,
+    /// Open TCP connections per peer address.
+    pub(crate) peers: Arc<PeerCounts>,
 }
 
 pub(crate) async fn tcp(listener: TcpListener, ctx: Ctx) {
@@ -30,34 +37,41 @@ pub(crate) async fn unix(listener: UnixListener, ctx: Ctx) {
     accept_loop(ctx, Transport::Unix, listener).await
 }
 
-/// A listener of byte streams, split into read and write halves.
+/// A listener of byte streams, split into read and write halves, with the peer's IP address
+/// where it has one.
 trait Accept {
     type R: AsyncRead + Unpin + Send + 'static;
     type W: AsyncWrite + Unpin + Send + 'static;
-    fn accept_halves(&self) -> impl Future<Output = io::Result<(Self::R, Self::W)>> + Send;
+    fn accept_halves(
+        &self,
+    ) -> impl Future<Output = io::Result<(Self::R, Self::W, Option<IpAddr>)>> + Send;
 }
 
 impl Accept for TcpListener {
     type R = tokio::net::tcp::OwnedReadHalf;
     type W = tokio::net::tcp::OwnedWriteHalf;
-    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W)> {
+    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W, Option<IpAddr>)> {
         let (sock, peer) = self.accept().await?;
         let _ = sock.set_nodelay(true);
         tracing::trace!(%peer, "tcp connection");
-        Ok(sock.into_split())
+        let (r, w) = sock.into_split();
+        Ok((r, w, Some(peer.ip())))
     }
 }
 
 impl Accept for UnixListener {
     type R = tokio::net::unix::OwnedReadHalf;
     type W = tokio::net::unix::OwnedWriteHalf;
-    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W)> {
-        Ok(self.accept().await?.0.into_split())
+    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W, Option<IpAddr>)> {
+        let (r, w) = self.accept().await?.0.into_split();
+        Ok((r, w, None))
     }
 }
 
 /// Accepts connections until shutdown, each served by its own task.
 async fn accept_loop(mut ctx: Ctx, transport: Transport, listener: impl Accept) {
+    let mut errors = AcceptErrors::default();
+    let mut refusals = LogLimiter::new(LOG_EVERY);
     loop {
         let Some(permit) = permit(&mut ctx).await else {
             return;
@@ -66,18 +80,37 @@ async fn accept_loop(mut ctx: Ctx, transport: Transport, listener: impl Accept) 
             r = listener.accept_halves() => r,
             _ = ctx.shutdown.wait_for(|s| *s) => return,
         };
-        let (r, w) = match accepted {
-            Ok(halves) => halves,
+        let (r, w, peer) = match accepted {
+            Ok(accepted) => {
+                errors.succeeded();
+                accepted
+            }
             Err(e) => {
-                tracing::warn!(error = %e, transport = transport.name(), "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
+                let pause = errors.failed(&e, transport.name(), Instant::now());
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = ctx.shutdown.wait_for(|s| *s) => return,
+                }
+            }
+        };
+        let slot = match peer.map(|ip| (ip, ctx.peers.enter(ip))) {
+            None => None,
+            Some((_, Some(slot))) => Some(slot),
+            Some((ip, None)) => {
+                if let Some(more) = refusals.allow(Instant::now()) {
+                    tracing::warn!(
+                        %ip,
+                        "closing a connection over the per-peer cap \
+                         (listen.max_connections_per_peer; {more} more since the last report)"
+                    );
+                }
+                continue; // dropping the halves closes the connection
             }
         };
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
         tokio::spawn(async move {
             serve(shared, transport, r, w, stop).await;
-            drop((permit, done));
+            drop((permit, done, slot));
         });
     }
 }

@@ -1,15 +1,20 @@
 //! Prometheus metrics: operation counts and latency histograms per operation type, connections,
 //! bytes, and the pool's own occupancy and counters, in the text exposition format, served over
-//! plain HTTP on `GET /metrics`.
+//! plain HTTP on `GET /metrics`. Per-namespace series name the tenants, so they are shown only
+//! as `listen.metrics_namespaces` allows.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvpool::Pool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::admission::AcceptErrors;
+use crate::config::NamespaceMetrics;
 
 /// Operation types, as labelled in the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,8 +152,8 @@ impl Metrics {
         self.bytes_out.fetch_add(written, Ordering::Relaxed);
     }
 
-    /// The exposition text.
-    pub fn render(&self, pool: &Pool) -> String {
+    /// The exposition text; the per-namespace series only with `namespaces`.
+    pub fn render(&self, pool: &Pool, namespaces: bool) -> String {
         let mut o = String::with_capacity(8192);
         let st = pool.stats();
         let node = st.node;
@@ -222,19 +227,21 @@ impl Metrics {
                 s.id, s.external_fragmentation
             );
         }
-        family(
-            &mut o,
-            "kvpool_namespace_bytes",
-            "gauge",
-            "Namespace bytes by kind (used, pinned, quota).",
-        );
-        family(
-            &mut o,
-            "kvpool_namespace_objects",
-            "gauge",
-            "Committed objects per namespace.",
-        );
-        for n in &st.namespaces {
+        if namespaces {
+            family(
+                &mut o,
+                "kvpool_namespace_bytes",
+                "gauge",
+                "Namespace bytes by kind (used, pinned, quota).",
+            );
+            family(
+                &mut o,
+                "kvpool_namespace_objects",
+                "gauge",
+                "Committed objects per namespace.",
+            );
+        }
+        for n in st.namespaces.iter().filter(|_| namespaces) {
             let ns = escape(&n.name);
             for (kind, v) in [
                 ("used", n.used_bytes),
@@ -364,26 +371,54 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Most scrapes served at once; more wait in the listen backlog.
+const MAX_SCRAPES: usize = 16;
+
 /// Serves `GET /metrics` until `shutdown` resolves. Anything else gets 404; requests are read
-/// into a small fixed buffer and connections are closed after one response.
+/// into a small fixed buffer and connections are closed after one response. Per-namespace
+/// series are shown as `namespaces` says (`Token`: to a request bearing `token`, or to all when
+/// the node has none). A failed accept pauses the loop rather than spinning.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     pool: Arc<Pool>,
+    namespaces: NamespaceMetrics,
+    token: String,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let scrapes = Arc::new(Semaphore::new(MAX_SCRAPES));
+    let token: Arc<str> = token.into();
+    let mut errors = AcceptErrors::default();
     loop {
+        let permit = tokio::select! {
+            p = scrapes.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = &mut shutdown => return,
+        };
         let (mut sock, _) = tokio::select! {
             r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => { tracing::warn!(error = %e, "metrics accept failed"); continue; }
+                Ok(s) => {
+                    errors.succeeded();
+                    s
+                }
+                Err(e) => {
+                    let pause = errors.failed(&e, "metrics", Instant::now());
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => continue,
+                        _ = &mut shutdown => return,
+                    }
+                }
             },
             _ = &mut shutdown => return,
         };
         let metrics = metrics.clone();
         let pool = pool.clone();
+        let token = token.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut buf = [0u8; 4096];
             let mut n = 0;
             let read = async {
@@ -408,7 +443,13 @@ pub async fn serve(
             let req = String::from_utf8_lossy(&buf[..n]);
             let (status, ctype, body) =
                 if req.starts_with("GET /metrics ") || req.starts_with("GET /metrics?") {
-                    ("200 OK", "text/plain; version=0.0.4", metrics.render(&pool))
+                    let show = match namespaces {
+                        NamespaceMetrics::Off => false,
+                        NamespaceMetrics::Open => true,
+                        NamespaceMetrics::Token => token.is_empty() || bears(&req, &token),
+                    };
+                    let body = metrics.render(&pool, show);
+                    ("200 OK", "text/plain; version=0.0.4", body)
                 } else if req.starts_with("GET /health ") {
                     ("200 OK", "text/plain", "ok\n".to_string())
                 } else {
@@ -419,5 +460,37 @@ pub async fn serve(
             let _ = sock.write_all(body.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
+    }
+}
+
+/// Whether the request head carries `Authorization: Bearer <token>`.
+fn bears(head: &str, token: &str) -> bool {
+    head.lines().skip(1).any(|line| {
+        let Some((name, value)) = line.split_once(':') else {
+            return false;
+        };
+        let mut v = value.trim().splitn(2, ' ');
+        name.trim().eq_ignore_ascii_case("authorization")
+            && v.next().is_some_and(|s| s.eq_ignore_ascii_case("bearer"))
+            && v.next().map(str::trim) == Some(token)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_is_accepted() {
+        let get = |h: &str| format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{h}\r\n\r\n");
+        assert!(bears(&get("Authorization: Bearer s3cret"), "s3cret"));
+        assert!(bears(&get("authorization:bearer  s3cret "), "s3cret"));
+        assert!(!bears(&get("Authorization: Bearer s3cre"), "s3cret"));
+        assert!(!bears(&get("Authorization: Basic s3cret"), "s3cret"));
+        assert!(!bears(&get("X-Token: s3cret"), "s3cret"));
+        assert!(!bears(
+            "GET /metrics?Authorization: Bearer s3cret HTTP/1.1\r\n\r\n",
+            "s3cret"
+        ));
     }
 }

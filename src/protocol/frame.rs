@@ -15,10 +15,18 @@ pub const MAGIC: [u8; 4] = *b"KVP1";
 /// Length of the fixed prefix.
 pub const PREFIX_LEN: usize = 16;
 
+/// Largest header a node accepts before the handshake (a `Hello`: a version, a token and a
+/// client name), bytes: 64 KiB. Until a peer has authenticated, that is all it may make the
+/// node buffer.
+pub const MAX_HELLO_HEADER: u32 = 64 << 10;
+
 /// Hard limits on what a peer may send. Defaults suit KV blocks and weight chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest header, bytes. Default 4 MiB (a batch of 16 384 keys of 256 bytes fits).
+    /// Largest header, bytes. Default 8 MiB: the largest batch request (`max_batch` items with
+    /// keys of `MAX_KEY_LEN` bytes, about 4.5 MiB archived) fits with room to spare. Readers
+    /// grow the header buffer with the bytes that actually arrive, never to the announced
+    /// length up front.
     pub max_header: u32,
     /// Largest payload, bytes. Default 1 GiB. Payloads are streamed into segment memory or
     /// caller buffers, never buffered whole on the heap.
@@ -30,7 +38,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_header: 4 << 20,
+            max_header: 8 << 20,
             max_payload: 1 << 30,
             max_batch: 16_384,
         }
@@ -189,6 +197,70 @@ mod tests {
         let mut aligned = AlignedVec::<16>::new();
         aligned.extend_from_slice(&[0xff; 64]);
         assert!(decode_request(&aligned).is_err());
+    }
+
+    /// The default header limit holds the largest batch a client may send: `max_batch` items,
+    /// every key `MAX_KEY_LEN` bytes long, in every batch request shape.
+    #[test]
+    fn a_full_batch_of_longest_keys_fits_the_header_limit() {
+        use crate::protocol::{AllocItem, PutItem};
+        let l = Limits::default();
+        let n = l.max_batch as usize;
+        let key = || vec![0xa5u8; crate::MAX_KEY_LEN];
+        let ops = [
+            Op::BatchPut {
+                ns: u32::MAX,
+                items: (0..n)
+                    .map(|_| PutItem {
+                        key: key(),
+                        len: u64::MAX,
+                        checksum: u64::MAX,
+                    })
+                    .collect(),
+                pin: true,
+                depths: vec![u32::MAX; n],
+            },
+            Op::Alloc {
+                ns: u32::MAX,
+                items: (0..n)
+                    .map(|_| AllocItem {
+                        key: key(),
+                        len: u64::MAX,
+                    })
+                    .collect(),
+                pin: true,
+                depths: vec![u32::MAX; n],
+            },
+            Op::BatchGet {
+                ns: u32::MAX,
+                keys: (0..n).map(|_| key()).collect(),
+                prefix: true,
+            },
+            Op::Lookup {
+                ns: u32::MAX,
+                keys: (0..n).map(|_| key()).collect(),
+                lease_ms: u64::MAX,
+            },
+        ];
+        for op in ops {
+            let bytes = encode(&Request {
+                id: u64::MAX,
+                view: u64::MAX,
+                op,
+            });
+            assert!(
+                bytes.len() <= l.max_header as usize,
+                "a full batch archives to {} bytes, over the {} byte limit",
+                bytes.len(),
+                l.max_header
+            );
+            let prefix = FramePrefix {
+                header_len: bytes.len() as u32,
+                payload_len: 0,
+            };
+            assert_eq!(FramePrefix::parse(&prefix.encode(), &l), Ok(prefix));
+        }
+        assert!(MAX_HELLO_HEADER < l.max_header);
     }
 
     fn sample_requests() -> Vec<Request> {

@@ -4,7 +4,8 @@
 //! Decoding is two-phase, as in mini-redis: [`FramePrefix::parse`] checks the fixed 16-byte
 //! prefix against the [`Limits`] before a single byte of the frame is buffered, then
 //! [`decode_request`] validates the archived header (rkyv's bytecheck) before anything reads it.
-//! No input can make a reader allocate more than `max_header` bytes.
+//! No input can make a reader allocate more than `max_header` bytes, and a reader's header
+//! buffer grows with the bytes that actually arrive, not with the length a peer announces.
 
 pub mod auth;
 mod codes;
@@ -20,7 +21,7 @@ mod message;
 pub use codes::ErrorCode;
 pub use frame::{
     decode_request, decode_response, decode_response_owned, encode, FrameError, FramePrefix,
-    Limits, MAGIC, PREFIX_LEN,
+    Limits, MAGIC, MAX_HELLO_HEADER, PREFIX_LEN,
 };
 pub use message::*;
 /// Buffer for headers: rkyv reads archives in place, which needs 16-byte alignment.

@@ -121,6 +121,89 @@ impl Node {
         }
     }
 
+    /// Starts a node like [`Node::start`], its command line prefixed by `wrapper` (e.g.
+    /// `prlimit --nofile=128:128`), with `KVPOOL_LOG=warn` and its log captured line by line.
+    pub fn start_logged(wrapper: &[&str], memory: &str, extra: &[&str]) -> (Node, Log) {
+        let dir = temp_dir("node");
+        let kvpoold = bin("kvpoold");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&kvpoold);
+                c
+            }
+            None => Command::new(&kvpoold),
+        };
+        let mut child = cmd
+            .args(["--data-dir", dir.to_str().unwrap(), "--memory", memory])
+            .args(["--tcp", "127.0.0.1:0", "--quic", "127.0.0.1:0"])
+            .args(["--metrics", "127.0.0.1:0"])
+            .args(extra)
+            .env("KVPOOL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning kvpoold");
+        let log = Log::default();
+        let stderr = child.stderr.take().unwrap();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.0.lock().unwrap().push(l);
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
+            let _ = child.kill();
+            panic!(
+                "kvpoold did not become ready: {:?}\n{}",
+                child.wait(),
+                log.lines().join("\n")
+            );
+        };
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or("off")
+                .to_string()
+        };
+        let node = Node {
+            tcp: field("tcp"),
+            quic: field("quic"),
+            metrics: field("metrics"),
+            unix: field("unix"),
+            child: Some(child),
+            dir,
+            keep_dir: false,
+        };
+        (node, log)
+    }
+
+    /// The process id of the running node.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Resident memory of the node, bytes (`VmRSS` in /proc/<pid>/status).
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS in /proc/<pid>/status");
+        kib << 10
+    }
+
     pub fn tcp_url(&self) -> String {
         format!("tcp://{}", self.tcp)
     }
@@ -179,6 +262,27 @@ impl Drop for Node {
         if !self.keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// A node's log (stderr), as it is written.
+#[derive(Clone, Default)]
+pub struct Log(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Log {
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// How many lines so far contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 }
 

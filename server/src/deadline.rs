@@ -1,0 +1,173 @@
+//! Deadlines on a connection's reads and writes, so that a peer that goes quiet (before its
+//! handshake, between requests, or instead of reading a reply) cannot hold a connection, its
+//! buffers and the objects a reply references for ever.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use kvpool::protocol::Limits;
+use tokio::io::AsyncWrite;
+use tokio::time::{Instant, Sleep};
+
+/// How long a connection may take at each stage, and what it may send before the handshake.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnPolicy {
+    /// Limits until the `Hello` is accepted: a small header, no payload.
+    pub(crate) hello_limits: Limits,
+    /// From accept to the end of the `Hello` header.
+    pub(crate) handshake: Duration,
+    /// Longest wait for the next request of an authenticated connection; `None`: no limit.
+    pub(crate) idle: Option<Duration>,
+    /// Longest a write may make no progress (the peer is not reading).
+    pub(crate) write: Duration,
+}
+
+/// Runs `f`, failing with `TimedOut` if it has not finished by `deadline` (`None`: no deadline).
+pub(crate) async fn within<T, E: From<io::Error>>(
+    deadline: Option<Instant>,
+    f: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    match deadline {
+        None => f.await,
+        Some(d) => tokio::time::timeout_at(d, f)
+            .await
+            .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into())),
+    }
+}
+
+/// A writer whose every write, flush and shutdown must make progress within `limit`: one that
+/// stays blocked longer (the peer stopped reading) fails with `TimedOut`, and so does every
+/// later call, so the connection closes and whatever the pending reply referenced is released.
+pub(crate) struct StallLimit<W> {
+    inner: W,
+    limit: Duration,
+    /// Armed while a call is blocked; its deadline is `limit` after the call first blocked.
+    timer: Pin<Box<Sleep>>,
+    armed: bool,
+    expired: bool,
+}
+
+impl<W> StallLimit<W> {
+    pub(crate) fn new(inner: W, limit: Duration) -> StallLimit<W> {
+        StallLimit {
+            inner,
+            limit,
+            timer: Box::pin(tokio::time::sleep(limit)),
+            armed: false,
+            expired: false,
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> StallLimit<W> {
+    fn guard<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: impl FnOnce(Pin<&mut W>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if self.expired {
+            return Poll::Ready(Err(stalled()));
+        }
+        match op(Pin::new(&mut self.inner), cx) {
+            Poll::Ready(r) => {
+                self.armed = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if !self.armed {
+                    self.armed = true;
+                    let at = Instant::now() + self.limit;
+                    self.timer.as_mut().reset(at);
+                }
+                match self.timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        self.expired = true;
+                        Poll::Ready(Err(stalled()))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+fn stalled() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the peer stopped reading")
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for StallLimit<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().guard(cx, |w, cx| w.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .guard(cx, |w, cx| w.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().guard(cx, |w, cx| w.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().guard(cx, |w, cx| w.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_nobody_reads_fails_after_the_limit_and_progress_resets_it() {
+        let (a, mut b) = tokio::io::duplex(16);
+        let mut w = StallLimit::new(a, Duration::from_secs(5));
+        // Progress keeps it alive however long it takes in all.
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 8];
+            while got.len() < 64 {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                let n = b.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            (got, b)
+        });
+        w.write_all(&[1u8; 64]).await.unwrap();
+        let (got, b) = reader.await.unwrap();
+        assert_eq!(got, vec![1u8; 64]);
+        // Nobody reads: the write fails once it has been blocked for the limit, and stays failed.
+        let start = Instant::now();
+        let err = w.write_all(&[2u8; 64]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(start.elapsed() >= Duration::from_secs(5));
+        assert_eq!(w.flush().await.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        drop(b);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_times_out_only_with_a_deadline() {
+        let never = std::future::pending::<io::Result<()>>();
+        let at = Instant::now() + Duration::from_secs(1);
+        let err = within(Some(at), never).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(within(None, async { io::Result::Ok(3) }).await.unwrap(), 3);
+    }
+}
