@@ -57,6 +57,9 @@ pub enum ErrorCode {
     WrongView = 40,
     /// The node that holds the key can't be reached (a client-side code: keys there are misses).
     Unavailable = 41,
+    /// The address names another incarnation of the node's daemon (issued before a restart),
+    /// or a same-host mapping is of a daemon that is gone: nothing it named exists (a miss).
+    WrongIncarnation = 50,
     /// The client timed out (never sent by a node).
     Timeout = 97,
     /// The node is shutting down.
@@ -69,7 +72,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 28] = [
+        const ALL: [ErrorCode; 29] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -95,6 +98,7 @@ impl ErrorCode {
             NotLocal,
             WrongView,
             Unavailable,
+            WrongIncarnation,
             Timeout,
             ShuttingDown,
             Internal,
@@ -104,7 +108,10 @@ impl ErrorCode {
 
     /// True for errors that mean "not in the cache" rather than "something is wrong".
     pub fn is_miss(self) -> bool {
-        matches!(self, ErrorCode::NotFound | ErrorCode::Stale)
+        matches!(
+            self,
+            ErrorCode::NotFound | ErrorCode::Stale | ErrorCode::WrongIncarnation
+        )
     }
 }
 
@@ -126,6 +133,7 @@ impl From<PoolError> for ErrorCode {
                 AddrFault::Stale => ErrorCode::Stale,
                 AddrFault::NotWritable => ErrorCode::NotWritable,
                 AddrFault::Busy => ErrorCode::Busy,
+                AddrFault::WrongIncarnation => ErrorCode::WrongIncarnation,
             },
         }
     }

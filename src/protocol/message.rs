@@ -325,6 +325,7 @@ impl From<&ArchivedGlobalAddrAlias> for GlobalAddr {
     fn from(a: &ArchivedGlobalAddrAlias) -> Self {
         GlobalAddr {
             node: NodeId(a.node.0.to_native()),
+            incarnation: a.incarnation.to_native(),
             segment: a.segment.to_native(),
             offset: a.offset.to_native(),
             len: a.len.to_native(),
