@@ -3,6 +3,7 @@
 //! call that fails mid-frame (or times out) drops its connection, so a stream is never reused
 //! out of sync.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
@@ -28,6 +29,8 @@ pub(crate) struct Conn {
     hdr: AlignedVec,
     next_id: u64,
     limits: Limits,
+    /// The socket, for [`Conn::looks_open`] (None for a QUIC stream). Owned by `r` and `w`.
+    fd: Option<RawFd>,
     /// The view stamp the next requests are routed by (0: sent to this node on purpose).
     pub(crate) view: u64,
 }
@@ -39,15 +42,19 @@ impl Conn {
         cfg: &ClientConfig,
         quic: Option<&quinn::Connection>,
     ) -> Result<(Conn, HelloInfo), ClientError> {
+        let mut fd = None;
         let (r, w): (Reader, Writer) = match endpoint {
             Endpoint::Tcp(a) => {
                 let s = TcpStream::connect(a.as_str()).await?;
                 s.set_nodelay(true)?;
+                fd = Some(s.as_raw_fd());
                 let (r, w) = s.into_split();
                 (Box::new(r), Box::new(w))
             }
             Endpoint::Unix(p) => {
-                let (r, w) = UnixStream::connect(p).await?.into_split();
+                let s = UnixStream::connect(p).await?;
+                fd = Some(s.as_raw_fd());
+                let (r, w) = s.into_split();
                 (Box::new(r), Box::new(w))
             }
             Endpoint::Quic(_) => {
@@ -64,6 +71,7 @@ impl Conn {
             w: BufWriter::with_capacity(IO_BUFFER, w),
             hdr: AlignedVec::new(),
             next_id: 1,
+            fd,
             view: 0,
             // Generous until the node tells us its limits: responses are bounded by what we ask.
             limits: Limits {
@@ -82,6 +90,33 @@ impl Conn {
             other => Err(ClientError::Protocol(format!(
                 "unexpected handshake reply {other:?}"
             ))),
+        }
+    }
+
+    /// Whether an idle connection can still carry a request: false when the node closed it (it
+    /// exited or restarted) or it holds bytes nobody asked for (out of sync). One non-blocking
+    /// peek at the socket, which does not depend on the runtime having polled it since.
+    pub(crate) fn looks_open(&self) -> bool {
+        if !self.r.buffer().is_empty() {
+            return false;
+        }
+        let Some(fd) = self.fd else {
+            return true;
+        };
+        let mut byte = 0u8;
+        // SAFETY: `fd` is the socket `r` and `w` own, open as long as `self` lives; recv with
+        // MSG_PEEK writes at most one byte into `byte` and consumes nothing.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n < 0 && {
+            let e = std::io::Error::last_os_error().kind();
+            e == std::io::ErrorKind::WouldBlock || e == std::io::ErrorKind::Interrupted
         }
     }
 
