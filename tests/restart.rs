@@ -258,3 +258,24 @@ async fn the_client_reconnects_on_its_own_after_a_restart() {
     c.commit(&addr, kvpool::checksum(&v)).await.unwrap();
     assert_eq!(c.get(b"two-phase").await.unwrap(), Some(v));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_clients_reconnect_on_their_own_after_a_restart() {
+    let mut n = Node::start("16MiB", &[]);
+    let remote = |ca| ClientConfig {
+        same_host: kvpool_client::SameHost::Off,
+        ca,
+        ..ClientConfig::default()
+    };
+    let tcp = Client::connect(&n.tcp_url(), remote(None)).await.unwrap();
+    let quic = Client::connect(&n.quic_url(), remote(Some(n.cert())))
+        .await
+        .unwrap();
+    tcp.put(b"t", b"1").await.unwrap();
+    quic.put(b"q", b"1").await.unwrap();
+    let _n2 = restart(&mut n, false);
+    tcp.put(b"t", b"2").await.unwrap();
+    assert_eq!(tcp.get(b"t").await.unwrap().as_deref(), Some(&b"2"[..]));
+    quic.put(b"q", b"2").await.unwrap();
+    assert_eq!(quic.get(b"q").await.unwrap().as_deref(), Some(&b"2"[..]));
+}

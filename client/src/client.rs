@@ -245,7 +245,8 @@ impl Client {
         self.inner.first.endpoint.to_string()
     }
 
-    /// What the node the client connected to said at the handshake.
+    /// What the node the client connected to said at the first handshake (a restarted daemon
+    /// has another incarnation; the client follows it on its own).
     pub fn hello(&self) -> &HelloInfo {
         &self.inner.first.hello
     }

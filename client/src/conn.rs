@@ -5,6 +5,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
@@ -23,6 +24,9 @@ type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
 const IO_BUFFER: usize = 64 << 10;
 
+/// An idle connection used this recently is reused without checking the node closed it.
+const FRESH: Duration = Duration::from_millis(1);
+
 pub(crate) struct Conn {
     r: BufReader<Reader>,
     w: BufWriter<Writer>,
@@ -31,6 +35,10 @@ pub(crate) struct Conn {
     limits: Limits,
     /// The socket, for [`Conn::looks_open`] (None for a QUIC stream). Owned by `r` and `w`.
     fd: Option<RawFd>,
+    /// The QUIC connection of a QUIC stream, for [`Conn::looks_open`].
+    quic: Option<quinn::Connection>,
+    /// When the connection last finished an exchange (set by the pool).
+    pub(crate) last_used: Instant,
     /// The view stamp the next requests are routed by (0: sent to this node on purpose).
     pub(crate) view: u64,
 }
@@ -72,6 +80,8 @@ impl Conn {
             hdr: AlignedVec::new(),
             next_id: 1,
             fd,
+            quic: quic.cloned(),
+            last_used: Instant::now(),
             view: 0,
             // Generous until the node tells us its limits: responses are bounded by what we ask.
             limits: Limits {
@@ -99,6 +109,14 @@ impl Conn {
     pub(crate) fn looks_open(&self) -> bool {
         if !self.r.buffer().is_empty() {
             return false;
+        }
+        if let Some(q) = &self.quic {
+            return q.close_reason().is_none();
+        }
+        // Used moments ago: no daemon restarts that fast, and the peek would cost a syscall per
+        // call on a busy connection. (A node that died meanwhile fails the call, a miss.)
+        if self.last_used.elapsed() < FRESH {
+            return true;
         }
         let Some(fd) = self.fd else {
             return true;

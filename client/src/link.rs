@@ -32,7 +32,8 @@ pub(crate) struct Link {
     pub(crate) hello: HelloInfo,
     namespaces: RwLock<HashMap<String, u32>>,
     idle: Mutex<Vec<Conn>>,
-    quic: Option<(quinn::Endpoint, quinn::Connection)>,
+    /// The QUIC connection streams are opened on (QUIC endpoints only); replaced when closed.
+    quic: Mutex<Option<(quinn::Endpoint, quinn::Connection)>>,
     /// The incarnation of the daemon the link last shook hands with.
     incarnation: AtomicU64,
     /// The node is on this host and the link maps its segments (again after a restart).
@@ -90,7 +91,7 @@ impl Link {
             hello,
             namespaces: RwLock::new(namespaces),
             idle: Mutex::new(vec![conn]),
-            quic,
+            quic: Mutex::new(quic),
             same_host: local.is_some(),
             local: RwLock::new(local.map(Arc::new)),
         })
@@ -130,7 +131,14 @@ impl Link {
             Ok(r) => Err(format!("unexpected reply {r:?}")),
             Err(e) if e.keeps_connection() => Err(e.to_string()),
             Err(e) => {
+                // The new connection broke: the next one does all this again.
                 *self.local.write().unwrap_or_else(|e| e.into_inner()) = None;
+                let _ = self.incarnation.compare_exchange(
+                    hello.incarnation,
+                    old,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
                 return Err(e);
             }
         };
@@ -171,8 +179,8 @@ impl Link {
             let mut conn = match self.pooled() {
                 Some(c) => c,
                 None => {
-                    let (mut c, hello) =
-                        Conn::open(&self.endpoint, cfg, self.quic.as_ref().map(|q| &q.1)).await?;
+                    let quic = self.quic_connection(cfg).await?;
+                    let (mut c, hello) = Conn::open(&self.endpoint, cfg, quic.as_ref()).await?;
                     self.adopt(&mut c, &hello).await?;
                     c
                 }
@@ -188,6 +196,7 @@ impl Link {
                     }
                 }
                 _ => {
+                    conn.last_used = std::time::Instant::now();
                     let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
                     if idle.len() < cfg.max_idle {
                         idle.push(conn);
@@ -199,6 +208,29 @@ impl Link {
         tokio::time::timeout(cfg.timeout, work)
             .await
             .map_err(|_| ClientError::Timeout)?
+    }
+
+    /// The QUIC connection to open a stream on (None for other transports), connecting again
+    /// when the node closed the last one (it exited or restarted).
+    async fn quic_connection(
+        &self,
+        cfg: &ClientConfig,
+    ) -> Result<Option<quinn::Connection>, ClientError> {
+        if !matches!(self.endpoint, Endpoint::Quic(_)) {
+            return Ok(None);
+        }
+        let current = self
+            .quic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|q| q.1.clone());
+        if let Some(c) = current.filter(|c| c.close_reason().is_none()) {
+            return Ok(Some(c));
+        }
+        let (ep, c) = quic_connect(&self.endpoint, cfg).await?;
+        *self.quic.lock().unwrap_or_else(|e| e.into_inner()) = Some((ep, c.clone()));
+        Ok(Some(c))
     }
 
     /// A pooled connection that still looks usable; pooled ones the node closed meanwhile (it
