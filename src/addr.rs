@@ -1,11 +1,18 @@
 //! Global addresses: how any client names a byte range on any node, and proves it may touch it.
 //!
-//! A [`GlobalAddr`] names a node, one of its segments, an offset and a length, the generation of
-//! the object that lives there, and a memory key. The key is a keyed hash (SipHash-2-4 under a
-//! secret that never leaves the node) over all the other fields, so an address can't be forged or
-//! widened: changing the offset, the length or the generation invalidates it. Every one-sided
-//! access checks the key, the bounds and the generation (through the block's version word, see
+//! A [`GlobalAddr`] names a node and the incarnation of its daemon, one of its segments, an
+//! offset and a length, the generation of the object that lives there, and a memory key. The key
+//! is a keyed hash (SipHash-2-4 under a secret that never leaves the node) over all the other
+//! fields, so an address can't be forged or widened: changing the offset, the length, the
+//! generation or the incarnation invalidates it. Every one-sided access checks the incarnation,
+//! the key, the bounds and the generation (through the block's version word, see
 //! [`crate::seqlock`]).
+//!
+//! The incarnation is a random nonzero number a daemon draws at start. A daemon restarted on the
+//! same data directory reuses node, segment numbers and offsets, so without it an address of the
+//! dead daemon and one of the new daemon could name the same place; with it, every address and
+//! every same-host mapping says which life of the node it belongs to, and one of another life is
+//! refused ([`crate::AddrFault::WrongIncarnation`]).
 
 use std::fmt;
 use std::hash::Hasher;
@@ -30,6 +37,9 @@ impl fmt::Display for NodeId {
 pub struct GlobalAddr {
     /// Node whose memory holds the bytes.
     pub node: NodeId,
+    /// Incarnation of the node's daemon that issued the address (random, nonzero, drawn at
+    /// start): an address of an earlier or later run of the node is refused.
+    pub incarnation: u64,
     /// Segment of that node.
     pub segment: u32,
     /// Byte offset of the object inside the segment's data area.
@@ -75,9 +85,17 @@ impl MacKey {
     }
 
     /// The memory key for an address: SipHash-2-4 over every other field.
-    pub fn sign(&self, node: NodeId, segment: u32, offset: u64, len: u64, generation: u64) -> u64 {
+    pub fn sign(&self, node: NodeId, place: Place) -> u64 {
+        let Place {
+            incarnation,
+            segment,
+            offset,
+            len,
+            generation,
+        } = place;
         let mut h = SipHasher24::new_with_keys(self.k0, self.k1);
         h.write_u32(node.0);
+        h.write_u64(incarnation);
         h.write_u32(segment);
         h.write_u64(offset);
         h.write_u64(len);
@@ -86,34 +104,58 @@ impl MacKey {
     }
 
     /// Builds a signed address.
-    pub fn address(
-        &self,
-        node: NodeId,
-        segment: u32,
-        offset: u64,
-        len: u64,
-        generation: u64,
-    ) -> GlobalAddr {
+    pub fn address(&self, node: NodeId, place: Place) -> GlobalAddr {
         GlobalAddr {
             node,
-            segment,
-            offset,
-            len,
-            generation,
-            key: self.sign(node, segment, offset, len, generation),
+            incarnation: place.incarnation,
+            segment: place.segment,
+            offset: place.offset,
+            len: place.len,
+            generation: place.generation,
+            key: self.sign(node, place),
         }
     }
 
     /// True when the address's key matches its fields.
     pub fn verify(&self, addr: &GlobalAddr) -> bool {
         // Not constant-time: the key is 64 bits and every wrong guess costs a round trip.
-        self.sign(
-            addr.node,
-            addr.segment,
-            addr.offset,
-            addr.len,
-            addr.generation,
-        ) == addr.key
+        self.sign(addr.node, Place::of(addr)) == addr.key
+    }
+
+    /// A nonzero number derived from the secret, for a daemon's incarnation: as random as the
+    /// secret (which is drawn at every start) and, SipHash being a PRF, telling nothing about it.
+    pub fn incarnation(&self) -> u64 {
+        let mut h = SipHasher24::new_with_keys(self.k0, self.k1);
+        h.write(b"kvpool incarnation");
+        h.finish().max(1)
+    }
+}
+
+/// Everything an address names inside its node, as signed by [`MacKey::sign`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// Incarnation of the node's daemon.
+    pub incarnation: u64,
+    /// Segment.
+    pub segment: u32,
+    /// Byte offset in the segment's data area.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Generation of the object.
+    pub generation: u64,
+}
+
+impl Place {
+    /// The place an address names.
+    pub fn of(addr: &GlobalAddr) -> Place {
+        Place {
+            incarnation: addr.incarnation,
+            segment: addr.segment,
+            offset: addr.offset,
+            len: addr.len,
+            generation: addr.generation,
+        }
     }
 }
 
@@ -124,9 +166,13 @@ mod tests {
     #[test]
     fn any_changed_field_breaks_the_key() {
         let mac = MacKey::new(*b"0123456789abcdef");
-        let a = mac.address(NodeId(1), 2, 4096, 100, 7);
+        let a = mac.address(NodeId(1), place(5, 2, 4096, 100, 7));
         assert!(mac.verify(&a));
         for bad in [
+            GlobalAddr {
+                incarnation: 6,
+                ..a
+            },
             GlobalAddr {
                 node: NodeId(2),
                 ..a
@@ -150,9 +196,26 @@ mod tests {
     }
 
     #[test]
+    fn incarnation_is_nonzero_and_differs_per_secret() {
+        let a = MacKey::new([1; 16]).incarnation();
+        let b = MacKey::new([2; 16]).incarnation();
+        assert!(a != 0 && b != 0 && a != b);
+    }
+
+    fn place(incarnation: u64, segment: u32, offset: u64, len: u64, generation: u64) -> Place {
+        Place {
+            incarnation,
+            segment,
+            offset,
+            len,
+            generation,
+        }
+    }
+
+    #[test]
     fn sub_range_checks_bounds_without_overflow() {
         let mac = MacKey::new([7; 16]);
-        let a = mac.address(NodeId(0), 0, 1000, 100, 1);
+        let a = mac.address(NodeId(0), place(1, 0, 1000, 100, 1));
         assert_eq!(a.sub_range(0, 100), Some(1000));
         assert_eq!(a.sub_range(50, 50), Some(1050));
         assert_eq!(a.sub_range(50, 51), None);

@@ -30,6 +30,11 @@ pub enum AddrFault {
     /// Another write into the same pending allocation is still in progress.
     #[error("a write into this allocation is still in progress")]
     Busy,
+    /// The address (or the same-host mapping it was read through) belongs to another
+    /// incarnation of the node's daemon: it was issued before a restart, or the mapping is of a
+    /// segment file of a daemon that is gone. Nothing it named exists any more: a miss.
+    #[error("address of another incarnation of the node (the daemon restarted)")]
+    WrongIncarnation,
 }
 
 /// Errors of pool operations.

@@ -5,20 +5,28 @@
 //! start so that a client can check what it mapped:
 //!
 //! ```text
-//! [0, 4096)                      header: magic, layout version, ids, granule, region offsets
+//! [0, 4096)                      header: magic, layout version, ids, granule, region offsets,
+//!                                and at byte 64 the incarnation word (see below)
 //! [versions_offset, +8*n)        one AtomicU64 version word per granule of the data area
 //! [data_offset, +data_len)       the objects, aligned to 2 MiB (huge-page friendly)
 //! ```
 //!
 //! The version word of the granule where an object starts is that object's seqlock word (see
-//! [`crate::seqlock`]). Everything here is bounds-checked; the raw accessors are `unsafe` and
+//! [`crate::seqlock`]).
+//!
+//! The incarnation word holds the incarnation of the daemon that created the segment while that
+//! daemon serves it, and 0 once the segment is retired: when the daemon drops it, or when a
+//! daemon restarted on the same directory finds the file a dead daemon left (it zeroes the word,
+//! then replaces the file). A same-host client still mapping a retired file (its unlinked pages
+//! stay mapped) checks this word on every access and refuses the mapping instead of serving the
+//! dead daemon's bytes. Everything here is bounds-checked; the raw accessors are `unsafe` and
 //! say what their callers must guarantee.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
@@ -27,7 +35,9 @@ use crate::addr::NodeId;
 /// Magic bytes at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"KVPOOLSG";
 /// Version of the on-memory layout described in the module docs.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
+/// Byte offset in the header of the incarnation word (an `AtomicU64`; 0: retired).
+pub const INCARNATION_OFFSET: usize = 64;
 const HEADER_LEN: u64 = 4096;
 const DATA_ALIGN: u64 = 2 << 20;
 
@@ -80,6 +90,8 @@ pub struct SegmentSpec {
     pub huge_pages: HugePages,
     /// Touch every page at creation (`MAP_POPULATE`) so the first writes don't fault.
     pub prefault: bool,
+    /// Incarnation of the daemon, written into the header's incarnation word.
+    pub incarnation: u64,
 }
 
 /// The fixed header at the start of a segment, as read back by a mapping client.
@@ -189,7 +201,9 @@ impl Segment {
                 std::fs::create_dir_all(dir)?;
                 let path = dir.join(segment_file_name(spec.node, spec.id));
                 // A stale file from an earlier run is replaced, never reused: its version words
-                // would validate addresses of objects that no longer exist.
+                // would validate addresses of objects that no longer exist. It is retired first,
+                // for clients that still map it.
+                retire_file(&path);
                 let _ = std::fs::remove_file(&path);
                 let file = OpenOptions::new()
                     .mode(0o600)
@@ -213,7 +227,15 @@ impl Segment {
             let hdr = layout.encode();
             std::ptr::copy_nonoverlapping(hdr.as_ptr(), seg.map.as_mut_ptr(), hdr.len());
         }
+        incarnation_word(&seg.map)
+            .expect("the header page is mapped")
+            .store(spec.incarnation, Ordering::Release);
         Ok(seg)
+    }
+
+    /// The incarnation in the header (0 once retired).
+    pub fn incarnation(&self) -> u64 {
+        incarnation_word(&self.map).map_or(0, |w| w.load(Ordering::Acquire))
     }
 
     /// Layout of this segment.
@@ -325,6 +347,9 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if let Some(w) = incarnation_word(&self.map) {
+            w.store(0, Ordering::Release);
+        }
         if let Some(p) = &self.path {
             let _ = std::fs::remove_file(p);
         }
@@ -348,6 +373,40 @@ pub fn version_word<'a>(
     // SAFETY: `at` is in bounds (checked), 8-byte aligned (versions_offset is 4096 and the
     // mapping is page aligned), and the word is only ever accessed atomically.
     Some(unsafe { &*(map.as_ptr().add(at as usize) as *const AtomicU64) })
+}
+
+/// The incarnation word of a mapping's header, or None when the mapping is shorter than the
+/// header; shared with the client's mapping code.
+pub fn incarnation_word(map: &MmapRaw) -> Option<&AtomicU64> {
+    if map.len() < HEADER_LEN as usize {
+        return None;
+    }
+    // SAFETY: the word lies inside the header page (checked), is 8-byte aligned (the mapping
+    // is page aligned, the offset a multiple of 8) and is only ever accessed atomically.
+    Some(unsafe { &*(map.as_ptr().add(INCARNATION_OFFSET) as *const AtomicU64) })
+}
+
+/// Retires a segment file a dead daemon left behind: if it is a kvpool segment, zeroes its
+/// incarnation word so that clients still mapping it stop reading it. Best effort: a file that
+/// can't be opened or is not a segment is left to be replaced.
+fn retire_file(path: &Path) {
+    let Ok(file) = OpenOptions::new().read(true).write(true).open(path) else {
+        return;
+    };
+    // Touching a mapped page beyond the end of the file would fault (SIGBUS).
+    if file.metadata().map_or(true, |m| m.len() < HEADER_LEN) {
+        return;
+    }
+    let Ok(map) = MmapOptions::new().len(HEADER_LEN as usize).map_raw(&file) else {
+        return;
+    };
+    // SAFETY: the header page is mapped and backed by the file (checked above); read only.
+    let magic = unsafe { std::slice::from_raw_parts(map.as_ptr(), SEGMENT_MAGIC.len()) };
+    if magic == SEGMENT_MAGIC {
+        if let Some(w) = incarnation_word(&map) {
+            w.store(0, Ordering::Release);
+        }
+    }
 }
 
 /// The kernel's boot id: equal for two processes exactly when they share a host (and boot), so
@@ -423,6 +482,7 @@ mod tests {
             backing: Backing::File(dir.to_path_buf()),
             huge_pages: HugePages::Auto,
             prefault: false,
+            incarnation: 7,
         }
     }
 
@@ -445,6 +505,43 @@ mod tests {
         assert!(!seg.copy_out_racy((4 << 20) - 2, &mut out));
         drop(seg);
         assert!(!path.exists());
+        let _ = std::fs::remove_dir(&dir);
+    }
+
+    #[test]
+    fn a_replaced_or_dropped_segment_is_retired_for_clients_that_still_map_it() {
+        let dir = std::env::temp_dir().join(format!("kvpool-seg-retire-{}", std::process::id()));
+        let first = Segment::create(&spec(&dir)).unwrap();
+        assert_eq!(first.incarnation(), 7);
+        let path = first.path().unwrap().to_path_buf();
+        // A client's mapping of the first file.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let client = MmapOptions::new().len(4096).map_raw(&file).unwrap();
+        let word = incarnation_word(&client).unwrap();
+        assert_eq!(word.load(Ordering::Acquire), 7);
+        // A restarted daemon (the first one "crashed": its Segment is leaked, not dropped).
+        std::mem::forget(first);
+        let second = Segment::create(&SegmentSpec {
+            incarnation: 8,
+            ..spec(&dir)
+        })
+        .unwrap();
+        assert_eq!(word.load(Ordering::Acquire), 0, "old file retired");
+        assert_eq!(second.incarnation(), 8);
+        let file2 = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let client2 = MmapOptions::new().len(4096).map_raw(&file2).unwrap();
+        let word2 = incarnation_word(&client2).unwrap();
+        assert_eq!(word2.load(Ordering::Acquire), 8);
+        drop(second);
+        assert_eq!(word2.load(Ordering::Acquire), 0, "dropped segment retired");
         let _ = std::fs::remove_dir(&dir);
     }
 

@@ -340,7 +340,7 @@ async fn restart_serves_again_and_old_addresses_are_refused() {
     let e = c2.read(&old.addr, 0, &mut buf).await.unwrap_err();
     assert_eq!(
         code(e),
-        ErrorCode::WrongKey,
+        ErrorCode::WrongIncarnation,
         "addresses from before the restart are refused"
     );
     c2.put(b"k", b"again").await.unwrap();

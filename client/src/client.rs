@@ -23,6 +23,7 @@ use kvpool::{AddrFault, GlobalAddr, NodeId};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 use crate::link::{owned, unexpected, Link};
+use crate::local::{LocalMap, LocalReadError};
 
 /// Whether to use the same-host fast path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -242,7 +243,7 @@ impl Client {
 
     /// True when the same-host fast path is in use for the node the client connected to.
     pub fn is_local(&self) -> bool {
-        self.inner.first.local.is_some()
+        self.inner.first.local().is_some()
     }
 
     /// The endpoint used for the node the client connected to (the Unix socket on the
@@ -251,7 +252,8 @@ impl Client {
         self.inner.first.endpoint.to_string()
     }
 
-    /// What the node the client connected to said at the handshake.
+    /// What the node the client connected to said at the first handshake (a restarted daemon
+    /// has another incarnation; the client follows it on its own).
     pub fn hello(&self) -> &HelloInfo {
         &self.inner.first.hello
     }
@@ -568,17 +570,49 @@ impl Client {
     }
 
     /// The same-host read, without a socket and without an `.await`: for loops of one-sided
-    /// reads. None when the address's node is not mapped by this client.
+    /// reads. None when the address's node is not mapped by this client. The bytes are the
+    /// object's, as the seqlock and the incarnation checks prove, but not checksummed: use
+    /// [`Client::read_local_verified`] for that. `WrongIncarnation` means the address or the
+    /// mapping is of a daemon that is gone: lease again (which remaps after a restart).
     pub fn read_local(
         &self,
         addr: &GlobalAddr,
         offset: u64,
         dst: &mut [u8],
     ) -> Option<Result<(), AddrFault>> {
-        let links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
-        let link = links.get(&addr.node.0)?;
-        let local = link.local.as_ref().filter(|l| l.covers(addr))?;
+        let local = self.local_map(addr)?;
         Some(local.read(addr, offset, dst))
+    }
+
+    /// The same-host read of a whole object found by [`Client::lease`], into `dst` (at least
+    /// as long as the object), checked against the object's checksum in the same pass as the
+    /// copy. Returns the object's length. None when the address's node is not mapped by this
+    /// client; `Checksum` when the bytes don't match (they must not be used); a node error
+    /// (`Stale`, `WrongIncarnation`) when the object is gone or the daemon restarted: a miss.
+    pub fn read_local_verified(
+        &self,
+        located: &Located,
+        dst: &mut [u8],
+    ) -> Option<Result<usize, ClientError>> {
+        let local = self.local_map(&located.addr)?;
+        let need = located.addr.len;
+        let Some(dst) = dst.get_mut(..need as usize) else {
+            let have = dst.len() as u64;
+            return Some(Err(ClientError::BufferTooSmall { need, have }));
+        };
+        Some(
+            match local.read_verified(&located.addr, dst, located.checksum) {
+                Ok(()) => Ok(need as usize),
+                Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
+                Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),
+            },
+        )
+    }
+
+    /// The mapping that covers `addr`, if its node is mapped.
+    fn local_map(&self, addr: &GlobalAddr) -> Option<Arc<LocalMap>> {
+        let links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
+        links.get(&addr.node.0)?.local().filter(|l| l.covers(addr))
     }
 
     /// Locates objects for one-sided reads and leases them for `lease_ms` (0: none), so

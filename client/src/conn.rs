@@ -3,7 +3,9 @@
 //! call that fails mid-frame (or times out) drops its connection, so a stream is never reused
 //! out of sync.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
@@ -23,12 +25,21 @@ type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
 const IO_BUFFER: usize = 64 << 10;
 
+/// An idle connection used this recently is reused without checking the node closed it.
+const FRESH: Duration = Duration::from_millis(1);
+
 pub(crate) struct Conn {
     r: BufReader<Reader>,
     w: BufWriter<Writer>,
     hdr: AlignedVec,
     next_id: u64,
     limits: Limits,
+    /// The socket, for [`Conn::looks_open`] (None for a QUIC stream). Owned by `r` and `w`.
+    fd: Option<RawFd>,
+    /// The QUIC connection of a QUIC stream, for [`Conn::looks_open`].
+    quic: Option<quinn::Connection>,
+    /// When the connection last finished an exchange (set by the pool).
+    pub(crate) last_used: Instant,
     /// The view stamp the next requests are routed by (0: sent to this node on purpose).
     pub(crate) view: u64,
 }
@@ -40,15 +51,19 @@ impl Conn {
         cfg: &ClientConfig,
         quic: Option<&quinn::Connection>,
     ) -> Result<(Conn, HelloInfo), ClientError> {
+        let mut fd = None;
         let (r, w): (Reader, Writer) = match endpoint {
             Endpoint::Tcp(a) => {
                 let s = TcpStream::connect(a.as_str()).await?;
                 s.set_nodelay(true)?;
+                fd = Some(s.as_raw_fd());
                 let (r, w) = s.into_split();
                 (Box::new(r), Box::new(w))
             }
             Endpoint::Unix(p) => {
-                let (r, w) = UnixStream::connect(p).await?.into_split();
+                let s = UnixStream::connect(p).await?;
+                fd = Some(s.as_raw_fd());
+                let (r, w) = s.into_split();
                 (Box::new(r), Box::new(w))
             }
             Endpoint::Quic(_) => {
@@ -65,6 +80,9 @@ impl Conn {
             w: BufWriter::with_capacity(IO_BUFFER, w),
             hdr: AlignedVec::new(),
             next_id: 1,
+            fd,
+            quic: quic.cloned(),
+            last_used: Instant::now(),
             view: 0,
             // Generous until the node tells us its limits: responses are bounded by what we ask.
             limits: Limits {
@@ -110,6 +128,41 @@ impl Conn {
                 "node {} failed the cluster secret check (answered {other:?})",
                 hello.node
             ))),
+        }
+    }
+
+    /// Whether an idle connection can still carry a request: false when the node closed it (it
+    /// exited or restarted) or it holds bytes nobody asked for (out of sync). One non-blocking
+    /// peek at the socket, which does not depend on the runtime having polled it since.
+    pub(crate) fn looks_open(&self) -> bool {
+        if !self.r.buffer().is_empty() {
+            return false;
+        }
+        if let Some(q) = &self.quic {
+            return q.close_reason().is_none();
+        }
+        // Used moments ago: no daemon restarts that fast, and the peek would cost a syscall per
+        // call on a busy connection. (A node that died meanwhile fails the call, a miss.)
+        if self.last_used.elapsed() < FRESH {
+            return true;
+        }
+        let Some(fd) = self.fd else {
+            return true;
+        };
+        let mut byte = 0u8;
+        // SAFETY: `fd` is the socket `r` and `w` own, open as long as `self` lives; recv with
+        // MSG_PEEK writes at most one byte into `byte` and consumes nothing.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n < 0 && {
+            let e = std::io::Error::last_os_error().kind();
+            e == std::io::ErrorKind::WouldBlock || e == std::io::ErrorKind::Interrupted
         }
     }
 

@@ -1,9 +1,16 @@
 //! One node as a client reaches it: pooled connections, what the node said at the handshake,
 //! and — when the node runs on this host — its segments mapped for direct loads and stores.
 //! Every operation here goes to this node only; [`crate::Client`] decides which node.
+//!
+//! A link outlives the daemon it first reached: when the daemon restarts, pooled connections
+//! that the old daemon closed are noticed before use and dropped, a fresh connection shakes
+//! hands again, and when the handshake names another incarnation the link drops every pooled
+//! connection, takes the new namespace ids and maps the new segment files (the old mapping,
+//! of the dead daemon's unlinked files, is released once no read holds it).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use kvpool::protocol::{AllocItem, CommitItem, ErrorCode, HelloInfo, Op, PutItem, Reply};
 use kvpool::{checksum, AddrFault, GlobalAddr};
@@ -12,7 +19,7 @@ use crate::client::{ClientConfig, Located, SameHost};
 use crate::conn::{quic_connect, Conn};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::local::LocalMap;
+use crate::local::{LocalMap, LocalReadError};
 
 /// Values at least this large take the same-host path for single puts (below it one socket
 /// round trip is cheaper than the alloc and commit round trips).
@@ -21,11 +28,19 @@ const LOCAL_PUT_MIN: usize = 16 << 10;
 /// A connection pool to one node.
 pub(crate) struct Link {
     pub(crate) endpoint: Endpoint,
+    /// What the node said at the first handshake.
     pub(crate) hello: HelloInfo,
-    namespaces: HashMap<String, u32>,
+    namespaces: RwLock<HashMap<String, u32>>,
     idle: Mutex<Vec<Conn>>,
-    quic: Option<(quinn::Endpoint, quinn::Connection)>,
-    pub(crate) local: Option<LocalMap>,
+    /// The QUIC connection streams are opened on (QUIC endpoints only); replaced when closed.
+    quic: Mutex<Option<(quinn::Endpoint, quinn::Connection)>>,
+    /// The incarnation of the daemon the link last shook hands with.
+    incarnation: AtomicU64,
+    /// The node is on this host and the link maps its segments (again after a restart).
+    same_host: bool,
+    /// The mapping of the current incarnation's segments; None when not on the same host or
+    /// when mapping the restarted daemon's segments failed (then the socket serves).
+    local: RwLock<Option<Arc<LocalMap>>>,
 }
 
 impl Link {
@@ -48,8 +63,14 @@ impl Link {
             let uds = Endpoint::Unix(hello.uds_path.clone().into());
             // Same host: control goes over the Unix socket, data through the mapping.
             if let Ok((mut c, h)) = Conn::open(&uds, cfg, None).await {
-                if let Ok(Reply::MapInfo(maps)) = c.call_simple(Op::MapInfo, &[]).await {
-                    match LocalMap::open(h.node, &maps) {
+                if let Ok(Reply::MapInfo {
+                    incarnation,
+                    segments,
+                }) = c.call_simple(Op::MapInfo, &[]).await
+                {
+                    match LocalMap::open(h.node, incarnation, &segments)
+                        .and_then(|m| same_incarnation(m, h.incarnation))
+                    {
                         Ok(m) => {
                             local = Some(m);
                             endpoint = uds;
@@ -66,12 +87,68 @@ impl Link {
         let namespaces = hello.namespaces.iter().cloned().collect();
         Ok(Link {
             endpoint,
+            incarnation: AtomicU64::new(hello.incarnation),
             hello,
-            namespaces,
+            namespaces: RwLock::new(namespaces),
             idle: Mutex::new(vec![conn]),
-            quic,
-            local,
+            quic: Mutex::new(quic),
+            same_host: local.is_some(),
+            local: RwLock::new(local.map(Arc::new)),
         })
+    }
+
+    /// The mapping of the node's segments, when the same-host path is in use.
+    pub(crate) fn local(&self) -> Option<Arc<LocalMap>> {
+        self.local.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// After a handshake on a fresh connection: when it names another incarnation than the
+    /// link knew, the daemon restarted. Every pooled connection is of the dead daemon, the
+    /// namespace ids may have changed and the mapping is of its files: drop them, and map the
+    /// new segments over `conn`.
+    async fn adopt(&self, conn: &mut Conn, hello: &HelloInfo) -> Result<(), ClientError> {
+        let old = self.incarnation.swap(hello.incarnation, Ordering::AcqRel);
+        if old == hello.incarnation {
+            return Ok(());
+        }
+        tracing::info!(
+            node = hello.node,
+            "the node's daemon restarted: reconnecting and remapping"
+        );
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.namespaces.write().unwrap_or_else(|e| e.into_inner()) =
+            hello.namespaces.iter().cloned().collect();
+        if !self.same_host {
+            return Ok(());
+        }
+        let mapped = match conn.call_simple(Op::MapInfo, &[]).await {
+            Ok(Reply::MapInfo {
+                incarnation,
+                segments,
+            }) => LocalMap::open(hello.node, incarnation, &segments)
+                .and_then(|m| same_incarnation(m, hello.incarnation))
+                .map_err(|e| e.to_string()),
+            Ok(r) => Err(format!("unexpected reply {r:?}")),
+            Err(e) if e.keeps_connection() => Err(e.to_string()),
+            Err(e) => {
+                // The new connection broke: the next one does all this again.
+                *self.local.write().unwrap_or_else(|e| e.into_inner()) = None;
+                let _ = self.incarnation.compare_exchange(
+                    hello.incarnation,
+                    old,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                return Err(e);
+            }
+        };
+        let mapped = mapped
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "remapping the restarted node failed; using the socket")
+            })
+            .ok();
+        *self.local.write().unwrap_or_else(|e| e.into_inner()) = mapped.map(Arc::new);
+        Ok(())
     }
 
     /// The node's id.
@@ -82,6 +159,8 @@ impl Link {
     /// The node's id for namespace `name`.
     pub(crate) fn ns(&self, name: &str) -> Result<u32, ClientError> {
         self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .copied()
             .ok_or_else(|| ClientError::UnknownNamespace(name.to_string()))
@@ -97,21 +176,31 @@ impl Link {
         f: impl AsyncFnOnce(&mut Conn) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
         let work = async {
-            let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            let mut conn = match pooled {
+            let mut conn = match self.pooled() {
                 Some(c) => c,
                 None => {
-                    Conn::open(&self.endpoint, cfg, self.quic.as_ref().map(|q| &q.1))
-                        .await?
-                        .0
+                    let quic = self.quic_connection(cfg).await?;
+                    let (mut c, hello) = Conn::open(&self.endpoint, cfg, quic.as_ref()).await?;
+                    self.adopt(&mut c, &hello).await?;
+                    c
                 }
             };
             conn.view = view;
             let r = f(&mut conn).await;
-            if r.as_ref().err().is_none_or(|e| e.keeps_connection()) {
-                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-                if idle.len() < cfg.max_idle {
-                    idle.push(conn);
+            match &r {
+                Err(e) if !e.keeps_connection() => {
+                    if matches!(e, ClientError::Io(_)) {
+                        // The stream broke: the others of the pool are likely broken too
+                        // (the daemon exited), and a fresh one will say whether it restarted.
+                        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    }
+                }
+                _ => {
+                    conn.last_used = std::time::Instant::now();
+                    let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                    if idle.len() < cfg.max_idle {
+                        idle.push(conn);
+                    }
                 }
             }
             r
@@ -119,6 +208,41 @@ impl Link {
         tokio::time::timeout(cfg.timeout, work)
             .await
             .map_err(|_| ClientError::Timeout)?
+    }
+
+    /// The QUIC connection to open a stream on (None for other transports), connecting again
+    /// when the node closed the last one (it exited or restarted).
+    async fn quic_connection(
+        &self,
+        cfg: &ClientConfig,
+    ) -> Result<Option<quinn::Connection>, ClientError> {
+        if !matches!(self.endpoint, Endpoint::Quic(_)) {
+            return Ok(None);
+        }
+        let current = self
+            .quic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|q| q.1.clone());
+        if let Some(c) = current.filter(|c| c.close_reason().is_none()) {
+            return Ok(Some(c));
+        }
+        let (ep, c) = quic_connect(&self.endpoint, cfg).await?;
+        *self.quic.lock().unwrap_or_else(|e| e.into_inner()) = Some((ep, c.clone()));
+        Ok(Some(c))
+    }
+
+    /// A pooled connection that still looks usable; pooled ones the node closed meanwhile (it
+    /// exited or restarted) are dropped, with every other pooled one when that happens.
+    fn pooled(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let c = idle.pop()?;
+        if c.looks_open() {
+            return Some(c);
+        }
+        idle.clear();
+        None
     }
 
     /// A call whose reply carries no payload.
@@ -201,7 +325,7 @@ impl Link {
     ) -> Result<Vec<ErrorCode>, ClientError> {
         let local_worth =
             items.len() > 1 || items.first().is_some_and(|i| i.1.len() >= LOCAL_PUT_MIN);
-        if self.local.is_some() && local_worth {
+        if self.same_host && local_worth {
             return self.put_local(cfg, view, ns, items, pin, depths).await;
         }
         if let ([(key, value)], true) = (items, depths.is_empty()) {
@@ -252,18 +376,21 @@ impl Link {
     ) -> Result<Vec<ErrorCode>, ClientError> {
         let lens: Vec<(&[u8], u64)> = items.iter().map(|(k, v)| (*k, v.len() as u64)).collect();
         let allocs = self.alloc_many(cfg, view, ns, &lens, pin, depths).await?;
-        let local = self.local.as_ref().expect("local path");
+        let local = self.local();
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut commits = Vec::new();
         let mut which = Vec::new();
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
             match a {
-                Ok(addr) => match local.write(addr, 0, v) {
+                Ok(addr) => match self
+                    .write_local_or_remote(cfg, local.as_deref(), addr, v)
+                    .await
+                {
                     Ok(()) => {
                         commits.push((*addr, checksum(v)));
                         which.push(i);
                     }
-                    Err(f) => codes[i] = ErrorCode::from(kvpool::PoolError::from(f)),
+                    Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
                 },
                 Err(code) => codes[i] = *code,
             }
@@ -351,7 +478,7 @@ impl Link {
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
         debug_assert_eq!(keys.len(), dsts.len());
-        if self.local.is_some() {
+        if self.same_host {
             let located = self.lookup(cfg, view, ns, keys, lease_ms).await?;
             let mut out = vec![None; keys.len()];
             let mut fallback = Vec::new();
@@ -468,7 +595,7 @@ impl Link {
         ns: u32,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, ClientError> {
-        if self.local.is_some() {
+        if self.same_host {
             let Some(l) = self.lookup(cfg, view, ns, &[key], 0).await?.pop().flatten() else {
                 return Ok(None);
             };
@@ -508,12 +635,15 @@ impl Link {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
-        if let Some(local) = self.local.as_ref().filter(|l| l.covers(addr)) {
-            return match local.read(addr, offset, dst) {
-                Ok(()) => Ok(true),
-                Err(AddrFault::Stale) => Ok(false),
-                Err(f) => Err(fault(f)),
-            };
+        if let Some(local) = self.local().filter(|l| l.covers(addr)) {
+            match local.read(addr, offset, dst) {
+                Ok(()) => return Ok(true),
+                Err(AddrFault::Stale) => return Ok(false),
+                // An address of another daemon than the one mapped: the node decides (it
+                // refuses the dead daemon's addresses; the link remaps after a restart).
+                Err(AddrFault::WrongIncarnation) => {}
+                Err(f) => return Err(fault(f)),
+            }
         }
         let op = Op::Read {
             addr: *addr,
@@ -548,8 +678,12 @@ impl Link {
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), ClientError> {
-        if let Some(local) = self.local.as_ref().filter(|l| l.covers(addr)) {
-            return local.write(addr, offset, bytes).map_err(fault);
+        if let Some(local) = self.local().filter(|l| l.covers(addr)) {
+            match local.write(addr, offset, bytes) {
+                Ok(()) => return Ok(()),
+                Err(AddrFault::WrongIncarnation) => {}
+                Err(f) => return Err(fault(f)),
+            }
         }
         let op = Op::Write {
             addr: *addr,
@@ -558,24 +692,58 @@ impl Link {
         self.simple(cfg, 0, op, &[bytes]).await.map(|_| ())
     }
 
-    /// Local read plus checksum; Ok(false) when the object was replaced meanwhile.
+    /// A whole-value write into a fresh allocation: a store into `local` when it maps the
+    /// address's incarnation, a one-sided write request otherwise.
+    async fn write_local_or_remote(
+        &self,
+        cfg: &ClientConfig,
+        local: Option<&LocalMap>,
+        addr: &GlobalAddr,
+        bytes: &[u8],
+    ) -> Result<(), ClientError> {
+        if let Some(local) = local.filter(|l| l.incarnation() == addr.incarnation) {
+            return local.write(addr, 0, bytes).map_err(fault);
+        }
+        self.write(cfg, addr, 0, bytes).await
+    }
+
+    /// Local read plus checksum (in the same pass); Ok(false) when the bytes can't be served
+    /// from the mapping: the object was replaced meanwhile, or the address is of another
+    /// incarnation than the mapping (the daemon restarted; the caller asks the socket).
     fn read_local_checked(
         &self,
         cfg: &ClientConfig,
         l: &Located,
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
-        let local = self.local.as_ref().expect("local path");
-        match local.read(&l.addr, 0, dst) {
-            Ok(()) => {}
-            Err(AddrFault::Stale) => return Ok(false),
-            Err(f) => return Err(fault(f)),
+        let Some(local) = self.local() else {
+            return Ok(false);
+        };
+        let r = if cfg.verify_checksums {
+            local.read_verified(&l.addr, dst, l.checksum)
+        } else {
+            local.read(&l.addr, 0, dst).map_err(LocalReadError::Fault)
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(LocalReadError::Fault(
+                AddrFault::Stale | AddrFault::WrongIncarnation | AddrFault::NoSegment,
+            )) => Ok(false),
+            Err(LocalReadError::Fault(f)) => Err(fault(f)),
+            Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
         }
-        if cfg.verify_checksums && checksum(dst) != l.checksum {
-            return Err(ClientError::Checksum);
-        }
-        Ok(true)
     }
+}
+
+/// A mapping, when it is of the incarnation the handshake named.
+fn same_incarnation(m: LocalMap, incarnation: u64) -> std::io::Result<LocalMap> {
+    if m.incarnation() != incarnation {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "MapInfo names another incarnation than the handshake",
+        ));
+    }
+    Ok(m)
 }
 
 pub(crate) fn owned(keys: &[&[u8]]) -> Vec<Vec<u8>> {

@@ -5,28 +5,62 @@
 //! `kvpool::seqlock`), so a read that raced with eviction and reuse is reported as stale, never
 //! returned. Writes go only into allocations that are still pending (version word says
 //! "being written, generation g").
+//!
+//! A mapping belongs to one incarnation of the daemon. Every access checks that the address is
+//! of that incarnation and that the segment's incarnation word still holds it (a daemon that
+//! exits, or a daemon restarted on the same directory, zeroes the word of the old file this
+//! process may still map); otherwise it is refused with `WrongIncarnation` and the caller goes
+//! through the socket, where the link notices the restart and maps the new files.
 
 use std::fs::OpenOptions;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvpool::protocol::SegmentMap;
-use kvpool::segment::{version_word, SegmentLayout};
+use kvpool::segment::{incarnation_word, version_word, SegmentLayout};
 use kvpool::{seqlock, AddrFault, GlobalAddr};
 use memmap2::MmapRaw;
+use xxhash_rust::xxh3::Xxh3;
+
+/// Bytes copied between two checksum updates of a verified read: small enough that the hash
+/// reads them back from cache, so the copy and the check are one pass over memory.
+const VERIFY_CHUNK: usize = 64 << 10;
 
 struct Mapped {
     map: MmapRaw,
     layout: SegmentLayout,
 }
 
+impl Mapped {
+    /// The segment's incarnation word (in the header page, inside the mapping).
+    fn incarnation_word(&self) -> &AtomicU64 {
+        incarnation_word(&self.map).expect("mapping checked to hold the header")
+    }
+}
+
+/// Why a verified read returned no bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LocalReadError {
+    /// The address was refused (stale, another incarnation, out of bounds, ...).
+    Fault(AddrFault),
+    /// The bytes copied do not hash to the object's checksum.
+    Checksum,
+}
+
 /// A node's segments, mapped.
 pub(crate) struct LocalMap {
     node: u32,
+    incarnation: u64,
     segments: Vec<Option<Mapped>>,
 }
 
 impl LocalMap {
-    /// Maps every segment the node offered, checking each header names the node and segment.
-    pub(crate) fn open(node: u32, maps: &[SegmentMap]) -> std::io::Result<LocalMap> {
+    /// Maps every segment the node offered, checking each header names the node and segment
+    /// and holds incarnation `incarnation` (the one the `MapInfo` reply named).
+    pub(crate) fn open(
+        node: u32,
+        incarnation: u64,
+        maps: &[SegmentMap],
+    ) -> std::io::Result<LocalMap> {
         let mut segments: Vec<Option<Mapped>> = Vec::new();
         for m in maps {
             let file = OpenOptions::new().read(true).write(true).open(&m.path)?;
@@ -43,16 +77,41 @@ impl LocalMap {
                     "segment header names another node or segment",
                 ));
             }
+            let mapped = Mapped { map, layout };
+            if incarnation == 0 || mapped.incarnation_word().load(Ordering::Acquire) != incarnation
+            {
+                // The file was replaced (the daemon restarted) between MapInfo and the open.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "segment file is of another incarnation of the node",
+                ));
+            }
             let i = m.id as usize;
+            if i >= u16::MAX as usize {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "segment number out of range",
+                ));
+            }
             if segments.len() <= i {
                 segments.resize_with(i + 1, || None);
             }
-            segments[i] = Some(Mapped { map, layout });
+            segments[i] = Some(mapped);
         }
-        Ok(LocalMap { node, segments })
+        Ok(LocalMap {
+            node,
+            incarnation,
+            segments,
+        })
     }
 
-    /// True when `addr` is in memory this process has mapped.
+    /// The incarnation of the daemon whose segments these are.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// True when `addr` is in memory this process has mapped (of any incarnation: an access
+    /// then says whether the incarnation is right).
     pub(crate) fn covers(&self, addr: &GlobalAddr) -> bool {
         addr.node.0 == self.node
             && self
@@ -68,21 +127,61 @@ impl LocalMap {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), AddrFault> {
+        self.read_with(addr, offset, dst, |_| {})
+    }
+
+    /// Copies the whole committed object at `addr` into `dst` (exactly `addr.len` bytes) and
+    /// checks that the bytes hash to `checksum` (xxh3-64), hashing each chunk right after
+    /// copying it, while it is still in cache.
+    pub(crate) fn read_verified(
+        &self,
+        addr: &GlobalAddr,
+        dst: &mut [u8],
+        checksum: u64,
+    ) -> Result<(), LocalReadError> {
+        if dst.len() as u64 != addr.len {
+            return Err(LocalReadError::Fault(AddrFault::OutOfBounds));
+        }
+        let mut h = Xxh3::new();
+        self.read_with(addr, 0, dst, |chunk| h.update(chunk))
+            .map_err(LocalReadError::Fault)?;
+        if h.digest() != checksum {
+            return Err(LocalReadError::Checksum);
+        }
+        Ok(())
+    }
+
+    /// The seqlock-checked copy, handing each copied chunk of `dst` to `seen` (the chunks may
+    /// be torn by a concurrent reuse; the version check after the copy says so).
+    fn read_with(
+        &self,
+        addr: &GlobalAddr,
+        offset: u64,
+        dst: &mut [u8],
+        mut seen: impl FnMut(&[u8]),
+    ) -> Result<(), AddrFault> {
         let (seg, at) = self.locate(addr, offset, dst.len() as u64)?;
         let word =
             version_word(&seg.map, &seg.layout, addr.offset).ok_or(AddrFault::OutOfBounds)?;
         if !seqlock::read_begin(word, addr.generation) {
             return Err(AddrFault::Stale);
         }
-        // SAFETY: `at..at+len` lies in the data area (checked by locate). The bytes may be
-        // rewritten concurrently by the node or another client; they are plain bytes and are
-        // discarded unless the version check below proves no write overlapped the copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                seg.map.as_ptr().add(at as usize),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
+        let mut done = 0;
+        while done < dst.len() {
+            let n = VERIFY_CHUNK.min(dst.len() - done);
+            // SAFETY: `at..at+dst.len()` lies in the data area (checked by locate), so does
+            // this chunk of it. The bytes may be rewritten concurrently by the node or another
+            // client; they are plain bytes and are discarded unless the version check below
+            // proves no write overlapped the copy.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    seg.map.as_ptr().add(at as usize + done),
+                    dst.as_mut_ptr().add(done),
+                    n,
+                );
+            }
+            seen(&dst[done..done + n]);
+            done += n;
         }
         if !seqlock::read_validate(word, addr.generation) {
             return Err(AddrFault::Stale);
@@ -124,11 +223,17 @@ impl LocalMap {
         if addr.node.0 != self.node {
             return Err(AddrFault::WrongNode);
         }
+        if addr.incarnation != self.incarnation {
+            return Err(AddrFault::WrongIncarnation);
+        }
         let seg = self
             .segments
             .get(addr.segment as usize)
             .and_then(|s| s.as_ref())
             .ok_or(AddrFault::NoSegment)?;
+        if seg.incarnation_word().load(Ordering::Acquire) != self.incarnation {
+            return Err(AddrFault::WrongIncarnation);
+        }
         let end = addr
             .offset
             .checked_add(addr.len)

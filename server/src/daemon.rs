@@ -213,6 +213,7 @@ impl Daemon {
         let hello = HelloInfo {
             version: PROTOCOL_VERSION,
             node: config.node_id,
+            incarnation: pool.incarnation(),
             namespaces: pool.namespaces(),
             host_id: kvpool::segment::host_id(),
             uds_path: bound

@@ -684,7 +684,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                         })
                     })
                     .collect();
-                self.reply(id, Reply::MapInfo(maps), &[]).await?;
+                let reply = Reply::MapInfo {
+                    incarnation: pool.incarnation(),
+                    segments: maps,
+                };
+                self.reply(id, reply, &[]).await?;
                 OpKind::Admin
             }
         };

@@ -83,6 +83,7 @@ impl Peer {
             hello: HelloInfo {
                 version: 0,
                 node: 0,
+                incarnation: 0,
                 namespaces: Vec::new(),
                 host_id: String::new(),
                 uds_path: String::new(),

@@ -22,7 +22,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::addr::{GlobalAddr, MacKey, NodeId};
+use crate::addr::{GlobalAddr, MacKey, NodeId, Place};
 use crate::alloc::{AllocConfig, Allocator};
 use crate::checksum::checksum;
 use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
@@ -103,6 +103,8 @@ pub struct Located {
 /// The node's memory pool.
 pub struct Pool {
     node: NodeId,
+    /// This life of the node: stamped on every address, refused on any other's.
+    incarnation: u64,
     mac: MacKey,
     segments: Vec<SegmentSlot>,
     shards: Box<[Mutex<Shard>]>,
@@ -134,8 +136,11 @@ const MAX_EVICTIONS_PER_ALLOC: usize = 4096;
 
 impl Pool {
     /// Creates the segments and an empty index. `secret` keys the memory keys of every address
-    /// this pool hands out; the daemon draws it from the OS at start-up.
+    /// this pool hands out; the daemon draws it from the OS at start-up. The pool's incarnation
+    /// (see [`crate::addr`]) is derived from it, so it is as random and as fresh as the secret.
     pub fn new(cfg: &PoolConfig, secret: [u8; 16]) -> io::Result<Pool> {
+        let mac = MacKey::new(secret);
+        let incarnation = mac.incarnation();
         let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         if cfg.segments == 0 || cfg.segments > u16::MAX as u32 {
             return Err(invalid(format!(
@@ -155,6 +160,7 @@ impl Pool {
                 backing: cfg.backing.clone(),
                 huge_pages: cfg.huge_pages,
                 prefault: cfg.prefault,
+                incarnation,
             };
             let segment = Segment::create(&spec)?;
             segments.push(SegmentSlot {
@@ -183,7 +189,8 @@ impl Pool {
             .collect();
         Ok(Pool {
             node: cfg.node,
-            mac: MacKey::new(secret),
+            incarnation,
+            mac,
             segments,
             shards: (0..nshards)
                 .map(|_| {
@@ -197,7 +204,10 @@ impl Pool {
                 .map(|_| Mutex::new(PendingShard::default()))
                 .collect(),
             namespaces,
-            next_generation: AtomicU64::new(1),
+            // Generations start at a point drawn with the incarnation (below 2^40, leaving 2^62
+            // for this life), so even the version words of a dead daemon's segment file would
+            // not recognise this life's generations.
+            next_generation: AtomicU64::new((incarnation >> 24) | 1),
             segment_cursor: AtomicUsize::new(0),
             evict_cursor: AtomicUsize::new(0),
             clock: AtomicU64::new(0),
@@ -210,6 +220,11 @@ impl Pool {
     /// This pool's node.
     pub fn node(&self) -> NodeId {
         self.node
+    }
+
+    /// This pool's incarnation: nonzero, different at every start, stamped on every address.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// The id of the namespace called `name`.
@@ -312,9 +327,7 @@ impl Pool {
                 writers: 0,
             },
         );
-        Ok(self
-            .mac
-            .address(self.node, segment as u32, block.offset, len, generation))
+        Ok(self.address(segment as u16, block.offset, len, generation))
     }
 
     /// Opens a pending allocation for writing. While the returned guard lives the allocation
@@ -561,9 +574,7 @@ impl Pool {
         drop(shard);
         self.count_read(ns, true);
         Ok(Some(Located {
-            addr: self
-                .mac
-                .address(self.node, e.segment as u32, e.offset, e.len, e.generation),
+            addr: self.address(e.segment, e.offset, e.len, e.generation),
             checksum: e.checksum,
         }))
     }
@@ -700,9 +711,24 @@ impl Pool {
         lock(&self.segments[segment].alloc)
     }
 
+    /// The signed address of this life's object at `offset` of `segment`.
+    fn address(&self, segment: u16, offset: u64, len: u64, generation: u64) -> GlobalAddr {
+        let place = Place {
+            incarnation: self.incarnation,
+            segment: segment as u32,
+            offset,
+            len,
+            generation,
+        };
+        self.mac.address(self.node, place)
+    }
+
     fn check_addr(&self, addr: &GlobalAddr) -> Result<&SegmentSlot, AddrFault> {
         if addr.node != self.node {
             return Err(AddrFault::WrongNode);
+        }
+        if addr.incarnation != self.incarnation {
+            return Err(AddrFault::WrongIncarnation);
         }
         let seg = self
             .segments
@@ -864,13 +890,7 @@ impl ObjectRef<'_> {
     /// The object's signed address.
     pub fn addr(&self) -> GlobalAddr {
         let e = &self.entry;
-        self.pool.mac.address(
-            self.pool.node,
-            e.segment as u32,
-            e.offset,
-            e.len,
-            e.generation,
-        )
+        self.pool.address(e.segment, e.offset, e.len, e.generation)
     }
 }
 

@@ -360,6 +360,39 @@ fn one_sided_reads_check_key_bounds_and_generation() {
 }
 
 #[test]
+fn addresses_of_another_incarnation_are_refused() {
+    // Two lives of the same node on the same memory layout: the restarted one hands out the
+    // same segment and offset, but never an address the first one's holders could use.
+    let first = pool(4 << 20);
+    let second = Pool::new(&cfg(4 << 20), [10; 16]).unwrap();
+    assert!(first.incarnation() != 0 && second.incarnation() != 0);
+    assert_ne!(first.incarnation(), second.incarnation());
+    let a = first.put(0, b"k", &value(1, 4096), false, 0).unwrap();
+    let b = second.put(0, b"k", &value(2, 4096), false, 0).unwrap();
+    assert_eq!((a.segment, a.offset), (b.segment, b.offset), "same place");
+    assert_eq!(a.incarnation, first.incarnation());
+    assert_eq!(b.incarnation, second.incarnation());
+    assert_ne!(a.generation, b.generation, "generations start apart");
+    let mut buf = vec![0u8; 16];
+    let wrong = Err(PoolError::BadAddress(AddrFault::WrongIncarnation));
+    assert_eq!(second.read(&a, 0, &mut buf), wrong);
+    assert_eq!(second.verify_addr(&a), wrong);
+    assert_eq!(second.write(&a, 0, &buf), wrong);
+    assert_eq!(second.commit(&a, 0, 0), wrong);
+    // Restamping the incarnation breaks the memory key.
+    let forged = GlobalAddr {
+        incarnation: second.incarnation(),
+        ..a
+    };
+    assert_eq!(
+        second.read(&forged, 0, &mut buf),
+        Err(PoolError::BadAddress(AddrFault::WrongKey))
+    );
+    second.read(&b, 0, &mut buf).unwrap();
+    assert_eq!(buf, value(2, 16));
+}
+
+#[test]
 fn exists_prefix_counts_the_leading_run() {
     let p = pool(4 << 20);
     for k in [b"a", b"b", b"d"] {

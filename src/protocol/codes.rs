@@ -57,6 +57,9 @@ pub enum ErrorCode {
     WrongView = 40,
     /// The node that holds the key can't be reached (a client-side code: keys there are misses).
     Unavailable = 41,
+    /// The address names another incarnation of the node's daemon (issued before a restart),
+    /// or a same-host mapping is of a daemon that is gone: nothing it named exists (a miss).
+    WrongIncarnation = 50,
     /// (`Vouch`) This node acknowledged a write or remove of the key that a copy on another
     /// node could be older than (or it can't rule one out): don't serve that copy.
     Superseded = 55,
@@ -72,7 +75,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 29] = [
+        const ALL: [ErrorCode; 30] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -98,6 +101,7 @@ impl ErrorCode {
             NotLocal,
             WrongView,
             Unavailable,
+            WrongIncarnation,
             Superseded,
             Timeout,
             ShuttingDown,
@@ -108,7 +112,10 @@ impl ErrorCode {
 
     /// True for errors that mean "not in the cache" rather than "something is wrong".
     pub fn is_miss(self) -> bool {
-        matches!(self, ErrorCode::NotFound | ErrorCode::Stale)
+        matches!(
+            self,
+            ErrorCode::NotFound | ErrorCode::Stale | ErrorCode::WrongIncarnation
+        )
     }
 }
 
@@ -130,6 +137,7 @@ impl From<PoolError> for ErrorCode {
                 AddrFault::Stale => ErrorCode::Stale,
                 AddrFault::NotWritable => ErrorCode::NotWritable,
                 AddrFault::Busy => ErrorCode::Busy,
+                AddrFault::WrongIncarnation => ErrorCode::WrongIncarnation,
             },
         }
     }

@@ -265,7 +265,14 @@ mod tests {
 
     fn sample_requests() -> Vec<Request> {
         use crate::protocol::{CommitItem, PutItem};
-        let addr = crate::addr::MacKey::new([3; 16]).address(crate::NodeId(1), 0, 512, 100, 9);
+        let place = crate::addr::Place {
+            incarnation: 77,
+            segment: 0,
+            offset: 512,
+            len: 100,
+            generation: 9,
+        };
+        let addr = crate::addr::MacKey::new([3; 16]).address(crate::NodeId(1), place);
         vec![
             Request {
                 id: 1,

@@ -257,8 +257,14 @@ pub enum Reply {
     Stats(PoolStats),
     /// The cluster view.
     View(ClusterView),
-    /// Segments to map.
-    MapInfo(Vec<SegmentMap>),
+    /// Segments to map, of the daemon's current incarnation.
+    MapInfo {
+        /// The daemon's incarnation: every address the mapping may serve carries it, and so
+        /// does the incarnation word of every segment file listed.
+        incarnation: u64,
+        /// The segments.
+        segments: Vec<SegmentMap>,
+    },
     /// The node's answer to `ClusterAuth`: `HMAC-SHA256(secret, transcript("node"))`.
     ClusterAuth {
         /// The node's proof.
@@ -307,6 +313,10 @@ pub struct HelloInfo {
     pub version: u32,
     /// The node.
     pub node: u32,
+    /// The incarnation of the node's daemon (random, nonzero, new at every start): a client
+    /// that sees it change knows the daemon restarted and every address and mapping it held is
+    /// void.
+    pub incarnation: u64,
     /// Namespaces, as (name, id).
     pub namespaces: Vec<(String, u32)>,
     /// Identity of the node's host (the kernel boot id), to detect a same-host client.
@@ -351,6 +361,7 @@ impl From<&ArchivedGlobalAddrAlias> for GlobalAddr {
     fn from(a: &ArchivedGlobalAddrAlias) -> Self {
         GlobalAddr {
             node: NodeId(a.node.0.to_native()),
+            incarnation: a.incarnation.to_native(),
             segment: a.segment.to_native(),
             offset: a.offset.to_native(),
             len: a.len.to_native(),

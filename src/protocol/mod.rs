@@ -28,4 +28,4 @@ pub use message::*;
 pub use rkyv::util::AlignedVec;
 
 /// Protocol version spoken by this build; the handshake refuses any other.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -1,0 +1,281 @@
+//! A daemon restarted on the same data directory, seen by a long-lived same-host client: the
+//! client keeps its mapping of the dead daemon's (unlinked) segment files, and the new daemon
+//! hands out addresses at the same segments and offsets. Every read must return the value the
+//! new daemon holds or a miss, never the dead daemon's bytes; addresses from before the restart
+//! are refused; and the client carries on without being recreated.
+#![cfg(not(loom))]
+
+mod common;
+
+use common::{value, Node};
+use kvpool::protocol::ErrorCode;
+use kvpool::AddrFault;
+use kvpool_client::{Client, ClientConfig, Located};
+
+const KEYS: u64 = 64;
+
+fn key(i: u64) -> Vec<u8> {
+    format!("restart-key-{i}").into_bytes()
+}
+
+/// Sizes on both sides of the client's same-host put threshold (16 KiB).
+fn len(i: u64) -> usize {
+    if i % 2 == 0 {
+        4096
+    } else {
+        40_000
+    }
+}
+
+/// Value of key `i` written by life `life` of the daemon.
+fn val(life: u64, i: u64) -> Vec<u8> {
+    value(life * 1000 + i, len(i))
+}
+
+/// Stops the node (SIGTERM, or SIGKILL for a crash) and starts it again on the same directory
+/// and addresses.
+fn restart(n: &mut Node, crash: bool) -> Node {
+    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
+    if crash {
+        let mut child = n.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    } else {
+        assert!(n.stop().success());
+    }
+    Node::start_in(
+        n.dir.clone(),
+        "16MiB",
+        &[],
+        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
+    )
+}
+
+async fn same_host_client(n: &Node) -> Client {
+    let c = Client::connect(&n.tcp_url(), ClientConfig::default())
+        .await
+        .unwrap();
+    assert!(c.is_local(), "the test needs the same-host path");
+    c
+}
+
+/// The long-lived client writes every key, the daemon restarts, another client writes new
+/// values of every key; then the long-lived client reads them every way it can.
+async fn long_lived_client_reads_only_the_new_values(crash: bool) {
+    let mut n = Node::start("16MiB", &[]);
+    let c = same_host_client(&n).await;
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    for i in 0..KEYS {
+        c.put(&keys[i as usize], &val(1, i)).await.unwrap();
+    }
+    let old: Vec<Located> = c
+        .lease(&refs, 0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.expect("present"))
+        .collect();
+
+    let n2 = restart(&mut n, crash);
+
+    // Before the client has talked to the new daemon: its mapping is of a dead daemon, and
+    // the dead daemon's addresses are refused through it.
+    let mut buf = vec![0u8; 40_000];
+    for l in &old {
+        let dst = &mut buf[..l.addr.len as usize];
+        match c.read_local(&l.addr, 0, dst) {
+            None => {}
+            Some(r) => assert_eq!(r, Err(AddrFault::WrongIncarnation), "{l:?}"),
+        }
+    }
+
+    let writer = same_host_client(&n2).await;
+    for i in 0..KEYS {
+        writer.put(&keys[i as usize], &val(2, i)).await.unwrap();
+    }
+
+    for round in 0..3 {
+        // lease + read_local, and the verified read.
+        let found = c.lease(&refs, 0).await.unwrap();
+        for (i, l) in found.iter().enumerate() {
+            let i = i as u64;
+            let Some(l) = l else { continue };
+            assert_ne!(l.addr.incarnation, old[i as usize].addr.incarnation);
+            let want = val(2, i);
+            let dst = &mut buf[..l.addr.len as usize];
+            if let Some(Ok(())) = c.read_local(&l.addr, 0, dst) {
+                assert!(
+                    dst == want,
+                    "round {round}: read_local of key {i} is not its value"
+                );
+            }
+            if let Some(Ok(got)) = c.read_local_verified(l, &mut buf) {
+                assert!(
+                    buf[..got] == want,
+                    "round {round}: verified read of key {i}"
+                );
+            }
+        }
+        // get.
+        for i in 0..KEYS {
+            if let Some(v) = c.get(&keys[i as usize]).await.unwrap() {
+                assert!(v == val(2, i), "round {round}: get of key {i}");
+            }
+        }
+        // batch_get_into.
+        let mut bufs: Vec<Vec<u8>> = (0..KEYS).map(|_| vec![0u8; 40_000]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+        for (i, g) in got.iter().enumerate() {
+            if let Some(len) = g {
+                assert!(
+                    bufs[i][..*len] == val(2, i as u64),
+                    "round {round}: batch_get_into of key {i}"
+                );
+            }
+        }
+    }
+
+    // By now the client has noticed the restart: every key is served, from the new mapping.
+    assert!(c.is_local(), "the client mapped the new daemon's segments");
+    let found = c.lease(&refs, 0).await.unwrap();
+    for (i, l) in found.iter().enumerate() {
+        let l = l.expect("present");
+        let got = c
+            .read_local_verified(&l, &mut buf)
+            .expect("mapped")
+            .unwrap();
+        assert!(buf[..got] == val(2, i as u64), "key {i} after the remap");
+    }
+    let mut bufs: Vec<Vec<u8>> = (0..KEYS).map(|_| vec![0u8; 40_000]).collect();
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        let len = g.expect("present");
+        assert!(bufs[i][..len] == val(2, i as u64), "batch key {i}");
+    }
+
+    // The dead daemon's addresses stay refused, through the mapping and through the socket.
+    for l in &old {
+        let dst = &mut buf[..l.addr.len as usize];
+        if let Some(r) = c.read_local(&l.addr, 0, dst) {
+            assert_eq!(r, Err(AddrFault::WrongIncarnation));
+        }
+        let e = c.read(&l.addr, 0, dst).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::WrongIncarnation), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_client_never_reads_the_dead_daemons_bytes_after_a_restart() {
+    long_lived_client_reads_only_the_new_values(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_client_never_reads_the_dead_daemons_bytes_after_a_crash() {
+    long_lived_client_reads_only_the_new_values(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_from_before_a_restart_are_refused() {
+    let mut n = Node::start("16MiB", &[]);
+    let c = same_host_client(&n).await;
+    c.put(b"k", &value(1, 4096)).await.unwrap();
+    let old = c.lease(&[b"k"], 0).await.unwrap()[0].unwrap();
+    let n2 = restart(&mut n, false);
+    // The new daemon holds an object of the same size at the same place.
+    let other = same_host_client(&n2).await;
+    other.put(b"k", &value(2, 4096)).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = c.read(&old.addr, 0, &mut buf).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::WrongIncarnation), "{e}");
+    // Again, now that the client has remapped.
+    let e = c.read(&old.addr, 0, &mut buf).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::WrongIncarnation), "{e}");
+    let e = c.write(&old.addr, 0, b"x").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::WrongIncarnation), "{e}");
+    // And over TCP, from a client that never mapped anything.
+    let tcp = Client::connect(
+        &n2.tcp_url(),
+        ClientConfig {
+            same_host: kvpool_client::SameHost::Off,
+            ..ClientConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let e = tcp.read(&old.addr, 0, &mut buf).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::WrongIncarnation), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reconnects_on_its_own_after_a_restart() {
+    let mut n = Node::start("16MiB", &[]);
+    let c = same_host_client(&n).await;
+    // Several pooled connections, all of the first daemon.
+    let puts: Vec<_> = (0..8u64)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.put(&key(i), &val(1, i)).await })
+        })
+        .collect();
+    for p in puts {
+        p.await.unwrap().unwrap();
+    }
+    let _n2 = restart(&mut n, true);
+    // The very first calls after the restart succeed: no error, no recreated client.
+    c.put(&key(0), &val(2, 0)).await.unwrap();
+    assert_eq!(c.get(&key(0)).await.unwrap(), Some(val(2, 0)));
+    c.put(&key(1), &val(2, 1)).await.unwrap();
+    assert_eq!(c.get(&key(1)).await.unwrap(), Some(val(2, 1)));
+    assert_eq!(
+        c.get(&key(2)).await.unwrap(),
+        None,
+        "the new daemon starts empty"
+    );
+    let items: Vec<(Vec<u8>, Vec<u8>)> = (2..8).map(|i| (key(i), val(2, i))).collect();
+    let refs: Vec<(&[u8], &[u8])> = items
+        .iter()
+        .map(|(k, v)| (k.as_slice(), v.as_slice()))
+        .collect();
+    let codes = c.batch_put_from(&refs).await.unwrap();
+    assert!(codes.iter().all(|c| *c == ErrorCode::Ok), "{codes:?}");
+    let keys: Vec<Vec<u8>> = (0..8).map(key).collect();
+    let krefs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 40_000]).collect();
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let got = c.batch_get_into(&krefs, &mut dsts).await.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        let len = g.expect("present");
+        assert!(bufs[i][..len] == val(2, i as u64), "key {i}");
+    }
+    assert!(c.is_local(), "the same-host path is back");
+    // A two-phase put straight into the new mapping.
+    let v = value(77, 50_000);
+    let addr = c.alloc(b"two-phase", v.len() as u64).await.unwrap();
+    c.write(&addr, 0, &v).await.unwrap();
+    c.commit(&addr, kvpool::checksum(&v)).await.unwrap();
+    assert_eq!(c.get(b"two-phase").await.unwrap(), Some(v));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_clients_reconnect_on_their_own_after_a_restart() {
+    let mut n = Node::start("16MiB", &[]);
+    let remote = |ca| ClientConfig {
+        same_host: kvpool_client::SameHost::Off,
+        ca,
+        ..ClientConfig::default()
+    };
+    let tcp = Client::connect(&n.tcp_url(), remote(None)).await.unwrap();
+    let quic = Client::connect(&n.quic_url(), remote(Some(n.cert())))
+        .await
+        .unwrap();
+    tcp.put(b"t", b"1").await.unwrap();
+    quic.put(b"q", b"1").await.unwrap();
+    let _n2 = restart(&mut n, false);
+    tcp.put(b"t", b"2").await.unwrap();
+    assert_eq!(tcp.get(b"t").await.unwrap().as_deref(), Some(&b"2"[..]));
+    quic.put(b"q", b"2").await.unwrap();
+    assert_eq!(quic.get(b"q").await.unwrap().as_deref(), Some(&b"2"[..]));
+}
