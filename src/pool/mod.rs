@@ -309,7 +309,7 @@ impl Pool {
                 deadline: now.saturating_add(self.pending_timeout),
                 pin,
                 depth,
-                writers: 0,
+                claims: Default::default(),
             },
         );
         Ok(self
@@ -317,10 +317,26 @@ impl Pool {
             .address(self.node, segment as u32, block.offset, len, generation))
     }
 
-    /// Opens a pending allocation for writing. While the returned guard lives the allocation
-    /// can't be reclaimed, committed or aborted.
+    /// Opens a whole pending allocation for writing (see [`Pool::begin_write_range`]).
     pub fn begin_write(&self, addr: &GlobalAddr) -> Result<PendingWrite<'_>, PoolError> {
+        self.begin_write_range(addr, 0, addr.len)
+    }
+
+    /// Opens bytes `[offset, offset + len)` of a pending allocation for writing. While the
+    /// returned guard lives the allocation can't be reclaimed, committed or aborted, and no other
+    /// write may open a range that overlaps this one: such a write gets [`AddrFault::Busy`], so
+    /// two writers never hold the same bytes.
+    pub fn begin_write_range(
+        &self,
+        addr: &GlobalAddr,
+        offset: u64,
+        len: u64,
+    ) -> Result<PendingWrite<'_>, PoolError> {
         let seg = self.check_addr(addr)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= addr.len)
+            .ok_or(AddrFault::OutOfBounds)?;
         let mut p = self.pending_lock(addr.generation);
         let entry = p
             .by_generation
@@ -329,21 +345,24 @@ impl Pool {
         if entry.offset != addr.offset || entry.len != addr.len {
             return Err(AddrFault::NotWritable.into());
         }
-        entry.writers += 1;
+        if !entry.claims.try_claim(offset, end) {
+            return Err(AddrFault::Busy.into());
+        }
         Ok(PendingWrite {
             pool: self,
             segment: &seg.segment,
             addr: *addr,
+            start: offset,
+            end,
+            deadline: entry.deadline,
         })
     }
 
-    /// One-sided write of `bytes` at `offset` inside a pending allocation.
+    /// One-sided write of `bytes` at `offset` inside a pending allocation. Fails with
+    /// [`AddrFault::Busy`] while another write holds an overlapping range.
     pub fn write(&self, addr: &GlobalAddr, offset: u64, bytes: &[u8]) -> Result<(), PoolError> {
-        let w = self.begin_write(addr)?;
-        let at = addr
-            .sub_range(offset, bytes.len() as u64)
-            .ok_or(AddrFault::OutOfBounds)?;
-        w.segment.copy_in(at, bytes);
+        let mut w = self.begin_write_range(addr, offset, bytes.len() as u64)?;
+        w.bytes_mut().copy_from_slice(bytes);
         Ok(())
     }
 
@@ -360,7 +379,7 @@ impl Pool {
             let mut pending = self.pending_lock(addr.generation);
             match pending.by_generation.get(&addr.generation) {
                 Some(p) if p.offset == addr.offset && p.len == addr.len => {
-                    if p.writers > 0 {
+                    if !p.claims.is_empty() {
                         return Err(AddrFault::Busy.into());
                     }
                 }
@@ -371,8 +390,12 @@ impl Pool {
                 .remove(&addr.generation)
                 .expect("checked above")
         };
-        // SAFETY: in bounds (checked when allocated); the allocation is ours alone: it is out
-        // of the pending table and not yet in the index, so nobody else can write or free it.
+        // SAFETY: in bounds (check_addr above, and the pending entry matched the address). No
+        // slice of this process writes it: it had no write claim when we took it out of the
+        // pending table under its lock, and with it gone no `begin_write_range` can open one;
+        // it is not in the index yet, so nothing else frees it. (A same-host client may still
+        // store into its own mapping of these pages; that can only change the checksum, which is
+        // why commit checks it.)
         let bytes = unsafe { seg.segment.data(p.offset, p.len) };
         if checksum(bytes) != checksum_given {
             self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
@@ -413,7 +436,7 @@ impl Pool {
         let p = {
             let mut pending = self.pending_lock(addr.generation);
             match pending.by_generation.get(&addr.generation) {
-                Some(p) if p.offset == addr.offset && p.writers == 0 => {}
+                Some(p) if p.offset == addr.offset && p.claims.is_empty() => {}
                 Some(_) => return Err(AddrFault::Busy.into()),
                 None => return Err(AddrFault::NotWritable.into()),
             }
@@ -852,7 +875,9 @@ impl ObjectRef<'_> {
     pub fn bytes(&self) -> &[u8] {
         let seg = &self.pool.segments[self.entry.segment as usize].segment;
         // SAFETY: the range was bounds-checked when allocated; this reference's reader count
-        // keeps the block from being freed, and committed objects are never written.
+        // keeps the block from being freed (eviction refuses it, removal parks it as a zombie),
+        // and nothing in this process writes a committed object: it has no pending entry, so
+        // `begin_write_range` refuses it.
         unsafe { seg.data(self.entry.offset, self.entry.len) }
     }
 
@@ -881,24 +906,39 @@ impl Drop for ObjectRef<'_> {
     }
 }
 
-/// An open write into a pending allocation (see [`Pool::begin_write`]).
+/// An open write of a range of a pending allocation (see [`Pool::begin_write_range`]).
 pub struct PendingWrite<'a> {
     pool: &'a Pool,
     segment: &'a Segment,
     addr: GlobalAddr,
+    /// The claimed range, in bytes from the allocation's start.
+    start: u64,
+    end: u64,
+    deadline: Millis,
 }
 
 impl PendingWrite<'_> {
-    /// The allocation's bytes, for filling in place (for instance straight from a socket).
-    ///
-    /// # Safety
-    /// Only one `PendingWrite` of an allocation may hand out this slice at a time: the caller
-    /// that allocated must not open two writes of the same allocation and use both.
-    #[expect(clippy::mut_from_ref, reason = "exclusivity is the caller's contract")]
-    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
-        // SAFETY: bounds checked in begin_write; the pending allocation belongs to the caller
-        // and the writer count keeps the reaper away.
-        unsafe { self.segment.data_mut(self.addr.offset, self.addr.len) }
+    /// The claimed bytes, for filling in place (for instance straight from a socket).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: in bounds: check_addr put the allocation inside the segment and
+        // begin_write_range put [start, end) inside the allocation. Exclusive: this guard holds
+        // the claim on [start, end) in the allocation's pending entry, granted under the pending
+        // table's lock only because no other claim overlapped it, and released only when the
+        // guard drops; the slice borrows the guard mutably, so it is the only slice of these
+        // bytes in this process. The memory stays allocated meanwhile: commit, abort and reap
+        // refuse an allocation with a claim, and it is not in the index, so nothing reads it
+        // as an object (one-sided reads see the busy version word and copy through raw pointers
+        // only to discard what they copied).
+        unsafe {
+            self.segment
+                .data_mut(self.addr.offset + self.start, self.end - self.start)
+        }
+    }
+
+    /// When the allocation is reclaimed if not committed, on the pool's clock: a write still
+    /// open then should give up (drop this guard) so the reaper can take it.
+    pub fn deadline(&self) -> Millis {
+        self.deadline
     }
 }
 
@@ -910,7 +950,7 @@ impl Drop for PendingWrite<'_> {
             .by_generation
             .get_mut(&self.addr.generation)
         {
-            p.writers = p.writers.saturating_sub(1);
+            p.claims.release(self.start, self.end);
         }
     }
 }
@@ -930,3 +970,5 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_writers;
