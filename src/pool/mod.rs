@@ -116,6 +116,9 @@ pub struct Pool {
     pending_timeout: Millis,
     max_lease: Millis,
     counters: stats::Counters,
+    /// Bytes held by the namespaces without a reservation, which share `unreserved`.
+    shared_used: AtomicU64,
+    unreserved: u64,
 }
 
 struct SegmentSlot {
@@ -174,7 +177,29 @@ impl Pool {
                 )));
             }
         }
-        let namespaces: Vec<Namespace> = ns_cfg.iter().map(Namespace::new).collect();
+        // Reservations are promises of memory: together they must fit in the pool.
+        let capacity: u64 = segments.iter().map(|s| lock(&s.alloc).capacity()).sum();
+        let reserved = ns_cfg
+            .iter()
+            .filter_map(|n| n.quota_bytes)
+            .try_fold(0u64, u64::checked_add)
+            .filter(|&r| r <= capacity)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "namespace quotas reserve more than the pool's {capacity} bytes \
+                     ({}): lower them or add memory",
+                    ns_cfg
+                        .iter()
+                        .filter_map(|n| Some(format!("{} {}", n.name, n.quota_bytes?)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?;
+        let unreserved = capacity - reserved;
+        let namespaces: Vec<Namespace> = ns_cfg
+            .iter()
+            .map(|n| Namespace::new(n, unreserved))
+            .collect();
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
         // Per namespace, one policy instance per shard, built together so they share state.
         let mut policies: Vec<_> = ns_cfg
@@ -204,6 +229,8 @@ impl Pool {
             pending_timeout: cfg.pending_timeout_ms,
             max_lease: cfg.max_lease_ms,
             counters: stats::Counters::default(),
+            shared_used: AtomicU64::new(0),
+            unreserved,
         })
     }
 
@@ -274,18 +301,29 @@ impl Pool {
             .ok_or(PoolError::TooLarge)?;
         let mut evicted = 0;
         let near = self.shard_of(key);
-        while !space.try_reserve(size) {
-            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_one(Some(ns), near, now) {
-                return Err(PoolError::QuotaExceeded);
+        // Room within the namespace's limit: made by evicting its own objects, or, for a
+        // namespace sharing the unreserved memory, those of the others sharing it. Never from a
+        // namespace's reservation on behalf of another.
+        while !self.reserve(space, size) {
+            let shared = !space.reserved;
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_for(ns, shared, near, now) {
+                return Err(if space.reserved {
+                    PoolError::QuotaExceeded
+                } else {
+                    PoolError::PoolFull
+                });
             }
             evicted += 1;
         }
+        // Every namespace within its limit fits in the pool, so this fails only when the free
+        // memory is too scattered (or held in slabs of other sizes): then the namespace's own
+        // objects go first, then those in unreserved memory.
         let (segment, block) = loop {
             if let Some(found) = self.try_allocate(len) {
                 break found;
             }
-            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_one(None, near, now) {
-                space.unreserve(size);
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_for(ns, true, near, now) {
+                self.unreserve(space, size);
                 return Err(PoolError::PoolFull);
             }
             evicted += 1;
@@ -814,6 +852,50 @@ impl Pool {
         false
     }
 
+    /// Takes `size` bytes of `space`'s limit; false when that would exceed it.
+    fn reserve(&self, space: &Namespace, size: u64) -> bool {
+        if space.reserved {
+            return space.try_reserve(size);
+        }
+        let shared = self
+            .shared_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(size).filter(|&n| n <= self.unreserved)
+            });
+        if shared.is_err() {
+            return false;
+        }
+        // Its own use never exceeds the shared use, which is within `unreserved`.
+        space.used.fetch_add(size, Ordering::AcqRel);
+        true
+    }
+
+    fn unreserve(&self, space: &Namespace, size: u64) {
+        space.unreserve(size);
+        if !space.reserved {
+            self.shared_used.fetch_sub(size, Ordering::AcqRel);
+        }
+    }
+
+    /// Evicts one object to make room for namespace `ns`: its own first; then, if `shared`, one
+    /// of a namespace without a reservation (which lives in unreserved memory). Namespaces with
+    /// a reservation lose objects only to their own allocations. False when nothing is
+    /// evictable.
+    fn evict_for(&self, ns: u32, shared: bool, near: usize, now: Millis) -> bool {
+        if self.evict_one(Some(ns), near, now) {
+            return true;
+        }
+        if !shared {
+            return false;
+        }
+        let n = self.namespaces.len();
+        let start = self.evict_cursor.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|&j| j != ns as usize && !self.namespaces[j].reserved)
+            .any(|j| self.evict_one(Some(j as u32), near, now))
+    }
+
     fn retire_victim(&self, shard: &mut Shard, ns: usize, e: Entry) {
         self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
         self.retire_entry(shard, ns as u32, e);
@@ -846,7 +928,7 @@ impl Pool {
             return;
         };
         let space = &self.namespaces[ns as usize];
-        space.unreserve(block.size);
+        self.unreserve(space, block.size);
         if pinned {
             space.pinned.fetch_sub(block.size, Ordering::Relaxed);
         }
@@ -970,5 +1052,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reservations;
 #[cfg(test)]
 mod tests_writers;
