@@ -183,11 +183,11 @@ proptest! {
             };
             // Who may have lost unpinned objects to this operation: the namespace that
             // allocated, and, if it has no reservation, the others without one.
-            for n in 0..4 {
+            for (n, &reserved) in RESERVED.iter().enumerate() {
                 for key in &m.pinned[n] {
                     prop_assert!(present(&p, n as u32, key), "pinned object of {} gone", n);
                 }
-                let may_lose = acted.is_some_and(|a| a == n || (!RESERVED[a] && !RESERVED[n]));
+                let may_lose = acted.is_some_and(|a| a == n || (!RESERVED[a] && !reserved));
                 if may_lose {
                     m.unpinned[n].retain(|k| present(&p, n as u32, k));
                 }
@@ -196,8 +196,8 @@ proptest! {
                 }
             }
             let s = p.stats();
-            for n in 0..4 {
-                prop_assert!(s.namespaces[n].used_bytes <= quotas[n]);
+            for (ns, &quota) in s.namespaces.iter().zip(&quotas) {
+                prop_assert!(ns.used_bytes <= quota);
             }
             let shared: u64 = (0..4).filter(|&n| !RESERVED[n]).map(|n| s.namespaces[n].used_bytes).sum();
             prop_assert!(shared <= unreserved);
