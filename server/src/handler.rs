@@ -655,11 +655,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         };
         let deadline = self.s.instant_at(w.deadline());
         let read = tokio::time::timeout_at(deadline, self.r.read_exact(w.bytes_mut())).await;
+        let expired = read.is_err();
         if let Some(e) = payload_failure(read) {
             drop(w);
-            // Past its deadline (or half-written): give the allocation back now; if another
-            // write still holds it, the reaper takes it once that write ends.
-            let _ = pool.abort(addr);
+            // Past its deadline: give the allocation back now (if another write still holds
+            // it, the reaper takes it once that write ends). After a socket error it stays
+            // pending for its owner, who may write it again over another connection.
+            if expired {
+                let _ = pool.abort(addr);
+            }
             return Err(e);
         }
         Ok(Ok(()))
