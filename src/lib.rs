@@ -11,6 +11,8 @@
 //!   keys that make them unforgeable.
 //! - [`seqlock`]: the per-block version protocol that turns a read racing with reuse into a
 //!   miss instead of torn bytes (model-checked with loom).
+//! - [`claims`]: the rule that keeps concurrent writers of one pending allocation on disjoint
+//!   byte ranges (model-checked with loom).
 //! - [`pool`]: the object index (sharded LRU per namespace), two-phase puts, read references,
 //!   leases, pins, quotas, eviction and one-sided access.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
@@ -24,6 +26,7 @@ pub mod addr;
 pub mod alloc;
 #[cfg(not(loom))]
 pub mod checksum;
+pub mod claims;
 #[cfg(not(loom))]
 pub mod error;
 #[cfg(not(loom))]

@@ -180,9 +180,11 @@ pub struct Segment {
     pages: PageKind,
 }
 
-// SAFETY: the mapping is plain shared memory; all mutation goes through raw pointers whose
-// callers uphold the exclusivity contracts documented on `data_mut`, and the version words are
-// atomics.
+// SAFETY: the mapping is plain shared memory owned by the segment for its whole life. Shared
+// access from several threads goes through `unsafe fn data` / `data_mut`, whose callers must hold
+// what makes the range theirs (in the pool: a reader reference, or a write claim of the pending
+// table, see `kvpool::claims`), through `copy_out_racy`, whose result is discarded unless the
+// seqlock validates it, and through the version words, which are atomics.
 unsafe impl Send for Segment {}
 // SAFETY: as above.
 unsafe impl Sync for Segment {}
@@ -315,25 +317,6 @@ impl Segment {
                 self.data_ptr().add(offset as usize),
                 dst.as_mut_ptr(),
                 dst.len(),
-            );
-        }
-        true
-    }
-
-    /// Copies `src` into the data area at `offset`, for one-sided writes into a pending
-    /// allocation. Returns false when out of bounds.
-    pub fn copy_in(&self, offset: u64, src: &[u8]) -> bool {
-        if !self.in_bounds(offset, src.len() as u64) {
-            return false;
-        }
-        // SAFETY: in bounds. The target is a pending allocation held open by the caller (the
-        // pool's writer count), which nobody reads as committed data; raw pointers avoid
-        // asserting exclusivity that concurrent writers of disjoint ranges would violate.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.data_ptr().add(offset as usize),
-                src.len(),
             );
         }
         true

@@ -202,8 +202,13 @@ impl LocalMap {
         if !seqlock::is_writing(word, addr.generation) {
             return Err(AddrFault::NotWritable);
         }
-        // SAFETY: in bounds (locate); the allocation is pending and was handed to this client
-        // alone, so nobody reads it as committed data until we commit it.
+        // SAFETY: in bounds of the mapping (locate). This is a raw copy of plain bytes, never a
+        // reference, so it asserts no exclusivity in this process. Nothing in the daemon orders
+        // it against other writers of the allocation (same-host writes take no write claim):
+        // overlapping writers can only tear the bytes, which commit's checksum refuses, and a
+        // write racing the reaper after the allocation's deadline can land in reused memory,
+        // so callers must commit well within `pending_timeout_ms` (the version check above
+        // narrows, but cannot close, that window).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 src.as_ptr(),

@@ -47,6 +47,11 @@ impl Shared {
     fn now(&self) -> Millis {
         self.started.elapsed().as_millis() as Millis
     }
+
+    /// The instant `at` on the pool's clock (milliseconds since `started`).
+    fn instant_at(&self, at: Millis) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.started + std::time::Duration::from_millis(at))
+    }
 }
 
 const IO_BUFFER: usize = 64 << 10;
@@ -710,7 +715,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
         self.s.cluster.note_write(ns, key);
-        let addr = match pool.alloc_in_chain(ns, key, len, pin, depth, now) {
+        // The clock now, not the request's: each item of a long batch gets its whole timeout.
+        let addr = match pool.alloc_in_chain(ns, key, len, pin, depth, self.s.now()) {
             Ok(a) => a,
             Err(e) => {
                 discard(&mut self.r, len).await?;
@@ -718,12 +724,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
         };
         {
-            let w = pool
+            let mut w = pool
                 .begin_write(&addr)
                 .map_err(|e| io::Error::other(e.to_string()))?;
-            // SAFETY: the allocation was just made for this request; only this write touches it.
-            let dst = unsafe { w.bytes_mut() };
-            if let Err(e) = self.r.read_exact(dst).await {
+            let deadline = self.s.instant_at(w.deadline());
+            let read = tokio::time::timeout_at(deadline, self.r.read_exact(w.bytes_mut())).await;
+            if let Some(e) = payload_failure(read) {
                 drop(w);
                 let _ = pool.abort(&addr);
                 return Err(e);
@@ -739,25 +745,28 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         len: u64,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
-        let w = match pool.begin_write(addr) {
+        // Claims exactly the bytes written: a write overlapping another connection's open write
+        // of the same allocation is refused (`Busy`) instead of aliasing its memory.
+        let mut w = match pool.begin_write_range(addr, offset, len) {
             Ok(w) => w,
             Err(e) => {
                 discard(&mut self.r, len).await?;
                 return Ok(Err(e.into()));
             }
         };
-        let Some(start) = offset
-            .checked_add(len)
-            .filter(|&end| end <= addr.len)
-            .map(|_| offset as usize)
-        else {
+        let deadline = self.s.instant_at(w.deadline());
+        let read = tokio::time::timeout_at(deadline, self.r.read_exact(w.bytes_mut())).await;
+        let expired = read.is_err();
+        if let Some(e) = payload_failure(read) {
             drop(w);
-            discard(&mut self.r, len).await?;
-            return Ok(Err(ErrorCode::OutOfBounds));
-        };
-        // SAFETY: the caller allocated this object and writes into it one request at a time.
-        let dst = unsafe { &mut w.bytes_mut()[start..start + len as usize] };
-        self.r.read_exact(dst).await?;
+            // Past its deadline: give the allocation back now (if another write still holds
+            // it, the reaper takes it once that write ends). After a socket error it stays
+            // pending for its owner, who may write it again over another connection.
+            if expired {
+                let _ = pool.abort(addr);
+            }
+            return Err(e);
+        }
         Ok(Ok(()))
     }
 
@@ -837,4 +846,21 @@ fn code_of(r: Result<(), PoolError>) -> u16 {
 
 fn describe(code: ErrorCode) -> String {
     format!("{code:?}")
+}
+
+/// Why reading a payload into a pending allocation failed, if it did: a socket error, or the
+/// allocation's deadline (`pending_timeout_ms`) passing before the last byte came. Either way the
+/// caller releases the allocation and closes the connection, so a stalled payload never keeps
+/// memory pending past its timeout.
+fn payload_failure(
+    read: Result<io::Result<usize>, tokio::time::error::Elapsed>,
+) -> Option<io::Error> {
+    match read {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "payload not received before its allocation's deadline",
+        )),
+    }
 }

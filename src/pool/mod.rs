@@ -118,6 +118,9 @@ pub struct Pool {
     pending_timeout: Millis,
     max_lease: Millis,
     counters: stats::Counters,
+    /// Bytes held by the namespaces without a reservation, which share `unreserved`.
+    shared_used: AtomicU64,
+    unreserved: u64,
 }
 
 struct SegmentSlot {
@@ -180,7 +183,29 @@ impl Pool {
                 )));
             }
         }
-        let namespaces: Vec<Namespace> = ns_cfg.iter().map(Namespace::new).collect();
+        // Reservations are promises of memory: together they must fit in the pool.
+        let capacity: u64 = segments.iter().map(|s| lock(&s.alloc).capacity()).sum();
+        let reserved = ns_cfg
+            .iter()
+            .filter_map(|n| n.quota_bytes)
+            .try_fold(0u64, u64::checked_add)
+            .filter(|&r| r <= capacity)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "namespace quotas reserve more than the pool's {capacity} bytes \
+                     ({}): lower them or add memory",
+                    ns_cfg
+                        .iter()
+                        .filter_map(|n| Some(format!("{} {}", n.name, n.quota_bytes?)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?;
+        let unreserved = capacity - reserved;
+        let namespaces: Vec<Namespace> = ns_cfg
+            .iter()
+            .map(|n| Namespace::new(n, unreserved))
+            .collect();
         let nshards = cfg.shards.clamp(1, 1 << 16).next_power_of_two();
         // Per namespace, one policy instance per shard, built together so they share state.
         let mut policies: Vec<_> = ns_cfg
@@ -214,6 +239,8 @@ impl Pool {
             pending_timeout: cfg.pending_timeout_ms,
             max_lease: cfg.max_lease_ms,
             counters: stats::Counters::default(),
+            shared_used: AtomicU64::new(0),
+            unreserved,
         })
     }
 
@@ -289,18 +316,29 @@ impl Pool {
             .ok_or(PoolError::TooLarge)?;
         let mut evicted = 0;
         let near = self.shard_of(key);
-        while !space.try_reserve(size) {
-            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_one(Some(ns), near, now) {
-                return Err(PoolError::QuotaExceeded);
+        // Room within the namespace's limit: made by evicting its own objects, or, for a
+        // namespace sharing the unreserved memory, those of the others sharing it. Never from a
+        // namespace's reservation on behalf of another.
+        while !self.reserve(space, size) {
+            let shared = !space.reserved;
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_for(ns, shared, near, now) {
+                return Err(if space.reserved {
+                    PoolError::QuotaExceeded
+                } else {
+                    PoolError::PoolFull
+                });
             }
             evicted += 1;
         }
+        // Every namespace within its limit fits in the pool, so this fails only when the free
+        // memory is too scattered (or held in slabs of other sizes): then the namespace's own
+        // objects go first, then those in unreserved memory.
         let (segment, block) = loop {
             if let Some(found) = self.try_allocate(len) {
                 break found;
             }
-            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_one(None, near, now) {
-                space.unreserve(size);
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_for(ns, true, near, now) {
+                self.unreserve(space, size);
                 return Err(PoolError::PoolFull);
             }
             evicted += 1;
@@ -324,16 +362,32 @@ impl Pool {
                 deadline: now.saturating_add(self.pending_timeout),
                 pin,
                 depth,
-                writers: 0,
+                claims: Default::default(),
             },
         );
         Ok(self.address(segment as u16, block.offset, len, generation))
     }
 
-    /// Opens a pending allocation for writing. While the returned guard lives the allocation
-    /// can't be reclaimed, committed or aborted.
+    /// Opens a whole pending allocation for writing (see [`Pool::begin_write_range`]).
     pub fn begin_write(&self, addr: &GlobalAddr) -> Result<PendingWrite<'_>, PoolError> {
+        self.begin_write_range(addr, 0, addr.len)
+    }
+
+    /// Opens bytes `[offset, offset + len)` of a pending allocation for writing. While the
+    /// returned guard lives the allocation can't be reclaimed, committed or aborted, and no other
+    /// write may open a range that overlaps this one: such a write gets [`AddrFault::Busy`], so
+    /// two writers never hold the same bytes.
+    pub fn begin_write_range(
+        &self,
+        addr: &GlobalAddr,
+        offset: u64,
+        len: u64,
+    ) -> Result<PendingWrite<'_>, PoolError> {
         let seg = self.check_addr(addr)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= addr.len)
+            .ok_or(AddrFault::OutOfBounds)?;
         let mut p = self.pending_lock(addr.generation);
         let entry = p
             .by_generation
@@ -342,21 +396,24 @@ impl Pool {
         if entry.offset != addr.offset || entry.len != addr.len {
             return Err(AddrFault::NotWritable.into());
         }
-        entry.writers += 1;
+        if !entry.claims.try_claim(offset, end) {
+            return Err(AddrFault::Busy.into());
+        }
         Ok(PendingWrite {
             pool: self,
             segment: &seg.segment,
             addr: *addr,
+            start: offset,
+            end,
+            deadline: entry.deadline,
         })
     }
 
-    /// One-sided write of `bytes` at `offset` inside a pending allocation.
+    /// One-sided write of `bytes` at `offset` inside a pending allocation. Fails with
+    /// [`AddrFault::Busy`] while another write holds an overlapping range.
     pub fn write(&self, addr: &GlobalAddr, offset: u64, bytes: &[u8]) -> Result<(), PoolError> {
-        let w = self.begin_write(addr)?;
-        let at = addr
-            .sub_range(offset, bytes.len() as u64)
-            .ok_or(AddrFault::OutOfBounds)?;
-        w.segment.copy_in(at, bytes);
+        let mut w = self.begin_write_range(addr, offset, bytes.len() as u64)?;
+        w.bytes_mut().copy_from_slice(bytes);
         Ok(())
     }
 
@@ -373,7 +430,7 @@ impl Pool {
             let mut pending = self.pending_lock(addr.generation);
             match pending.by_generation.get(&addr.generation) {
                 Some(p) if p.offset == addr.offset && p.len == addr.len => {
-                    if p.writers > 0 {
+                    if !p.claims.is_empty() {
                         return Err(AddrFault::Busy.into());
                     }
                 }
@@ -384,8 +441,12 @@ impl Pool {
                 .remove(&addr.generation)
                 .expect("checked above")
         };
-        // SAFETY: in bounds (checked when allocated); the allocation is ours alone: it is out
-        // of the pending table and not yet in the index, so nobody else can write or free it.
+        // SAFETY: in bounds (check_addr above, and the pending entry matched the address). No
+        // slice of this process writes it: it had no write claim when we took it out of the
+        // pending table under its lock, and with it gone no `begin_write_range` can open one;
+        // it is not in the index yet, so nothing else frees it. (A same-host client may still
+        // store into its own mapping of these pages; that can only change the checksum, which is
+        // why commit checks it.)
         let bytes = unsafe { seg.segment.data(p.offset, p.len) };
         if checksum(bytes) != checksum_given {
             self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
@@ -426,7 +487,7 @@ impl Pool {
         let p = {
             let mut pending = self.pending_lock(addr.generation);
             match pending.by_generation.get(&addr.generation) {
-                Some(p) if p.offset == addr.offset && p.writers == 0 => {}
+                Some(p) if p.offset == addr.offset && p.claims.is_empty() => {}
                 Some(_) => return Err(AddrFault::Busy.into()),
                 None => return Err(AddrFault::NotWritable.into()),
             }
@@ -817,6 +878,50 @@ impl Pool {
         false
     }
 
+    /// Takes `size` bytes of `space`'s limit; false when that would exceed it.
+    fn reserve(&self, space: &Namespace, size: u64) -> bool {
+        if space.reserved {
+            return space.try_reserve(size);
+        }
+        let shared = self
+            .shared_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(size).filter(|&n| n <= self.unreserved)
+            });
+        if shared.is_err() {
+            return false;
+        }
+        // Its own use never exceeds the shared use, which is within `unreserved`.
+        space.used.fetch_add(size, Ordering::AcqRel);
+        true
+    }
+
+    fn unreserve(&self, space: &Namespace, size: u64) {
+        space.unreserve(size);
+        if !space.reserved {
+            self.shared_used.fetch_sub(size, Ordering::AcqRel);
+        }
+    }
+
+    /// Evicts one object to make room for namespace `ns`: its own first; then, if `shared`, one
+    /// of a namespace without a reservation (which lives in unreserved memory). Namespaces with
+    /// a reservation lose objects only to their own allocations. False when nothing is
+    /// evictable.
+    fn evict_for(&self, ns: u32, shared: bool, near: usize, now: Millis) -> bool {
+        if self.evict_one(Some(ns), near, now) {
+            return true;
+        }
+        if !shared {
+            return false;
+        }
+        let n = self.namespaces.len();
+        let start = self.evict_cursor.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|&j| j != ns as usize && !self.namespaces[j].reserved)
+            .any(|j| self.evict_one(Some(j as u32), near, now))
+    }
+
     fn retire_victim(&self, shard: &mut Shard, ns: usize, e: Entry) {
         self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
         self.retire_entry(shard, ns as u32, e);
@@ -849,7 +954,7 @@ impl Pool {
             return;
         };
         let space = &self.namespaces[ns as usize];
-        space.unreserve(block.size);
+        self.unreserve(space, block.size);
         if pinned {
             space.pinned.fetch_sub(block.size, Ordering::Relaxed);
         }
@@ -878,7 +983,9 @@ impl ObjectRef<'_> {
     pub fn bytes(&self) -> &[u8] {
         let seg = &self.pool.segments[self.entry.segment as usize].segment;
         // SAFETY: the range was bounds-checked when allocated; this reference's reader count
-        // keeps the block from being freed, and committed objects are never written.
+        // keeps the block from being freed (eviction refuses it, removal parks it as a zombie),
+        // and nothing in this process writes a committed object: it has no pending entry, so
+        // `begin_write_range` refuses it.
         unsafe { seg.data(self.entry.offset, self.entry.len) }
     }
 
@@ -901,24 +1008,39 @@ impl Drop for ObjectRef<'_> {
     }
 }
 
-/// An open write into a pending allocation (see [`Pool::begin_write`]).
+/// An open write of a range of a pending allocation (see [`Pool::begin_write_range`]).
 pub struct PendingWrite<'a> {
     pool: &'a Pool,
     segment: &'a Segment,
     addr: GlobalAddr,
+    /// The claimed range, in bytes from the allocation's start.
+    start: u64,
+    end: u64,
+    deadline: Millis,
 }
 
 impl PendingWrite<'_> {
-    /// The allocation's bytes, for filling in place (for instance straight from a socket).
-    ///
-    /// # Safety
-    /// Only one `PendingWrite` of an allocation may hand out this slice at a time: the caller
-    /// that allocated must not open two writes of the same allocation and use both.
-    #[expect(clippy::mut_from_ref, reason = "exclusivity is the caller's contract")]
-    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
-        // SAFETY: bounds checked in begin_write; the pending allocation belongs to the caller
-        // and the writer count keeps the reaper away.
-        unsafe { self.segment.data_mut(self.addr.offset, self.addr.len) }
+    /// The claimed bytes, for filling in place (for instance straight from a socket).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: in bounds: check_addr put the allocation inside the segment and
+        // begin_write_range put [start, end) inside the allocation. Exclusive: this guard holds
+        // the claim on [start, end) in the allocation's pending entry, granted under the pending
+        // table's lock only because no other claim overlapped it, and released only when the
+        // guard drops; the slice borrows the guard mutably, so it is the only slice of these
+        // bytes in this process. The memory stays allocated meanwhile: commit, abort and reap
+        // refuse an allocation with a claim, and it is not in the index, so nothing reads it
+        // as an object (one-sided reads see the busy version word and copy through raw pointers
+        // only to discard what they copied).
+        unsafe {
+            self.segment
+                .data_mut(self.addr.offset + self.start, self.end - self.start)
+        }
+    }
+
+    /// When the allocation is reclaimed if not committed, on the pool's clock: a write still
+    /// open then should give up (drop this guard) so the reaper can take it.
+    pub fn deadline(&self) -> Millis {
+        self.deadline
     }
 }
 
@@ -930,7 +1052,7 @@ impl Drop for PendingWrite<'_> {
             .by_generation
             .get_mut(&self.addr.generation)
         {
-            p.writers = p.writers.saturating_sub(1);
+            p.claims.release(self.start, self.end);
         }
     }
 }
@@ -950,3 +1072,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reservations;
+#[cfg(test)]
+mod tests_writers;

@@ -12,15 +12,19 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub struct NamespaceConfig {
     /// Name clients use (a tenant, a model, or both: `"acme/llama3-8b"`).
     pub name: String,
-    /// Most bytes (of reserved memory, pinned objects included) the namespace may hold on this
-    /// node; `None` for no limit but the pool's size.
+    /// Bytes of the pool reserved for the namespace on this node, and the most it may hold
+    /// (in allocator blocks: pinned and pending objects included). Nobody else can take
+    /// reserved memory: eviction on behalf of another namespace never touches it. `None`: no
+    /// reservation; the namespace shares the memory no namespace reserved with the other
+    /// namespaces without one, up to all of it.
     pub quota_bytes: Option<u64>,
     /// Eviction policy of the namespace's objects. Default [`PolicyKind::S3FifoLru`].
     pub eviction: PolicyKind,
 }
 
 impl NamespaceConfig {
-    /// A namespace with no quota and the default eviction policy.
+    /// A namespace with no reservation (sharing the unreserved memory) and the default eviction
+    /// policy.
     pub fn unlimited(name: &str) -> Self {
         NamespaceConfig {
             name: name.to_string(),
@@ -34,7 +38,10 @@ impl NamespaceConfig {
 #[derive(Debug)]
 pub(crate) struct Namespace {
     pub(crate) name: String,
+    /// Its limit: its reservation, or (when it has none) the unreserved memory it shares.
     pub(crate) quota: u64,
+    /// True when `quota` is a reservation of its own; false when it shares unreserved memory.
+    pub(crate) reserved: bool,
     pub(crate) used: AtomicU64,
     pub(crate) pinned: AtomicU64,
     pub(crate) objects: AtomicU64,
@@ -47,10 +54,12 @@ pub(crate) struct Namespace {
 }
 
 impl Namespace {
-    pub(crate) fn new(cfg: &NamespaceConfig) -> Self {
+    /// `unreserved`: the memory no namespace reserved, the limit of one without a reservation.
+    pub(crate) fn new(cfg: &NamespaceConfig, unreserved: u64) -> Self {
         Namespace {
             name: cfg.name.clone(),
-            quota: cfg.quota_bytes.unwrap_or(u64::MAX),
+            quota: cfg.quota_bytes.unwrap_or(unreserved),
+            reserved: cfg.quota_bytes.is_some(),
             used: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             objects: AtomicU64::new(0),

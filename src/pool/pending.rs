@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::claims::WriteClaims;
 use crate::pool::Millis;
 
 /// One uncommitted allocation.
@@ -18,8 +19,9 @@ pub(crate) struct Pending {
     pub(crate) pin: bool,
     /// Position in its prefix chain, for the eviction policy.
     pub(crate) depth: u32,
-    /// Writes copying into the block right now; the reaper leaves the block alone meanwhile.
-    pub(crate) writers: u32,
+    /// Ranges that open writes are copying into right now; the reaper, commit and abort leave
+    /// the block alone meanwhile.
+    pub(crate) claims: WriteClaims,
 }
 
 /// Pending allocations of one shard, by generation.
@@ -34,7 +36,7 @@ impl PendingShard {
         let expired: Vec<u64> = self
             .by_generation
             .iter()
-            .filter(|(_, p)| p.deadline <= now && p.writers == 0)
+            .filter(|(_, p)| p.deadline <= now && p.claims.is_empty())
             .map(|(&g, _)| g)
             .collect();
         for g in expired {
