@@ -13,8 +13,8 @@
 //!   miss instead of torn bytes (model-checked with loom).
 //! - [`claims`]: the rule that keeps concurrent writers of one pending allocation on disjoint
 //!   byte ranges (model-checked with loom).
-//! - [`pool`]: the object index (sharded LRU per namespace), two-phase puts, read references,
-//!   leases, pins, quotas, eviction and one-sided access.
+//! - [`pool`]: the object index (sharded; a pluggable eviction policy per namespace), two-phase
+//!   puts, read references, leases, pins, quota reservations, eviction and one-sided access.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
 //! - [`placement`]: the cluster view and weighted rendezvous placement of keys.
 

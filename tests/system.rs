@@ -599,6 +599,35 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
         error_code(&recv(&mut s).await.unwrap()),
         ErrorCode::BatchTooLarge
     );
+    // Commit and Abort obey the batch limit like every other batch (they did not).
+    let addr = kvpool::GlobalAddr {
+        node: kvpool::NodeId(0),
+        incarnation: 1,
+        segment: 0,
+        offset: 0,
+        len: 1,
+        generation: 1,
+        key: 0,
+    };
+    let commits = vec![kvpool::protocol::CommitItem { addr, checksum: 0 }; 20_000];
+    send(&mut s, 50, Op::Commit { items: commits }, &[]).await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::BatchTooLarge
+    );
+    send(
+        &mut s,
+        51,
+        Op::Abort {
+            addrs: vec![addr; 20_000],
+        },
+        &[],
+    )
+    .await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::BatchTooLarge
+    );
     let items = vec![PutItem {
         key: b"a".to_vec(),
         len: 10,

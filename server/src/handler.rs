@@ -485,25 +485,33 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 OpKind::Write
             }
             ArchivedOp::Commit { items } => {
-                let statuses = items
-                    .iter()
-                    .map(|i| {
-                        code_of(pool.commit(
-                            &GlobalAddr::from(&i.addr),
-                            i.checksum.to_native(),
-                            now,
-                        ))
-                    })
-                    .collect();
-                self.reply(id, Reply::Statuses(statuses), &[]).await?;
+                let r = self.batch_check(items.len()).map(|()| {
+                    Reply::Statuses(
+                        items
+                            .iter()
+                            .map(|i| {
+                                code_of(pool.commit(
+                                    &GlobalAddr::from(&i.addr),
+                                    i.checksum.to_native(),
+                                    now,
+                                ))
+                            })
+                            .collect(),
+                    )
+                });
+                self.answer(id, r).await?;
                 OpKind::Commit
             }
             ArchivedOp::Abort { addrs } => {
-                let statuses = addrs
-                    .iter()
-                    .map(|a| code_of(pool.abort(&GlobalAddr::from(a))))
-                    .collect();
-                self.reply(id, Reply::Statuses(statuses), &[]).await?;
+                let r = self.batch_check(addrs.len()).map(|()| {
+                    Reply::Statuses(
+                        addrs
+                            .iter()
+                            .map(|a| code_of(pool.abort(&GlobalAddr::from(a))))
+                            .collect(),
+                    )
+                });
+                self.answer(id, r).await?;
                 OpKind::Abort
             }
             ArchivedOp::Read { addr, offset, len } => {
