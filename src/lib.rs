@@ -7,8 +7,8 @@
 //! - [`segment`]: DRAM regions mapped from files in `/dev/shm` (or anonymous memory) that
 //!   same-host clients can map too; a version word per granule lives inside.
 //! - [`alloc`]: a size-class allocator of offsets in a segment, O(1), no heap per allocation.
-//! - [`addr`]: global addresses `(node, segment, offset, len, generation, key)` and the memory
-//!   keys that make them unforgeable.
+//! - [`addr`]: global addresses `(node, incarnation, segment, offset, len, generation, key)`
+//!   and the memory keys that make them unforgeable.
 //! - [`seqlock`]: the per-block version protocol that turns a read racing with reuse into a
 //!   miss instead of torn bytes (model-checked with loom).
 //! - [`claims`]: the rule that keeps concurrent writers of one pending allocation on disjoint
