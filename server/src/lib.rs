@@ -19,6 +19,7 @@ mod cluster;
 pub mod config;
 mod daemon;
 mod etcd;
+mod fence;
 mod handler;
 mod http;
 mod listeners;
