@@ -628,3 +628,59 @@ async fn a_read_from_the_next_replica_never_serves_an_unpinned_copy_from_an_earl
         .is_some_and(|n| n.state == NodeState::Serving);
     println!("node 1 still serving in the client's view after the reads: {still}");
 }
+
+/// Sends `signal` (a name such as `STOP`) to `node`'s process.
+fn signal(node: &Node, signal: &str) {
+    let pid = node.child.as_ref().expect("running").id();
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_and_marked_down_never_serves_its_old_copy_when_it_comes_back() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let n1 = start(1, "64MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    let view = c.routing_view();
+    let keys: Vec<Vec<u8>> = (0..2_000u64)
+        .map(|i| format!("cut-{i}").into_bytes())
+        .filter(|k| view.owner(k) == Some(kvpool::NodeId(1)))
+        .take(200)
+        .collect();
+    put_all(&c, &keys, |i| i as u64).await;
+    let epoch = |v: &kvpool::placement::ClusterView| v.node(kvpool::NodeId(1)).map(|n| n.epoch);
+    let before = epoch(&view);
+
+    // Node 1 is cut off (stopped, never restarted): node 0 marks it down and takes its keys.
+    signal(&n1, "STOP");
+    let resumed = scopeguard_cont(&n1);
+    wait_view(&c, "node 1 down", |v| serving(v) == 1).await;
+    put_all(&c, &keys, |i| 10_000 + i as u64).await;
+
+    // It comes back, refutes being down and owns its keys again, still holding version 0.
+    drop(resumed);
+    wait_view(&c, "node 1 back", |v| serving(v) == 2 && epoch(v) > before).await;
+    newest_or_miss(&c, &keys, |i| i as u64, |i| 10_000 + i as u64).await;
+}
+
+/// Resumes a stopped node when dropped (also when the test fails before it resumes it).
+fn scopeguard_cont(node: &Node) -> impl Drop + '_ {
+    struct Cont<'a>(&'a Node);
+    impl Drop for Cont<'_> {
+        fn drop(&mut self) {
+            // No assertion here: this may run while a failed test unwinds.
+            if let Some(c) = self.0.child.as_ref() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT".to_string(), c.id().to_string()])
+                    .status();
+            }
+        }
+    }
+    Cont(node)
+}
