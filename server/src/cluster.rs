@@ -111,9 +111,9 @@ impl Membership {
             .continuous(key, generation, replicas)
     }
 
-    /// The others marked this node down (or it comes back to etcd after losing it): what
-    /// they did meanwhile is unknown here, so no object held now is served as an owner's copy.
-    fn fence(&self) {
+    /// The others marked this node down (or, with etcd, its lease expired): what they did
+    /// meanwhile is unknown here, so no object held now is served as an owner's copy.
+    pub(crate) fn fence(&self) {
         let mark = self.generation_mark();
         tracing::info!(
             "marked down by the cluster: objects held so far are no longer served as the owner's"
@@ -278,8 +278,6 @@ impl Membership {
     /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left
     /// by an earlier run), when that is at least as new as this node's own and differs.
     pub(crate) fn outrank(&self, theirs: &NodeInfo) {
-        // A new etcd session: the lease of the last one may have lapsed meanwhile.
-        self.fence();
         self.update(|v, me| refute(v, me, theirs));
     }
 
