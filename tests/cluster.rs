@@ -469,3 +469,218 @@ async fn a_previous_owner_never_shadows_a_write_acknowledged_after_the_owner_cam
         "removed keys came back: {got:?}"
     );
 }
+
+/// Writes `value(seed(i), 512)` under each of `keys`; every write must be acknowledged.
+async fn put_all(c: &Client, keys: &[Vec<u8>], seed: impl Fn(usize) -> u64) {
+    let vals: Vec<Vec<u8>> = (0..keys.len()).map(|i| value(seed(i), 512)).collect();
+    for (ks, vs) in keys.chunks(500).zip(vals.chunks(500)) {
+        let items: Vec<(&[u8], &[u8])> = ks.iter().zip(vs).map(|(k, v)| (&k[..], &v[..])).collect();
+        let codes = c.batch_put_from(&items).await.unwrap();
+        assert!(codes.iter().all(|c| *c == ErrorCode::Ok), "{codes:?}");
+    }
+}
+
+/// Reads `keys` by `get`, batched and by presence; each must be `value(newest(i), 512)` or a
+/// miss, never `value(old(i), 512)`. Returns how many were present.
+async fn newest_or_miss(
+    c: &Client,
+    keys: &[Vec<u8>],
+    old: impl Fn(usize) -> u64,
+    newest: impl Fn(usize) -> u64,
+) -> usize {
+    let mut present = 0;
+    for (i, k) in keys.iter().enumerate() {
+        if let Some(v) = c.get(k).await.unwrap() {
+            assert!(v != value(old(i), 512), "key {i}: the old copy was served");
+            assert_eq!(v, value(newest(i), 512), "key {i}: unknown bytes");
+            present += 1;
+        }
+    }
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let mut bufs = vec![vec![0u8; 512]; refs.len()];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+    for (i, (g, b)) in got.iter().zip(&bufs).enumerate() {
+        if g.is_some() {
+            assert!(*b != value(old(i), 512), "key {i}: the old copy was served");
+        }
+    }
+    for (i, k) in keys.iter().enumerate() {
+        if c.exists(k).await.unwrap() {
+            let v = c.get(k).await.unwrap();
+            assert_eq!(
+                v,
+                Some(value(newest(i), 512)),
+                "key {i}: present, not newest"
+            );
+        }
+    }
+    present
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_never_serves_its_copy_from_before_a_joined_node_took_the_key_and_left() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let _n1 = start(1, "64MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    let keys: Vec<Vec<u8>> = (0..2_000u64)
+        .map(|i| format!("fence-{i}").into_bytes())
+        .collect();
+    // Version 0 on nodes 0 and 1.
+    put_all(&c, &keys, |i| i as u64).await;
+
+    // Node 2 joins and takes a share; version 1 of those keys is written to it only.
+    let mut n2 = start(2, "64MiB", Some(&n0), &[]);
+    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
+    let view = c.routing_view();
+    let (moved, stayed): (Vec<_>, Vec<_>) =
+        (0..keys.len()).partition(|&i| view.owner(&keys[i]) == Some(kvpool::NodeId(2)));
+    assert!(moved.len() > 100, "node 2 took a share: {}", moved.len());
+    let moved_keys: Vec<Vec<u8>> = moved.iter().map(|&i| keys[i].clone()).collect();
+    put_all(&c, &moved_keys, |j| 10_000 + moved[j] as u64).await;
+
+    // It dies: ownership goes back to nodes 0 and 1, which still hold version 0.
+    let mut child = n2.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_view(&c, "node 2 down", |v| serving(v) == 2).await;
+
+    // Version 1 or a miss (it was on node 2 only), never version 0.
+    let present = newest_or_miss(
+        &c,
+        &moved_keys,
+        |j| moved[j] as u64,
+        |j| 10_000 + moved[j] as u64,
+    )
+    .await;
+    assert_eq!(present, 0, "version 1 died with node 2");
+    // The keys that never moved are served as before.
+    let stayed_keys: Vec<Vec<u8>> = stayed.iter().map(|&i| keys[i].clone()).collect();
+    let kept = newest_or_miss(&c, &stayed_keys, |_| u64::MAX, |j| stayed[j] as u64).await;
+    assert_eq!(kept, stayed.len(), "keys that stayed on their owner");
+}
+
+/// Starts node `id` like [`start`], but marked down only after `down_after_ms`.
+fn start_slow_down(id: u32, seed: Option<&Node>, down_after_ms: &str) -> Node {
+    let id = id.to_string();
+    let mut args: Vec<&str> = vec![
+        "--node-id",
+        &id,
+        "--heartbeat-ms",
+        "100",
+        "--down-after-ms",
+        down_after_ms,
+    ];
+    let (peer, secret);
+    if let Some(s) = seed {
+        peer = s.tcp.clone();
+        secret = s.secret_file().to_str().unwrap().to_string();
+        args.extend_from_slice(&["--peer", &peer, "--cluster-secret-file", &secret]);
+    }
+    Node::start("64MiB", &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_from_the_next_replica_never_serves_an_unpinned_copy_from_an_earlier_ownership() {
+    // Slow failure detection: the reads below find the owner unreachable while it is still
+    // serving in every view, so the client moves on to the key's second-ranked node.
+    let n0 = start_slow_down(0, None, "10000");
+    let _n2 = start_slow_down(2, Some(&n0), "10000");
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    let keys: Vec<Vec<u8>> = (0..3_000u64)
+        .map(|i| format!("replica-{i}").into_bytes())
+        .collect();
+    put_all(&c, &keys, |i| i as u64).await;
+
+    // Node 1 joins: the keys it ranks first and node 2 second are unpinned, so node 2's copy
+    // (version 0, from when it owned them) is not a replica of anything.
+    let mut n1 = start_slow_down(1, Some(&n0), "10000");
+    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
+    let view = c.routing_view();
+    let targets: Vec<usize> = (0..keys.len())
+        .filter(|&i| view.owners(&keys[i], 2) == [kvpool::NodeId(1), kvpool::NodeId(2)])
+        .collect();
+    assert!(targets.len() > 100, "keys ranked 1, 2: {}", targets.len());
+    let target_keys: Vec<Vec<u8>> = targets.iter().map(|&i| keys[i].clone()).collect();
+    put_all(&c, &target_keys, |j| 10_000 + targets[j] as u64).await;
+
+    // The owner dies; every node still holds it serving.
+    let mut child = n1.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let present = newest_or_miss(
+        &c,
+        &target_keys,
+        |j| targets[j] as u64,
+        |j| 10_000 + targets[j] as u64,
+    )
+    .await;
+    assert_eq!(present, 0, "version 1 died with node 1");
+    let still = c
+        .routing_view()
+        .node(kvpool::NodeId(1))
+        .is_some_and(|n| n.state == NodeState::Serving);
+    println!("node 1 still serving in the client's view after the reads: {still}");
+}
+
+/// Sends `signal` (a name such as `STOP`) to `node`'s process.
+fn signal(node: &Node, signal: &str) {
+    let pid = node.child.as_ref().expect("running").id();
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_and_marked_down_never_serves_its_old_copy_when_it_comes_back() {
+    let n0 = start(0, "64MiB", None, &[]);
+    let n1 = start(1, "64MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    let view = c.routing_view();
+    let keys: Vec<Vec<u8>> = (0..2_000u64)
+        .map(|i| format!("cut-{i}").into_bytes())
+        .filter(|k| view.owner(k) == Some(kvpool::NodeId(1)))
+        .take(200)
+        .collect();
+    put_all(&c, &keys, |i| i as u64).await;
+    let epoch = |v: &kvpool::placement::ClusterView| v.node(kvpool::NodeId(1)).map(|n| n.epoch);
+    let before = epoch(&view);
+
+    // Node 1 is cut off (stopped, never restarted): node 0 marks it down and takes its keys.
+    signal(&n1, "STOP");
+    let resumed = scopeguard_cont(&n1);
+    wait_view(&c, "node 1 down", |v| serving(v) == 1).await;
+    put_all(&c, &keys, |i| 10_000 + i as u64).await;
+
+    // It comes back, refutes being down and owns its keys again, still holding version 0.
+    drop(resumed);
+    wait_view(&c, "node 1 back", |v| serving(v) == 2 && epoch(v) > before).await;
+    newest_or_miss(&c, &keys, |i| i as u64, |i| 10_000 + i as u64).await;
+}
+
+/// Resumes a stopped node when dropped (also when the test fails before it resumes it).
+fn scopeguard_cont(node: &Node) -> impl Drop + '_ {
+    struct Cont<'a>(&'a Node);
+    impl Drop for Cont<'_> {
+        fn drop(&mut self) {
+            // No assertion here: this may run while a failed test unwinds.
+            if let Some(c) = self.0.child.as_ref() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT".to_string(), c.id().to_string()])
+                    .status();
+            }
+        }
+    }
+    Cont(node)
+}

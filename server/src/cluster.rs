@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
@@ -23,6 +23,7 @@ use kvpool::protocol::{LocatedWire, Op, Reply};
 use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
+use crate::fence::History;
 use crate::peer::{Peer, PeerAuth, PeerError};
 use crate::written::Written;
 
@@ -58,6 +59,11 @@ pub(crate) struct Membership {
     published: watch::Sender<u64>,
     /// Keys written or removed here: what this node vouches for (see [`crate::written`]).
     written: Written,
+    /// The views adopted, with the pool's generation mark at each: which objects this node
+    /// may still serve as their owner (see [`crate::fence`]).
+    history: RwLock<History>,
+    /// The pool whose generation marks the history records (unset: every mark is 0).
+    pool: OnceLock<Arc<Pool>>,
 }
 
 impl Membership {
@@ -65,6 +71,8 @@ impl Membership {
         let id = me.id;
         let view = ClusterView::from_nodes(vec![me]);
         let stamp = view.stamp();
+        let mut history = History::new(NodeId(id));
+        history.adopt(&view, 0);
         Membership {
             me: id,
             source,
@@ -75,7 +83,42 @@ impl Membership {
             left: watch::channel(false).0,
             published: watch::channel(0).0,
             written: Written::default(),
+            history: RwLock::new(history),
+            pool: OnceLock::new(),
         }
+    }
+
+    /// Sets the pool whose objects the view history dates (once, before serving).
+    pub(crate) fn attach_pool(&self, pool: Arc<Pool>) {
+        let _ = self.pool.set(pool);
+    }
+
+    fn generation_mark(&self) -> u64 {
+        self.pool.get().map_or(0, |p| p.generation_mark())
+    }
+
+    fn history(&self) -> std::sync::RwLockWriteGuard<'_, History> {
+        self.history.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True when this node's object of `key`, allocated at `generation`, may be served by a
+    /// routed read: this node was among its first `replicas` owners in every view since (see
+    /// [`crate::fence`]).
+    pub(crate) fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
+        self.history
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .continuous(key, generation, replicas)
+    }
+
+    /// The others marked this node down (or, with etcd, its lease expired): what they did
+    /// meanwhile is unknown here, so no object held now is served as an owner's copy.
+    pub(crate) fn fence(&self) {
+        let mark = self.generation_mark();
+        tracing::info!(
+            "marked down by the cluster: objects held so far are no longer served as the owner's"
+        );
+        self.history().fence(mark);
     }
 
     /// Notes a write or remove of `key` here, before it is acknowledged.
@@ -167,6 +210,8 @@ impl Membership {
                     before + 1
                 };
             }
+            // Under the view lock, so marks and views are recorded in the order adopted.
+            self.history().adopt(&v, self.generation_mark());
             let stamp = v.stamp();
             self.stamp.store(stamp, Ordering::Release);
             tracing::info!(
@@ -189,6 +234,12 @@ impl Membership {
         if self.source == Source::Etcd {
             return self.view();
         }
+        if other
+            .node(NodeId(self.me))
+            .is_some_and(|n| n.state == NodeState::Down)
+        {
+            self.fence();
+        }
         self.update(|v, me| {
             let mut changed = v.merge(other, me);
             if let Some(theirs) = other.node(NodeId(me)) {
@@ -202,6 +253,12 @@ impl Membership {
     /// Replaces the view wholesale with one derived elsewhere (etcd), keeping this node's own
     /// record as this node last set it: its changes reach the others by being published.
     pub(crate) fn replace(&self, mut view: ClusterView) {
+        if view
+            .node(NodeId(self.me))
+            .is_some_and(|n| n.state == NodeState::Down)
+        {
+            self.fence();
+        }
         self.update_from(true, |v, me| {
             view.nodes.retain(|n| n.id != me);
             if let Some(mine) = v.node(NodeId(me)).cloned() {

@@ -209,6 +209,7 @@ impl Daemon {
             },
             source,
         ));
+        membership.attach_pool(pool.clone());
         let replication = config.replication(&pool.namespaces());
         let hello = HelloInfo {
             version: PROTOCOL_VERSION,

@@ -322,6 +322,8 @@ impl Registrar {
                 _ = tick.tick() => {
                     if self.etcd.keepalive(lease.id).await?.is_none() {
                         self.lease = None;
+                        // Its alive key went with it: the others saw this node down.
+                        self.m.fence();
                         return Err(EtcdError::LeaseLost(lease.id));
                     }
                 }
@@ -353,6 +355,8 @@ impl Registrar {
                 return Ok(l);
             }
             tracing::info!(lease = l.id, "etcd: lease expired; taking a new one");
+            // Its alive key went with it: the others saw this node down.
+            self.m.fence();
         }
         let l = self.etcd.grant(self.ttl).await?;
         if l.ttl != self.ttl {

@@ -79,6 +79,7 @@ pub(crate) async fn serve<R, W>(
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         allowed: Vec::new(),
+        routed: false,
     };
     let mut hdr = AlignedVec::<16>::new();
     let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
@@ -149,6 +150,9 @@ struct Conn<'a, R, W> {
     challenge: AuthBytes,
     /// Per namespace id: may this connection use it (set by the handshake).
     allowed: Vec<bool>,
+    /// The request being served was routed by a view (stamp not 0): it reads this node's
+    /// objects as their owner's (or replica's) copy, so only continuous ones are served.
+    routed: bool,
 }
 
 /// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
@@ -191,6 +195,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return Ok(true);
             }
         }
+        self.routed = routed != 0;
         let start = Instant::now();
         let (kind, outcome) = self.dispatch(id, &req.op, payload).await?;
         self.s
@@ -318,7 +323,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 OpKind::Put
             }
             ArchivedOp::Get { ns, key } => {
-                match pool.get_ref(ns.to_native(), key.as_slice(), now) {
+                let got = pool
+                    .get_ref(ns.to_native(), key.as_slice(), now)
+                    .and_then(|obj| self.fresh(ns.to_native(), key.as_slice(), obj));
+                match got {
                     Ok(obj) => {
                         let bytes = obj.bytes();
                         let reply = Reply::Value {
@@ -389,7 +397,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                         refs.push(None);
                         continue;
                     }
-                    match pool.get_ref(ns, key.as_slice(), now) {
+                    match pool
+                        .get_ref(ns, key.as_slice(), now)
+                        .and_then(|r| self.fresh(ns, key.as_slice(), r))
+                    {
                         Ok(r) => refs.push(Some(r)),
                         Err(PoolError::NotFound) => {
                             gap = *prefix;
@@ -420,6 +431,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::Exists { ns, keys } => {
                 let r = self.batch_check(keys.len()).and_then(|()| {
                     pool.exists_prefix(ns.to_native(), keys.iter().map(|k| k.as_slice()))
+                        .map(|n| {
+                            // The run ends at the first object not served as the owner's.
+                            keys.iter()
+                                .take(n)
+                                .position(|k| !self.fresh_key(ns.to_native(), k.as_slice()))
+                                .unwrap_or(n)
+                        })
                         .map_err(Into::into)
                 });
                 self.answer(id, r.map(|n| Reply::Count(n as u64))).await?;
@@ -570,6 +588,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 let r = self.batch_check(keys.len()).and_then(|()| {
                     keys.iter()
                         .map(|k| {
+                            if !self.fresh_key(ns.to_native(), k.as_slice()) {
+                                return Ok(None);
+                            }
                             pool.lookup(ns.to_native(), k.as_slice(), lease_ms.to_native(), now)
                                 .map(|l| {
                                     l.map(|l| LocatedWire {
@@ -776,6 +797,65 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return Err(e);
         }
         Ok(Ok(()))
+    }
+
+    /// `obj`, unless this read is routed and the object is not continuous (see
+    /// [`crate::fence`]): then it is removed and the read misses.
+    fn fresh<'p>(
+        &self,
+        ns: u32,
+        key: &[u8],
+        obj: kvpool::pool::ObjectRef<'p>,
+    ) -> Result<kvpool::pool::ObjectRef<'p>, PoolError> {
+        let (generation, pinned) = (obj.generation(), obj.pinned());
+        if self.continuous(ns, key, generation, pinned) {
+            return Ok(obj);
+        }
+        drop(obj);
+        let _ = self.s.pool.remove_generation(ns, key, generation);
+        Err(PoolError::NotFound)
+    }
+
+    /// False when this read is routed and the object of `key` here is not continuous (it is
+    /// then removed); true otherwise, also when there is no object.
+    fn fresh_key(&self, ns: u32, key: &[u8]) -> bool {
+        if !self.routed {
+            return true;
+        }
+        let Ok(Some((generation, pinned))) = self.s.pool.provenance(ns, key) else {
+            return true;
+        };
+        if self.continuous(ns, key, generation, pinned) {
+            return true;
+        }
+        let _ = self.s.pool.remove_generation(ns, key, generation);
+        false
+    }
+
+    /// May an object of `key` allocated at `generation` be served by this request? Unrouted
+    /// requests (stamp 0: previous-owner reads, the mover) read what is here; routed ones only
+    /// an object this node held as one of its first owners (the namespace's `replicas`, or
+    /// `pinned_replicas` for a pinned object) in every view since it was written.
+    fn continuous(&self, ns: u32, key: &[u8], generation: u64, pinned: bool) -> bool {
+        if !self.routed {
+            return true;
+        }
+        let replicas = self
+            .s
+            .hello
+            .replication
+            .iter()
+            .find(|r| r.ns == ns)
+            .map_or(1, |r| {
+                if pinned {
+                    r.replicas.max(r.pinned_replicas)
+                } else {
+                    r.replicas
+                }
+            });
+        self.s
+            .cluster
+            .continuous(key, generation, replicas.max(1) as usize)
     }
 
     fn batch_check(&self, n: usize) -> Result<(), ErrorCode> {

@@ -23,6 +23,7 @@ pub mod config;
 mod daemon;
 mod deadline;
 mod etcd;
+mod fence;
 mod handler;
 mod http;
 mod listeners;

@@ -83,6 +83,12 @@ impl NsIndex {
         self.find(key).is_some()
     }
 
+    /// The entry of `key`, without counting as an access.
+    pub(crate) fn peek(&self, key: &[u8]) -> Option<&Entry> {
+        let h = self.find(key)?;
+        Some(&self.slots[h as usize].entry)
+    }
+
     /// The entry of `key`, counting as an access (at logical time `stamp`) for the eviction
     /// policy.
     pub(crate) fn get(&mut self, key: &[u8], stamp: u64) -> Option<&mut Entry> {

@@ -704,6 +704,46 @@ impl Pool {
         Ok(true)
     }
 
+    /// The generation and pinned flag of the object under `key` (None when absent), without
+    /// counting a read or touching the eviction order. Generations grow with every allocation
+    /// (see [`Pool::generation_mark`]), so they order an object's writes against other events.
+    pub fn provenance(&self, ns: u32, key: &[u8]) -> Result<Option<(u64, bool)>, PoolError> {
+        self.ns(ns)?;
+        check_key(key)?;
+        let shard = self.shard_lock(key);
+        Ok(shard.ns[ns as usize]
+            .peek(key)
+            .map(|e| (e.generation, e.pinned)))
+    }
+
+    /// Removes the object under `key` only while it is generation `generation` (a newer write
+    /// of the key is left alone). Returns whether it removed it.
+    pub fn remove_generation(
+        &self,
+        ns: u32,
+        key: &[u8],
+        generation: u64,
+    ) -> Result<bool, PoolError> {
+        let space = self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        if shard.ns[ns as usize].peek(key).map(|e| e.generation) != Some(generation) {
+            return Ok(false);
+        }
+        let Some(e) = shard.ns[ns as usize].remove(key) else {
+            return Ok(false);
+        };
+        space.objects.fetch_sub(1, Ordering::Relaxed);
+        self.retire_entry(&mut shard, ns, e);
+        Ok(true)
+    }
+
+    /// The generation the next allocation gets: every object allocated before this call has a
+    /// lower one, every object allocated after it this one or higher.
+    pub fn generation_mark(&self) -> u64 {
+        self.next_generation.load(Ordering::SeqCst)
+    }
+
     /// One-sided read: copies `dst.len()` bytes at `offset` of the object at `addr` into `dst`.
     /// Never touches the index: checks node, segment, memory key and bounds, then copies under
     /// the object's version word, so a read that raced with eviction and reuse is reported as
@@ -987,6 +1027,16 @@ impl ObjectRef<'_> {
         // and nothing in this process writes a committed object: it has no pending entry, so
         // `begin_write_range` refuses it.
         unsafe { seg.data(self.entry.offset, self.entry.len) }
+    }
+
+    /// The object's generation (see [`Pool::provenance`]).
+    pub fn generation(&self) -> u64 {
+        self.entry.generation
+    }
+
+    /// True when the object is pinned.
+    pub fn pinned(&self) -> bool {
+        self.entry.pinned
     }
 
     /// xxh3-64 of the bytes, as checked at commit.

@@ -1,0 +1,366 @@
+//! Which of this node's objects it may still serve as an owner or replica: what keeps an old
+//! copy from an *earlier* ownership from shadowing a write that another node acknowledged
+//! meanwhile.
+//!
+//! A node that owned a key, lost it (a node joined and took it, or the others marked this
+//! node down while it was cut off) and got it back still holds the copy from its first
+//! ownership; the key's owner in between may have acknowledged a newer write. So an object is
+//! served by a routed read (a request stamped with the view it was routed by) only when it is
+//! *continuous*: this node was among the key's first `replicas` owners in every view it adopted
+//! since it allocated the object. Objects carry their allocation's generation (a counter that
+//! grows with every allocation), and every adopted view is kept with the generation mark it
+//! was adopted at, so the view current at each object's write is known exactly.
+//!
+//! Views this node never adopted: between two views it adopted the cluster may have passed
+//! through others (gossip skips states). Only a node itself raises its record's epoch, and
+//! others may only mark that record down, so a node whose epoch is unchanged between the two
+//! served in between only if it served in one of them; one that appeared, or whose epoch moved,
+//! may have served at an epoch this node never saw (see [`may_have_served_between`], which
+//! also uses the order of a node's own states to leave out a draining node leaving). Each
+//! transition is checked against a hypothetical view in which all of those nodes serve:
+//! ranking among more nodes only ranks this node lower, so continuity there implies it in
+//! every view in between. This node's own record changes only here, so it is in the
+//! hypothetical view only when it served in both.
+//!
+//! A node that learns the others marked it down (it refutes that) was cut off: its views then
+//! tell nothing of what the others did, so every object it holds becomes suspect (the *floor*).
+//! The history keeps the last [`HISTORY`] views; objects older than the oldest kept one are
+//! suspect too. Suspect objects are misses; the caller removes them.
+
+use std::collections::VecDeque;
+
+use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+use kvpool::NodeId;
+
+/// Views kept: objects allocated before the oldest of them are never served again as an
+/// owner's copy.
+pub(crate) const HISTORY: usize = 64;
+
+/// One adopted view, as far as ownership goes.
+#[derive(Clone, Debug)]
+struct Adopted {
+    /// The pool's generation mark when this node adopted the view: objects with a generation
+    /// from here on (up to the next entry's mark) were allocated while it was current.
+    mark: u64,
+    /// The view's serving nodes (all marked serving).
+    serving: ClusterView,
+    /// The hypothetical view of the transition into this view (see the module docs).
+    between: ClusterView,
+}
+
+/// The views this node adopted, and the floor below which every object is suspect.
+#[derive(Debug)]
+pub(crate) struct History {
+    me: NodeId,
+    views: VecDeque<Adopted>,
+    /// The last adopted view, whole (to find the records that changed).
+    last: Option<ClusterView>,
+    /// Objects with a lower generation are suspect.
+    floor: u64,
+}
+
+impl History {
+    pub(crate) fn new(me: NodeId) -> History {
+        History {
+            me,
+            views: VecDeque::new(),
+            last: None,
+            floor: 0,
+        }
+    }
+
+    /// Records that this node adopted `view` when the pool's generation mark was `mark`.
+    pub(crate) fn adopt(&mut self, view: &ClusterView, mark: u64) {
+        let serving = serving_of(view.nodes.iter().filter(|n| n.state == NodeState::Serving));
+        let between = match &self.last {
+            None => serving.clone(),
+            Some(prev) => self.between(prev, view),
+        };
+        self.views.push_back(Adopted {
+            mark,
+            serving,
+            between,
+        });
+        if self.views.len() > HISTORY {
+            self.views.pop_front();
+            if let Some(oldest) = self.views.front() {
+                self.floor = self.floor.max(oldest.mark);
+            }
+        }
+        self.last = Some(view.clone());
+    }
+
+    /// Makes every object allocated before `mark` suspect: the others marked this node down.
+    pub(crate) fn fence(&mut self, mark: u64) {
+        self.floor = self.floor.max(mark);
+    }
+
+    /// True when an object of `key` allocated at `generation` may be served by a routed read:
+    /// this node was among the key's first `replicas` owners in every view since.
+    pub(crate) fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
+        if generation < self.floor {
+            return false;
+        }
+        // The view current at the allocation: the last one adopted at or before it.
+        let at = self.views.partition_point(|a| a.mark <= generation);
+        let Some(first) = at.checked_sub(1) else {
+            return false;
+        };
+        let r = replicas.max(1);
+        let owns = |v: &ClusterView| match r {
+            1 => v.owner(key) == Some(self.me),
+            _ => v.owners(key, r).contains(&self.me),
+        };
+        owns(&self.views[first].serving)
+            && self.views.iter().skip(first + 1).all(|a| owns(&a.between))
+    }
+
+    /// The hypothetical view of the transition `prev` → `next`: every node serving in either,
+    /// and every other node that may have served in a view between them
+    /// ([`may_have_served_between`]), as serving; this node only when it served in both.
+    fn between(&self, prev: &ClusterView, next: &ClusterView) -> ClusterView {
+        let me = self.me.0;
+        let serves = |v: &ClusterView| {
+            v.node(self.me)
+                .is_some_and(|n| n.state == NodeState::Serving)
+        };
+        let both = serves(prev) && serves(next);
+        let mut nodes: Vec<NodeInfo> = Vec::new();
+        for n in prev.nodes.iter().chain(next.nodes.iter()) {
+            let wanted = if n.id == me {
+                both
+            } else {
+                let id = NodeId(n.id);
+                may_have_served_between(prev.node(id), next.node(id))
+            };
+            if !wanted {
+                continue;
+            }
+            // The larger capacity of the two records ranks the node higher: the cautious one.
+            match nodes.iter_mut().find(|m| m.id == n.id) {
+                Some(m) => m.capacity = m.capacity.max(n.capacity),
+                None => nodes.push(n.clone()),
+            }
+        }
+        serving_of(nodes.iter())
+    }
+}
+
+/// Whether a node whose record was `prev` in one adopted view and `next` in the next may have
+/// been serving in between, in a view this node never adopted. Each epoch of a node has one
+/// record that only the node itself writes, which others may only mark down at that epoch; a
+/// node process goes joining → serving → draining → down, raising its epoch at each step and to
+/// refute being marked down (keeping its state), and a new process starts joining at an epoch
+/// above its last record.
+fn may_have_served_between(prev: Option<&NodeInfo>, next: Option<&NodeInfo>) -> bool {
+    use NodeState::{Down, Joining, Serving};
+    match (prev, next) {
+        (Some(p), _) if p.state == Serving => true,
+        (_, Some(n)) if n.state == Serving => true,
+        // Appeared: its earlier records are unseen, unless this is a new node's first one.
+        (None, Some(n)) => n.state == Down || n.epoch > 1,
+        // Vanished (a view from etcd): its later records are unseen.
+        (Some(_), None) => true,
+        (None, None) => false,
+        (Some(p), Some(n)) => match n.epoch.saturating_sub(p.epoch) {
+            0 => false,
+            // One step: the record at the new epoch, if it was marked down since, may have
+            // been the step from joining to serving, or from down (state unknown) back up.
+            1 => n.state == Down && matches!(p.state, Joining | Down),
+            _ => true,
+        },
+    }
+}
+
+/// A view of `nodes`, every one of them serving.
+fn serving_of<'a>(nodes: impl Iterator<Item = &'a NodeInfo>) -> ClusterView {
+    ClusterView::from_nodes(
+        nodes
+            .map(|n| NodeInfo {
+                state: NodeState::Serving,
+                ..n.clone()
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
+        NodeInfo {
+            id,
+            tcp: String::new(),
+            quic: String::new(),
+            metrics: String::new(),
+            capacity: 1,
+            state,
+            epoch,
+        }
+    }
+
+    fn view(recs: &[(u32, NodeState, u64)]) -> ClusterView {
+        ClusterView::from_nodes(recs.iter().map(|&(i, s, e)| rec(i, s, e)).collect())
+    }
+
+    use NodeState::{Down, Joining, Serving};
+
+    /// Keys that node `a` owns among `ids` and node `b` owns once it serves too.
+    fn keys_moving(a: u32, b: u32, ids: &[u32]) -> Vec<Vec<u8>> {
+        let with: Vec<_> = ids.iter().map(|&i| (i, Serving, 1)).collect();
+        let without: Vec<_> = ids
+            .iter()
+            .filter(|&&i| i != b)
+            .map(|&i| (i, Serving, 1))
+            .collect();
+        let (with, without) = (view(&with), view(&without));
+        (0..400u32)
+            .map(|i| i.to_le_bytes().to_vec())
+            .filter(|k| without.owner(k) == Some(NodeId(a)) && with.owner(k) == Some(NodeId(b)))
+            .collect()
+    }
+
+    #[test]
+    fn an_object_is_continuous_while_ownership_stays() {
+        let mut h = History::new(NodeId(0));
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1)]), 1);
+        let v = view(&[(0, Serving, 1), (1, Serving, 1)]);
+        let mine: Vec<Vec<u8>> = (0..100u32)
+            .map(|i| i.to_le_bytes().to_vec())
+            .filter(|k| v.owner(k) == Some(NodeId(0)))
+            .collect();
+        assert!(!mine.is_empty());
+        assert!(mine.iter().all(|k| h.continuous(k, 5, 1)));
+        // Node 1 is marked down and comes back (refuting, a higher epoch): node 0 owned its
+        // keys throughout.
+        h.adopt(&view(&[(0, Serving, 1), (1, Down, 1)]), 10);
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 2)]), 20);
+        assert!(mine.iter().all(|k| h.continuous(k, 5, 1)));
+        // Keys of node 1 written here while it was down were not continuous.
+        let theirs: Vec<Vec<u8>> = (0..100u32)
+            .map(|i| i.to_le_bytes().to_vec())
+            .filter(|k| v.owner(k) == Some(NodeId(1)))
+            .collect();
+        assert!(theirs.iter().all(|k| !h.continuous(k, 15, 1)));
+    }
+
+    #[test]
+    fn ownership_that_went_away_and_came_back_is_not_continuous() {
+        let keys = keys_moving(0, 2, &[0, 1, 2]);
+        assert!(!keys.is_empty());
+        let mut h = History::new(NodeId(0));
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1)]), 1);
+        // v0 written here at generation 5.
+        h.adopt(
+            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Joining, 1)]),
+            10,
+        );
+        h.adopt(
+            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 2)]),
+            11,
+        );
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 2)]), 12);
+        for k in &keys {
+            assert!(!h.continuous(k, 5, 1), "node 2 owned it in between");
+            // A write taken after ownership came back is fine.
+            assert!(h.continuous(k, 12, 1));
+        }
+    }
+
+    #[test]
+    fn an_unseen_view_with_a_node_serving_breaks_continuity() {
+        let keys = keys_moving(0, 2, &[0, 1, 2]);
+        let mut h = History::new(NodeId(0));
+        h.adopt(
+            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Joining, 1)]),
+            1,
+        );
+        // This node never saw node 2 serving (epoch 2), only it being down afterwards.
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 2)]), 10);
+        assert!(keys.iter().all(|k| !h.continuous(k, 5, 1)));
+        // A node marked down at an unchanged epoch hides nothing.
+        let all = view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 1)]);
+        let mine: Vec<Vec<u8>> = (0..100u32)
+            .map(|i| i.to_le_bytes().to_vec())
+            .filter(|k| all.owner(k) == Some(NodeId(0)))
+            .collect();
+        let mut h = History::new(NodeId(0));
+        h.adopt(&all, 1);
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 1)]), 10);
+        assert!(mine.iter().all(|k| h.continuous(k, 5, 1)));
+    }
+
+    #[test]
+    fn which_unseen_records_may_have_served() {
+        let may = |p: Option<(NodeState, u64)>, n: Option<(NodeState, u64)>| {
+            let p = p.map(|(s, e)| rec(1, s, e));
+            let n = n.map(|(s, e)| rec(1, s, e));
+            may_have_served_between(p.as_ref(), n.as_ref())
+        };
+        use NodeState::Draining;
+        // A new node's first record hides nothing; a later or a down one may.
+        assert!(!may(None, Some((Joining, 1))));
+        assert!(may(None, Some((Joining, 4))));
+        assert!(may(None, Some((Down, 1))));
+        // Marked down at the same epoch: nothing in between.
+        assert!(!may(Some((Joining, 1)), Some((Down, 1))));
+        assert!(!may(Some((Down, 3)), Some((Down, 3))));
+        // Joining, then down one epoch later: it may have served at that epoch.
+        assert!(may(Some((Joining, 1)), Some((Down, 2))));
+        assert!(!may(Some((Joining, 1)), Some((Draining, 2))));
+        // A draining node leaving, or refuting, never served again.
+        assert!(!may(Some((Draining, 3)), Some((Down, 4))));
+        assert!(!may(Some((Draining, 3)), Some((Draining, 4))));
+        // Down, then down again one epoch later: a new process may have come up.
+        assert!(may(Some((Down, 3)), Some((Down, 4))));
+        // Epochs skipped, or a record gone: unknown.
+        assert!(may(Some((Draining, 3)), Some((Down, 5))));
+        assert!(may(Some((Joining, 1)), None));
+    }
+
+    #[test]
+    fn replicas_count_the_first_owners_only() {
+        let v = view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 1)]);
+        let mut h = History::new(NodeId(0));
+        h.adopt(&v, 1);
+        for i in 0..100u32 {
+            let k = i.to_le_bytes();
+            let rank = v
+                .owners(&k, 3)
+                .iter()
+                .position(|&o| o == NodeId(0))
+                .unwrap();
+            assert_eq!(h.continuous(&k, 1, 1), rank == 0);
+            assert_eq!(h.continuous(&k, 1, 2), rank <= 1);
+        }
+    }
+
+    #[test]
+    fn fencing_and_pruning_make_older_objects_suspect() {
+        let v = view(&[(0, Serving, 1)]);
+        let mut h = History::new(NodeId(0));
+        h.adopt(&v, 0);
+        assert!(h.continuous(b"k", 3, 1));
+        h.fence(4);
+        assert!(!h.continuous(b"k", 3, 1));
+        assert!(h.continuous(b"k", 4, 1));
+        for i in 0..HISTORY as u64 {
+            h.adopt(&view(&[(0, Serving, i + 2)]), 100 + i);
+        }
+        assert!(!h.continuous(b"k", 50, 1), "older than every kept view");
+        assert!(h.continuous(b"k", 100 + HISTORY as u64, 1));
+        // Before any view: nothing is known.
+        assert!(!History::new(NodeId(0)).continuous(b"k", 1, 1));
+    }
+
+    #[test]
+    fn this_node_not_serving_breaks_continuity() {
+        let mut h = History::new(NodeId(0));
+        h.adopt(&view(&[(0, Serving, 1)]), 0);
+        h.adopt(&view(&[(0, NodeState::Draining, 2)]), 5);
+        h.adopt(&view(&[(0, Serving, 3)]), 6);
+        assert!(!h.continuous(b"k", 1, 1));
+        assert!(h.continuous(b"k", 6, 1));
+    }
+}
