@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use kvpool_client::blocking::Client;
 use kvpool_client::{ClientConfig, SameHost};
+use serde_json::json;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -495,40 +496,49 @@ fn print_stats(s: &kvpool::pool::PoolStats, local: bool) {
     }
 }
 
-fn stats_json(s: &kvpool::pool::PoolStats) -> String {
-    let segs: Vec<String> = s
+/// `kvpool stats --json`: the node's statistics as one JSON object.
+fn stats_json(s: &kvpool::pool::PoolStats) -> serde_json::Value {
+    let segments: Vec<_> = s
         .segments
         .iter()
         .map(|g| {
-            format!(
-                r#"{{"id":{},"capacity":{},"used_bytes":{},"free_bytes":{},"live_blocks":{},"largest_free_run":{},"external_fragmentation":{}}}"#,
-                g.id, g.capacity, g.used_bytes, g.free_bytes, g.live_blocks, g.largest_free_run, g.external_fragmentation
-            )
+            json!({
+                "id": g.id,
+                "capacity": g.capacity,
+                "used_bytes": g.used_bytes,
+                "free_bytes": g.free_bytes,
+                "live_blocks": g.live_blocks,
+                "largest_free_run": g.largest_free_run,
+                "external_fragmentation": g.external_fragmentation,
+            })
         })
         .collect();
-    let nss: Vec<String> = s
+    let namespaces: Vec<_> = s
         .namespaces
         .iter()
         .map(|n| {
-            format!(
-                r#"{{"name":{:?},"id":{},"quota_bytes":{},"used_bytes":{},"pinned_bytes":{},"objects":{}}}"#,
-                n.name, n.id, n.quota_bytes, n.used_bytes, n.pinned_bytes, n.objects
-            )
+            json!({
+                "name": n.name,
+                "id": n.id,
+                "quota_bytes": n.quota_bytes,
+                "used_bytes": n.used_bytes,
+                "pinned_bytes": n.pinned_bytes,
+                "objects": n.objects,
+            })
         })
         .collect();
-    format!(
-        r#"{{"node":{},"objects":{},"pending":{},"hits":{},"misses":{},"evictions":{},"commits":{},"reaped":{},"segments":[{}],"namespaces":[{}]}}"#,
-        s.node,
-        s.objects,
-        s.pending,
-        s.hits,
-        s.misses,
-        s.evictions,
-        s.commits,
-        s.reaped,
-        segs.join(","),
-        nss.join(",")
-    )
+    json!({
+        "node": s.node,
+        "objects": s.objects,
+        "pending": s.pending,
+        "hits": s.hits,
+        "misses": s.misses,
+        "evictions": s.evictions,
+        "commits": s.commits,
+        "reaped": s.reaped,
+        "segments": segments,
+        "namespaces": namespaces,
+    })
 }
 
 type ClusterRow = (kvpool::placement::NodeInfo, Option<kvpool::pool::PoolStats>);
@@ -565,27 +575,24 @@ fn print_cluster(version: u64, rows: &[ClusterRow]) {
     }
 }
 
-fn cluster_json(version: u64, rows: &[ClusterRow]) -> String {
-    let nodes: Vec<String> = rows
+/// `kvpool cluster status --json`: the view as one JSON object; a node whose statistics could
+/// not be read has `null` use.
+fn cluster_json(version: u64, rows: &[ClusterRow]) -> serde_json::Value {
+    let nodes: Vec<_> = rows
         .iter()
         .map(|(n, s)| {
-            let (used, objects) = match s {
-                Some(s) => (used_bytes(s).to_string(), s.objects.to_string()),
-                None => ("null".into(), "null".into()),
-            };
-            format!(
-                r#"{{"id":{},"state":"{}","epoch":{},"tcp":{:?},"quic":{:?},"metrics":{:?},"capacity":{},"used_bytes":{},"objects":{}}}"#,
-                n.id,
-                n.state.name(),
-                n.epoch,
-                n.tcp,
-                n.quic,
-                n.metrics,
-                n.capacity,
-                used,
-                objects
-            )
+            json!({
+                "id": n.id,
+                "state": n.state.name(),
+                "epoch": n.epoch,
+                "tcp": n.tcp,
+                "quic": n.quic,
+                "metrics": n.metrics,
+                "capacity": n.capacity,
+                "used_bytes": s.as_ref().map(used_bytes),
+                "objects": s.as_ref().map(|s| s.objects),
+            })
         })
         .collect();
-    format!(r#"{{"version":{version},"nodes":[{}]}}"#, nodes.join(","))
+    json!({ "version": version, "nodes": nodes })
 }

@@ -24,6 +24,11 @@ fn kvpoold() -> std::path::PathBuf {
 }
 
 fn start() -> (Daemon, String) {
+    start_with(&[])
+}
+
+/// A daemon started with `extra` arguments after the usual ones.
+fn start_with(extra: &[&str]) -> (Daemon, String) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("kvpool-cli-test-{}-{n}", std::process::id()));
@@ -40,6 +45,7 @@ fn start() -> (Daemon, String) {
             "--metrics",
             "",
         ])
+        .args(extra)
         .env("KVPOOL_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
@@ -182,4 +188,49 @@ fn prefix_hash_match_and_stats() {
         row.split_whitespace().collect::<Vec<_>>()[1..4] == ["2", "6", "3"],
         "{text}"
     );
+}
+
+/// Every `--json` output is valid JSON, even for a namespace whose name needs escaping (a quote,
+/// a backslash, a newline, control characters and non-ASCII), and carries what it says.
+#[test]
+fn json_outputs_parse() {
+    let weird = "t\"e\\n\u{1}\u{7f}\u{e9}\nline";
+    let cfg = std::env::temp_dir().join(format!("kvpool-cli-json-{}.toml", std::process::id()));
+    std::fs::write(
+        &cfg,
+        "[[namespace]]\nname = \"t\\\"e\\\\n\\u0001\\u007F\\u00E9\\nline\"\n",
+    )
+    .unwrap();
+    let (_d, ep) = start_with(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(kvpool(&ep, &["-n", weird, "put", "k\"\\"], b"v").0, 0);
+
+    let parse = |args: &[&str]| -> serde_json::Value {
+        let (code, out, err) = kvpool(&ep, args, b"");
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let text = String::from_utf8(out).unwrap();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: {e}: {text}"))
+    };
+    let stats = parse(&["-n", weird, "stats", "--json"]);
+    assert_eq!(stats["objects"], 1, "{stats}");
+    let ns = stats["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == weird)
+        .unwrap_or_else(|| panic!("no namespace {weird:?} in {stats}"));
+    assert_eq!(ns["objects"], 1);
+    assert_eq!(stats["segments"][0]["capacity"], 32u64 << 20);
+
+    let view = parse(&["cluster", "status", "--json"]);
+    let nodes = view["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "{view}");
+    assert_eq!(nodes[0]["state"], "serving", "{view}");
+    assert_eq!(
+        format!("tcp://{}", nodes[0]["tcp"].as_str().unwrap()),
+        ep,
+        "{view}"
+    );
+    assert_eq!(nodes[0]["objects"], 1, "{view}");
+    assert!(view["version"].is_u64(), "{view}");
+    let _ = std::fs::remove_file(cfg);
 }

@@ -1,14 +1,21 @@
 //! Prometheus metrics: operation counts and latency histograms per operation type, connections,
-//! bytes, and the pool's own occupancy and counters, in the text exposition format, served over
-//! plain HTTP on `GET /metrics`. Per-namespace series name the tenants, so they are shown only
+//! bytes, and the pool's own occupancy and counters, in the OpenMetrics text format (encoded by
+//! `prometheus-client`), served over plain HTTP on `GET /metrics`. Per-namespace series name the tenants, so they are shown only
 //! as `listen.metrics_namespaces` allows.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvpool::pool::PoolStats;
 use kvpool::Pool;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -72,13 +79,15 @@ const OPS: [(OpKind, &str); 16] = [
     (OpKind::Admin, "admin"),
 ];
 
-/// Latency bucket upper bounds: 2^k microseconds, k = 0..24 (1 µs .. 16 s), then +Inf.
+/// Latency bucket upper bounds: 2^k microseconds, k = 0..24 (1 µs .. 8 s), then +Inf.
 const BUCKETS: usize = 25;
 
-#[derive(Default)]
+/// One operation type: outcome counters and a latency histogram kept in plain atomics (the
+/// client library's own histogram takes a lock per observation).
+#[derive(Debug, Default)]
 struct OpStats {
-    ok: AtomicU64,
-    err: AtomicU64,
+    ok: Counter,
+    err: Counter,
     sum_us: AtomicU64,
     buckets: [AtomicU64; BUCKETS],
 }
@@ -105,25 +114,33 @@ impl Transport {
     }
 }
 
+const TRANSPORTS: [Transport; 3] = [Transport::Tcp, Transport::Quic, Transport::Unix];
+
+/// The daemon's own series: every one a lock-free atomic, indexed by its labels.
+#[derive(Debug, Default)]
+struct Daemon {
+    ops: [OpStats; OPS.len()],
+    connections: [Gauge; 3],
+    connections_accepted: [Counter; 3],
+    protocol_errors: Counter,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
 /// The daemon's counters.
 #[derive(Default)]
 pub struct Metrics {
-    ops: [OpStats; OPS.len()],
-    connections: [AtomicI64; 3],
-    connections_total: [AtomicU64; 3],
-    protocol_errors: AtomicU64,
-    bytes_in: AtomicU64,
-    bytes_out: AtomicU64,
+    daemon: Arc<Daemon>,
 }
 
 impl Metrics {
     /// Records one operation.
     pub fn record(&self, op: OpKind, elapsed: Duration, ok: bool) {
-        let s = &self.ops[OPS
+        let s = &self.daemon.ops[OPS
             .iter()
             .position(|(k, _)| *k == op)
             .expect("every op is listed")];
-        if ok { &s.ok } else { &s.err }.fetch_add(1, Ordering::Relaxed);
+        if ok { &s.ok } else { &s.err }.inc();
         let us = elapsed.as_micros().min(u64::MAX as u128) as u64;
         s.sum_us.fetch_add(us, Ordering::Relaxed);
         let bucket = (64 - us.max(1).saturating_sub(1).leading_zeros() as usize).min(BUCKETS - 1);
@@ -132,244 +149,281 @@ impl Metrics {
 
     /// A connection (or QUIC stream) opened.
     pub fn connection_opened(&self, t: Transport) {
-        self.connections[t.index()].fetch_add(1, Ordering::Relaxed);
-        self.connections_total[t.index()].fetch_add(1, Ordering::Relaxed);
+        self.daemon.connections[t.index()].inc();
+        self.daemon.connections_accepted[t.index()].inc();
     }
 
     /// A connection closed.
     pub fn connection_closed(&self, t: Transport) {
-        self.connections[t.index()].fetch_sub(1, Ordering::Relaxed);
+        self.daemon.connections[t.index()].dec();
     }
 
     /// A frame broke the protocol.
     pub fn protocol_error(&self) {
-        self.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        self.daemon.protocol_errors.inc();
     }
 
     /// Payload bytes received and sent.
     pub fn bytes(&self, read: u64, written: u64) {
-        self.bytes_in.fetch_add(read, Ordering::Relaxed);
-        self.bytes_out.fetch_add(written, Ordering::Relaxed);
+        self.daemon.bytes_in.inc_by(read);
+        self.daemon.bytes_out.inc_by(written);
     }
 
-    /// The exposition text; the per-namespace series only with `namespaces`.
-    pub fn render(&self, pool: &Pool, namespaces: bool) -> String {
-        let mut o = String::with_capacity(8192);
-        let st = pool.stats();
-        let node = st.node;
-        let family = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(&mut o, "kvpool_objects", "gauge", "Committed objects.");
-        let _ = writeln!(o, "kvpool_objects{{node=\"{node}\"}} {}", st.objects);
+    /// The page in the OpenMetrics text format, ending in `# EOF`; the per-namespace series
+    /// only with `namespaces`.
+    pub fn render(&self, pool: &Pool, namespaces: bool) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Scrape {
+            daemon: self.daemon.clone(),
+            pool: pool.stats(),
+            namespaces,
+        }));
+        let mut out = String::with_capacity(16 << 10);
+        text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+}
+
+/// One scrape: the daemon's counters and a snapshot of the pool's.
+#[derive(Debug)]
+struct Scrape {
+    daemon: Arc<Daemon>,
+    pool: PoolStats,
+    namespaces: bool,
+}
+
+/// Writes one metric family: its descriptor, then each series with its labels.
+fn family<S: EncodeLabelSet, M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    kind: MetricType,
+    series: impl IntoIterator<Item = (S, M)>,
+) -> std::fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, unit, kind)?;
+    for (labels, metric) in series {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(v: u64) -> ConstGauge<u64> {
+    ConstGauge::new(v)
+}
+
+fn counter(v: u64) -> ConstCounter<u64> {
+    ConstCounter::new(v)
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let st = &self.pool;
+        let d = &*self.daemon;
+        let node = st.node.to_string();
+        let node = node.as_str();
+        let bytes = Some(&Unit::Bytes);
+        let (gauge_t, counter_t) = (MetricType::Gauge, MetricType::Counter);
+        let e = &mut enc;
         family(
-            &mut o,
+            e,
+            "kvpool_objects",
+            "Committed objects.",
+            None,
+            gauge_t,
+            [([("node", node)], gauge(st.objects))],
+        )?;
+        family(
+            e,
             "kvpool_pending_allocations",
-            "gauge",
             "Allocations not yet committed.",
-        );
-        let _ = writeln!(
-            o,
-            "kvpool_pending_allocations{{node=\"{node}\"}} {}",
-            st.pending
-        );
+            None,
+            gauge_t,
+            [([("node", node)], gauge(st.pending))],
+        )?;
         for (name, help, v) in [
+            ("kvpool_hits", "Lookups that found their object.", st.hits),
+            ("kvpool_misses", "Lookups that did not.", st.misses),
             (
-                "kvpool_hits_total",
-                "Lookups that found their object.",
-                st.hits,
-            ),
-            ("kvpool_misses_total", "Lookups that did not.", st.misses),
-            (
-                "kvpool_evictions_total",
+                "kvpool_evictions",
                 "Objects evicted for space.",
                 st.evictions,
             ),
-            ("kvpool_commits_total", "Objects committed.", st.commits),
+            ("kvpool_commits", "Objects committed.", st.commits),
             (
-                "kvpool_reaped_total",
+                "kvpool_reaped",
                 "Abandoned allocations reclaimed.",
                 st.reaped,
             ),
         ] {
-            family(&mut o, name, "counter", help);
-            let _ = writeln!(o, "{name}{{node=\"{node}\"}} {v}");
+            family(
+                e,
+                name,
+                help,
+                None,
+                counter_t,
+                [([("node", node)], counter(v))],
+            )?;
         }
+        let ids: Vec<String> = st.segments.iter().map(|s| s.id.to_string()).collect();
         family(
-            &mut o,
-            "kvpool_segment_bytes",
-            "gauge",
+            e,
+            "kvpool_segment",
             "Segment bytes by state (used, free, capacity).",
-        );
-        for s in &st.segments {
-            for (state, v) in [
-                ("capacity", s.capacity),
-                ("used", s.used_bytes),
-                ("free", s.free_bytes),
-            ] {
-                let _ = writeln!(
-                    o,
-                    "kvpool_segment_bytes{{node=\"{node}\",segment=\"{}\",state=\"{state}\"}} {v}",
-                    s.id
-                );
-            }
-        }
+            bytes,
+            gauge_t,
+            st.segments.iter().zip(&ids).flat_map(|(s, id)| {
+                [
+                    ("capacity", s.capacity),
+                    ("used", s.used_bytes),
+                    ("free", s.free_bytes),
+                ]
+                .map(|(state, v)| {
+                    (
+                        [("node", node), ("segment", id), ("state", state)],
+                        gauge(v),
+                    )
+                })
+            }),
+        )?;
         family(
-            &mut o,
+            e,
             "kvpool_segment_fragmentation",
-            "gauge",
             "1 - largest free run / free bytes.",
-        );
-        for s in &st.segments {
-            let _ = writeln!(
-                o,
-                "kvpool_segment_fragmentation{{node=\"{node}\",segment=\"{}\"}} {:.4}",
-                s.id, s.external_fragmentation
-            );
-        }
-        if namespaces {
+            None,
+            gauge_t,
+            st.segments.iter().zip(&ids).map(|(s, id)| {
+                (
+                    [("node", node), ("segment", id)],
+                    ConstGauge::new(s.external_fragmentation),
+                )
+            }),
+        )?;
+        if self.namespaces {
             family(
-                &mut o,
-                "kvpool_namespace_bytes",
-                "gauge",
+                e,
+                "kvpool_namespace",
                 "Namespace bytes by kind (used, pinned, quota).",
-            );
+                bytes,
+                gauge_t,
+                st.namespaces.iter().flat_map(|n| {
+                    [
+                        ("used", n.used_bytes),
+                        ("pinned", n.pinned_bytes),
+                        ("quota", n.quota_bytes),
+                    ]
+                    .into_iter()
+                    .filter(|&(kind, v)| !(kind == "quota" && v == u64::MAX))
+                    .map(|(kind, v)| {
+                        (
+                            [
+                                ("node", node),
+                                ("namespace", n.name.as_str()),
+                                ("kind", kind),
+                            ],
+                            gauge(v),
+                        )
+                    })
+                }),
+            )?;
             family(
-                &mut o,
+                e,
                 "kvpool_namespace_objects",
-                "gauge",
                 "Committed objects per namespace.",
-            );
-        }
-        for n in st.namespaces.iter().filter(|_| namespaces) {
-            let ns = escape(&n.name);
-            for (kind, v) in [
-                ("used", n.used_bytes),
-                ("pinned", n.pinned_bytes),
-                ("quota", n.quota_bytes),
-            ] {
-                if kind == "quota" && v == u64::MAX {
-                    continue;
-                }
-                let _ = writeln!(o, "kvpool_namespace_bytes{{node=\"{node}\",namespace=\"{ns}\",kind=\"{kind}\"}} {v}");
-            }
-            let _ = writeln!(
-                o,
-                "kvpool_namespace_objects{{node=\"{node}\",namespace=\"{ns}\"}} {}",
-                n.objects
-            );
+                None,
+                gauge_t,
+                st.namespaces.iter().map(|n| {
+                    (
+                        [("node", node), ("namespace", n.name.as_str())],
+                        gauge(n.objects),
+                    )
+                }),
+            )?;
         }
         family(
-            &mut o,
+            e,
             "kvpool_connections",
-            "gauge",
             "Open connections by transport.",
-        );
+            None,
+            gauge_t,
+            TRANSPORTS.map(|t| ([("transport", t.name())], d.connections[t.index()].clone())),
+        )?;
         family(
-            &mut o,
-            "kvpool_connections_total",
-            "counter",
+            e,
+            "kvpool_connections_accepted",
             "Connections accepted by transport.",
-        );
-        for t in [Transport::Tcp, Transport::Quic, Transport::Unix] {
-            let _ = writeln!(
-                o,
-                "kvpool_connections{{transport=\"{}\"}} {}",
-                t.name(),
-                self.connections[t.index()].load(Ordering::Relaxed)
-            );
-            let _ = writeln!(
-                o,
-                "kvpool_connections_total{{transport=\"{}\"}} {}",
-                t.name(),
-                self.connections_total[t.index()].load(Ordering::Relaxed)
-            );
-        }
-        family(
-            &mut o,
-            "kvpool_protocol_errors_total",
-            "counter",
+            None,
+            counter_t,
+            TRANSPORTS.map(|t| {
+                (
+                    [("transport", t.name())],
+                    d.connections_accepted[t.index()].clone(),
+                )
+            }),
+        )?;
+        let errors = e.encode_descriptor(
+            "kvpool_protocol_errors",
             "Frames that broke the protocol.",
-        );
-        let _ = writeln!(
-            o,
-            "kvpool_protocol_errors_total {}",
-            self.protocol_errors.load(Ordering::Relaxed)
-        );
+            None,
+            counter_t,
+        )?;
+        d.protocol_errors.encode(errors)?;
         family(
-            &mut o,
-            "kvpool_payload_bytes_total",
-            "counter",
+            e,
+            "kvpool_payload",
             "Payload bytes by direction.",
-        );
-        let _ = writeln!(
-            o,
-            "kvpool_payload_bytes_total{{direction=\"in\"}} {}",
-            self.bytes_in.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            o,
-            "kvpool_payload_bytes_total{{direction=\"out\"}} {}",
-            self.bytes_out.load(Ordering::Relaxed)
-        );
+            bytes,
+            counter_t,
+            [
+                ([("direction", "in")], d.bytes_in.clone()),
+                ([("direction", "out")], d.bytes_out.clone()),
+            ],
+        )?;
         family(
-            &mut o,
-            "kvpool_operations_total",
-            "counter",
+            e,
+            "kvpool_operations",
             "Operations by type and outcome.",
-        );
-        for (i, (_, name)) in OPS.iter().enumerate() {
-            let s = &self.ops[i];
-            let _ = writeln!(
-                o,
-                "kvpool_operations_total{{op=\"{name}\",outcome=\"ok\"}} {}",
-                s.ok.load(Ordering::Relaxed)
-            );
-            let _ = writeln!(
-                o,
-                "kvpool_operations_total{{op=\"{name}\",outcome=\"error\"}} {}",
-                s.err.load(Ordering::Relaxed)
-            );
-        }
-        family(
-            &mut o,
-            "kvpool_operation_seconds",
-            "histogram",
+            None,
+            counter_t,
+            OPS.iter().zip(&d.ops).flat_map(|((_, op), s)| {
+                [
+                    ([("op", *op), ("outcome", "ok")], s.ok.clone()),
+                    ([("op", *op), ("outcome", "error")], s.err.clone()),
+                ]
+            }),
+        )?;
+        let mut latency = e.encode_descriptor(
+            "kvpool_operation",
             "Operation latency inside the daemon.",
-        );
-        for (i, (_, name)) in OPS.iter().enumerate() {
-            let s = &self.ops[i];
-            let mut cum = 0;
-            for (b, count) in s.buckets.iter().enumerate() {
-                cum += count.load(Ordering::Relaxed);
-                if b + 1 < BUCKETS {
-                    let le = (1u64 << b) as f64 / 1e6;
-                    let _ = writeln!(
-                        o,
-                        "kvpool_operation_seconds_bucket{{op=\"{name}\",le=\"{le}\"}} {cum}"
-                    );
-                }
-            }
-            let _ = writeln!(
-                o,
-                "kvpool_operation_seconds_bucket{{op=\"{name}\",le=\"+Inf\"}} {cum}"
-            );
-            let _ = writeln!(
-                o,
-                "kvpool_operation_seconds_sum{{op=\"{name}\"}} {}",
-                s.sum_us.load(Ordering::Relaxed) as f64 / 1e6
-            );
-            let _ = writeln!(o, "kvpool_operation_seconds_count{{op=\"{name}\"}} {cum}");
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for ((_, op), s) in OPS.iter().zip(&d.ops) {
+            let buckets: Vec<(f64, u64)> = s
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(b, n)| {
+                    let le = if b + 1 < BUCKETS {
+                        (1u64 << b) as f64 / 1e6
+                    } else {
+                        f64::INFINITY
+                    };
+                    (le, n.load(Ordering::Relaxed))
+                })
+                .collect();
+            let count = buckets.iter().map(|(_, n)| n).sum();
+            let sum = s.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+            latency
+                .encode_family(&[("op", *op)])?
+                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         }
-        o
+        Ok(())
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+/// The content type of the page.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Most scrapes served at once; more wait in the listen backlog.
 const MAX_SCRAPES: usize = 16;
@@ -448,8 +502,14 @@ pub async fn serve(
                         NamespaceMetrics::Open => true,
                         NamespaceMetrics::Token => token.is_empty() || bears(&req, &token),
                     };
-                    let body = metrics.render(&pool, show);
-                    ("200 OK", "text/plain; version=0.0.4", body)
+                    match metrics.render(&pool, show) {
+                        Ok(body) => ("200 OK", OPENMETRICS, body),
+                        Err(_) => (
+                            "500 Internal Server Error",
+                            "text/plain",
+                            "encoding failed\n".to_string(),
+                        ),
+                    }
                 } else if req.starts_with("GET /health ") {
                     ("200 OK", "text/plain", "ok\n".to_string())
                 } else {

@@ -1,0 +1,265 @@
+//! The metrics page of a real `kvpoold`, parsed: every line is a well-formed OpenMetrics
+//! descriptor or sample, label values are escaped (a namespace name with a quote, a backslash
+//! and a newline comes back intact), and every metric docs/OPERATIONS.md documents is there.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::Node;
+use kvpool_client::{Client, ClientConfig, SameHost};
+
+/// One sample: its name, labels and value.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// The page: families by name (with their type) and the samples, in order.
+#[derive(Debug, Default)]
+struct Page {
+    families: BTreeMap<String, String>,
+    samples: Vec<Sample>,
+}
+
+fn metric_name(s: &str) -> Result<(&str, &str), String> {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(s.len());
+    let name = &s[..end];
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err(format!("bad metric name in {s:?}"));
+    }
+    Ok((name, &s[end..]))
+}
+
+/// Parses `{a="x",b="y"}` at the start of `s`, unescaping the values; returns the rest.
+fn labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String> {
+    let mut out = BTreeMap::new();
+    let Some(rest) = s.strip_prefix('{') else {
+        return Ok((out, s));
+    };
+    s = rest;
+    loop {
+        if let Some(rest) = s.strip_prefix('}') {
+            return Ok((out, rest));
+        }
+        let (name, rest) = metric_name(s)?;
+        let rest = rest
+            .strip_prefix("=\"")
+            .ok_or_else(|| format!("label {name} has no quoted value: {s:?}"))?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next() {
+                None => return Err(format!("unterminated label value: {rest:?}")),
+                Some((i, '"')) => break i,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, '\\')) => value.push('\\'),
+                    Some((_, '"')) => value.push('"'),
+                    Some((_, 'n')) => value.push('\n'),
+                    other => return Err(format!("bad escape {other:?} in {rest:?}")),
+                },
+                Some((_, c)) => value.push(c),
+            }
+        };
+        if out.insert(name.to_string(), value).is_some() {
+            return Err(format!("label {name} repeated"));
+        }
+        s = &rest[end + 1..];
+        if let Some(rest) = s.strip_prefix(',') {
+            s = rest;
+        } else if !s.starts_with('}') {
+            return Err(format!("expected , or }} at {s:?}"));
+        }
+    }
+}
+
+/// Parses an OpenMetrics text page strictly enough to catch what a scraper would reject.
+fn parse(body: &str) -> Result<Page, String> {
+    let mut page = Page::default();
+    let body = body
+        .strip_suffix("# EOF\n")
+        .ok_or("the page does not end in # EOF")?;
+    let mut family: Option<(String, String)> = None;
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (kind, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let arg = parts.next().ok_or(format!("bad comment line {line:?}"))?;
+            metric_name(name).and_then(|(n, r)| {
+                (n == name && r.is_empty())
+                    .then_some(())
+                    .ok_or(format!("bad name {name:?}"))
+            })?;
+            match kind {
+                "HELP" => {}
+                "UNIT" => {
+                    if !name.ends_with(&format!("_{arg}")) {
+                        return Err(format!("{name} does not end in its unit {arg}"));
+                    }
+                }
+                "TYPE" => {
+                    if !["counter", "gauge", "histogram"].contains(&arg) {
+                        return Err(format!("unexpected type {arg} of {name}"));
+                    }
+                    if page.families.insert(name.into(), arg.into()).is_some() {
+                        return Err(format!("family {name} described twice"));
+                    }
+                    family = Some((name.into(), arg.into()));
+                }
+                _ => return Err(format!("unexpected comment {line:?}")),
+            }
+            continue;
+        }
+        let (name, rest) = metric_name(line)?;
+        let (labels, rest) = labels(rest)?;
+        let value = rest
+            .strip_prefix(' ')
+            .ok_or(format!("no value in {line:?}"))?;
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().map_err(|_| format!("bad value in {line:?}"))?,
+        };
+        let (fam, kind) = family
+            .as_ref()
+            .ok_or(format!("sample before any TYPE: {line:?}"))?;
+        let suffixes: &[&str] = match kind.as_str() {
+            "counter" => &["_total"],
+            "gauge" => &[""],
+            _ => &["_bucket", "_sum", "_count"],
+        };
+        if !suffixes.iter().any(|s| name == format!("{fam}{s}")) {
+            return Err(format!("sample {name} is not of family {fam} ({kind})"));
+        }
+        if name.ends_with("_bucket") && !labels.contains_key("le") {
+            return Err(format!("bucket without le: {line:?}"));
+        }
+        page.samples.push(Sample {
+            name: name.into(),
+            labels,
+            value,
+        });
+    }
+    Ok(page)
+}
+
+/// The metric names in the Metrics table of docs/OPERATIONS.md.
+fn documented() -> BTreeSet<String> {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
+        .unwrap();
+    let table = docs
+        .split("\n## Metrics\n")
+        .nth(1)
+        .expect("a Metrics section")
+        .split("\n\n")
+        .find(|p| p.starts_with("| metric |"))
+        .expect("a table of metrics");
+    table
+        .lines()
+        .skip(2)
+        .filter_map(|row| row.split('|').nth(1))
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string))
+        .collect()
+}
+
+fn get(page: &Page, name: &str, want: &[(&str, &str)]) -> f64 {
+    page.samples
+        .iter()
+        .find(|s| {
+            s.name == name
+                && want
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .unwrap_or_else(|| panic!("no {name} {want:?}"))
+        .value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_parses_and_escapes_label_values() {
+    let weird = "we\"ird\\ns\nline";
+    let cfg = common::temp_dir("metrics-config").join("kvpoold.toml");
+    std::fs::write(
+        &cfg,
+        "[listen]\nmetrics_namespaces = \"open\"\n\
+         [[namespace]]\nname = \"we\\\"ird\\\\ns\\nline\"\nquota = \"4MiB\"\n",
+    )
+    .unwrap();
+    let n = Node::start("16MiB", &["-c", cfg.to_str().unwrap()]);
+    let c = Client::connect(
+        &n.tcp_url(),
+        ClientConfig {
+            namespace: weird.into(),
+            same_host: SameHost::Off,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    c.put(b"k", b"value").await.unwrap();
+    assert_eq!(c.get(b"k").await.unwrap().unwrap(), b"value");
+
+    let response = n.scrape();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    let page = parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+
+    // The namespace name comes back exactly, in every per-namespace series.
+    let ns = [("namespace", weird)];
+    assert_eq!(get(&page, "kvpool_namespace_objects", &ns), 1.0);
+    assert_eq!(
+        get(&page, "kvpool_namespace_bytes", &[ns[0], ("kind", "quota")]),
+        (4 << 20) as f64
+    );
+    assert!(get(&page, "kvpool_namespace_bytes", &[ns[0], ("kind", "used")]) >= 5.0);
+    assert_eq!(
+        get(
+            &page,
+            "kvpool_operations_total",
+            &[("op", "put"), ("outcome", "ok")]
+        ),
+        1.0
+    );
+    assert_eq!(get(&page, "kvpool_hits_total", &[("node", "0")]), 1.0);
+    assert_eq!(
+        get(&page, "kvpool_operation_seconds_count", &[("op", "put")]),
+        1.0
+    );
+    assert_eq!(
+        get(
+            &page,
+            "kvpool_operation_seconds_bucket",
+            &[("op", "put"), ("le", "+Inf")]
+        ),
+        1.0
+    );
+    assert!(get(&page, "kvpool_connections", &[("transport", "tcp")]) >= 1.0);
+
+    // Every documented metric is on the page, and every family on it is documented.
+    let names: BTreeSet<&str> = page.samples.iter().map(|s| s.name.as_str()).collect();
+    let docs = documented();
+    for d in &docs {
+        let histogram = format!("{d}_bucket");
+        assert!(
+            names.contains(d.as_str()) || names.contains(histogram.as_str()),
+            "documented {d} is not on the page"
+        );
+    }
+    for (family, kind) in &page.families {
+        let sample = if kind == "counter" {
+            format!("{family}_total")
+        } else {
+            family.clone()
+        };
+        assert!(docs.contains(&sample), "{sample} is not in the docs table");
+    }
+}
