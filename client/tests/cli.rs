@@ -1,65 +1,19 @@
 //! The `kvpool` command line against a real `kvpoold`.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 
-struct Daemon(std::process::Child, std::path::PathBuf);
+use kvpool_system_tests::{temp_dir, Node};
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn kvpoold() -> std::path::PathBuf {
-    // Built by `cargo test --workspace` next to this crate's own binary.
-    let p = std::path::Path::new(env!("CARGO_BIN_EXE_kvpool")).with_file_name("kvpoold");
-    assert!(
-        p.exists(),
-        "build kvpoold first: cargo build -p kvpool-server"
-    );
-    p
-}
-
-fn start() -> (Daemon, String) {
+fn start() -> (Node, String) {
     start_with(&[])
 }
 
-/// A daemon started with `extra` arguments after the usual ones.
-fn start_with(extra: &[&str]) -> (Daemon, String) {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kvpool-cli-test-{}-{n}", std::process::id()));
-    let mut child = Command::new(kvpoold())
-        .args([
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--memory",
-            "32MiB",
-            "--tcp",
-            "127.0.0.1:0",
-            "--quic",
-            "",
-            "--metrics",
-            "",
-        ])
-        .args(extra)
-        .env("KVPOOL_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let tcp = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("tcp="))
-        .expect("ready line")
-        .to_string();
-    (Daemon(child, dir), format!("tcp://{tcp}"))
+/// A node with TCP only (no QUIC, no metrics), started with `extra` arguments, and its endpoint.
+fn start_with(extra: &[&str]) -> (Node, String) {
+    let node = Node::start_in(temp_dir("cli"), "32MiB", extra, &["127.0.0.1:0", "", ""]);
+    let ep = node.tcp_url();
+    (node, ep)
 }
 
 fn kvpool(endpoint: &str, args: &[&str], stdin: &[u8]) -> (i32, Vec<u8>, String) {

@@ -2,8 +2,10 @@
 
 use std::process::Command;
 
+use kvpool_system_tests::bin;
+
 fn print_config(args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvpoold"))
+    let out = Command::new(bin("kvpoold"))
         .args(args)
         .arg("--print-config")
         .envs(env.iter().copied())
@@ -62,14 +64,14 @@ fn flags_beat_environment_beat_file() {
             && defaults.contains("\"127.0.0.1:7371\"")
     );
 
-    let bad = Command::new(env!("CARGO_BIN_EXE_kvpoold"))
+    let bad = Command::new(bin("kvpoold"))
         .args(["--memory", "lots"])
         .output()
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("bad size"));
     std::fs::write(&file, "mystery = 1\n").unwrap();
-    let bad = Command::new(env!("CARGO_BIN_EXE_kvpoold"))
+    let bad = Command::new(bin("kvpoold"))
         .args(["--config", f])
         .output()
         .unwrap();

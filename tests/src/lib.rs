@@ -1,13 +1,8 @@
-//! Helpers for whole-system tests: real `kvpoold` processes on free loopback ports, each with
-//! its own data directory, stopped (SIGTERM, then SIGKILL) when dropped.
+//! The one harness that every test starting `kvpoold` uses: real `kvpoold` processes on free
+//! loopback ports, each with its own data directory, stopped (SIGTERM, then SIGKILL) when
+//! dropped; and [`bin`], which finds the workspace's binaries. Only std, so that the tests of
+//! any crate in the workspace can depend on it.
 
-#![allow(
-    dead_code,
-    unreachable_pub,
-    reason = "each test binary uses a different subset"
-)]
-
-pub mod cluster;
 pub mod deps;
 
 use std::io::{BufRead, BufReader};
@@ -18,11 +13,17 @@ use std::time::Duration;
 
 /// A `kvpoold` child process.
 pub struct Node {
+    /// The process, until [`Node::stop`] takes it.
     pub child: Option<Child>,
+    /// Its data directory, removed on drop unless the node was stopped.
     pub dir: PathBuf,
+    /// The TCP address it listens on, from its ready line (`off` when off).
     pub tcp: String,
+    /// The QUIC address (`off` when off).
     pub quic: String,
+    /// The metrics address (`off` when off).
     pub metrics: String,
+    /// The Unix socket path (`off` when off).
     pub unix: String,
     keep_dir: bool,
 }
@@ -204,18 +205,22 @@ impl Node {
         kib << 10
     }
 
+    /// `tcp://<addr>`.
     pub fn tcp_url(&self) -> String {
         format!("tcp://{}", self.tcp)
     }
 
+    /// `quic://<addr>`.
     pub fn quic_url(&self) -> String {
         format!("quic://{}", self.quic)
     }
 
+    /// `unix://<path>`.
     pub fn unix_url(&self) -> String {
         format!("unix://{}", self.unix)
     }
 
+    /// The self-signed certificate it wrote for QUIC.
     pub fn cert(&self) -> PathBuf {
         self.dir.join("tls-cert.pem")
     }
@@ -319,4 +324,28 @@ pub fn value(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// `autotests = false`: a test file without a `[[test]]` entry would never run, silently.
+    #[test]
+    fn every_test_file_is_declared() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            let Some(stem) = name.strip_suffix(".rs") else {
+                continue;
+            };
+            // The core's loom tests belong to the `kvpool` package; `common.rs` is a module.
+            if stem == "common" || stem.starts_with("loom_") {
+                continue;
+            }
+            assert!(
+                manifest.contains(&format!("path = \"{name}\"")),
+                "tests/{name} has no [[test]] entry in tests/Cargo.toml, so it never runs"
+            );
+        }
+    }
 }
