@@ -150,8 +150,11 @@ fn parse(body: &str) -> Result<Page, String> {
 
 /// The metric names in the Metrics table of docs/OPERATIONS.md.
 fn documented() -> BTreeSet<String> {
-    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
-        .unwrap();
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/OPERATIONS.md"
+    ))
+    .unwrap();
     let table = docs
         .split("\n## Metrics\n")
         .nth(1)
