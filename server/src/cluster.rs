@@ -1,5 +1,5 @@
 //! Membership: this node's view of the cluster, kept current by heartbeats (or derived from
-//! etcd, see [`crate::etcd`]), and the mover that puts pinned objects (model weights) where the
+//! etcd, see [`crate::etcd_gateway`]), and the mover that puts pinned objects (model weights) where the
 //! view says they belong.
 //!
 //! Static membership (the embedded default): every node heartbeats every peer it knows (the

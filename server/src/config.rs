@@ -9,7 +9,7 @@ use kvpool::pool::NamespaceConfig;
 use kvpool::protocol::Limits;
 use serde::{Deserialize, Deserializer};
 
-use crate::etcd::EtcdConfig;
+use crate::etcd_gateway::EtcdConfig;
 use crate::http::Url;
 
 /// Everything `kvpoold` can be told.

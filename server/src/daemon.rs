@@ -298,7 +298,7 @@ impl Daemon {
                 timing.clone(),
                 shutdown.clone(),
             )),
-            MembershipConfig::Etcd(etcd) => tokio::spawn(crate::etcd::run(
+            MembershipConfig::Etcd(etcd) => tokio::spawn(crate::etcd_gateway::run(
                 membership.clone(),
                 etcd,
                 timing.clone(),

@@ -12,7 +12,7 @@
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
 //!   served over them;
-//! - `etcd`: membership through etcd instead (leases, the view derived and watched), over a
+//! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over a
 //!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP;
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md).
@@ -22,7 +22,7 @@ mod cluster;
 pub mod config;
 mod daemon;
 mod deadline;
-mod etcd;
+mod etcd_gateway;
 mod fence;
 mod handler;
 mod http;

@@ -1,6 +1,7 @@
-//! Membership through etcd (`[cluster] etcd`), instead of heartbeats between the nodes.
+//! Membership through etcd (`[cluster] etcd`), spoken to through etcd v3's JSON gateway (HTTP/1.1,
+//! see `http`), instead of heartbeats between the nodes.
 //!
-//! Layout under the prefix (default `/kvpool/`), through etcd v3's JSON gateway:
+//! Layout under the prefix (default `/kvpool/`):
 //!
 //! - `nodes/<id>`: the node's record as JSON (id, addresses, capacity, state, epoch), written by
 //!   the node itself without a lease, so a node that dies stays in the view, as down;
