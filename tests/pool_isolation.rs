@@ -91,38 +91,52 @@ async fn overlapping_one_sided_writes_are_refused_not_aliased() {
         .unwrap();
     const LEN: usize = 1 << 20;
     let v = value(11, LEN);
-    let a: GlobalAddr = c.alloc(b"shared-target", LEN as u64).await.unwrap();
-    // Connection A writes the first half, and stalls halfway through its payload.
-    let mut s = raw(&n).await;
-    let write = Op::Write { addr: a, offset: 0 };
-    send_head(&mut s, 2, write, (LEN / 2) as u64).await;
-    s.write_all(&v[..LEN / 4]).await.unwrap();
-    s.flush().await.unwrap();
-    // B overlaps A's range: refused once the node has opened A's write. (B writes what A
-    // will, so an attempt that lands before A's write opens changes nothing.)
     let overlap = LEN / 4..LEN / 4 + 4096;
-    let mut refused = false;
-    for _ in 0..100 {
-        match c.write(&a, overlap.start as u64, &v[overlap.clone()]).await {
-            Ok(()) => tokio::time::sleep(Duration::from_millis(100)).await,
-            Err(e) => {
-                assert_eq!(code(e), ErrorCode::Busy);
-                refused = true;
-                break;
+    // A's write may itself be refused when it opens while one of B's attempts is open (that
+    // is the rule too): then the round starts again on a new allocation.
+    let mut round = 0;
+    let (a, mut s) = loop {
+        round += 1;
+        assert!(round <= 5, "connection A's write never opened");
+        let key = format!("shared-target-{round}");
+        let a: GlobalAddr = c.alloc(key.as_bytes(), LEN as u64).await.unwrap();
+        // Connection A writes the first half, and stalls halfway through its payload.
+        let mut s = raw(&n).await;
+        let write = Op::Write { addr: a, offset: 0 };
+        send_head(&mut s, 2, write, (LEN / 2) as u64).await;
+        s.write_all(&v[..LEN / 4]).await.unwrap();
+        s.flush().await.unwrap();
+        // B overlaps A's range: refused once the node has opened A's write. (B writes what
+        // A will, so an attempt that lands before A's write opens changes nothing.)
+        let mut refused = false;
+        for _ in 0..50 {
+            match c.write(&a, overlap.start as u64, &v[overlap.clone()]).await {
+                Ok(()) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => {
+                    assert_eq!(code(e), ErrorCode::Busy);
+                    refused = true;
+                    break;
+                }
             }
         }
-    }
-    assert!(
-        refused,
-        "an overlapping write was let in beside an open one"
-    );
+        if refused {
+            break (a, s);
+        }
+        // Every attempt of B over 5 s got in: legitimate only if A's write was refused.
+        s.write_all(&v[LEN / 4..LEN / 2]).await.unwrap();
+        match recv(&mut s).await.unwrap() {
+            Reply::Error { code, .. } if code == ErrorCode::Busy as u16 => continue,
+            other => panic!("an overlapping write was let in beside an open one: A got {other:?}"),
+        }
+    };
     // B writes the other half: disjoint, so it proceeds.
     c.write(&a, (LEN / 2) as u64, &v[LEN / 2..]).await.unwrap();
     // Commit waits for A.
     s.write_all(&v[LEN / 4..LEN / 2]).await.unwrap();
     assert!(matches!(recv(&mut s).await.unwrap(), Reply::Done));
     c.commit(&a, kvpool::checksum(&v)).await.unwrap();
-    assert_eq!(c.get(b"shared-target").await.unwrap().unwrap(), v);
+    let key = format!("shared-target-{round}");
+    assert_eq!(c.get(key.as_bytes()).await.unwrap().unwrap(), v);
 }
 
 /// Item 7: a Put or a one-sided Write whose payload stalls holds its allocation only until the
