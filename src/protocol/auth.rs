@@ -91,8 +91,7 @@ impl ClusterSecret {
         nonce: &AuthBytes,
         proof: &AuthBytes,
     ) -> bool {
-        let t = transcript(b"peer", node, challenge, nonce);
-        hmac::verify(&self.key, &t, proof).is_ok()
+        self.verify(b"peer", node, challenge, nonce, proof)
     }
 
     /// Checks a node's answer (in constant time).
@@ -103,7 +102,18 @@ impl ClusterSecret {
         nonce: &AuthBytes,
         proof: &AuthBytes,
     ) -> bool {
-        let t = transcript(b"node", node, challenge, nonce);
+        self.verify(b"node", node, challenge, nonce, proof)
+    }
+
+    fn verify(
+        &self,
+        role: &[u8],
+        node: u32,
+        challenge: &AuthBytes,
+        nonce: &AuthBytes,
+        proof: &AuthBytes,
+    ) -> bool {
+        let t = transcript(role, node, challenge, nonce);
         hmac::verify(&self.key, &t, proof).is_ok()
     }
 

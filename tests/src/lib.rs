@@ -80,15 +80,66 @@ impl Node {
 
     /// Starts a node in `dir` with explicit tcp, quic and metrics addresses.
     pub fn start_in(dir: PathBuf, memory: &str, extra: &[&str], addrs: &[&str; 3]) -> Node {
-        let mut child = Command::new(bin("kvpoold"))
+        Node::launch(
+            Command::new(bin("kvpoold")),
+            dir,
+            memory,
+            extra,
+            addrs,
+            None,
+        )
+    }
+
+    /// Starts a node like [`Node::start`], its command line prefixed by `wrapper` (e.g.
+    /// `prlimit --nofile=128:128`), with `KVPOOL_LOG=warn` and its log captured line by line.
+    pub fn start_logged(wrapper: &[&str], memory: &str, extra: &[&str]) -> (Node, Log) {
+        let kvpoold = bin("kvpoold");
+        let cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&kvpoold);
+                c
+            }
+            None => Command::new(&kvpoold),
+        };
+        let log = Log::default();
+        let addrs = &["127.0.0.1:0"; 3];
+        let node = Node::launch(cmd, temp_dir("node"), memory, extra, addrs, Some(&log));
+        (node, log)
+    }
+
+    /// Runs `cmd` (kvpoold, perhaps behind a wrapper) on `dir` and waits for its ready line;
+    /// with `log`, its stderr is captured there instead of passed through.
+    fn launch(
+        mut cmd: Command,
+        dir: PathBuf,
+        memory: &str,
+        extra: &[&str],
+        addrs: &[&str; 3],
+        log: Option<&Log>,
+    ) -> Node {
+        let mut child = cmd
             .args(["--data-dir", dir.to_str().unwrap(), "--memory", memory])
             .args(["--tcp", addrs[0], "--quic", addrs[1], "--metrics", addrs[2]])
             .args(extra)
             .env("KVPOOL_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .spawn()
             .expect("spawning kvpoold");
+        if let Some(log) = log {
+            let stderr = child.stderr.take().unwrap();
+            let lines = log.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    lines.0.lock().unwrap().push(l);
+                }
+            });
+        }
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -98,12 +149,10 @@ impl Node {
             }
             for _ in lines {}
         });
-        let line = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("kvpoold did not become ready: {:?}", child.wait());
-            }
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
+            let _ = child.kill();
+            let logged = log.map(|l| l.lines().join("\n")).unwrap_or_default();
+            panic!("kvpoold did not become ready: {:?}\n{logged}", child.wait());
         };
         let field = |k: &str| {
             line.split_whitespace()
@@ -120,72 +169,6 @@ impl Node {
             dir,
             keep_dir: false,
         }
-    }
-
-    /// Starts a node like [`Node::start`], its command line prefixed by `wrapper` (e.g.
-    /// `prlimit --nofile=128:128`), with `KVPOOL_LOG=warn` and its log captured line by line.
-    pub fn start_logged(wrapper: &[&str], memory: &str, extra: &[&str]) -> (Node, Log) {
-        let dir = temp_dir("node");
-        let kvpoold = bin("kvpoold");
-        let mut cmd = match wrapper.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(&kvpoold);
-                c
-            }
-            None => Command::new(&kvpoold),
-        };
-        let mut child = cmd
-            .args(["--data-dir", dir.to_str().unwrap(), "--memory", memory])
-            .args(["--tcp", "127.0.0.1:0", "--quic", "127.0.0.1:0"])
-            .args(["--metrics", "127.0.0.1:0"])
-            .args(extra)
-            .env("KVPOOL_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning kvpoold");
-        let log = Log::default();
-        let stderr = child.stderr.take().unwrap();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-                lines.0.lock().unwrap().push(l);
-            }
-        });
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            for _ in lines {}
-        });
-        let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
-            let _ = child.kill();
-            panic!(
-                "kvpoold did not become ready: {:?}\n{}",
-                child.wait(),
-                log.lines().join("\n")
-            );
-        };
-        let field = |k: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{k}=")))
-                .unwrap_or("off")
-                .to_string()
-        };
-        let node = Node {
-            tcp: field("tcp"),
-            quic: field("quic"),
-            metrics: field("metrics"),
-            unix: field("unix"),
-            child: Some(child),
-            dir,
-            keep_dir: false,
-        };
-        (node, log)
     }
 
     /// The process id of the running node.
