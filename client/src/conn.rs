@@ -16,9 +16,9 @@ use kvpool::protocol::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::config::ClientConfig;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::ClientConfig;
 
 type Reader = Box<dyn AsyncRead + Unpin + Send>;
 type Writer = Box<dyn AsyncWrite + Unpin + Send>;

@@ -30,15 +30,18 @@ pub mod blocking;
 pub struct ReadmeDoctests;
 
 mod client;
+mod config;
 mod conn;
 mod endpoint;
 mod error;
 mod link;
 mod local;
 
-pub use client::{Client, ClientConfig, Located, Prefix, SameHost};
+pub use client::{Client, Prefix};
+pub use config::{ClientConfig, SameHost};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use kvpool::prefix::PrefixSeed;
 pub use kvpool::protocol::ErrorCode;
 pub use kvpool::GlobalAddr;
+pub use link::Located;
