@@ -12,13 +12,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::future::join_all;
-use kvpool::placement::{ClusterView, NodeState};
+use kvpool::placement::ClusterView;
 use kvpool::pool::PoolStats;
 use kvpool::protocol::{ErrorCode, HelloInfo, Op, Reply};
-use kvpool::{AddrFault, GlobalAddr, NodeId};
+use kvpool::{AddrFault, GlobalAddr};
 
 use crate::config::ClientConfig;
 use crate::endpoint::Endpoint;
@@ -26,20 +26,9 @@ use crate::error::ClientError;
 use crate::link::{owned, unexpected, Link, Located};
 use crate::local::{LocalMap, LocalReadError};
 
-/// How the client reaches nodes other than the one it connected to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scheme {
-    Tcp,
-    Quic,
-}
+mod routing;
 
-/// The view requests are routed by, and the one before it.
-struct Routing {
-    view: ClusterView,
-    stamp: u64,
-    /// The previous view and when it was replaced: misses consult its owners for a while.
-    prev: Option<(ClusterView, Instant)>,
-}
+use routing::{Routing, Scheme};
 
 struct Inner {
     cfg: ClientConfig,
@@ -51,9 +40,6 @@ struct Inner {
     backoff: Mutex<HashMap<u32, Instant>>,
     routing: RwLock<Arc<Routing>>,
 }
-
-/// How long a node that failed is skipped before the client tries it again.
-const BACKOFF: Duration = Duration::from_millis(500);
 
 /// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
 /// connections and the view.
@@ -67,9 +53,6 @@ pub struct Client {
 
 /// How long `load_prefix` leases blocks while copying them on the same host.
 const LOAD_LEASE_MS: u64 = 5_000;
-
-/// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
-const VIEW_ATTEMPTS: u32 = 5;
 
 /// Runs `$body` (the contents of an async block that routes by `$r`, the current routing) and
 /// runs it again, with a fresh view, when a node answers that the view changed (a bounded
@@ -631,39 +614,6 @@ impl Client {
         }
     }
 
-    // ----- routing -----
-
-    fn routing(&self) -> Arc<Routing> {
-        self.inner
-            .routing
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Replicas consulted by reads: a pinned object may be on any of `pinned_replicas` nodes.
-    fn read_replicas(&self) -> usize {
-        self.repl.0.max(self.repl.1).max(1)
-    }
-
-    fn fallback<'r>(&self, r: &'r Routing) -> Option<&'r ClusterView> {
-        r.prev
-            .as_ref()
-            .filter(|(_, since)| since.elapsed() < self.inner.cfg.fallback_window)
-            .map(|(v, _)| v)
-    }
-
-    /// The previous owner of `key`, when the view changed recently, it differs from the
-    /// current owner and it is not down.
-    fn prev_owner(&self, r: &Routing, key: &[u8], owner: NodeId) -> Option<u32> {
-        let prev = self.fallback(r)?.owner(key)?;
-        let alive = r
-            .view
-            .node(prev)
-            .is_some_and(|n| n.state != NodeState::Down);
-        (prev != owner && alive).then_some(prev.0)
-    }
-
     /// Per key of `keys`: may the copy of `keys[i]` on its previous owner `p` be served, for
     /// each `(i, p)` in `asked`? Only when every current owner of the key (among the replicas
     /// reads consult; `p` itself aside) vouches that it acknowledged no write or remove of the
@@ -707,19 +657,6 @@ impl Client {
         ok
     }
 
-    /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,
-    /// found without ranking every node).
-    fn owner_at(&self, r: &Routing, key: &[u8], k: usize) -> Option<NodeId> {
-        match k {
-            0 => r.view.owner(key),
-            _ => r.view.owners(key, self.read_replicas()).get(k).copied(),
-        }
-    }
-
-    fn primary(&self, r: &Routing, key: &[u8]) -> Result<u32, ClientError> {
-        r.view.owner(key).map(|n| n.0).ok_or_else(no_owner)
-    }
-
     /// Keys grouped by their owner: (node, indexes into `keys`) in order of first appearance.
     fn group_by_owner(&self, r: &Routing, keys: &[&[u8]]) -> Vec<(u32, Vec<usize>)> {
         let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
@@ -728,168 +665,6 @@ impl Client {
             add_to_group(&mut groups, o.0, i);
         }
         groups
-    }
-
-    /// The link to node `node`, opened on first use from its address in the view.
-    async fn link(&self, node: u32, r: &Routing) -> Result<Arc<Link>, ClientError> {
-        if let Some(l) = self
-            .inner
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-        {
-            return Ok(l.clone());
-        }
-        let skipped = self
-            .inner
-            .backoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-            .is_some_and(|until| Instant::now() < *until);
-        if skipped {
-            return Err(ClientError::Server {
-                code: ErrorCode::Unavailable,
-                message: format!("node {node} failed moments ago"),
-            });
-        }
-        let info = r
-            .view
-            .node(NodeId(node))
-            .or_else(|| r.prev.as_ref().and_then(|(v, _)| v.node(NodeId(node))))
-            .ok_or_else(|| ClientError::Server {
-                // Nodes stay in the view (down) after they leave: this one never was in it.
-                code: ErrorCode::WrongNode,
-                message: format!("node {node} is not in the cluster view"),
-            })?;
-        let endpoint = match self.inner.scheme {
-            Scheme::Quic if !info.quic.is_empty() => Endpoint::Quic(info.quic.clone()),
-            _ => Endpoint::Tcp(info.tcp.clone()),
-        };
-        let cfg = &self.inner.cfg;
-        let opened = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
-            .await
-            .map_err(|_| ClientError::Timeout)
-            .and_then(|r| r);
-        let link = match opened {
-            Ok(l) => l,
-            Err(e) => {
-                if e.is_unreachable() {
-                    self.lost(node, &e);
-                }
-                return Err(e);
-            }
-        };
-        if link.node() != node {
-            return Err(ClientError::Protocol(format!(
-                "{endpoint} is node {}, the view says node {node}",
-                link.node()
-            )));
-        }
-        let mut links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(links.entry(node).or_insert_with(|| Arc::new(link)).clone())
-    }
-
-    async fn link_of(&self, addr: &GlobalAddr) -> Result<Arc<Link>, ClientError> {
-        self.link(addr.node.0, &self.routing()).await
-    }
-
-    /// A node failed: its keys are misses for now. Logged, and the link dropped.
-    fn lost(&self, node: u32, e: &ClientError) {
-        tracing::warn!(node, error = %e, "node unreachable: its keys are misses");
-        self.forget(node);
-    }
-
-    /// Drops the link to a node that failed, so the next use reconnects (after [`BACKOFF`]).
-    fn forget(&self, node: u32) {
-        self.inner
-            .backoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(node, Instant::now() + BACKOFF);
-        if node != self.inner.first.node() {
-            self.inner
-                .links
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&node);
-        }
-    }
-
-    async fn fetch_view(&self, l: &Link) -> Result<ClusterView, ClientError> {
-        match l.simple(&self.inner.cfg, 0, Op::View, &[]).await? {
-            Reply::View(v) => Ok(v),
-            r => Err(unexpected(&r)),
-        }
-    }
-
-    /// Routes by `v` from now on if it is newer than the current view. True when adopted.
-    fn adopt(&self, v: ClusterView) -> bool {
-        let mut cur = self
-            .inner
-            .routing
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        let stamp = v.stamp();
-        if stamp == cur.stamp || v.version < cur.view.version {
-            return false;
-        }
-        tracing::debug!(
-            from = cur.view.version,
-            to = v.version,
-            "cluster view changed"
-        );
-        let prev = if cur.view.nodes.iter().any(|n| n.state == NodeState::Serving) {
-            Some((cur.view.clone(), Instant::now()))
-        } else {
-            cur.prev.clone()
-        };
-        *cur = Arc::new(Routing {
-            view: v,
-            stamp,
-            prev,
-        });
-        true
-    }
-
-    /// Asks every node the client has a link to for its view and adopts the newest.
-    async fn refresh(&self) -> bool {
-        let links: Vec<Arc<Link>> = self
-            .inner
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        let views = join_all(links.iter().map(|l| self.fetch_view(l))).await;
-        let mut adopted = false;
-        let mut best: Option<ClusterView> = None;
-        for v in views.into_iter().flatten() {
-            if best.as_ref().is_none_or(|b| v.version > b.version) {
-                best = Some(v);
-            }
-        }
-        if let Some(v) = best {
-            adopted = self.adopt(v);
-        }
-        adopted
-    }
-
-    /// After a failed routed call: when a node answered that the view changed, refreshes the
-    /// view (or waits a moment for gossip to settle) and says to route again, a bounded number
-    /// of times.
-    async fn retry_view(&self, e: &ClientError, attempt: &mut u32) -> bool {
-        if e.code() != Some(ErrorCode::WrongView) || *attempt + 1 >= VIEW_ATTEMPTS {
-            return false;
-        }
-        *attempt += 1;
-        if !self.refresh().await {
-            // The nodes don't agree yet: give gossip a moment.
-            tokio::time::sleep(Duration::from_millis(20 << *attempt)).await;
-        }
-        true
     }
 
     /// Per key: present on its owner, or (while the view is changing) on its previous owner.
@@ -1205,13 +980,6 @@ fn replication(link: &Link, ns: &str) -> (usize, usize) {
         .map_or((1, 2), |r| {
             (r.replicas as usize, r.pinned_replicas as usize)
         })
-}
-
-fn no_owner() -> ClientError {
-    ClientError::Server {
-        code: ErrorCode::Unavailable,
-        message: "no node is serving".into(),
-    }
 }
 
 fn code_result(code: ErrorCode) -> Result<(), ClientError> {
