@@ -37,6 +37,27 @@ const BACKOFF: Duration = Duration::from_millis(500);
 /// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
 const VIEW_ATTEMPTS: u32 = 5;
 
+/// Runs `$body` (the contents of an async block that routes by `$r`, the current routing) and
+/// runs it again, with a fresh view, when a node answers that the view changed (a bounded
+/// number of times). With `wrong_view_miss`, a view that keeps changing yields that value (a
+/// miss for reads) instead of the `WrongView` error.
+macro_rules! routed {
+    ($client:ident, $r:ident => $body:block $(, wrong_view_miss => $miss:expr)?) => {{
+        let mut attempt = 0;
+        loop {
+            let $r = $client.routing();
+            let res: Result<_, $crate::error::ClientError> = async $body.await;
+            match res {
+                Err(e) if $client.retry_view(&e, &mut attempt).await => {}
+                $(Err(e) if e.code() == Some(::kvpool::protocol::ErrorCode::WrongView) => {
+                    break Ok($miss)
+                })?
+                other => break other,
+            }
+        }
+    }};
+}
+
 impl Client {
     pub(super) fn routing(&self) -> Arc<Routing> {
         self.inner
