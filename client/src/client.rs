@@ -9,6 +9,12 @@
 //! owner is looked up once more on its previous owner, so adding a node does not dump the hit
 //! rate; that copy is used only when the key's current owners vouch that they acknowledged no
 //! write or remove of it that the copy could be older than (`Op::Vouch`).
+//!
+//! The public API lives here; its parts are `client::routing` (the view, owners, links, node
+//! failures, the `WrongView` retry), `client::fanout` (the one fan-out: keys cut into per-node
+//! batches sent at once) and `client::batch_ops` (the operations over many keys built on it).
+//! Uses `link` for everything that goes to one node, and `local`, `config`, `endpoint` and
+//! `error`; nothing in the crate uses `client` but `lib` and `blocking`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};

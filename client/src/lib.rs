@@ -19,8 +19,11 @@
 //! small control exchanges (lookup, alloc, commit) cross a socket. [`blocking::Client`] wraps
 //! the same client for code that is not async.
 //!
-//! Components: [`Client`] (pooled connections, timeouts on every call), `conn` (one framed
-//! stream: TCP, QUIC stream or Unix socket), `local` (the same-host mapping), [`Endpoint`].
+//! Components, each module using only those after it: [`Client`] (`client`: routing by the
+//! cluster view, one fan-out per batch, timeouts on every call; `blocking` wraps it), `link`
+//! (one node: pooled connections, its handshake, its mapped segments), `conn` (one framed
+//! stream: TCP, QUIC stream or Unix socket), `local` (the same-host mapping), [`Endpoint`],
+//! [`ClientConfig`] (`config`) and [`ClientError`] (`error`).
 
 pub mod blocking;
 
