@@ -93,8 +93,8 @@ impl Client {
             }
         }
         // Misses up to the end of the batch, on their previous owners.
-        let misses = (0..keys.len()).filter(|&i| !present[i]);
-        let mut prev = self.by_previous_owner(r, keys, misses.collect::<Vec<_>>());
+        let misses: Vec<usize> = (0..keys.len()).filter(|&i| !present[i]).collect();
+        let mut prev = self.by_previous_owner(r, keys, misses);
         let asked = asked_of(&prev);
         let (vouched, answers) = tokio::join!(
             self.vouched(r, keys, &asked),
