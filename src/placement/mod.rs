@@ -14,6 +14,11 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+pub mod history;
+#[cfg(test)]
+mod model_tests;
+pub mod moves;
+
 use crate::addr::NodeId;
 
 /// State of a node in the view.
