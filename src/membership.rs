@@ -391,17 +391,7 @@ mod tests {
 
     use super::*;
 
-    fn rec(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
-        NodeInfo {
-            id,
-            tcp: format!("n{id}"),
-            quic: String::new(),
-            metrics: String::new(),
-            capacity: 1,
-            state,
-            epoch,
-        }
-    }
+    use crate::placement::test_record as rec;
 
     const TIMING: Timing = Timing {
         heartbeat: 100,

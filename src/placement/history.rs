@@ -189,17 +189,7 @@ fn serving_of<'a>(nodes: impl Iterator<Item = &'a NodeInfo>) -> ClusterView {
 mod tests {
     use super::*;
 
-    fn rec(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
-        NodeInfo {
-            id,
-            tcp: String::new(),
-            quic: String::new(),
-            metrics: String::new(),
-            capacity: 1,
-            state,
-            epoch,
-        }
-    }
+    use crate::placement::test_record as rec;
 
     fn view(recs: &[(u32, NodeState, u64)]) -> ClusterView {
         ClusterView::from_nodes(recs.iter().map(|&(i, s, e)| rec(i, s, e)).collect())

@@ -196,6 +196,20 @@ impl ClusterView {
     }
 }
 
+/// A record for tests: node `id` at `n<id>`, capacity 1.
+#[cfg(test)]
+pub(crate) fn test_record(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
+    NodeInfo {
+        id,
+        tcp: format!("n{id}"),
+        quic: String::new(),
+        metrics: String::new(),
+        capacity: 1,
+        state,
+        epoch,
+    }
+}
+
 fn score(key_hash: u64, node: u32, weight: u64) -> f64 {
     let h = xxhash_rust::xxh3::xxh3_64_with_seed(&key_hash.to_le_bytes(), node as u64);
     // A uniform in (0, 1): 53 bits of the hash, never 0 or 1.

@@ -11,13 +11,8 @@ use crate::addr::NodeId;
 
 fn rec(id: u32, capacity: u64, state: NodeState) -> NodeInfo {
     NodeInfo {
-        id,
-        tcp: format!("10.0.0.{id}:7370"),
-        quic: String::new(),
-        metrics: String::new(),
         capacity,
-        state,
-        epoch: 1,
+        ..super::test_record(id, state, 1)
     }
 }
 
