@@ -16,7 +16,12 @@
 //! - [`pool`]: the object index (sharded; a pluggable eviction policy per namespace), two-phase
 //!   puts, read references, leases, pins, quota reservations, eviction and one-sided access.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
-//! - [`placement`]: the cluster view and weighted rendezvous placement of keys.
+//! - [`placement`]: the cluster view and weighted rendezvous placement of keys; what a view
+//!   change moves ([`placement::moves`]) and which objects a node may still serve as their
+//!   owner's copy ([`placement::history`]).
+//! - [`membership`]: one node's view of the cluster and every rule that changes it (gossip
+//!   merges, refuting, failure detection, joining, etcd-derived views), without I/O: the daemon
+//!   carries messages and clock readings in.
 
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
@@ -31,6 +36,8 @@ pub mod claims;
 pub mod error;
 #[cfg(not(loom))]
 pub mod eviction;
+#[cfg(not(loom))]
+pub mod membership;
 #[cfg(not(loom))]
 pub mod placement;
 #[cfg(not(loom))]

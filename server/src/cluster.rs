@@ -15,17 +15,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use kvpool::membership::{self, Step};
+use kvpool::placement::moves::{self, Outcome};
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
 use kvpool::protocol::{LocatedWire, Op, Reply};
 use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
-use crate::fence::History;
 use crate::peer::{Peer, PeerAuth, PeerError};
 use crate::written::Written;
+
+pub(crate) use kvpool::membership::Source;
 
 /// Timing of heartbeats and failure detection.
 #[derive(Clone, Debug)]
@@ -34,21 +37,23 @@ pub(crate) struct Timing {
     pub(crate) down_after: Duration,
 }
 
-/// Where the view comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// Heartbeats between the nodes, carrying their views ([`heartbeats`]).
-    Gossip,
-    /// etcd: the view is replaced wholesale by the one derived from etcd, versions are etcd
-    /// revisions, and gossip from other nodes is ignored.
-    Etcd,
+impl Timing {
+    fn millis(&self) -> membership::Timing {
+        membership::Timing {
+            heartbeat: self.heartbeat.as_millis() as u64,
+            down_after: self.down_after.as_millis() as u64,
+        }
+    }
 }
 
-/// This node's view of the cluster.
+/// This node's view of the cluster: the core's [`membership::Membership`], which makes every
+/// decision, behind a lock, with the channels that tell the rest of the daemon about changes.
 pub(crate) struct Membership {
     me: u32,
     source: Source,
-    view: Mutex<ClusterView>,
+    core: RwLock<membership::Membership>,
+    /// The clock the core is given readings of.
+    started: Instant,
     stamp: AtomicU64,
     changed: watch::Sender<u64>,
     /// Set when draining was asked for (`Drain`, or SIGTERM in a cluster).
@@ -59,31 +64,26 @@ pub(crate) struct Membership {
     published: watch::Sender<u64>,
     /// Keys written or removed here: what this node vouches for (see [`crate::written`]).
     written: Written,
-    /// The views adopted, with the pool's generation mark at each: which objects this node
-    /// may still serve as their owner (see [`crate::fence`]).
-    history: RwLock<History>,
-    /// The pool whose generation marks the history records (unset: every mark is 0).
+    /// The pool whose generation marks date the adopted views (unset: every mark is 0).
     pool: OnceLock<Arc<Pool>>,
 }
 
 impl Membership {
     pub(crate) fn new(me: NodeInfo, source: Source) -> Membership {
         let id = me.id;
-        let view = ClusterView::from_nodes(vec![me]);
-        let stamp = view.stamp();
-        let mut history = History::new(NodeId(id));
-        history.adopt(&view, 0);
+        let core = membership::Membership::new(me, source);
+        let stamp = core.view().stamp();
         Membership {
             me: id,
             source,
-            view: Mutex::new(view),
+            core: RwLock::new(core),
+            started: Instant::now(),
             stamp: AtomicU64::new(stamp),
             changed: watch::channel(stamp).0,
             drain: watch::channel(false).0,
             left: watch::channel(false).0,
             published: watch::channel(0).0,
             written: Written::default(),
-            history: RwLock::new(history),
             pool: OnceLock::new(),
         }
     }
@@ -93,32 +93,59 @@ impl Membership {
         let _ = self.pool.set(pool);
     }
 
-    fn generation_mark(&self) -> u64 {
-        self.pool.get().map_or(0, |p| p.generation_mark())
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 
-    fn history(&self) -> std::sync::RwLockWriteGuard<'_, History> {
-        self.history.write().unwrap_or_else(|e| e.into_inner())
+    fn read(&self) -> RwLockReadGuard<'_, membership::Membership> {
+        self.core.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one step of the core under the lock, with the pool's generation mark read under
+    /// it too (so views are recorded in the order adopted), and publishes what changed.
+    fn step(&self, f: impl FnOnce(&mut membership::Membership, u64) -> Step) {
+        let mut core: RwLockWriteGuard<'_, _> =
+            self.core.write().unwrap_or_else(|e| e.into_inner());
+        let before = core.view().version;
+        let mark = self.pool.get().map_or(0, |p| p.generation_mark());
+        let step = f(&mut core, mark);
+        if step.fenced {
+            tracing::info!(
+                "marked down by the cluster: objects held so far are no longer served as the owner's"
+            );
+        }
+        if step.changed {
+            let v = core.view();
+            let stamp = v.stamp();
+            self.stamp.store(stamp, Ordering::Release);
+            tracing::info!(
+                version = v.version,
+                from = before,
+                nodes = %describe(v),
+                "cluster view changed"
+            );
+            drop(core);
+            self.changed.send_replace(stamp);
+        }
     }
 
     /// True when this node's object of `key`, allocated at `generation`, may be served by a
     /// routed read: this node was among its first `replicas` owners in every view since (see
-    /// [`crate::fence`]).
+    /// [`kvpool::placement::history`]).
     pub(crate) fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
-        self.history
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .continuous(key, generation, replicas)
+        self.read().continuous(key, generation, replicas)
     }
 
     /// The others marked this node down (or, with etcd, its lease expired): what they did
     /// meanwhile is unknown here, so no object held now is served as an owner's copy.
     pub(crate) fn fence(&self) {
-        let mark = self.generation_mark();
-        tracing::info!(
-            "marked down by the cluster: objects held so far are no longer served as the owner's"
-        );
-        self.history().fence(mark);
+        self.step(|c, mark| {
+            c.fence(mark);
+            Step {
+                changed: false,
+                fenced: true,
+            }
+        });
     }
 
     /// Notes a write or remove of `key` here, before it is acknowledged.
@@ -150,10 +177,7 @@ impl Membership {
 
     /// True when some other node is serving: leaving then means draining first.
     pub(crate) fn has_serving_peers(&self) -> bool {
-        self.lock()
-            .nodes
-            .iter()
-            .any(|n| n.id != self.me && n.state == NodeState::Serving)
+        self.read().has_serving_peers()
     }
 
     /// This node's id.
@@ -163,7 +187,7 @@ impl Membership {
 
     /// A copy of the current view.
     pub(crate) fn view(&self) -> ClusterView {
-        self.lock().clone()
+        self.read().view().clone()
     }
 
     /// The current view's stamp (what routed requests must carry).
@@ -173,14 +197,12 @@ impl Membership {
 
     /// This node's own record, as it last set it.
     pub(crate) fn my_record(&self) -> Option<NodeInfo> {
-        self.lock().node(NodeId(self.me)).cloned()
+        self.read().my_record().cloned()
     }
 
     /// This node's own state.
     pub(crate) fn my_state(&self) -> NodeState {
-        self.lock()
-            .node(NodeId(self.me))
-            .map_or(NodeState::Down, |n| n.state)
+        self.read().my_state()
     }
 
     /// Wakes on every change of the view.
@@ -188,97 +210,21 @@ impl Membership {
         self.changed.subscribe()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ClusterView> {
-        self.view.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn update(&self, f: impl FnOnce(&mut ClusterView, u32) -> bool) {
-        self.update_from(false, f)
-    }
-
-    /// Applies `f`; `from_etcd`: `f` installs a view derived from etcd, at its revision.
-    fn update_from(&self, from_etcd: bool, f: impl FnOnce(&mut ClusterView, u32) -> bool) {
-        let mut v = self.lock();
-        let before = v.version;
-        if f(&mut v, self.me) {
-            if self.source == Source::Etcd {
-                // Versions are etcd revisions; a change made here before etcd has it, or a
-                // wiped etcd starting its revisions again, still moves the version forward.
-                v.version = if from_etcd {
-                    v.version.max(before + 1)
-                } else {
-                    before + 1
-                };
-            }
-            // Under the view lock, so marks and views are recorded in the order adopted.
-            self.history().adopt(&v, self.generation_mark());
-            let stamp = v.stamp();
-            self.stamp.store(stamp, Ordering::Release);
-            tracing::info!(
-                version = v.version,
-                from = before,
-                nodes = %describe(&v),
-                "cluster view changed"
-            );
-            drop(v);
-            self.changed.send_replace(stamp);
-        }
-    }
-
-    /// Merges a peer's view. When it holds a record of this node at least as new as the one
-    /// this node holds but different (marked down, or a record from an earlier run), this node
-    /// refutes it with a higher epoch. Returns the view after the merge.
-    ///
-    /// With etcd membership the view comes from etcd only: gossip is answered, not merged.
+    /// Merges a peer's view (see [`membership::Membership::merge`]). Returns the view after.
     pub(crate) fn merge(&self, other: &ClusterView) -> ClusterView {
-        if self.source == Source::Etcd {
-            return self.view();
-        }
-        if other
-            .node(NodeId(self.me))
-            .is_some_and(|n| n.state == NodeState::Down)
-        {
-            self.fence();
-        }
-        self.update(|v, me| {
-            let mut changed = v.merge(other, me);
-            if let Some(theirs) = other.node(NodeId(me)) {
-                changed |= refute(v, me, theirs);
-            }
-            changed
-        });
+        self.step(|c, mark| c.merge(other, mark));
         self.view()
     }
 
-    /// Replaces the view wholesale with one derived elsewhere (etcd), keeping this node's own
-    /// record as this node last set it: its changes reach the others by being published.
-    pub(crate) fn replace(&self, mut view: ClusterView) {
-        if view
-            .node(NodeId(self.me))
-            .is_some_and(|n| n.state == NodeState::Down)
-        {
-            self.fence();
-        }
-        self.update_from(true, |v, me| {
-            view.nodes.retain(|n| n.id != me);
-            if let Some(mine) = v.node(NodeId(me)).cloned() {
-                let at = view.nodes.partition_point(|n| n.id < me);
-                view.nodes.insert(at, mine);
-            }
-            if view.nodes == v.nodes {
-                // The same records at a later revision: no change to route by.
-                v.version = v.version.max(view.version);
-                return false;
-            }
-            *v = view;
-            true
-        });
+    /// Replaces the view wholesale with one derived from etcd, keeping this node's own record.
+    pub(crate) fn replace(&self, view: ClusterView) {
+        self.step(|c, mark| c.replace(view, mark));
     }
 
     /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left
     /// by an earlier run), when that is at least as new as this node's own and differs.
     pub(crate) fn outrank(&self, theirs: &NodeInfo) {
-        self.update(|v, me| refute(v, me, theirs));
+        self.step(|c, mark| c.outrank(theirs, mark));
     }
 
     /// Records that this node's record at `epoch` is in etcd.
@@ -288,39 +234,8 @@ impl Membership {
 
     /// Changes this node's own state (raising its epoch).
     pub(crate) fn set_state(&self, state: NodeState) {
-        self.update(|v, me| {
-            let Some(mut rec) = v.node(NodeId(me)).cloned() else {
-                return false;
-            };
-            if rec.state == state {
-                return false;
-            }
-            rec.state = state;
-            rec.epoch += 1;
-            v.offer(&rec)
-        });
+        self.step(|c, mark| c.set_state(state, mark));
     }
-
-    /// Marks a peer down (it stopped answering heartbeats).
-    pub(crate) fn mark_down(&self, id: u32) {
-        if id != self.me {
-            self.update(|v, _| v.mark_down(id));
-        }
-    }
-}
-
-/// Raises this node's epoch above `theirs` when that record of this node is at least as new as
-/// its own and differs (marked down, or from an earlier run). True when the view changed.
-fn refute(v: &mut ClusterView, me: u32, theirs: &NodeInfo) -> bool {
-    let Some(mine) = v.node(NodeId(me)).cloned() else {
-        return false;
-    };
-    if theirs.epoch < mine.epoch || *theirs == mine {
-        return false;
-    }
-    let mut rec = mine;
-    rec.epoch = theirs.epoch + 1;
-    v.offer(&rec)
 }
 
 fn describe(v: &ClusterView) -> String {
@@ -332,7 +247,8 @@ fn describe(v: &ClusterView) -> String {
 }
 
 /// Heartbeats: one task per peer address, started as peers appear (configured, or learnt
-/// from a view), each gossiping every heartbeat. Returns when `stop` fires.
+/// from a view), each gossiping every heartbeat; and every heartbeat a tick of the core, which
+/// marks silent peers down and turns a joining node serving. Returns when `stop` fires.
 pub(crate) async fn heartbeats(
     m: Arc<Membership>,
     peers: Vec<String>,
@@ -342,28 +258,21 @@ pub(crate) async fn heartbeats(
 ) {
     let mut running: HashSet<String> = HashSet::new();
     let mut tasks = Vec::new();
-    let started = Instant::now();
     let mut tick = tokio::time::interval(timing.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let my_tcp = m
-        .view()
-        .node(NodeId(m.me()))
-        .map(|n| n.tcp.clone())
-        .unwrap_or_default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        let view = m.view();
-        let wanted = peers.iter().cloned().chain(
-            view.nodes
-                .iter()
-                .filter(|n| n.id != m.me() && !n.tcp.is_empty())
-                .map(|n| n.tcp.clone()),
-        );
-        for addr in wanted {
-            if addr != my_tcp && running.insert(addr.clone()) {
+        let targets = m.read().heartbeat_targets(&peers);
+        for addr in targets {
+            if running.insert(addr.clone()) {
+                let now = m.now();
+                m.step(|c, _| {
+                    c.watch(&addr, now);
+                    Step::default()
+                });
                 tasks.push(tokio::spawn(peer_loop(
                     m.clone(),
                     addr,
@@ -373,16 +282,16 @@ pub(crate) async fn heartbeats(
                 )));
             }
         }
-        // Joining: two heartbeats to pull the peers' views, then take a share of the keys.
-        if m.my_state() == NodeState::Joining && started.elapsed() >= timing.heartbeat * 2 {
-            m.set_state(NodeState::Serving);
-        }
+        let now = m.now();
+        m.step(|c, mark| c.tick(now, timing.millis(), mark));
     }
     for t in tasks {
         let _ = t.await;
     }
 }
 
+/// Gossips with the peer at `addr` every heartbeat, (re)connecting as needed, and hands its
+/// answers to the core.
 async fn peer_loop(
     m: Arc<Membership>,
     addr: String,
@@ -391,7 +300,6 @@ async fn peer_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut peer: Option<Peer> = None;
-    let mut last_ok = Instant::now();
     let mut tick = tokio::time::interval(timing.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
@@ -402,49 +310,48 @@ async fn peer_loop(
         }
         if peer.is_none() {
             match Peer::connect(&addr, &creds, m.me(), timing.heartbeat).await {
-                Ok(p) if p.hello.node == m.me() => return, // our own address under another name
+                Ok(p) if p.hello.node == m.me() => {
+                    // Our own address under another name.
+                    m.step(|c, _| {
+                        c.forget(&addr);
+                        Step::default()
+                    });
+                    return;
+                }
                 Ok(p) => peer = Some(p),
-                Err(PeerError::NotInCluster) => {
-                    if !warned {
-                        tracing::warn!(
-                            peer = %addr,
-                            "peer refused: it does not hold this cluster's secret"
-                        );
-                        warned = true;
-                    }
-                }
-                Err(e) => {
-                    if !warned {
-                        tracing::debug!(peer = %addr, error = %e, "peer unreachable");
-                        warned = true;
-                    }
-                }
+                Err(e) => warn_once(&addr, &e, &mut warned),
             }
         }
-        if let Some(p) = peer.as_mut() {
-            match p.call(Op::Gossip { view: m.view() }, &[]).await {
-                Ok(Reply::View(v)) => {
-                    m.merge(&v);
-                    last_ok = Instant::now();
-                    warned = false;
-                }
-                Ok(other) => {
-                    tracing::warn!(peer = %addr, reply = ?other, "unexpected gossip reply");
-                    peer = None;
-                }
-                Err(e) => {
-                    tracing::debug!(peer = %addr, error = %e, "heartbeat failed");
-                    peer = None;
-                }
+        let Some(p) = peer.as_mut() else { continue };
+        match p.call(Op::Gossip { view: m.view() }, &[]).await {
+            Ok(Reply::View(v)) => {
+                let now = m.now();
+                m.step(|c, mark| c.heard(&addr, &v, now, mark));
+                warned = false;
+            }
+            Ok(other) => {
+                tracing::warn!(peer = %addr, reply = ?other, "unexpected gossip reply");
+                peer = None;
+            }
+            Err(e) => {
+                tracing::debug!(peer = %addr, error = %e, "heartbeat failed");
+                peer = None;
             }
         }
-        if last_ok.elapsed() >= timing.down_after {
-            // The node this address belongs to, as the view knows it.
-            let id = m.view().nodes.iter().find(|n| n.tcp == addr).map(|n| n.id);
-            if let Some(id) = id {
-                m.mark_down(id);
-            }
-        }
+    }
+}
+
+/// Logs, once until the peer answers again, why it could not be reached.
+fn warn_once(addr: &str, e: &PeerError, warned: &mut bool) {
+    if std::mem::replace(warned, true) {
+        return;
+    }
+    match e {
+        PeerError::NotInCluster => tracing::warn!(
+            peer = %addr,
+            "peer refused: it does not hold this cluster's secret"
+        ),
+        e => tracing::debug!(peer = %addr, error = %e, "peer unreachable"),
     }
 }
 
@@ -465,12 +372,7 @@ pub(crate) async fn announce(m: &Membership, creds: &PeerAuth, timeout: Duration
         return;
     }
     let view = m.view();
-    let peers: Vec<String> = view
-        .nodes
-        .iter()
-        .filter(|n| n.id != m.me() && n.state != NodeState::Down && !n.tcp.is_empty())
-        .map(|n| n.tcp.clone())
-        .collect();
+    let peers = m.read().announce_targets();
     let calls = peers.into_iter().map(|addr| {
         let view = view.clone();
         async move {
@@ -506,9 +408,9 @@ pub(crate) struct MovePass {
 const MOVE_BATCH: usize = 1024;
 
 /// One pass over the pinned objects: each goes to the serving nodes that own it under the
-/// current view (a copy where an owner lacks it: a new owner after a join, a lost replica
-/// after a crash), and is dropped here once every owner holds it and this node is not one of
-/// them (after a join, or while draining). Objects are sent one at a time: low priority.
+/// current view, and is dropped here once every owner holds it and this node is not one of
+/// them ([`kvpool::placement::moves`] decides which). Objects are sent one at a time: low
+/// priority.
 pub(crate) async fn move_pass(
     pool: &Pool,
     m: &Membership,
@@ -518,98 +420,133 @@ pub(crate) async fn move_pass(
     started: Instant,
 ) -> MovePass {
     let view = m.view();
-    let me = NodeId(m.me());
     let mut out = MovePass::default();
-    let mut peers: HashMap<u32, Option<Peer>> = HashMap::new();
+    let mut peers = Peers {
+        view: &view,
+        creds,
+        me: m.me(),
+        timeout,
+        open: HashMap::new(),
+    };
     for (ns, &r) in repl.pinned.iter().enumerate() {
         let ns = ns as u32;
         let Ok(keys) = pool.pinned_keys(ns) else {
             continue;
         };
-        // Per owner other than me, the keys it should hold.
-        let mut by_owner: HashMap<u32, Vec<usize>> = HashMap::new();
-        let mut owned_here = vec![false; keys.len()];
-        for (i, k) in keys.iter().enumerate() {
-            for o in view.owners(k, r.max(1) as usize) {
-                if o == me {
-                    owned_here[i] = true;
-                } else {
-                    by_owner.entry(o.0).or_default().push(i);
-                }
-            }
-        }
+        let plan = moves::plan(&view, NodeId(m.me()), &keys, r as usize);
         let mut confirmed = vec![0usize; keys.len()];
         let mut failed = vec![false; keys.len()];
-        for (owner, idx) in by_owner {
-            let peer = match peers.entry(owner) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let addr = view.node(NodeId(owner)).map(|n| n.tcp.clone());
-                    let p = match addr {
-                        Some(a) => Peer::connect(&a, creds, me.0, timeout).await.ok(),
-                        None => None,
-                    };
-                    e.insert(p)
-                }
-            };
-            let Some(p) = peer.as_mut() else {
+        for (owner, idx) in &plan.to {
+            let Some(p) = peers.get(owner.0).await else {
                 idx.iter().for_each(|&i| failed[i] = true);
                 continue;
             };
+            let copy = Copy {
+                pool,
+                ns,
+                keys: &keys,
+                started,
+            };
             for chunk in idx.chunks(MOVE_BATCH) {
-                let lookup = Op::Lookup {
-                    ns,
-                    keys: chunk.iter().map(|&i| keys[i].clone()).collect(),
-                    lease_ms: 0,
-                };
-                let present: Vec<Option<LocatedWire>> = match p.call(lookup, &[]).await {
-                    Ok(Reply::Located(l)) if l.len() == chunk.len() => l,
-                    _ => {
-                        chunk.iter().for_each(|&i| failed[i] = true);
-                        continue;
-                    }
-                };
-                for (&i, have) in chunk.iter().zip(present) {
-                    if have.is_some() {
-                        confirmed[i] += 1;
-                        continue;
-                    }
-                    let now = started.elapsed().as_millis() as u64;
-                    let Ok(obj) = pool.get_ref(ns, &keys[i], now) else {
-                        continue; // removed meanwhile
-                    };
-                    let put = Op::Put {
-                        ns,
-                        key: keys[i].clone(),
-                        checksum: obj.checksum(),
-                        pin: true,
-                    };
-                    match p.call(put, &[obj.bytes()]).await {
-                        Ok(Reply::Done) => {
-                            confirmed[i] += 1;
-                            out.copied += 1;
-                        }
-                        Ok(_) | Err(_) => failed[i] = true,
-                    }
-                }
+                copy.to(p, chunk, &mut confirmed, &mut failed, &mut out)
+                    .await;
             }
         }
         for (i, k) in keys.iter().enumerate() {
-            if owned_here[i] || failed[i] {
-                if !owned_here[i] {
-                    out.stranded += 1;
+            match plan.outcome(i, confirmed[i], failed[i]) {
+                Outcome::Keep => {}
+                Outcome::Stranded => out.stranded += 1,
+                Outcome::HandOff => {
+                    if pool.remove(ns, k).unwrap_or(false) {
+                        out.handed_off += 1;
+                    }
                 }
-                continue;
-            }
-            let owners = view.owners(k, r.max(1) as usize).len();
-            if owners > 0 && confirmed[i] == owners && pool.remove(ns, k).unwrap_or(false) {
-                out.handed_off += 1;
-            } else if owners == 0 {
-                out.stranded += 1;
             }
         }
     }
     out
+}
+
+/// The mover's connections to the owners of one pass, opened on first use.
+struct Peers<'a> {
+    view: &'a ClusterView,
+    creds: &'a PeerAuth,
+    me: u32,
+    timeout: Duration,
+    /// Per node: its connection, or None when it could not be reached this pass.
+    open: HashMap<u32, Option<Peer>>,
+}
+
+impl Peers<'_> {
+    async fn get(&mut self, node: u32) -> Option<&mut Peer> {
+        if !self.open.contains_key(&node) {
+            let p = match self.view.node(NodeId(node)) {
+                Some(n) => Peer::connect(&n.tcp, self.creds, self.me, self.timeout)
+                    .await
+                    .ok(),
+                None => None,
+            };
+            self.open.insert(node, p);
+        }
+        self.open.get_mut(&node).and_then(Option::as_mut)
+    }
+}
+
+/// Copies of one namespace's pinned objects to their owners.
+struct Copy<'a> {
+    pool: &'a Pool,
+    ns: u32,
+    keys: &'a [Vec<u8>],
+    started: Instant,
+}
+
+impl Copy<'_> {
+    /// Asks owner `p` which of the keys at `chunk` it lacks and sends those, counting each key
+    /// the owner holds afterwards in `confirmed` and each it could not be given in `failed`.
+    async fn to(
+        &self,
+        p: &mut Peer,
+        chunk: &[usize],
+        confirmed: &mut [usize],
+        failed: &mut [bool],
+        out: &mut MovePass,
+    ) {
+        let lookup = Op::Lookup {
+            ns: self.ns,
+            keys: chunk.iter().map(|&i| self.keys[i].clone()).collect(),
+            lease_ms: 0,
+        };
+        let present: Vec<Option<LocatedWire>> = match p.call(lookup, &[]).await {
+            Ok(Reply::Located(l)) if l.len() == chunk.len() => l,
+            _ => {
+                chunk.iter().for_each(|&i| failed[i] = true);
+                return;
+            }
+        };
+        for (&i, have) in chunk.iter().zip(present) {
+            if have.is_some() {
+                confirmed[i] += 1;
+                continue;
+            }
+            let now = self.started.elapsed().as_millis() as u64;
+            let Ok(obj) = self.pool.get_ref(self.ns, &self.keys[i], now) else {
+                continue; // removed meanwhile
+            };
+            let put = Op::Put {
+                ns: self.ns,
+                key: self.keys[i].clone(),
+                checksum: obj.checksum(),
+                pin: true,
+            };
+            match p.call(put, &[obj.bytes()]).await {
+                Ok(Reply::Done) => {
+                    confirmed[i] += 1;
+                    out.copied += 1;
+                }
+                Ok(_) | Err(_) => failed[i] = true,
+            }
+        }
+    }
 }
 
 /// What the mover needs.

@@ -20,12 +20,12 @@
 //! registers again, and ranges and watches afresh. A record of this node left by an earlier run
 //! with an epoch at least as high as the node's own is outranked before the first put.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
+use kvpool::membership::EtcdRecords;
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -126,12 +126,10 @@ pub(crate) fn lease_ttl(down_after: Duration) -> i64 {
     (down_after.as_millis().div_ceil(1000) as i64).max(1)
 }
 
-/// The keys under the prefix, and the view they make.
+/// The keys under the prefix, read into the core's [`EtcdRecords`] (which derives the view).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    records: BTreeMap<u32, NodeInfo>,
-    alive: BTreeSet<u32>,
-    revision: u64,
+    records: EtcdRecords,
 }
 
 impl Registry {
@@ -146,43 +144,19 @@ impl Registry {
         };
         let id_in = |dir: &str| rest.strip_prefix(dir).and_then(|i| i.parse::<u32>().ok());
         if let Some(id) = id_in("nodes/") {
-            match value.map(decode_record) {
-                Some(Some(rec)) if rec.id == id => {
-                    self.records.insert(id, rec);
-                }
-                Some(_) => {
-                    tracing::warn!(node = id, "etcd: ignoring a malformed node record");
-                    self.records.remove(&id);
-                }
-                None => {
-                    self.records.remove(&id);
-                }
+            let rec = value.map(decode_record);
+            if matches!(rec, Some(None)) || matches!(&rec, Some(Some(r)) if r.id != id) {
+                tracing::warn!(node = id, "etcd: ignoring a malformed node record");
             }
+            self.records.set_record(id, rec.flatten());
         } else if let Some(id) = id_in("alive/") {
-            if value.is_some() {
-                self.alive.insert(id);
-            } else {
-                self.alive.remove(&id);
-            }
+            self.records.set_alive(id, value.is_some());
         }
     }
 
     /// The view: every record, down where its node holds no lease, at the revision seen.
     pub(crate) fn view(&self) -> ClusterView {
-        ClusterView {
-            version: self.revision,
-            nodes: self
-                .records
-                .values()
-                .map(|n| {
-                    let mut n = n.clone();
-                    if !self.alive.contains(&n.id) {
-                        n.state = NodeState::Down;
-                    }
-                    n
-                })
-                .collect(),
-        }
+        self.records.view()
     }
 }
 
@@ -287,10 +261,8 @@ impl Registrar {
             .await?;
         self.mark_published(mine);
         let (revision, kvs) = self.etcd.range_prefix(&self.prefix).await?;
-        let mut reg = Registry {
-            revision,
-            ..Registry::default()
-        };
+        let mut reg = Registry::default();
+        reg.records.revision = revision;
         for (k, v) in &kvs {
             reg.apply(&self.prefix, k, Some(v));
         }
@@ -333,7 +305,7 @@ impl Registrar {
                     if kvs.is_empty() {
                         continue;
                     }
-                    reg.revision = reg.revision.max(revision);
+                    reg.records.revision = reg.records.revision.max(revision);
                     for (k, v) in &kvs {
                         reg.apply(&self.prefix, k, v.as_deref());
                     }
@@ -662,7 +634,7 @@ mod tests {
         );
         a.apply(p, b"/kvpool/nodes/x", Some(b"{}"));
         a.apply(p, b"/kvpool/alive/1", None);
-        a.revision = 12;
+        a.records.revision = 12;
         let v = a.view();
         assert_eq!(v.version, 12);
         let states: Vec<_> = v.nodes.iter().map(|n| (n.id, n.state)).collect();
@@ -728,7 +700,7 @@ mod tests {
             Some(&encode_record(&rec(1, NodeState::Serving, 4))),
         );
         reg.apply(p, b"/p/alive/0", Some(b""));
-        reg.revision = 40;
+        reg.records.revision = 40;
         m.replace(reg.view());
         let v = m.view();
         assert_eq!(v.version, 40);
@@ -736,7 +708,7 @@ mod tests {
         assert_eq!(v.nodes[1], rec(1, NodeState::Draining, 5), "my own record");
         // A wiped etcd starts its revisions again: the version still only goes up.
         reg.apply(p, b"/p/alive/0", None);
-        reg.revision = 3;
+        reg.records.revision = 3;
         m.replace(reg.view());
         assert_eq!(m.view().version, 41);
         assert_eq!(m.view().nodes[0].state, NodeState::Down);

@@ -23,7 +23,6 @@ pub mod config;
 mod daemon;
 mod deadline;
 mod etcd_gateway;
-mod fence;
 mod handler;
 mod http;
 mod listeners;

@@ -29,12 +29,12 @@
 
 use std::collections::VecDeque;
 
-use kvpool::placement::{ClusterView, NodeInfo, NodeState};
-use kvpool::NodeId;
+use super::{ClusterView, NodeInfo, NodeState};
+use crate::addr::NodeId;
 
 /// Views kept: objects allocated before the oldest of them are never served again as an
 /// owner's copy.
-pub(crate) const HISTORY: usize = 64;
+pub const HISTORY: usize = 64;
 
 /// One adopted view, as far as ownership goes.
 #[derive(Clone, Debug)]
@@ -50,7 +50,7 @@ struct Adopted {
 
 /// The views this node adopted, and the floor below which every object is suspect.
 #[derive(Debug)]
-pub(crate) struct History {
+pub struct History {
     me: NodeId,
     views: VecDeque<Adopted>,
     /// The last adopted view, whole (to find the records that changed).
@@ -60,7 +60,8 @@ pub(crate) struct History {
 }
 
 impl History {
-    pub(crate) fn new(me: NodeId) -> History {
+    /// An empty history of node `me`.
+    pub fn new(me: NodeId) -> History {
         History {
             me,
             views: VecDeque::new(),
@@ -70,7 +71,7 @@ impl History {
     }
 
     /// Records that this node adopted `view` when the pool's generation mark was `mark`.
-    pub(crate) fn adopt(&mut self, view: &ClusterView, mark: u64) {
+    pub fn adopt(&mut self, view: &ClusterView, mark: u64) {
         let serving = serving_of(view.nodes.iter().filter(|n| n.state == NodeState::Serving));
         let between = match &self.last {
             None => serving.clone(),
@@ -91,13 +92,13 @@ impl History {
     }
 
     /// Makes every object allocated before `mark` suspect: the others marked this node down.
-    pub(crate) fn fence(&mut self, mark: u64) {
+    pub fn fence(&mut self, mark: u64) {
         self.floor = self.floor.max(mark);
     }
 
     /// True when an object of `key` allocated at `generation` may be served by a routed read:
     /// this node was among the key's first `replicas` owners in every view since.
-    pub(crate) fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
+    pub fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
         if generation < self.floor {
             return false;
         }
@@ -188,17 +189,7 @@ fn serving_of<'a>(nodes: impl Iterator<Item = &'a NodeInfo>) -> ClusterView {
 mod tests {
     use super::*;
 
-    fn rec(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
-        NodeInfo {
-            id,
-            tcp: String::new(),
-            quic: String::new(),
-            metrics: String::new(),
-            capacity: 1,
-            state,
-            epoch,
-        }
-    }
+    use crate::placement::test_record as rec;
 
     fn view(recs: &[(u32, NodeState, u64)]) -> ClusterView {
         ClusterView::from_nodes(recs.iter().map(|&(i, s, e)| rec(i, s, e)).collect())

@@ -14,6 +14,11 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+pub mod history;
+#[cfg(test)]
+mod model_tests;
+pub mod moves;
+
 use crate::addr::NodeId;
 
 /// State of a node in the view.
@@ -188,6 +193,20 @@ impl ClusterView {
         n.state = NodeState::Down;
         self.version = version_of(&self.nodes);
         true
+    }
+}
+
+/// A record for tests: node `id` at `n<id>`, capacity 1.
+#[cfg(test)]
+pub(crate) fn test_record(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
+    NodeInfo {
+        id,
+        tcp: format!("n{id}"),
+        quic: String::new(),
+        metrics: String::new(),
+        capacity: 1,
+        state,
+        epoch,
     }
 }
 
