@@ -1,5 +1,7 @@
 //! A blocking facade over [`crate::Client`], for engines that are not async. It owns a small
 //! tokio runtime; every method blocks the calling thread until the async call completes.
+//!
+//! Uses only the public API of the crate (`Client` and its types).
 
 use std::sync::Arc;
 

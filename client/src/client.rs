@@ -9,115 +9,35 @@
 //! owner is looked up once more on its previous owner, so adding a node does not dump the hit
 //! rate; that copy is used only when the key's current owners vouch that they acknowledged no
 //! write or remove of it that the copy could be older than (`Op::Vouch`).
+//!
+//! The public API lives here; its parts are `client::routing` (the view, owners, links, node
+//! failures, the `WrongView` retry), `client::fanout` (the one fan-out: keys cut into per-node
+//! batches sent at once) and `client::batch_ops` (the operations over many keys built on it).
+//! Uses `link` for everything that goes to one node, and `local`, `config`, `endpoint` and
+//! `error`; nothing in the crate uses `client` but `lib` and `blocking`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures_util::future::join_all;
-use kvpool::placement::{ClusterView, NodeState};
+use kvpool::placement::ClusterView;
 use kvpool::pool::PoolStats;
-use kvpool::protocol::{ErrorCode, HelloInfo, LocatedWire, Op, Reply};
-use kvpool::{AddrFault, GlobalAddr, NodeId};
+use kvpool::protocol::{ErrorCode, HelloInfo, Op, Reply};
+use kvpool::{AddrFault, GlobalAddr};
 
+use crate::config::ClientConfig;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::link::{owned, unexpected, Link};
+use crate::link::{unexpected, Link, Located};
 use crate::local::{LocalMap, LocalReadError};
 
-/// Whether to use the same-host fast path.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SameHost {
-    /// Use it when the node turns out to run on this host (same kernel boot id and its Unix
-    /// socket is reachable): control over the Unix socket, data by direct loads and stores.
-    #[default]
-    Auto,
-    /// Never: every byte goes through the endpoint's transport.
-    Off,
-}
+#[macro_use]
+mod routing;
+mod batch_ops;
+mod fanout;
 
-/// How a client connects and behaves. Every default is documented on its field.
-#[derive(Clone, Debug)]
-pub struct ClientConfig {
-    /// Namespace the client works in. Default `"default"`.
-    pub namespace: String,
-    /// Auth token for the handshake. Default empty.
-    pub token: String,
-    /// Name sent in the handshake, for the node's logs. Default `"kvpool-client"`.
-    pub client_name: String,
-    /// Every call must finish within this. Default 10 s.
-    pub timeout: Duration,
-    /// Most idle connections kept for reuse. Default 16.
-    pub max_idle: usize,
-    /// Check the xxh3 checksum of every value received. Default true.
-    pub verify_checksums: bool,
-    /// Same-host fast path. Default [`SameHost::Auto`].
-    pub same_host: SameHost,
-    /// PEM CA certificate that QUIC servers must chain to (the daemon's generated
-    /// `tls-cert.pem` for a self-signed node). Default none.
-    pub ca: Option<std::path::PathBuf>,
-    /// Accept any QUIC server certificate. Default false.
-    pub insecure_skip_verify: bool,
-    /// After the cluster view changes, keys that miss on their new owner are looked up on
-    /// their previous owner for this long (one extra hop; the copy is used only when the new
-    /// owners vouch that no newer write of the key was acknowledged). Default 60 s.
-    pub fallback_window: Duration,
-    /// The cluster secret, for operator tools only (`kvpool cluster drain`): every connection
-    /// then proves it after the handshake and may send cluster control such as `Drain`.
-    /// Applications never hold it. Default none.
-    pub cluster_secret: Option<kvpool::protocol::auth::ClusterSecret>,
-}
-
-impl Default for ClientConfig {
-    fn default() -> Self {
-        ClientConfig {
-            namespace: kvpool::pool::DEFAULT_NAMESPACE.to_string(),
-            token: String::new(),
-            client_name: "kvpool-client".into(),
-            timeout: Duration::from_secs(10),
-            max_idle: 16,
-            verify_checksums: true,
-            same_host: SameHost::Auto,
-            ca: None,
-            insecure_skip_verify: false,
-            fallback_window: Duration::from_secs(60),
-            cluster_secret: None,
-        }
-    }
-}
-
-/// A committed object located for one-sided reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Located {
-    /// Its address.
-    pub addr: GlobalAddr,
-    /// xxh3-64 of its bytes.
-    pub checksum: u64,
-}
-
-impl From<LocatedWire> for Located {
-    fn from(l: LocatedWire) -> Self {
-        Located {
-            addr: l.addr,
-            checksum: l.checksum,
-        }
-    }
-}
-
-/// How the client reaches nodes other than the one it connected to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scheme {
-    Tcp,
-    Quic,
-}
-
-/// The view requests are routed by, and the one before it.
-struct Routing {
-    view: ClusterView,
-    stamp: u64,
-    /// The previous view and when it was replaced: misses consult its owners for a while.
-    prev: Option<(ClusterView, Instant)>,
-}
+use fanout::{add_key, pick};
+use routing::{Routing, Scheme};
 
 struct Inner {
     cfg: ClientConfig,
@@ -129,9 +49,6 @@ struct Inner {
     backoff: Mutex<HashMap<u32, Instant>>,
     routing: RwLock<Arc<Routing>>,
 }
-
-/// How long a node that failed is skipped before the client tries it again.
-const BACKOFF: Duration = Duration::from_millis(500);
 
 /// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
 /// connections and the view.
@@ -145,28 +62,6 @@ pub struct Client {
 
 /// How long `load_prefix` leases blocks while copying them on the same host.
 const LOAD_LEASE_MS: u64 = 5_000;
-
-/// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
-const VIEW_ATTEMPTS: u32 = 5;
-
-/// Runs `$body` (the contents of an async block that routes by `$r`, the current routing) and
-/// runs it again, with a fresh view, when a node answers that the view changed (a bounded
-/// number of times). With `wrong_view_miss`, a view that keeps changing yields that value (a
-/// miss for reads) instead of the `WrongView` error.
-macro_rules! routed {
-    ($client:ident, $r:ident => $body:block $(, wrong_view_miss => $miss:expr)?) => {{
-        let mut attempt = 0;
-        loop {
-            let $r = $client.routing();
-            let res: Result<_, ClientError> = async $body.await;
-            match res {
-                Err(e) if $client.retry_view(&e, &mut attempt).await => {}
-                $(Err(e) if e.code() == Some(ErrorCode::WrongView) => break Ok($miss),)?
-                other => break other,
-            }
-        }
-    }};
-}
 
 /// The blocks of a prefix, named by their tokens or by keys the engine computed itself.
 #[derive(Clone, Copy, Debug)]
@@ -339,34 +234,24 @@ impl Client {
             return Ok(0);
         }
         let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
         routed!(self, r => {
             if self.fallback(&r).is_some() {
                 // Per-key presence, so misses can be looked up on their previous owners.
                 let present = self.presence(&r, keys).await?;
                 return Ok(present.iter().take_while(|p| **p).count());
             }
-            let groups = self.group_by_owner(&r, keys);
-            let calls = groups.iter().map(|(node, idx)| {
-                let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                let r = &r;
-                async move {
-                    let l = self.link(*node, r).await?;
-                    l.exists(cfg, r.stamp, l.ns(ns)?, &sub).await
-                }
-            });
+            let mut batches = self.by_owner(&r, keys, 0..keys.len(), 0);
+            let answers = self
+                .fan_out(&r, &mut batches, |l, ns, b| {
+                    let sub = pick(keys, &b.idx);
+                    async move { l.exists(cfg, b.stamp, ns, &sub).await }
+                })
+                .await;
             let mut run = keys.len();
-            for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-                let n = match res {
-                    Ok(n) => n,
-                    Err(e) if e.is_unreachable() => {
-                        self.lost(*node, &e);
-                        0
-                    }
-                    Err(e) => return Err(e),
-                };
-                if n < idx.len() {
-                    run = run.min(idx[n]);
+            for (b, res) in batches.iter().zip(answers) {
+                let n = self.reached(b.node, res)?.unwrap_or(0);
+                if n < b.idx.len() {
+                    run = run.min(b.idx[n]);
                 }
             }
             Ok(run)
@@ -376,36 +261,24 @@ impl Client {
     /// Removes `key` from every node that may hold it; true when one did.
     pub async fn remove(&self, key: &[u8]) -> Result<bool, ClientError> {
         let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
         routed!(self, r => {
             // The owners, routed by the view; the previous owner asked on purpose (stamp 0).
-            let mut nodes: Vec<(u32, u64)> = r
-                .view
-                .owners(key, self.read_replicas())
-                .into_iter()
-                .map(|o| (o.0, r.stamp))
-                .collect();
-            if let Some(p) = r.view.owner(key).and_then(|o| self.prev_owner(&r, key, o)) {
-                nodes.push((p, 0));
+            let mut batches = Vec::new();
+            for o in r.view.owners(key, self.read_replicas()) {
+                add_key(&mut batches, o.0, r.stamp, (), 0);
             }
-            let calls = nodes.iter().map(|&(n, stamp)| {
-                let r = &r;
-                async move {
-                    let l = self.link(n, r).await?;
-                    let op = Op::Remove {
-                        ns: l.ns(ns)?,
-                        keys: vec![key.to_vec()],
-                    };
-                    l.count(cfg, stamp, op).await
-                }
-            });
+            if let Some(p) = r.view.owner(key).and_then(|o| self.prev_owner(&r, key, o)) {
+                add_key(&mut batches, p, 0, (), 0);
+            }
+            let answers = self
+                .fan_out(&r, &mut batches, |l, ns, b| async move {
+                    let keys = vec![key.to_vec()];
+                    l.count(cfg, b.stamp, Op::Remove { ns, keys }).await
+                })
+                .await;
             let mut any = false;
-            for ((n, _), res) in nodes.iter().zip(join_all(calls).await) {
-                match res {
-                    Ok(k) => any |= k > 0,
-                    Err(e) if e.is_unreachable() => self.lost(*n, &e),
-                    Err(e) => return Err(e),
-                }
+            for (b, res) in batches.iter().zip(answers) {
+                any |= self.reached(b.node, res)?.is_some_and(|k| k > 0);
             }
             Ok(any)
         })
@@ -623,23 +496,18 @@ impl Client {
         lease_ms: u64,
     ) -> Result<Vec<Option<Located>>, ClientError> {
         let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
         routed!(self, r => {
-            let groups = self.group_by_owner(&r, keys);
-            let calls = groups.iter().map(|(node, idx)| {
-                let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                let r = &r;
-                async move {
-                    let l = self.link(*node, r).await?;
-                    l.lookup(cfg, r.stamp, l.ns(ns)?, &sub, lease_ms).await
-                }
-            });
+            let mut batches = self.by_owner(&r, keys, 0..keys.len(), 0);
+            let answers = self
+                .fan_out(&r, &mut batches, |l, ns, b| {
+                    let sub = pick(keys, &b.idx);
+                    async move { l.lookup(cfg, b.stamp, ns, &sub, lease_ms).await }
+                })
+                .await;
             let mut out = vec![None; keys.len()];
-            for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-                match res {
-                    Ok(found) => idx.iter().zip(found).for_each(|(&i, f)| out[i] = f),
-                    Err(e) if e.is_unreachable() => self.lost(*node, &e),
-                    Err(e) => return Err(e),
+            for (b, res) in batches.iter().zip(answers) {
+                if let Some(found) = self.reached(b.node, res)? {
+                    b.idx.iter().zip(found).for_each(|(&i, f)| out[i] = f);
                 }
             }
             Ok(out)
@@ -708,570 +576,6 @@ impl Client {
             r => Err(unexpected(&r)),
         }
     }
-
-    // ----- routing -----
-
-    fn routing(&self) -> Arc<Routing> {
-        self.inner
-            .routing
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Replicas consulted by reads: a pinned object may be on any of `pinned_replicas` nodes.
-    fn read_replicas(&self) -> usize {
-        self.repl.0.max(self.repl.1).max(1)
-    }
-
-    fn fallback<'r>(&self, r: &'r Routing) -> Option<&'r ClusterView> {
-        r.prev
-            .as_ref()
-            .filter(|(_, since)| since.elapsed() < self.inner.cfg.fallback_window)
-            .map(|(v, _)| v)
-    }
-
-    /// The previous owner of `key`, when the view changed recently, it differs from the
-    /// current owner and it is not down.
-    fn prev_owner(&self, r: &Routing, key: &[u8], owner: NodeId) -> Option<u32> {
-        let prev = self.fallback(r)?.owner(key)?;
-        let alive = r
-            .view
-            .node(prev)
-            .is_some_and(|n| n.state != NodeState::Down);
-        (prev != owner && alive).then_some(prev.0)
-    }
-
-    /// Per key of `keys`: may the copy of `keys[i]` on its previous owner `p` be served, for
-    /// each `(i, p)` in `asked`? Only when every current owner of the key (among the replicas
-    /// reads consult; `p` itself aside) vouches that it acknowledged no write or remove of the
-    /// key since it could have taken one over that copy (`Op::Vouch`). Without that a copy
-    /// from before an acknowledged write could shadow it, once the write is evicted or removed
-    /// on the owner. An owner that does not answer vouches for nothing: a miss, never a stale
-    /// value. One request per owner, in parallel.
-    async fn vouched(&self, r: &Routing, keys: &[&[u8]], asked: &[(usize, u32)]) -> Vec<bool> {
-        let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
-        let mut ok = vec![false; keys.len()];
-        let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-        for &(i, prev) in asked {
-            ok[i] = true;
-            for o in r.view.owners(keys[i], self.read_replicas()) {
-                if o.0 != prev {
-                    add_to_group(&mut groups, o.0, i);
-                }
-            }
-        }
-        let calls = groups.iter().map(|(node, idx)| async move {
-            let l = self.link(*node, r).await?;
-            let op = Op::Vouch {
-                ns: l.ns(ns)?,
-                keys: idx.iter().map(|&i| keys[i].to_vec()).collect(),
-            };
-            match l.simple(cfg, 0, op, &[]).await? {
-                Reply::Statuses(s) if s.len() == idx.len() => Ok(s),
-                other => Err(unexpected(&other)),
-            }
-        });
-        for ((_, idx), res) in groups.iter().zip(join_all(calls).await) {
-            match res {
-                Ok(s) => idx
-                    .iter()
-                    .zip(s)
-                    .for_each(|(&i, c)| ok[i] &= c == ErrorCode::Ok as u16),
-                Err(_) => idx.iter().for_each(|&i| ok[i] = false),
-            }
-        }
-        ok
-    }
-
-    /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,
-    /// found without ranking every node).
-    fn owner_at(&self, r: &Routing, key: &[u8], k: usize) -> Option<NodeId> {
-        match k {
-            0 => r.view.owner(key),
-            _ => r.view.owners(key, self.read_replicas()).get(k).copied(),
-        }
-    }
-
-    fn primary(&self, r: &Routing, key: &[u8]) -> Result<u32, ClientError> {
-        r.view.owner(key).map(|n| n.0).ok_or_else(no_owner)
-    }
-
-    /// Keys grouped by their owner: (node, indexes into `keys`) in order of first appearance.
-    fn group_by_owner(&self, r: &Routing, keys: &[&[u8]]) -> Vec<(u32, Vec<usize>)> {
-        let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            let Some(o) = r.view.owner(k) else { continue };
-            add_to_group(&mut groups, o.0, i);
-        }
-        groups
-    }
-
-    /// The link to node `node`, opened on first use from its address in the view.
-    async fn link(&self, node: u32, r: &Routing) -> Result<Arc<Link>, ClientError> {
-        if let Some(l) = self
-            .inner
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-        {
-            return Ok(l.clone());
-        }
-        let skipped = self
-            .inner
-            .backoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-            .is_some_and(|until| Instant::now() < *until);
-        if skipped {
-            return Err(ClientError::Server {
-                code: ErrorCode::Unavailable,
-                message: format!("node {node} failed moments ago"),
-            });
-        }
-        let info = r
-            .view
-            .node(NodeId(node))
-            .or_else(|| r.prev.as_ref().and_then(|(v, _)| v.node(NodeId(node))))
-            .ok_or_else(|| ClientError::Server {
-                // Nodes stay in the view (down) after they leave: this one never was in it.
-                code: ErrorCode::WrongNode,
-                message: format!("node {node} is not in the cluster view"),
-            })?;
-        let endpoint = match self.inner.scheme {
-            Scheme::Quic if !info.quic.is_empty() => Endpoint::Quic(info.quic.clone()),
-            _ => Endpoint::Tcp(info.tcp.clone()),
-        };
-        let cfg = &self.inner.cfg;
-        let opened = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
-            .await
-            .map_err(|_| ClientError::Timeout)
-            .and_then(|r| r);
-        let link = match opened {
-            Ok(l) => l,
-            Err(e) => {
-                if e.is_unreachable() {
-                    self.lost(node, &e);
-                }
-                return Err(e);
-            }
-        };
-        if link.node() != node {
-            return Err(ClientError::Protocol(format!(
-                "{endpoint} is node {}, the view says node {node}",
-                link.node()
-            )));
-        }
-        let mut links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(links.entry(node).or_insert_with(|| Arc::new(link)).clone())
-    }
-
-    async fn link_of(&self, addr: &GlobalAddr) -> Result<Arc<Link>, ClientError> {
-        self.link(addr.node.0, &self.routing()).await
-    }
-
-    /// A node failed: its keys are misses for now. Logged, and the link dropped.
-    fn lost(&self, node: u32, e: &ClientError) {
-        tracing::warn!(node, error = %e, "node unreachable: its keys are misses");
-        self.forget(node);
-    }
-
-    /// Drops the link to a node that failed, so the next use reconnects (after [`BACKOFF`]).
-    fn forget(&self, node: u32) {
-        self.inner
-            .backoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(node, Instant::now() + BACKOFF);
-        if node != self.inner.first.node() {
-            self.inner
-                .links
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&node);
-        }
-    }
-
-    async fn fetch_view(&self, l: &Link) -> Result<ClusterView, ClientError> {
-        match l.simple(&self.inner.cfg, 0, Op::View, &[]).await? {
-            Reply::View(v) => Ok(v),
-            r => Err(unexpected(&r)),
-        }
-    }
-
-    /// Routes by `v` from now on if it is newer than the current view. True when adopted.
-    fn adopt(&self, v: ClusterView) -> bool {
-        let mut cur = self
-            .inner
-            .routing
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        let stamp = v.stamp();
-        if stamp == cur.stamp || v.version < cur.view.version {
-            return false;
-        }
-        tracing::debug!(
-            from = cur.view.version,
-            to = v.version,
-            "cluster view changed"
-        );
-        let prev = if cur.view.nodes.iter().any(|n| n.state == NodeState::Serving) {
-            Some((cur.view.clone(), Instant::now()))
-        } else {
-            cur.prev.clone()
-        };
-        *cur = Arc::new(Routing {
-            view: v,
-            stamp,
-            prev,
-        });
-        true
-    }
-
-    /// Asks every node the client has a link to for its view and adopts the newest.
-    async fn refresh(&self) -> bool {
-        let links: Vec<Arc<Link>> = self
-            .inner
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        let views = join_all(links.iter().map(|l| self.fetch_view(l))).await;
-        let mut adopted = false;
-        let mut best: Option<ClusterView> = None;
-        for v in views.into_iter().flatten() {
-            if best.as_ref().is_none_or(|b| v.version > b.version) {
-                best = Some(v);
-            }
-        }
-        if let Some(v) = best {
-            adopted = self.adopt(v);
-        }
-        adopted
-    }
-
-    /// After a failed routed call: when a node answered that the view changed, refreshes the
-    /// view (or waits a moment for gossip to settle) and says to route again, a bounded number
-    /// of times.
-    async fn retry_view(&self, e: &ClientError, attempt: &mut u32) -> bool {
-        if e.code() != Some(ErrorCode::WrongView) || *attempt + 1 >= VIEW_ATTEMPTS {
-            return false;
-        }
-        *attempt += 1;
-        if !self.refresh().await {
-            // The nodes don't agree yet: give gossip a moment.
-            tokio::time::sleep(Duration::from_millis(20 << *attempt)).await;
-        }
-        true
-    }
-
-    /// Per key: present on its owner, or (while the view is changing) on its previous owner.
-    async fn presence(&self, r: &Routing, keys: &[&[u8]]) -> Result<Vec<bool>, ClientError> {
-        let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
-        let mut present = vec![false; keys.len()];
-        let groups = self.group_by_owner(r, keys);
-        let calls = groups.iter().map(|(node, idx)| {
-            let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-            async move {
-                let l = self.link(*node, r).await?;
-                l.lookup(cfg, r.stamp, l.ns(ns)?, &sub, 0).await
-            }
-        });
-        for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-            match res {
-                Ok(found) => idx
-                    .iter()
-                    .zip(found)
-                    .for_each(|(&i, f)| present[i] = f.is_some()),
-                Err(e) if e.is_unreachable() => self.lost(*node, &e),
-                Err(e) => return Err(e),
-            }
-        }
-        // Misses up to the end of the batch, on their previous owners.
-        let mut prev_groups: Vec<(u32, Vec<usize>)> = Vec::new();
-        for (i, k) in keys.iter().enumerate().filter(|(i, _)| !present[*i]) {
-            let Some(owner) = r.view.owner(k) else {
-                continue;
-            };
-            if let Some(p) = self.prev_owner(r, k, owner) {
-                add_to_group(&mut prev_groups, p, i);
-            }
-        }
-        let calls = prev_groups.iter().map(|(node, idx)| {
-            let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-            async move {
-                let l = self.link(*node, r).await?;
-                l.lookup(cfg, 0, l.ns(ns)?, &sub, 0).await
-            }
-        });
-        let asked = asked_of(&prev_groups);
-        let (vouched, results) = tokio::join!(self.vouched(r, keys, &asked), join_all(calls));
-        for ((_, idx), res) in prev_groups.iter().zip(results) {
-            if let Ok(found) = res {
-                idx.iter()
-                    .zip(found)
-                    .for_each(|(&i, f)| present[i] |= f.is_some() && vouched[i]);
-            }
-        }
-        Ok(present)
-    }
-
-    /// Stores items on their owners (`replicas` of them, `pinned_replicas` when pinned). An
-    /// item counts as stored when one owner stored it.
-    async fn put_many(
-        &self,
-        items: &[(&[u8], &[u8])],
-        pin: bool,
-        depths: Vec<u32>,
-    ) -> Result<Vec<ErrorCode>, ClientError> {
-        let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
-        let r_count = if pin { self.repl.1 } else { self.repl.0 }.max(1);
-        routed!(self, r => {
-            let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-            for (i, (k, _)) in items.iter().enumerate() {
-                for o in r.view.owners(k, r_count) {
-                    add_to_group(&mut groups, o.0, i);
-                }
-            }
-            let calls = groups.iter().map(|(node, idx)| {
-                let sub: Vec<(&[u8], &[u8])> = idx.iter().map(|&i| items[i]).collect();
-                let sub_depths: Vec<u32> = if depths.is_empty() {
-                    Vec::new()
-                } else {
-                    idx.iter().map(|&i| depths[i]).collect()
-                };
-                let r = &r;
-                async move {
-                    let l = self.link(*node, r).await?;
-                    l.put_many(cfg, r.stamp, l.ns(ns)?, &sub, pin, sub_depths)
-                        .await
-                }
-            });
-            let mut codes: Vec<Option<ErrorCode>> = vec![None; items.len()];
-            for ((node, idx), res) in groups.iter().zip(join_all(calls).await) {
-                let got = match res {
-                    Ok(got) => got,
-                    Err(e) if e.is_unreachable() => {
-                        self.lost(*node, &e);
-                        vec![ErrorCode::Unavailable; idx.len()]
-                    }
-                    Err(e) => return Err(e),
-                };
-                for (&i, code) in idx.iter().zip(got) {
-                    // Stored once is stored; otherwise report the first owner's refusal.
-                    if code == ErrorCode::Ok || codes[i].is_none() {
-                        codes[i] = Some(code);
-                    }
-                }
-            }
-            Ok(codes
-                .into_iter()
-                .map(|c| c.unwrap_or(ErrorCode::Unavailable))
-                .collect())
-        })
-    }
-
-    /// Batched get, one request per owner in parallel; keys whose owner can't be reached are
-    /// tried on their next replica, misses (while the view is changing) on their previous
-    /// owner. With `prefix`, nothing after the first missing key is returned.
-    async fn get_many(
-        &self,
-        keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
-        prefix: bool,
-        lease_ms: u64,
-    ) -> Result<Vec<Option<usize>>, ClientError> {
-        assert_eq!(keys.len(), dsts.len(), "one destination buffer per key");
-        let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
-        routed!(self, r => {
-            let mut out: Vec<Option<usize>> = vec![None; keys.len()];
-            // Round k asks the k-th owner of the keys whose earlier owners could not be reached;
-            // the last round asks previous owners for misses.
-            let mut todo: Vec<(usize, usize)> = (0..keys.len()).map(|i| (i, 0)).collect();
-            let mut slots: Vec<Option<&mut [u8]>> =
-                dsts.iter_mut().map(|d| Some(&mut **d)).collect();
-            let mut misses: Vec<usize> = Vec::new();
-            while !todo.is_empty() {
-                let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-                let mut next = Vec::new();
-                for &(i, k) in &todo {
-                    let Some(o) = self.owner_at(&r, keys[i], k) else { continue };
-                    add_to_group(&mut groups, o.0, i);
-                }
-                let single = groups.len() == 1 && todo.len() == keys.len();
-                let calls = groups.iter().map(|(node, idx)| {
-                    let mut bufs: Vec<&mut [u8]> = idx
-                        .iter()
-                        .map(|&i| slots[i].take().expect("each key once"))
-                        .collect();
-                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                    let r = &r;
-                    async move {
-                        let res = async {
-                            let l = self.link(*node, r).await?;
-                            l.get_many(
-                                cfg,
-                                r.stamp,
-                                l.ns(ns)?,
-                                &sub,
-                                &mut bufs,
-                                prefix && single,
-                                lease_ms,
-                            )
-                            .await
-                        }
-                        .await;
-                        (bufs, res)
-                    }
-                });
-                let results = join_all(calls).await;
-                for ((node, idx), (bufs, res)) in groups.iter().zip(results) {
-                    for (&i, b) in idx.iter().zip(bufs) {
-                        slots[i] = Some(b);
-                    }
-                    match res {
-                        Ok(got) => {
-                            for (&i, g) in idx.iter().zip(got) {
-                                out[i] = g;
-                                if g.is_none() {
-                                    misses.push(i);
-                                }
-                            }
-                        }
-                        Err(e) if e.is_unreachable() => {
-                            self.lost(*node, &e);
-                            let round = todo.iter().find(|t| t.0 == idx[0]).map_or(0, |t| t.1);
-                            next.extend(idx.iter().map(|&i| (i, round + 1)));
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                todo = next;
-            }
-            if self.fallback(&r).is_some() && !misses.is_empty() {
-                misses.sort_unstable();
-                if prefix {
-                    // Blocks before the first miss are loaded; from it on, any may extend the
-                    // run, and those on one previous owner go in one request.
-                    let first = misses[0];
-                    misses = (first..keys.len()).filter(|&i| out[i].is_none()).collect();
-                }
-                let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-                for &i in &misses {
-                    let Some(o) = r.view.owner(keys[i]) else { continue };
-                    if let Some(p) = self.prev_owner(&r, keys[i], o) {
-                        add_to_group(&mut groups, p, i);
-                    }
-                }
-                let calls = groups.iter().map(|(node, idx)| {
-                    let mut bufs: Vec<&mut [u8]> = idx
-                        .iter()
-                        .map(|&i| slots[i].take().expect("each key once"))
-                        .collect();
-                    let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
-                    let r = &r;
-                    async move {
-                        let res = async {
-                            let l = self.link(*node, r).await?;
-                            l.get_many(cfg, 0, l.ns(ns)?, &sub, &mut bufs, false, lease_ms)
-                                .await
-                        }
-                        .await;
-                        (bufs, res)
-                    }
-                });
-                let asked = asked_of(&groups);
-                let (vouched, results) =
-                    tokio::join!(self.vouched(&r, keys, &asked), join_all(calls));
-                for ((_, idx), (bufs, res)) in groups.iter().zip(results) {
-                    for (&i, b) in idx.iter().zip(bufs) {
-                        slots[i] = Some(b);
-                    }
-                    if let Ok(got) = res {
-                        for (&i, g) in idx.iter().zip(got) {
-                            // A copy the owners did not vouch for is a miss (its bytes in
-                            // the buffer are not reported).
-                            out[i] = out[i].or(g.filter(|_| vouched[i]));
-                        }
-                    }
-                }
-            }
-            if prefix {
-                if let Some(gap) = out.iter().position(|o| o.is_none()) {
-                    out[gap..].fill(None);
-                }
-            }
-            Ok(out)
-        }, wrong_view_miss => vec![None; keys.len()])
-    }
-
-    /// A keys operation answered with a count, on the first `r` owners of each key; the count
-    /// is the primary owners'.
-    async fn keys_op(
-        &self,
-        keys: &[&[u8]],
-        r_count: usize,
-        make: impl Fn(u32, Vec<Vec<u8>>) -> Op,
-    ) -> Result<u64, ClientError> {
-        let cfg = &self.inner.cfg;
-        let ns = &*self.ns;
-        let make = &make;
-        routed!(self, r => {
-            // (node, keys, primary?) groups.
-            let mut groups: Vec<(u32, bool, Vec<usize>)> = Vec::new();
-            for (i, k) in keys.iter().enumerate() {
-                for (rank, o) in r.view.owners(k, r_count).into_iter().enumerate() {
-                    let primary = rank == 0;
-                    match groups.iter_mut().find(|g| g.0 == o.0 && g.1 == primary) {
-                        Some(g) => g.2.push(i),
-                        None => groups.push((o.0, primary, vec![i])),
-                    }
-                }
-            }
-            let calls = groups.iter().map(|(node, _, idx)| {
-                let sub = owned(&idx.iter().map(|&i| keys[i]).collect::<Vec<_>>());
-                let r = &r;
-                async move {
-                    let l = self.link(*node, r).await?;
-                    l.count(cfg, r.stamp, make(l.ns(ns)?, sub)).await
-                }
-            });
-            let mut total = 0;
-            for ((node, primary, _), res) in groups.iter().zip(join_all(calls).await) {
-                match res {
-                    Ok(n) if *primary => total += n,
-                    Ok(_) => {}
-                    Err(e) if e.is_unreachable() => self.lost(*node, &e),
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(total)
-        })
-    }
-}
-
-/// Puts key index `i` in node `node`'s group (groups keep the order nodes first appear in).
-fn add_to_group(groups: &mut Vec<(u32, Vec<usize>)>, node: u32, i: usize) {
-    match groups.iter_mut().find(|g| g.0 == node) {
-        Some(g) => g.1.push(i),
-        None => groups.push((node, vec![i])),
-    }
-}
-
-/// The `(key index, previous owner)` pairs of groups by previous owner.
-fn asked_of(groups: &[(u32, Vec<usize>)]) -> Vec<(usize, u32)> {
-    groups
-        .iter()
-        .flat_map(|(node, idx)| idx.iter().map(move |&i| (i, *node)))
-        .collect()
 }
 
 fn replication(link: &Link, ns: &str) -> (usize, usize) {
@@ -1285,13 +589,6 @@ fn replication(link: &Link, ns: &str) -> (usize, usize) {
         })
 }
 
-fn no_owner() -> ClientError {
-    ClientError::Server {
-        code: ErrorCode::Unavailable,
-        message: "no node is serving".into(),
-    }
-}
-
 fn code_result(code: ErrorCode) -> Result<(), ClientError> {
     match code {
         ErrorCode::Ok => Ok(()),
@@ -1299,5 +596,42 @@ fn code_result(code: ErrorCode) -> Result<(), ClientError> {
             code,
             message: format!("{code:?}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The public futures are `Send`, so they can be spawned on a multi-threaded runtime
+    /// (`tokio::spawn`, the Python bindings): a fan-out that held something `!Send` across an
+    /// `.await` would fail to compile here. The closure is type-checked, never run.
+    #[test]
+    fn public_futures_are_send() {
+        fn send<T: Send>(_: T) {}
+        let _check = |c: &Client, dst: &mut [u8], bufs: &mut [&mut [u8]], a: &GlobalAddr| {
+            let keys: &[&[u8]] = &[b"k"];
+            send(c.put(b"k", b"v"));
+            send(c.get(b"k"));
+            send(c.exists(b"k"));
+            send(c.batch_exists(keys));
+            send(c.remove(b"k"));
+            send(c.batch_put_from(&[(b"k", b"v")]));
+            send(c.match_prefix(Prefix::Keys(keys)));
+            send(c.save_prefix(Prefix::Keys(keys), keys));
+            send(c.alloc(b"k", 1));
+            send(c.write(a, 0, b"v"));
+            send(c.commit(a, 0));
+            send(c.abort(a));
+            send(c.lease(keys, 0));
+            send(c.release(keys));
+            send(c.pin(keys));
+            send(c.unpin(keys));
+            send(c.stats());
+            send(c.view());
+            send(c.drain_node(0));
+            send(c.read(a, 0, dst));
+            send(c.batch_get_into(keys, bufs));
+        };
     }
 }

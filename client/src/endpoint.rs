@@ -1,4 +1,6 @@
 //! Endpoints: `tcp://host:port`, `quic://host:port` and `unix:///path/to/kvpool.sock`.
+//!
+//! Uses `error` only.
 
 use std::fmt;
 use std::path::PathBuf;

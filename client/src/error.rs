@@ -1,4 +1,6 @@
 //! Client errors. A miss is not an error: lookups return `None`.
+//!
+//! Uses nothing else of the crate.
 
 use std::io;
 

@@ -19,8 +19,11 @@
 //! small control exchanges (lookup, alloc, commit) cross a socket. [`blocking::Client`] wraps
 //! the same client for code that is not async.
 //!
-//! Components: [`Client`] (pooled connections, timeouts on every call), `conn` (one framed
-//! stream: TCP, QUIC stream or Unix socket), `local` (the same-host mapping), [`Endpoint`].
+//! Components, each module using only those after it: [`Client`] (`client`: routing by the
+//! cluster view, one fan-out per batch, timeouts on every call; `blocking` wraps it), `link`
+//! (one node: pooled connections, its handshake, its mapped segments), `conn` (one framed
+//! stream: TCP, QUIC stream or Unix socket), `local` (the same-host mapping), [`Endpoint`],
+//! [`ClientConfig`] (`config`) and [`ClientError`] (`error`).
 
 pub mod blocking;
 
@@ -30,15 +33,18 @@ pub mod blocking;
 pub struct ReadmeDoctests;
 
 mod client;
+mod config;
 mod conn;
 mod endpoint;
 mod error;
 mod link;
 mod local;
 
-pub use client::{Client, ClientConfig, Located, Prefix, SameHost};
+pub use client::{Client, Prefix};
+pub use config::{ClientConfig, SameHost};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use kvpool::prefix::PrefixSeed;
 pub use kvpool::protocol::ErrorCode;
 pub use kvpool::GlobalAddr;
+pub use link::Located;

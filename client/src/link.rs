@@ -1,6 +1,7 @@
 //! One node as a client reaches it: pooled connections, what the node said at the handshake,
 //! and — when the node runs on this host — its segments mapped for direct loads and stores.
-//! Every operation here goes to this node only; [`crate::Client`] decides which node.
+//! Every operation here goes to this node only; the routing layer (`client`) decides which
+//! node. This module uses `conn`, `local`, `config`, `endpoint` and `error`, never `client`.
 //!
 //! A link outlives the daemon it first reached: when the daemon restarts, pooled connections
 //! that the old daemon closed are noticed before use and dropped, a fresh connection shakes
@@ -12,10 +13,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use kvpool::protocol::{AllocItem, CommitItem, ErrorCode, HelloInfo, Op, PutItem, Reply};
+use kvpool::protocol::{
+    AllocItem, CommitItem, ErrorCode, HelloInfo, LocatedWire, Op, PutItem, Reply,
+};
 use kvpool::{checksum, AddrFault, GlobalAddr};
 
-use crate::client::{ClientConfig, Located, SameHost};
+use crate::config::{ClientConfig, SameHost};
 use crate::conn::{quic_connect, Conn};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
@@ -24,6 +27,24 @@ use crate::local::{LocalMap, LocalReadError};
 /// Values at least this large take the same-host path for single puts (below it one socket
 /// round trip is cheaper than the alloc and commit round trips).
 const LOCAL_PUT_MIN: usize = 16 << 10;
+
+/// A committed object located for one-sided reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// Its address.
+    pub addr: GlobalAddr,
+    /// xxh3-64 of its bytes.
+    pub checksum: u64,
+}
+
+impl From<LocatedWire> for Located {
+    fn from(l: LocatedWire) -> Self {
+        Located {
+            addr: l.addr,
+            checksum: l.checksum,
+        }
+    }
+}
 
 /// A connection pool to one node.
 pub(crate) struct Link {

@@ -11,6 +11,8 @@
 //! exits, or a daemon restarted on the same directory, zeroes the word of the old file this
 //! process may still map); otherwise it is refused with `WrongIncarnation` and the caller goes
 //! through the socket, where the link notices the restart and maps the new files.
+//!
+//! Uses nothing else of the crate (only the core's segment layout and seqlock).
 
 use std::fs::OpenOptions;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -230,145 +230,30 @@ fn main() {
 
 fn run() -> anyhow::Result<i32> {
     let cli = Cli::parse();
-    let cfg = ClientConfig {
-        namespace: cli.namespace.clone(),
-        token: cli.token.clone(),
-        client_name: "kvpool-cli".into(),
-        timeout: Duration::from_millis(cli.timeout_ms),
-        ca: cli.ca.clone(),
-        insecure_skip_verify: cli.insecure,
-        same_host: if cli.no_local {
-            SameHost::Off
-        } else {
-            SameHost::Auto
-        },
-        ..ClientConfig::default()
-    };
     if let Cmd::Prefix(PrefixCmd::Hash { seed, tokens }) = &cli.cmd {
-        let seed = seed.seed()?;
-        for k in seed.block_keys(&tokens_or_stdin(tokens)?) {
-            println!(
-                "{}",
-                k.iter().map(|b| format!("{b:02x}")).collect::<String>()
-            );
-        }
-        return Ok(0);
+        return prefix_hash(seed, tokens);
     }
+    let cfg = cli.config();
     let client = Client::connect(&cli.endpoint, cfg.clone())
         .with_context(|| format!("connecting to {}", cli.endpoint))?;
-    let key = |k: &str| -> anyhow::Result<Vec<u8>> {
-        if cli.hex {
-            decode_hex(k)
-        } else {
-            Ok(k.as_bytes().to_vec())
-        }
-    };
     match &cli.cmd {
-        Cmd::Put { key: k, file, pin } => {
-            let value = match file.as_deref() {
-                None => read_stdin()?,
-                Some(p) if p.as_os_str() == "-" => read_stdin()?,
-                Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
-            };
-            let k = key(k)?;
-            if *pin {
-                client.put_pinned(&k, &value)?
-            } else {
-                client.put(&k, &value)?
-            }
-            eprintln!("stored {} bytes", value.len());
-            Ok(0)
+        Cmd::Put { key, file, pin } => {
+            let value = read_value(file.as_deref())?;
+            put(&client, &cli.key(key)?, &value, *pin)
         }
-        Cmd::Get { key: k, output } => match client.get(&key(k)?)? {
-            None => {
-                eprintln!("miss");
-                Ok(1)
-            }
-            Some(v) => {
-                match output {
-                    Some(p) => {
-                        std::fs::write(p, &v).with_context(|| format!("writing {}", p.display()))?
-                    }
-                    None => std::io::stdout().lock().write_all(&v)?,
-                }
-                Ok(0)
-            }
-        },
+        Cmd::Get { key, output } => get(&client, &cli.key(key)?, output.as_deref()),
         Cmd::Exists { keys } => {
             let keys = keys
                 .iter()
-                .map(|k| key(k))
+                .map(|k| cli.key(k))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-            let n = client.batch_exists(&refs)?;
-            println!("{n}");
-            Ok(if n == 0 { 1 } else { 0 })
+            exists(&client, &keys)
         }
-        Cmd::Rm { keys } => {
-            let mut n = 0;
-            for k in keys {
-                n += client.remove(&key(k)?)? as u64;
-            }
-            println!("{n}");
-            Ok(0)
-        }
+        Cmd::Rm { keys } => rm(&cli, &client, keys),
         Cmd::Prefix(PrefixCmd::Hash { .. }) => unreachable!("handled before connecting"),
-        Cmd::Prefix(PrefixCmd::Match { seed, tokens }) => {
-            let seed = seed.seed()?;
-            let tokens = tokens_or_stdin(tokens)?;
-            let n = client.match_prefix(kvpool_client::Prefix::Tokens {
-                seed: &seed,
-                tokens: &tokens,
-            })?;
-            println!("{n}");
-            Ok(if n == 0 { 1 } else { 0 })
-        }
-        Cmd::Prefix(PrefixCmd::Stats) => {
-            let s = client.stats()?;
-            println!(
-                "{:<24} {:>10} {:>14} {:>14} {:>9} {:>9}",
-                "namespace", "blocks", "prefix-asked", "prefix-hit", "prefix%", "get-hit%"
-            );
-            for n in &s.namespaces {
-                let pct = |a: u64, b: u64| {
-                    if b == 0 {
-                        0.0
-                    } else {
-                        a as f64 * 100.0 / b as f64
-                    }
-                };
-                println!(
-                    "{:<24} {:>10} {:>14} {:>14} {:>8.1}% {:>8.1}%",
-                    n.name,
-                    n.objects,
-                    n.prefix_blocks,
-                    n.prefix_hits,
-                    pct(n.prefix_hits, n.prefix_blocks),
-                    pct(n.hits, n.hits + n.misses)
-                );
-            }
-            Ok(0)
-        }
-        Cmd::Cluster(ClusterCmd::Status { json }) => {
-            let view = client.async_client().routing_view();
-            let view = client.view().unwrap_or(view);
-            let rows: Vec<(kvpool::placement::NodeInfo, Option<kvpool::pool::PoolStats>)> = view
-                .nodes
-                .iter()
-                .map(|n| {
-                    let stats = (n.state != kvpool::placement::NodeState::Down)
-                        .then(|| client.node_stats(n.id).ok())
-                        .flatten();
-                    (n.clone(), stats)
-                })
-                .collect();
-            if *json {
-                println!("{}", cluster_json(view.version, &rows));
-            } else {
-                print_cluster(view.version, &rows);
-            }
-            Ok(0)
-        }
+        Cmd::Prefix(PrefixCmd::Match { seed, tokens }) => prefix_match(&client, seed, tokens),
+        Cmd::Prefix(PrefixCmd::Stats) => prefix_stats(&client),
+        Cmd::Cluster(ClusterCmd::Status { json }) => cluster_status(&client, *json),
         Cmd::Cluster(ClusterCmd::Drain {
             node,
             wait,
@@ -378,41 +263,7 @@ fn run() -> anyhow::Result<i32> {
                 Some(p) => p.clone(),
                 None => local_secret_file(client.async_client().hello())?,
             };
-            let secret = std::fs::read(&path)
-                .map_err(anyhow::Error::from)
-                .and_then(|b| {
-                    kvpool::protocol::auth::ClusterSecret::from_file_contents(&b)
-                        .map_err(anyhow::Error::from)
-                })
-                .with_context(|| format!("reading the cluster secret {}", path.display()))?;
-            let control = Client::connect(
-                &cli.endpoint,
-                ClientConfig {
-                    cluster_secret: Some(secret),
-                    ..cfg
-                },
-            )
-            .with_context(|| format!("connecting to {} as a cluster peer", cli.endpoint))?;
-            control.drain_node(*node)?;
-            eprintln!("node {node} is draining");
-            if *wait {
-                let start = std::time::Instant::now();
-                loop {
-                    let v = client.view()?;
-                    let gone = v
-                        .node(kvpool::NodeId(*node))
-                        .is_none_or(|n| n.state == kvpool::placement::NodeState::Down);
-                    if gone {
-                        eprintln!("node {node} has left");
-                        break;
-                    }
-                    if start.elapsed() > Duration::from_secs(600) {
-                        bail!("node {node} is still draining after 10 minutes");
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-            Ok(0)
+            drain(&cli.endpoint, cfg, &client, &path, *node, *wait)
         }
         Cmd::Stats { json } => {
             let s = client.stats()?;
@@ -423,6 +274,205 @@ fn run() -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+    }
+}
+
+impl Cli {
+    /// The client configuration the global options ask for.
+    fn config(&self) -> ClientConfig {
+        ClientConfig {
+            namespace: self.namespace.clone(),
+            token: self.token.clone(),
+            client_name: "kvpool-cli".into(),
+            timeout: Duration::from_millis(self.timeout_ms),
+            ca: self.ca.clone(),
+            insecure_skip_verify: self.insecure,
+            same_host: if self.no_local {
+                SameHost::Off
+            } else {
+                SameHost::Auto
+            },
+            ..ClientConfig::default()
+        }
+    }
+
+    /// A key as given on the command line: its bytes, or decoded from hex with `--hex`.
+    fn key(&self, k: &str) -> anyhow::Result<Vec<u8>> {
+        if self.hex {
+            decode_hex(k)
+        } else {
+            Ok(k.as_bytes().to_vec())
+        }
+    }
+}
+
+/// `kvpool prefix hash`: needs no node.
+fn prefix_hash(seed: &SeedArgs, tokens: &[u32]) -> anyhow::Result<i32> {
+    let seed = seed.seed()?;
+    for k in seed.block_keys(&tokens_or_stdin(tokens)?) {
+        println!(
+            "{}",
+            k.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+    }
+    Ok(0)
+}
+
+/// The value of `kvpool put`: FILE, or stdin when FILE is - or absent.
+fn read_value(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
+    match file {
+        None => read_stdin(),
+        Some(p) if p.as_os_str() == "-" => read_stdin(),
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display())),
+    }
+}
+
+fn put(client: &Client, key: &[u8], value: &[u8], pin: bool) -> anyhow::Result<i32> {
+    if pin {
+        client.put_pinned(key, value)?
+    } else {
+        client.put(key, value)?
+    }
+    eprintln!("stored {} bytes", value.len());
+    Ok(0)
+}
+
+/// `kvpool get`: exits 1 on a miss.
+fn get(client: &Client, key: &[u8], output: Option<&std::path::Path>) -> anyhow::Result<i32> {
+    let Some(v) = client.get(key)? else {
+        eprintln!("miss");
+        return Ok(1);
+    };
+    match output {
+        Some(p) => std::fs::write(p, &v).with_context(|| format!("writing {}", p.display()))?,
+        None => std::io::stdout().lock().write_all(&v)?,
+    }
+    Ok(0)
+}
+
+/// `kvpool exists`: exits 1 when the first key is missing.
+fn exists(client: &Client, keys: &[Vec<u8>]) -> anyhow::Result<i32> {
+    let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+    let n = client.batch_exists(&refs)?;
+    println!("{n}");
+    Ok(if n == 0 { 1 } else { 0 })
+}
+
+/// `kvpool rm`: one key at a time, in order.
+fn rm(cli: &Cli, client: &Client, keys: &[String]) -> anyhow::Result<i32> {
+    let mut n = 0;
+    for k in keys {
+        n += client.remove(&cli.key(k)?)? as u64;
+    }
+    println!("{n}");
+    Ok(0)
+}
+
+/// `kvpool prefix match`: exits 1 when the first block is missing.
+fn prefix_match(client: &Client, seed: &SeedArgs, tokens: &[u32]) -> anyhow::Result<i32> {
+    let seed = seed.seed()?;
+    let tokens = tokens_or_stdin(tokens)?;
+    let n = client.match_prefix(kvpool_client::Prefix::Tokens {
+        seed: &seed,
+        tokens: &tokens,
+    })?;
+    println!("{n}");
+    Ok(if n == 0 { 1 } else { 0 })
+}
+
+fn prefix_stats(client: &Client) -> anyhow::Result<i32> {
+    let s = client.stats()?;
+    println!(
+        "{:<24} {:>10} {:>14} {:>14} {:>9} {:>9}",
+        "namespace", "blocks", "prefix-asked", "prefix-hit", "prefix%", "get-hit%"
+    );
+    let pct = |a: u64, b: u64| {
+        if b == 0 {
+            0.0
+        } else {
+            a as f64 * 100.0 / b as f64
+        }
+    };
+    for n in &s.namespaces {
+        println!(
+            "{:<24} {:>10} {:>14} {:>14} {:>8.1}% {:>8.1}%",
+            n.name,
+            n.objects,
+            n.prefix_blocks,
+            n.prefix_hits,
+            pct(n.prefix_hits, n.prefix_blocks),
+            pct(n.hits, n.hits + n.misses)
+        );
+    }
+    Ok(0)
+}
+
+/// `kvpool cluster status`: the view, with each live node's use.
+fn cluster_status(client: &Client, json: bool) -> anyhow::Result<i32> {
+    let view = client.async_client().routing_view();
+    let view = client.view().unwrap_or(view);
+    let rows: Vec<ClusterRow> = view
+        .nodes
+        .iter()
+        .map(|n| {
+            let stats = (n.state != kvpool::placement::NodeState::Down)
+                .then(|| client.node_stats(n.id).ok())
+                .flatten();
+            (n.clone(), stats)
+        })
+        .collect();
+    if json {
+        println!("{}", cluster_json(view.version, &rows));
+    } else {
+        print_cluster(view.version, &rows);
+    }
+    Ok(0)
+}
+
+/// `kvpool cluster drain`: asks node `node` to drain, over a connection that proves the
+/// cluster secret in `secret_file`; with `wait`, until the node has left.
+fn drain(
+    endpoint: &str,
+    cfg: ClientConfig,
+    client: &Client,
+    secret_file: &std::path::Path,
+    node: u32,
+    wait: bool,
+) -> anyhow::Result<i32> {
+    let secret = std::fs::read(secret_file)
+        .map_err(anyhow::Error::from)
+        .and_then(|b| {
+            kvpool::protocol::auth::ClusterSecret::from_file_contents(&b)
+                .map_err(anyhow::Error::from)
+        })
+        .with_context(|| format!("reading the cluster secret {}", secret_file.display()))?;
+    let control = Client::connect(
+        endpoint,
+        ClientConfig {
+            cluster_secret: Some(secret),
+            ..cfg
+        },
+    )
+    .with_context(|| format!("connecting to {endpoint} as a cluster peer"))?;
+    control.drain_node(node)?;
+    eprintln!("node {node} is draining");
+    if !wait {
+        return Ok(0);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let v = client.view()?;
+        let gone = v
+            .node(kvpool::NodeId(node))
+            .is_none_or(|n| n.state == kvpool::placement::NodeState::Down);
+        if gone {
+            eprintln!("node {node} has left");
+            return Ok(0);
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            bail!("node {node} is still draining after 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

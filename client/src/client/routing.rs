@@ -1,0 +1,274 @@
+//! Routing: the view requests are routed by (and the previous one, for a while after it
+//! changed), who owns a key under it, the links to the nodes, and what happens when a node
+//! fails or answers that the view changed. Part of `client`; uses `link`, `endpoint`,
+//! `config` and `error`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use kvpool::placement::{ClusterView, NodeState};
+use kvpool::protocol::{ErrorCode, Op, Reply};
+use kvpool::{GlobalAddr, NodeId};
+
+use super::Client;
+use crate::endpoint::Endpoint;
+use crate::error::ClientError;
+use crate::link::{unexpected, Link};
+
+/// How the client reaches nodes other than the one it connected to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Scheme {
+    Tcp,
+    Quic,
+}
+
+/// The view requests are routed by, and the one before it.
+pub(super) struct Routing {
+    pub(super) view: ClusterView,
+    pub(super) stamp: u64,
+    /// The previous view and when it was replaced: misses consult its owners for a while.
+    pub(super) prev: Option<(ClusterView, Instant)>,
+}
+
+/// How long a node that failed is skipped before the client tries it again.
+const BACKOFF: Duration = Duration::from_millis(500);
+
+/// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
+const VIEW_ATTEMPTS: u32 = 5;
+
+/// Runs `$body` (the contents of an async block that routes by `$r`, the current routing) and
+/// runs it again, with a fresh view, when a node answers that the view changed (a bounded
+/// number of times). With `wrong_view_miss`, a view that keeps changing yields that value (a
+/// miss for reads) instead of the `WrongView` error.
+macro_rules! routed {
+    ($client:ident, $r:ident => $body:block $(, wrong_view_miss => $miss:expr)?) => {{
+        let mut attempt = 0;
+        loop {
+            let $r = $client.routing();
+            let res: Result<_, $crate::error::ClientError> = async $body.await;
+            match res {
+                Err(e) if $client.retry_view(&e, &mut attempt).await => {}
+                $(Err(e) if e.code() == Some(::kvpool::protocol::ErrorCode::WrongView) => {
+                    break Ok($miss)
+                })?
+                other => break other,
+            }
+        }
+    }};
+}
+
+impl Client {
+    pub(super) fn routing(&self) -> Arc<Routing> {
+        self.inner
+            .routing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replicas consulted by reads: a pinned object may be on any of `pinned_replicas` nodes.
+    pub(super) fn read_replicas(&self) -> usize {
+        self.repl.0.max(self.repl.1).max(1)
+    }
+
+    pub(super) fn fallback<'r>(&self, r: &'r Routing) -> Option<&'r ClusterView> {
+        r.prev
+            .as_ref()
+            .filter(|(_, since)| since.elapsed() < self.inner.cfg.fallback_window)
+            .map(|(v, _)| v)
+    }
+
+    /// The previous owner of `key`, when the view changed recently, it differs from the
+    /// current owner and it is not down.
+    pub(super) fn prev_owner(&self, r: &Routing, key: &[u8], owner: NodeId) -> Option<u32> {
+        let prev = self.fallback(r)?.owner(key)?;
+        let alive = r
+            .view
+            .node(prev)
+            .is_some_and(|n| n.state != NodeState::Down);
+        (prev != owner && alive).then_some(prev.0)
+    }
+
+    /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,
+    /// found without ranking every node).
+    pub(super) fn owner_at(&self, r: &Routing, key: &[u8], k: usize) -> Option<NodeId> {
+        match k {
+            0 => r.view.owner(key),
+            _ => r.view.owners(key, self.read_replicas()).get(k).copied(),
+        }
+    }
+
+    pub(super) fn primary(&self, r: &Routing, key: &[u8]) -> Result<u32, ClientError> {
+        r.view.owner(key).map(|n| n.0).ok_or_else(no_owner)
+    }
+
+    /// The link to node `node`, opened on first use from its address in the view.
+    pub(super) async fn link(&self, node: u32, r: &Routing) -> Result<Arc<Link>, ClientError> {
+        if let Some(l) = self
+            .inner
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+        {
+            return Ok(l.clone());
+        }
+        let skipped = self
+            .inner
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .is_some_and(|until| Instant::now() < *until);
+        if skipped {
+            return Err(ClientError::Server {
+                code: ErrorCode::Unavailable,
+                message: format!("node {node} failed moments ago"),
+            });
+        }
+        let info = r
+            .view
+            .node(NodeId(node))
+            .or_else(|| r.prev.as_ref().and_then(|(v, _)| v.node(NodeId(node))))
+            .ok_or_else(|| ClientError::Server {
+                // Nodes stay in the view (down) after they leave: this one never was in it.
+                code: ErrorCode::WrongNode,
+                message: format!("node {node} is not in the cluster view"),
+            })?;
+        let endpoint = match self.inner.scheme {
+            Scheme::Quic if !info.quic.is_empty() => Endpoint::Quic(info.quic.clone()),
+            _ => Endpoint::Tcp(info.tcp.clone()),
+        };
+        let cfg = &self.inner.cfg;
+        let opened = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
+            .await
+            .map_err(|_| ClientError::Timeout)
+            .and_then(|r| r);
+        let link = match opened {
+            Ok(l) => l,
+            Err(e) => {
+                if e.is_unreachable() {
+                    self.lost(node, &e);
+                }
+                return Err(e);
+            }
+        };
+        if link.node() != node {
+            return Err(ClientError::Protocol(format!(
+                "{endpoint} is node {}, the view says node {node}",
+                link.node()
+            )));
+        }
+        let mut links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(links.entry(node).or_insert_with(|| Arc::new(link)).clone())
+    }
+
+    pub(super) async fn link_of(&self, addr: &GlobalAddr) -> Result<Arc<Link>, ClientError> {
+        self.link(addr.node.0, &self.routing()).await
+    }
+
+    /// A node failed: its keys are misses for now. Logged, and the link dropped.
+    pub(super) fn lost(&self, node: u32, e: &ClientError) {
+        tracing::warn!(node, error = %e, "node unreachable: its keys are misses");
+        self.forget(node);
+    }
+
+    /// Drops the link to a node that failed, so the next use reconnects (after [`BACKOFF`]).
+    pub(super) fn forget(&self, node: u32) {
+        self.inner
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, Instant::now() + BACKOFF);
+        if node != self.inner.first.node() {
+            self.inner
+                .links
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&node);
+        }
+    }
+
+    pub(super) async fn fetch_view(&self, l: &Link) -> Result<ClusterView, ClientError> {
+        match l.simple(&self.inner.cfg, 0, Op::View, &[]).await? {
+            Reply::View(v) => Ok(v),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Routes by `v` from now on if it is newer than the current view. True when adopted.
+    pub(super) fn adopt(&self, v: ClusterView) -> bool {
+        let mut cur = self
+            .inner
+            .routing
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let stamp = v.stamp();
+        if stamp == cur.stamp || v.version < cur.view.version {
+            return false;
+        }
+        tracing::debug!(
+            from = cur.view.version,
+            to = v.version,
+            "cluster view changed"
+        );
+        let prev = if cur.view.nodes.iter().any(|n| n.state == NodeState::Serving) {
+            Some((cur.view.clone(), Instant::now()))
+        } else {
+            cur.prev.clone()
+        };
+        *cur = Arc::new(Routing {
+            view: v,
+            stamp,
+            prev,
+        });
+        true
+    }
+
+    /// Asks every node the client has a link to for its view and adopts the newest.
+    pub(super) async fn refresh(&self) -> bool {
+        let links: Vec<Arc<Link>> = self
+            .inner
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let views = join_all(links.iter().map(|l| self.fetch_view(l))).await;
+        let mut adopted = false;
+        let mut best: Option<ClusterView> = None;
+        for v in views.into_iter().flatten() {
+            if best.as_ref().is_none_or(|b| v.version > b.version) {
+                best = Some(v);
+            }
+        }
+        if let Some(v) = best {
+            adopted = self.adopt(v);
+        }
+        adopted
+    }
+
+    /// After a failed routed call: when a node answered that the view changed, refreshes the
+    /// view (or waits a moment for gossip to settle) and says to route again, a bounded number
+    /// of times.
+    pub(super) async fn retry_view(&self, e: &ClientError, attempt: &mut u32) -> bool {
+        if e.code() != Some(ErrorCode::WrongView) || *attempt + 1 >= VIEW_ATTEMPTS {
+            return false;
+        }
+        *attempt += 1;
+        if !self.refresh().await {
+            // The nodes don't agree yet: give gossip a moment.
+            tokio::time::sleep(Duration::from_millis(20 << *attempt)).await;
+        }
+        true
+    }
+}
+
+fn no_owner() -> ClientError {
+    ClientError::Server {
+        code: ErrorCode::Unavailable,
+        message: "no node is serving".into(),
+    }
+}

@@ -1,0 +1,65 @@
+//! How a client connects and behaves: [`ClientConfig`] and its parts. Plain data with
+//! documented defaults; used by every other module of the crate, uses none of them.
+
+use std::time::Duration;
+
+/// Whether to use the same-host fast path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SameHost {
+    /// Use it when the node turns out to run on this host (same kernel boot id and its Unix
+    /// socket is reachable): control over the Unix socket, data by direct loads and stores.
+    #[default]
+    Auto,
+    /// Never: every byte goes through the endpoint's transport.
+    Off,
+}
+
+/// How a client connects and behaves. Every default is documented on its field.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Namespace the client works in. Default `"default"`.
+    pub namespace: String,
+    /// Auth token for the handshake. Default empty.
+    pub token: String,
+    /// Name sent in the handshake, for the node's logs. Default `"kvpool-client"`.
+    pub client_name: String,
+    /// Every call must finish within this. Default 10 s.
+    pub timeout: Duration,
+    /// Most idle connections kept for reuse. Default 16.
+    pub max_idle: usize,
+    /// Check the xxh3 checksum of every value received. Default true.
+    pub verify_checksums: bool,
+    /// Same-host fast path. Default [`SameHost::Auto`].
+    pub same_host: SameHost,
+    /// PEM CA certificate that QUIC servers must chain to (the daemon's generated
+    /// `tls-cert.pem` for a self-signed node). Default none.
+    pub ca: Option<std::path::PathBuf>,
+    /// Accept any QUIC server certificate. Default false.
+    pub insecure_skip_verify: bool,
+    /// After the cluster view changes, keys that miss on their new owner are looked up on
+    /// their previous owner for this long (one extra hop; the copy is used only when the new
+    /// owners vouch that no newer write of the key was acknowledged). Default 60 s.
+    pub fallback_window: Duration,
+    /// The cluster secret, for operator tools only (`kvpool cluster drain`): every connection
+    /// then proves it after the handshake and may send cluster control such as `Drain`.
+    /// Applications never hold it. Default none.
+    pub cluster_secret: Option<kvpool::protocol::auth::ClusterSecret>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            namespace: kvpool::pool::DEFAULT_NAMESPACE.to_string(),
+            token: String::new(),
+            client_name: "kvpool-client".into(),
+            timeout: Duration::from_secs(10),
+            max_idle: 16,
+            verify_checksums: true,
+            same_host: SameHost::Auto,
+            ca: None,
+            insecure_skip_verify: false,
+            fallback_window: Duration::from_secs(60),
+            cluster_secret: None,
+        }
+    }
+}
