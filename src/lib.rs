@@ -16,8 +16,8 @@
 //! - [`pool`]: the object index (sharded; a pluggable eviction policy per namespace), two-phase
 //!   puts, read references, leases, pins, quota reservations, eviction and one-sided access.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
-//! - [`placement`]: the cluster view and weighted rendezvous placement of keys; what a view
-//!   change moves ([`placement::moves`]) and which objects a node may still serve as their
+//! - [`placement`]: the cluster view and weighted rendezvous placement of keys; where requests
+//!   go and what a view change moves ([`placement::routing`]), and which objects a node may still serve as their
 //!   owner's copy ([`placement::history`]).
 //! - [`membership`]: one node's view of the cluster and every rule that changes it (gossip
 //!   merges, refuting, failure detection, joining, etcd-derived views), without I/O: the daemon

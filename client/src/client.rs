@@ -188,7 +188,7 @@ impl Client {
                 match found {
                     Ok(Some(v)) => return Ok(Some(v)),
                     Ok(None) if attempt == 0 => {
-                        if let Some(prev) = self.prev_owner(&r, key, owner) {
+                        if let Some(prev) = self.prev_owner(&r, key) {
                             let old = async {
                                 let l = self.link(prev, &r).await?;
                                 l.get(cfg, 0, l.ns(ns)?, key).await
@@ -267,7 +267,7 @@ impl Client {
             for o in r.view.owners(key, self.read_replicas()) {
                 add_key(&mut batches, o.0, r.stamp, (), 0);
             }
-            if let Some(p) = r.view.owner(key).and_then(|o| self.prev_owner(&r, key, o)) {
+            if let Some(p) = self.prev_owner(&r, key) {
                 add_key(&mut batches, p, 0, (), 0);
             }
             let answers = self

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use kvpool::membership::{self, Step};
-use kvpool::placement::moves::{self, Outcome};
+use kvpool::placement::routing::{self, Outcome};
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
 use kvpool::protocol::{LocatedWire, Op, Reply};
 use kvpool::{NodeId, Pool};
@@ -409,7 +409,7 @@ const MOVE_BATCH: usize = 1024;
 
 /// One pass over the pinned objects: each goes to the serving nodes that own it under the
 /// current view, and is dropped here once every owner holds it and this node is not one of
-/// them ([`kvpool::placement::moves`] decides which). Objects are sent one at a time: low
+/// them ([`kvpool::placement::routing`] decides which). Objects are sent one at a time: low
 /// priority.
 pub(crate) async fn move_pass(
     pool: &Pool,
@@ -433,7 +433,7 @@ pub(crate) async fn move_pass(
         let Ok(keys) = pool.pinned_keys(ns) else {
             continue;
         };
-        let plan = moves::plan(&view, NodeId(m.me()), &keys, r as usize);
+        let plan = routing::plan(&view, NodeId(m.me()), &keys, r as usize);
         let mut confirmed = vec![0usize; keys.len()];
         let mut failed = vec![false; keys.len()];
         for (owner, idx) in &plan.to {

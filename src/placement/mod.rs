@@ -17,7 +17,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 pub mod history;
 #[cfg(test)]
 mod model_tests;
-pub mod moves;
+pub mod routing;
 
 use crate::addr::NodeId;
 

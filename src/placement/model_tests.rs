@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
-use super::moves::{self, Outcome};
+use super::routing::{self, Outcome};
 use super::{ClusterView, NodeInfo, NodeState};
 use crate::addr::NodeId;
 
@@ -82,7 +82,7 @@ fn run_movers(
     for me in nodes {
         let mine: Vec<usize> = held[&me].iter().copied().collect();
         let my_keys: Vec<&Vec<u8>> = mine.iter().map(|&i| &keys[i]).collect();
-        let plan = moves::plan(next, NodeId(me), &my_keys, r);
+        let plan = routing::plan(next, NodeId(me), &my_keys, r);
         let mut confirmed = vec![0usize; mine.len()];
         for (owner, ix) in &plan.to {
             for &j in ix {
@@ -205,12 +205,12 @@ fn an_unreachable_owner_strands_the_object_and_nothing_is_dropped() {
         rec(2, 1, NodeState::Serving),
     ]);
     let ks = keys(10, 7);
-    let plan = moves::plan(&v, NodeId(1), &ks, 1);
+    let plan = routing::plan(&v, NodeId(1), &ks, 1);
     assert_eq!(plan.to, vec![(NodeId(2), (0..10).collect())]);
     assert_eq!(plan.outcome(0, 0, true), Outcome::Stranded);
     assert_eq!(plan.outcome(0, 1, false), Outcome::HandOff);
     let none = ClusterView::from_nodes(vec![rec(1, 1, NodeState::Draining)]);
-    let plan = moves::plan(&none, NodeId(1), &ks, 1);
+    let plan = routing::plan(&none, NodeId(1), &ks, 1);
     assert!(plan.to.is_empty());
     assert_eq!(
         plan.outcome(0, 0, false),
@@ -224,7 +224,7 @@ fn groups_follow_the_owners_of_each_rank() {
     let v = ClusterView::from_nodes((0..4).map(|i| rec(i, 1, NodeState::Serving)).collect());
     let ks = keys(500, 3);
     for rank in 0..3 {
-        let groups = moves::group_by_owner(&v, &ks, rank);
+        let groups = routing::group_by_owner(&v, &ks, 0..ks.len(), rank);
         let mut seen = 0;
         for (node, ix) in &groups {
             for &i in ix {
@@ -234,4 +234,32 @@ fn groups_follow_the_owners_of_each_rank() {
         }
         assert_eq!(seen, ks.len());
     }
+    let odd = routing::group_by_owner(&v, &ks, (1..ks.len()).step_by(2), 0);
+    assert!(odd.iter().flat_map(|(_, ix)| ix).all(|i| i % 2 == 1));
+}
+
+#[test]
+fn a_previous_owner_is_asked_only_when_it_changed_and_is_not_down() {
+    let two = ClusterView::from_nodes((0..2).map(|i| rec(i, 1, NodeState::Serving)).collect());
+    let mut three = two.clone();
+    three.nodes.push(rec(2, 1, NodeState::Serving));
+    let ks = keys(300, 9);
+    let mut asked = 0;
+    for k in &ks {
+        match routing::previous_owner(&two, &three, k) {
+            Some(p) => {
+                assert_eq!(three.owner(k), Some(NodeId(2)), "only moved keys");
+                assert_eq!(two.owner(k), Some(p));
+                asked += 1;
+            }
+            None => assert_eq!(two.owner(k), three.owner(k)),
+        }
+    }
+    assert!(asked > 0);
+    let mut down = three.clone();
+    down.nodes[0].state = NodeState::Down;
+    down.nodes[1].state = NodeState::Down;
+    assert!(ks
+        .iter()
+        .all(|k| routing::previous_owner(&two, &down, k).is_none()));
 }

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::future::join_all;
+use kvpool::placement::routing;
 
 use super::routing::Routing;
 use super::Client;
@@ -100,8 +101,8 @@ impl Client {
         }
     }
 
-    /// The keys `which` of `keys`, batched by their `k`-th owner (see `owner_at`) under `r`;
-    /// keys without one are left out.
+    /// The keys `which` of `keys`, batched by their `k`-th owner under `r` (the grouping is
+    /// the core's, [`routing::group_by_owner`]); keys without one are left out.
     pub(super) fn by_owner(
         &self,
         r: &Routing,
@@ -110,9 +111,9 @@ impl Client {
         k: usize,
     ) -> Vec<Batch> {
         let mut batches = Vec::new();
-        for i in which {
-            if let Some(o) = self.owner_at(r, keys[i], k) {
-                add_key(&mut batches, o.0, r.stamp, (), i);
+        for (node, ix) in routing::group_by_owner(&r.view, keys, which, k) {
+            for i in ix {
+                add_key(&mut batches, node.0, r.stamp, (), i);
             }
         }
         batches
@@ -128,10 +129,7 @@ impl Client {
     ) -> Vec<Batch> {
         let mut batches = Vec::new();
         for i in which {
-            let Some(o) = r.view.owner(keys[i]) else {
-                continue;
-            };
-            if let Some(p) = self.prev_owner(r, keys[i], o) {
+            if let Some(p) = self.prev_owner(r, keys[i]) {
                 add_key(&mut batches, p, 0, (), i);
             }
         }

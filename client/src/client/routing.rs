@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use kvpool::placement::{ClusterView, NodeState};
+use kvpool::placement::{routing, ClusterView, NodeState};
 use kvpool::protocol::{ErrorCode, Op, Reply};
 use kvpool::{GlobalAddr, NodeId};
 
@@ -80,14 +80,9 @@ impl Client {
     }
 
     /// The previous owner of `key`, when the view changed recently, it differs from the
-    /// current owner and it is not down.
-    pub(super) fn prev_owner(&self, r: &Routing, key: &[u8], owner: NodeId) -> Option<u32> {
-        let prev = self.fallback(r)?.owner(key)?;
-        let alive = r
-            .view
-            .node(prev)
-            .is_some_and(|n| n.state != NodeState::Down);
-        (prev != owner && alive).then_some(prev.0)
+    /// current owner and it is not down ([`routing::previous_owner`]).
+    pub(super) fn prev_owner(&self, r: &Routing, key: &[u8]) -> Option<u32> {
+        routing::previous_owner(self.fallback(r)?, &r.view, key).map(|n| n.0)
     }
 
     /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,

@@ -1,6 +1,8 @@
-//! What a change of view moves: which of a node's pinned objects go to which owners, and which
-//! it may drop once they have arrived. Decided here from the view alone; the daemon's mover
-//! only carries the copies (asks each owner what it lacks, sends it, reports back).
+//! Where requests and objects go under a view, decided from the view alone: the batches a
+//! client sends (one per node, [`group_by_owner`]; the previous owner a miss may be asked,
+//! [`previous_owner`]), and what a change of view moves: which of a node's pinned objects go to
+//! which owners, and which it may drop once they have arrived ([`plan`]). The client and the
+//! daemon's mover only carry the requests and copies.
 //!
 //! Every node holds each of its pinned objects for a reason: it is among the object's first
 //! `r` serving owners. After a view change a node sends each object to the owners that may
@@ -10,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ClusterView;
+use super::{ClusterView, NodeState};
 use crate::addr::NodeId;
 
 /// The copies one node's pinned objects need under a view.
@@ -73,23 +75,36 @@ impl MovePlan {
     }
 }
 
-/// The keys of `keys` grouped by their owner under `view` (`rank` 0) or by their `rank`-th
-/// owner, in ascending node order, each group's indexes ascending; keys without one are left
-/// out. What a client sends to each node in one request.
+/// The keys `which` of `keys` grouped by their owner under `view` (`rank` 0) or by their
+/// `rank`-th owner, in ascending node order, each group's indexes in the order given; keys
+/// without one are left out. What a client sends to each node in one request.
 pub fn group_by_owner(
     view: &ClusterView,
     keys: &[impl AsRef<[u8]>],
+    which: impl IntoIterator<Item = usize>,
     rank: usize,
 ) -> Vec<(NodeId, Vec<usize>)> {
     let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    for (i, k) in keys.iter().enumerate() {
+    for i in which {
+        let k = keys[i].as_ref();
         let owner = match rank {
-            0 => view.owner(k.as_ref()),
-            _ => view.owners(k.as_ref(), rank + 1).get(rank).copied(),
+            0 => view.owner(k),
+            _ => view.owners(k, rank + 1).get(rank).copied(),
         };
         if let Some(o) = owner {
             groups.entry(o.0).or_default().push(i);
         }
     }
     groups.into_iter().map(|(o, ix)| (NodeId(o), ix)).collect()
+}
+
+/// The node that owned `key` under `prev`, the view before `view`, when that is not its owner
+/// under `view` and `view` does not have it down: a miss at the owner may still be there (the
+/// owner vouching that it acknowledged no newer write; see the client).
+pub fn previous_owner(prev: &ClusterView, view: &ClusterView, key: &[u8]) -> Option<NodeId> {
+    let before = prev.owner(key)?;
+    let alive = view
+        .node(before)
+        .is_some_and(|n| n.state != NodeState::Down);
+    (Some(before) != view.owner(key) && alive).then_some(before)
 }
