@@ -3,13 +3,13 @@
 //! memory and the socket.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
-use kvpool::protocol::{HelloInfo, PROTOCOL_VERSION};
+use kvpool::protocol::{HelloInfo, Limits, PROTOCOL_VERSION};
 use kvpool::Pool;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -19,10 +19,10 @@ use crate::admission::{self, PeerCounts};
 use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::deadline::ConnPolicy;
-use crate::handler::Shared;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
 use crate::peer::PeerAuth;
+use crate::service::Shared;
 use crate::tls;
 
 /// The addresses a running daemon actually bound (port 0 in the config picks a free port).
@@ -72,192 +72,27 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Creates the pool and starts every configured listener.
+    /// Creates the pool and starts every configured listener, in named steps: load the cluster
+    /// credentials, open the segments ([`open_pool`]), bind the listeners ([`Sockets::bind`]),
+    /// take this node's place in the cluster ([`membership`]), serve ([`serve`]), then start
+    /// the background tasks ([`join_cluster`], [`start_mover`], [`start_reaper`]).
     pub async fn start(config: Config) -> anyhow::Result<Daemon> {
         let data_dir = config.data_dir();
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-        let limits = config.wire_limits()?;
-        let hello_limits = config.hello_limits()?;
+        let policy = (config.wire_limits()?, conn_policy(&config)?);
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
-        let joins = match &membership_cfg {
-            MembershipConfig::Static { peers } => !peers.is_empty(),
-            MembershipConfig::Etcd(_) => true,
-        };
-        let secret = crate::secret::load_or_generate(
-            config.cluster.secret_file.as_deref(),
-            &data_dir,
-            joins,
-        )?;
-        if secret.generated {
-            tracing::info!(
-                path = %secret.path.display(),
-                "generated a new cluster secret: start the nodes that join this one with --cluster-secret-file pointing at a copy of it"
-            );
-        } else {
-            tracing::info!(path = %secret.path.display(), "cluster secret loaded");
-        }
-        let creds = PeerAuth {
-            token: config.auth.token.clone(),
-            secret: secret.secret,
-        };
-        let pool_cfg = config.pool_config()?;
-        let pool =
-            Arc::new(Pool::new(&pool_cfg, random_secret()?).context("creating memory segments")?);
-        for s in pool.segments() {
-            tracing::info!(
-                segment = s.layout().id,
-                bytes = s.data_len(),
-                path = %s.path().map_or("anonymous".into(), |p| p.display().to_string()),
-                pages = ?s.page_kind(),
-                "segment ready"
-            );
-        }
+        let creds = credentials(&config, &membership_cfg, &data_dir)?;
+        let pool = open_pool(&config)?;
+        let sockets = Sockets::bind(&config, &data_dir).await?;
+        let bound = sockets.bound.clone();
+        let membership = membership(&config, &membership_cfg, &bound, &pool);
         let metrics = Arc::new(Metrics::default());
+        let parts = (&pool, &metrics, &membership, &creds);
+        let shared = Arc::new(shared(&config, parts, &bound, policy));
         let (stop, shutdown) = watch::channel(false);
         let (done_tx, done) = mpsc::channel(1);
-        let mut bound = Bound::default();
-        let mut tasks = Vec::new();
-
-        let tcp = match parse_listen(&config.listen.tcp)? {
-            Some(a) => Some(
-                TcpListener::bind(a)
-                    .await
-                    .with_context(|| format!("binding tcp {a}"))?,
-            ),
-            None => None,
-        };
-        bound.tcp = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
-
-        let quic = match parse_listen(&config.listen.quic)? {
-            Some(a) => {
-                let (certs, key) = tls::load_or_generate(
-                    config.tls.cert.as_deref(),
-                    config.tls.key.as_deref(),
-                    &data_dir,
-                )?;
-                bound.tls_cert = Some(
-                    config
-                        .tls
-                        .cert
-                        .clone()
-                        .unwrap_or_else(|| tls::generated_cert_path(&data_dir)),
-                );
-                let server = tls::quic_server_config(
-                    certs,
-                    key,
-                    config.listen.max_connections.min(u32::MAX as usize) as u32,
-                )?;
-                let ep = quinn::Endpoint::server(server, a)
-                    .with_context(|| format!("binding quic {a}"))?;
-                bound.quic = Some(ep.local_addr()?);
-                Some(ep)
-            }
-            None => None,
-        };
-
-        let unix_path = config.unix_path();
-        let unix = bind_unix(&unix_path)?;
-        bound.unix = Some(unix_path);
-
-        let metrics_listener = match parse_listen(&config.listen.metrics)? {
-            Some(a) => Some(
-                TcpListener::bind(a)
-                    .await
-                    .with_context(|| format!("binding metrics {a}"))?,
-            ),
-            None => None,
-        };
-        bound.metrics = metrics_listener
-            .as_ref()
-            .map(|l| l.local_addr())
-            .transpose()?;
-
-        let advertise = match &config.cluster.advertise {
-            Some(a) => a.clone(),
-            None => match bound.tcp {
-                Some(a) if a.ip().is_unspecified() => {
-                    tracing::warn!(
-                        "TCP is bound to {a}: other nodes and clients reach this node at \
-                         127.0.0.1:{}; set cluster.advertise for other hosts",
-                        a.port()
-                    );
-                    format!("127.0.0.1:{}", a.port())
-                }
-                Some(a) => a.to_string(),
-                None => String::new(),
-            },
-        };
-        let (in_cluster, source) = match &membership_cfg {
-            MembershipConfig::Static { peers } => (!peers.is_empty(), Source::Gossip),
-            MembershipConfig::Etcd(_) => (true, Source::Etcd),
-        };
-        let membership = Arc::new(Membership::new(
-            NodeInfo {
-                id: config.node_id,
-                tcp: advertise,
-                quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
-                metrics: bound.metrics.map(|a| a.to_string()).unwrap_or_default(),
-                capacity: pool.stats().capacity(),
-                state: if in_cluster {
-                    NodeState::Joining
-                } else {
-                    NodeState::Serving
-                },
-                epoch: 1,
-            },
-            source,
-        ));
-        membership.attach_pool(pool.clone());
-        let replication = config.replication(&pool.namespaces());
-        let hello = HelloInfo {
-            version: PROTOCOL_VERSION,
-            node: config.node_id,
-            incarnation: pool.incarnation(),
-            namespaces: pool.namespaces(),
-            host_id: kvpool::segment::host_id(),
-            uds_path: bound
-                .unix
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            max_payload: limits.max_payload,
-            max_batch: limits.max_batch,
-            view: ClusterView::default(),
-            replication: replication
-                .iter()
-                .enumerate()
-                .map(
-                    |(ns, &(replicas, pinned_replicas))| kvpool::protocol::Replication {
-                        ns: ns as u32,
-                        replicas,
-                        pinned_replicas,
-                    },
-                )
-                .collect(),
-            challenge: [0; kvpool::protocol::auth::AUTH_LEN],
-        };
-        let shared = Arc::new(Shared {
-            pool: pool.clone(),
-            metrics: metrics.clone(),
-            limits,
-            token: config.auth.token.clone(),
-            ns_tokens: config.namespace_tokens(&pool.namespaces()),
-            started: Instant::now(),
-            hello,
-            cluster: membership.clone(),
-            cluster_secret: creds.secret.clone(),
-            conn: ConnPolicy {
-                hello_limits,
-                handshake: Duration::from_millis(config.limits.handshake_timeout_ms.max(1)),
-                idle: match config.limits.idle_timeout_ms {
-                    0 => None,
-                    ms => Some(Duration::from_millis(ms)),
-                },
-                write: Duration::from_millis(config.limits.write_timeout_ms.max(1)),
-            },
-        });
         let ctx = Ctx {
             shared: shared.clone(),
             limit: Arc::new(Semaphore::new(max_connections)),
@@ -265,78 +100,22 @@ impl Daemon {
             done: done_tx,
             peers: PeerCounts::new(config.listen.max_connections_per_peer),
         };
-        if let Some(l) = tcp {
-            tasks.push(tokio::spawn(listeners::tcp(l, ctx.clone())));
-        }
-        if let Some(ep) = quic {
-            tasks.push(tokio::spawn(listeners::quic(ep, ctx.clone())));
-        }
-        tasks.push(tokio::spawn(listeners::unix(unix, ctx.clone())));
-        drop(ctx);
-        if let Some(l) = metrics_listener {
-            let mut stop_rx = shutdown.clone();
-            tasks.push(tokio::spawn(metrics::serve(
-                l,
-                metrics,
-                pool.clone(),
-                config.listen.metrics_namespaces,
-                config.auth.token.clone(),
-                async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                },
-            )));
-        }
+        let mut tasks = serve(sockets, ctx, &config, metrics);
         let timing = Timing {
             heartbeat: Duration::from_millis(config.cluster.heartbeat_ms.max(10)),
             down_after: Duration::from_millis(config.cluster.down_after_ms.max(20)),
         };
-        tasks.push(match membership_cfg {
-            MembershipConfig::Static { peers } => tokio::spawn(cluster::heartbeats(
-                membership.clone(),
-                peers,
-                creds.clone(),
-                timing.clone(),
-                shutdown.clone(),
-            )),
-            MembershipConfig::Etcd(etcd) => tokio::spawn(crate::etcd_gateway::run(
-                membership.clone(),
-                etcd,
-                timing.clone(),
-                shutdown.clone(),
-            )),
-        });
         let cluster_drain_timeout = Duration::from_millis(config.cluster.drain_timeout_ms);
-        tasks.push(tokio::spawn(cluster::mover(
-            Mover {
-                pool: pool.clone(),
-                m: membership.clone(),
-                repl: Replication {
-                    pinned: replication.iter().map(|r| r.1).collect(),
-                },
-                creds: creds.clone(),
-                timing: timing.clone(),
-                started: shared.started,
-                drain_timeout: cluster_drain_timeout,
-            },
-            shutdown.clone(),
-        )));
-        // The reaper: abandoned allocations go back to the pool.
-        let reaper_pool = pool.clone();
-        let mut stop_rx = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        let n = reaper_pool.reap(shared.started.elapsed().as_millis() as u64);
-                        if n > 0 {
-                            tracing::info!(reclaimed = n, "reclaimed abandoned allocations");
-                        }
-                    }
-                    _ = stop_rx.wait_for(|s| *s) => return,
-                }
-            }
-        }));
+        tasks.push(join_cluster(
+            membership_cfg,
+            &membership,
+            &creds,
+            &timing,
+            &shutdown,
+        ));
+        let mover = (creds.clone(), timing.clone(), cluster_drain_timeout);
+        tasks.push(start_mover(&shared, mover, &shutdown));
+        tasks.push(start_reaper(pool.clone(), shared.started, &shutdown));
         Ok(Daemon {
             bound,
             pool,
@@ -418,6 +197,335 @@ impl Daemon {
     }
 }
 
+/// The cluster secret (loaded, or generated when this node starts a cluster alone) and the
+/// client token, with which this node proves itself to its peers.
+fn credentials(
+    config: &Config,
+    membership: &MembershipConfig,
+    data_dir: &Path,
+) -> anyhow::Result<PeerAuth> {
+    let joins = match membership {
+        MembershipConfig::Static { peers } => !peers.is_empty(),
+        MembershipConfig::Etcd(_) => true,
+    };
+    let secret =
+        crate::secret::load_or_generate(config.cluster.secret_file.as_deref(), data_dir, joins)?;
+    if secret.generated {
+        tracing::info!(
+            path = %secret.path.display(),
+            "generated a new cluster secret: start the nodes that join this one with --cluster-secret-file pointing at a copy of it"
+        );
+    } else {
+        tracing::info!(path = %secret.path.display(), "cluster secret loaded");
+    }
+    Ok(PeerAuth {
+        token: config.auth.token.clone(),
+        secret: secret.secret,
+    })
+}
+
+/// Opens the memory segments and builds the pool over them.
+fn open_pool(config: &Config) -> anyhow::Result<Arc<Pool>> {
+    let pool_cfg = config.pool_config()?;
+    let pool =
+        Arc::new(Pool::new(&pool_cfg, random_secret()?).context("creating memory segments")?);
+    for s in pool.segments() {
+        tracing::info!(
+            segment = s.layout().id,
+            bytes = s.data_len(),
+            path = %s.path().map_or("anonymous".into(), |p| p.display().to_string()),
+            pages = ?s.page_kind(),
+            "segment ready"
+        );
+    }
+    Ok(pool)
+}
+
+/// Every configured listener, bound but not yet accepting.
+struct Sockets {
+    tcp: Option<TcpListener>,
+    quic: Option<quinn::Endpoint>,
+    unix: UnixListener,
+    metrics: Option<TcpListener>,
+    /// What they bound.
+    bound: Bound,
+}
+
+impl Sockets {
+    /// Binds TCP, QUIC (loading or generating its certificate in `data_dir`), the Unix socket
+    /// and the metrics listener, as configured.
+    async fn bind(config: &Config, data_dir: &Path) -> anyhow::Result<Sockets> {
+        let mut bound = Bound::default();
+        let tcp = bind_tcp(&config.listen.tcp, "tcp").await?;
+        bound.tcp = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
+        let quic = match parse_listen(&config.listen.quic)? {
+            Some(a) => {
+                let (certs, key) = tls::load_or_generate(
+                    config.tls.cert.as_deref(),
+                    config.tls.key.as_deref(),
+                    data_dir,
+                )?;
+                bound.tls_cert = Some(
+                    config
+                        .tls
+                        .cert
+                        .clone()
+                        .unwrap_or_else(|| tls::generated_cert_path(data_dir)),
+                );
+                let max_streams = config.listen.max_connections.min(u32::MAX as usize) as u32;
+                let server = tls::quic_server_config(certs, key, max_streams)?;
+                let ep = quinn::Endpoint::server(server, a)
+                    .with_context(|| format!("binding quic {a}"))?;
+                bound.quic = Some(ep.local_addr()?);
+                Some(ep)
+            }
+            None => None,
+        };
+        let unix_path = config.unix_path();
+        let unix = bind_unix(&unix_path)?;
+        bound.unix = Some(unix_path);
+        let metrics = bind_tcp(&config.listen.metrics, "metrics").await?;
+        bound.metrics = metrics.as_ref().map(|l| l.local_addr()).transpose()?;
+        Ok(Sockets {
+            tcp,
+            quic,
+            unix,
+            metrics,
+            bound,
+        })
+    }
+}
+
+/// Binds a TCP listener at `spec` (`what` names it in errors), or none when it is off.
+async fn bind_tcp(spec: &str, what: &str) -> anyhow::Result<Option<TcpListener>> {
+    match parse_listen(spec)? {
+        Some(a) => Ok(Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding {what} {a}"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Where other nodes and clients reach this node over TCP: `cluster.advertise`, else the bound
+/// TCP address (loopback in place of an unspecified one), else nothing.
+fn advertise(config: &Config, bound: &Bound) -> String {
+    match &config.cluster.advertise {
+        Some(a) => a.clone(),
+        None => match bound.tcp {
+            Some(a) if a.ip().is_unspecified() => {
+                tracing::warn!(
+                    "TCP is bound to {a}: other nodes and clients reach this node at \
+                     127.0.0.1:{}; set cluster.advertise for other hosts",
+                    a.port()
+                );
+                format!("127.0.0.1:{}", a.port())
+            }
+            Some(a) => a.to_string(),
+            None => String::new(),
+        },
+    }
+}
+
+/// This node's membership: its own record (`Joining` when it has peers or etcd to join,
+/// `Serving` alone) and where views come from, with the pool attached.
+fn membership(
+    config: &Config,
+    membership: &MembershipConfig,
+    bound: &Bound,
+    pool: &Arc<Pool>,
+) -> Arc<Membership> {
+    let (in_cluster, source) = match membership {
+        MembershipConfig::Static { peers } => (!peers.is_empty(), Source::Gossip),
+        MembershipConfig::Etcd(_) => (true, Source::Etcd),
+    };
+    let me = NodeInfo {
+        id: config.node_id,
+        tcp: advertise(config, bound),
+        quic: bound.quic.map(|a| a.to_string()).unwrap_or_default(),
+        metrics: bound.metrics.map(|a| a.to_string()).unwrap_or_default(),
+        capacity: pool.stats().capacity(),
+        state: if in_cluster {
+            NodeState::Joining
+        } else {
+            NodeState::Serving
+        },
+        epoch: 1,
+    };
+    let membership = Arc::new(Membership::new(me, source));
+    membership.attach_pool(pool.clone());
+    membership
+}
+
+/// What every connection shares: the pool, the limits and timeouts, the tokens, and the
+/// `Hello` a client is told (its view filled in per connection).
+fn shared(
+    config: &Config,
+    (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Membership>, &PeerAuth),
+    bound: &Bound,
+    (limits, conn): (Limits, ConnPolicy),
+) -> Shared {
+    let namespaces = pool.namespaces();
+    let replication = config
+        .replication(&namespaces)
+        .iter()
+        .enumerate()
+        .map(
+            |(ns, &(replicas, pinned_replicas))| kvpool::protocol::Replication {
+                ns: ns as u32,
+                replicas,
+                pinned_replicas,
+            },
+        )
+        .collect();
+    let hello = HelloInfo {
+        version: PROTOCOL_VERSION,
+        node: config.node_id,
+        incarnation: pool.incarnation(),
+        namespaces: namespaces.clone(),
+        host_id: kvpool::segment::host_id(),
+        uds_path: bound
+            .unix
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        max_payload: limits.max_payload,
+        max_batch: limits.max_batch,
+        view: ClusterView::default(),
+        replication,
+        challenge: [0; kvpool::protocol::auth::AUTH_LEN],
+    };
+    Shared {
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+        limits,
+        token: config.auth.token.clone(),
+        ns_tokens: config.namespace_tokens(&namespaces),
+        started: Instant::now(),
+        hello,
+        cluster: membership.clone(),
+        cluster_secret: creds.secret.clone(),
+        conn,
+    }
+}
+
+/// The limits before the handshake and the timeouts of every stage of a connection.
+fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
+    Ok(ConnPolicy {
+        hello_limits: config.hello_limits()?,
+        handshake: Duration::from_millis(config.limits.handshake_timeout_ms.max(1)),
+        idle: match config.limits.idle_timeout_ms {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        },
+        write: Duration::from_millis(config.limits.write_timeout_ms.max(1)),
+    })
+}
+
+/// Starts accepting on every bound listener (connections get `ctx`), and the metrics page.
+fn serve(
+    sockets: Sockets,
+    ctx: Ctx,
+    config: &Config,
+    metrics: Arc<Metrics>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let Some(l) = sockets.tcp {
+        tasks.push(tokio::spawn(listeners::tcp(l, ctx.clone())));
+    }
+    if let Some(ep) = sockets.quic {
+        tasks.push(tokio::spawn(listeners::quic(ep, ctx.clone())));
+    }
+    let mut stop_rx = ctx.shutdown.clone();
+    let pool = ctx.shared.pool.clone();
+    tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));
+    if let Some(l) = sockets.metrics {
+        tasks.push(tokio::spawn(metrics::serve(
+            l,
+            metrics,
+            pool,
+            config.listen.metrics_namespaces,
+            config.auth.token.clone(),
+            async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            },
+        )));
+    }
+    tasks
+}
+
+/// Keeps this node's place in the cluster: heartbeats with the static peers, or etcd's leases
+/// and watch.
+fn join_cluster(
+    config: MembershipConfig,
+    membership: &Arc<Membership>,
+    creds: &PeerAuth,
+    timing: &Timing,
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    match config {
+        MembershipConfig::Static { peers } => tokio::spawn(cluster::heartbeats(
+            membership.clone(),
+            peers,
+            creds.clone(),
+            timing.clone(),
+            shutdown.clone(),
+        )),
+        MembershipConfig::Etcd(etcd) => tokio::spawn(crate::etcd_gateway::run(
+            membership.clone(),
+            etcd,
+            timing.clone(),
+            shutdown.clone(),
+        )),
+    }
+}
+
+/// Moves pinned objects to their owners when the view changes or this node drains (within
+/// `drain_timeout`), proving itself to them with `creds`.
+fn start_mover(
+    shared: &Shared,
+    (creds, timing, drain_timeout): (PeerAuth, Timing, Duration),
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let pinned = shared.hello.replication.iter();
+    let mover = Mover {
+        pool: shared.pool.clone(),
+        m: shared.cluster.clone(),
+        repl: Replication {
+            pinned: pinned.map(|r| r.pinned_replicas).collect(),
+        },
+        creds,
+        timing,
+        started: shared.started,
+        drain_timeout,
+    };
+    tokio::spawn(cluster::mover(mover, shutdown.clone()))
+}
+
+/// Every second, gives allocations abandoned past their deadline back to the pool.
+fn start_reaper(
+    pool: Arc<Pool>,
+    started: Instant,
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let mut stop_rx = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let n = pool.reap(started.elapsed().as_millis() as u64);
+                    if n > 0 {
+                        tracing::info!(reclaimed = n, "reclaimed abandoned allocations");
+                    }
+                }
+                _ = stop_rx.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
 /// Raises the open-file limit as far as allowed and fits `max_connections` under it, keeping
 /// `reserve_fds` for everything else.
 fn connection_cap(config: &Config) -> usize {
@@ -458,4 +566,125 @@ fn random_secret() -> anyhow::Result<[u8; 16]> {
         .read_exact(&mut b)
         .context("reading /dev/urandom")?;
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config for one node listening on free loopback ports over a small anonymous pool, with
+    /// its data dir (and Unix socket) in a fresh directory named after `test`.
+    fn config(test: &str) -> Config {
+        let dir = std::env::temp_dir().join(format!("kvpoold-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Config {
+            data_dir: Some(dir),
+            ..Config::default()
+        };
+        c.memory.size = 4 << 20;
+        c.memory.backing = "anonymous".into();
+        c.memory.huge_pages = "off".into();
+        c.listen.tcp = "127.0.0.1:0".into();
+        c.listen.quic = String::new();
+        c.listen.metrics = "127.0.0.1:0".into();
+        c
+    }
+
+    #[test]
+    fn the_advertised_address_is_reachable_from_other_processes() {
+        let mut c = Config::default();
+        let mut bound = Bound::default();
+        assert_eq!(advertise(&c, &bound), "", "no TCP, nothing to advertise");
+        bound.tcp = Some("0.0.0.0:7370".parse().unwrap());
+        assert_eq!(advertise(&c, &bound), "127.0.0.1:7370");
+        bound.tcp = Some("10.1.2.3:7370".parse().unwrap());
+        assert_eq!(advertise(&c, &bound), "10.1.2.3:7370");
+        c.cluster.advertise = Some("node-a:7370".into());
+        assert_eq!(advertise(&c, &bound), "node-a:7370");
+    }
+
+    #[test]
+    fn connection_policy_reads_the_configured_timeouts() {
+        let mut c = Config::default();
+        assert_eq!(conn_policy(&c).unwrap().idle, None, "0: no idle timeout");
+        c.limits.idle_timeout_ms = 1500;
+        c.limits.write_timeout_ms = 0;
+        let p = conn_policy(&c).unwrap();
+        assert_eq!(p.idle, Some(Duration::from_millis(1500)));
+        assert_eq!(p.write, Duration::from_millis(1), "at least 1 ms");
+    }
+
+    #[tokio::test]
+    async fn sockets_bind_free_ports_and_refuse_a_live_unix_socket() {
+        let c = config("sockets");
+        let dir = c.data_dir();
+        let sockets = Sockets::bind(&c, &dir).await.unwrap();
+        let b = &sockets.bound;
+        assert_ne!(b.tcp.unwrap().port(), 0);
+        assert_ne!(b.metrics.unwrap().port(), 0);
+        assert_eq!((b.quic, b.tls_cert.as_ref()), (None, None), "QUIC is off");
+        assert_eq!(b.unix.as_deref(), Some(c.unix_path().as_path()));
+        let again = Sockets::bind(&c, &dir).await;
+        let err = format!("{:#}", again.err().expect("the first daemon still serves"));
+        assert!(err.contains("another kvpoold"), "{err}");
+        drop(sockets);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_lone_node_serves_and_one_with_peers_joins() {
+        let mut c = config("membership");
+        c.namespaces = vec![crate::config::NamespaceEntry {
+            name: "team".into(),
+            quota: None,
+            tokens: vec!["team-token".into()],
+            eviction: "lru".into(),
+            replicas: 1,
+            pinned_replicas: 3,
+        }];
+        let pool = open_pool(&c).unwrap();
+        let bound = Bound {
+            tcp: Some("127.0.0.1:9".parse().unwrap()),
+            ..Bound::default()
+        };
+        let alone = membership(&c, &c.membership().unwrap(), &bound, &pool);
+        assert_eq!(alone.my_state(), NodeState::Serving);
+        assert_eq!(alone.view().nodes[0].tcp, "127.0.0.1:9");
+        // Alone, a node makes the cluster's secret; a joining one must be given it.
+        let creds = credentials(&c, &c.membership().unwrap(), &c.data_dir()).unwrap();
+        c.cluster.peers = vec!["127.0.0.1:1".into()];
+        let joining = membership(&c, &c.membership().unwrap(), &bound, &pool);
+        assert_eq!(joining.my_state(), NodeState::Joining);
+        std::fs::remove_file(c.data_dir().join(crate::secret::SECRET_FILE_NAME)).unwrap();
+        let Err(refused) = credentials(&c, &c.membership().unwrap(), &c.data_dir()) else {
+            panic!("joined with no secret");
+        };
+        let refused = format!("{refused:#}");
+        assert!(refused.contains("no cluster secret"), "{refused}");
+
+        let metrics = Arc::new(Metrics::default());
+        let policy = (c.wire_limits().unwrap(), conn_policy(&c).unwrap());
+        let parts = (&pool, &metrics, &joining, &creds);
+        let s = shared(&c, parts, &bound, policy);
+        assert_eq!(s.hello.namespaces, pool.namespaces());
+        let team = pool.namespace_id("team").unwrap();
+        let repl = s.replication(team).unwrap();
+        assert_eq!((repl.replicas, repl.pinned_replicas), (1, 3));
+        assert_eq!(s.ns_tokens[team as usize], ["team-token"]);
+        assert_eq!(s.hello.max_batch, s.limits.max_batch);
+        let _ = std::fs::remove_dir_all(c.data_dir());
+    }
+
+    #[tokio::test]
+    async fn the_reaper_stops_at_shutdown() {
+        let pool = open_pool(&config("reaper")).unwrap();
+        let (stop, shutdown) = watch::channel(false);
+        let reaper = start_reaper(pool, Instant::now(), &shutdown);
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), reaper)
+            .await
+            .expect("the reaper ends once shutdown is signalled")
+            .unwrap();
+    }
 }

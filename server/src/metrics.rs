@@ -218,13 +218,21 @@ fn counter(v: u64) -> ConstCounter<u64> {
 
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let st = &self.pool;
-        let d = &*self.daemon;
-        let node = st.node.to_string();
-        let node = node.as_str();
-        let bytes = Some(&Unit::Bytes);
+        let node = self.pool.node.to_string();
+        self.encode_pool(&mut enc, &node)?;
+        if self.namespaces {
+            self.encode_namespaces(&mut enc, &node)?;
+        }
+        self.encode_daemon(&mut enc)?;
+        self.encode_latency(&mut enc)
+    }
+}
+
+impl Scrape {
+    /// The pool's objects, counters and segments.
+    fn encode_pool(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let (st, bytes) = (&self.pool, Some(&Unit::Bytes));
         let (gauge_t, counter_t) = (MetricType::Gauge, MetricType::Counter);
-        let e = &mut enc;
         family(
             e,
             "kvpool_objects",
@@ -298,48 +306,57 @@ impl Collector for Scrape {
                     ConstGauge::new(s.external_fragmentation),
                 )
             }),
-        )?;
-        if self.namespaces {
-            family(
-                e,
-                "kvpool_namespace",
-                "Namespace bytes by kind (used, pinned, quota).",
-                bytes,
-                gauge_t,
-                st.namespaces.iter().flat_map(|n| {
-                    [
-                        ("used", n.used_bytes),
-                        ("pinned", n.pinned_bytes),
-                        ("quota", n.quota_bytes),
-                    ]
-                    .into_iter()
-                    .filter(|&(kind, v)| !(kind == "quota" && v == u64::MAX))
-                    .map(|(kind, v)| {
-                        (
-                            [
-                                ("node", node),
-                                ("namespace", n.name.as_str()),
-                                ("kind", kind),
-                            ],
-                            gauge(v),
-                        )
-                    })
-                }),
-            )?;
-            family(
-                e,
-                "kvpool_namespace_objects",
-                "Committed objects per namespace.",
-                None,
-                gauge_t,
-                st.namespaces.iter().map(|n| {
+        )
+    }
+
+    /// Per namespace: bytes by kind and objects.
+    fn encode_namespaces(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let (st, bytes, gauge_t) = (&self.pool, Some(&Unit::Bytes), MetricType::Gauge);
+        family(
+            e,
+            "kvpool_namespace",
+            "Namespace bytes by kind (used, pinned, quota).",
+            bytes,
+            gauge_t,
+            st.namespaces.iter().flat_map(|n| {
+                [
+                    ("used", n.used_bytes),
+                    ("pinned", n.pinned_bytes),
+                    ("quota", n.quota_bytes),
+                ]
+                .into_iter()
+                .filter(|&(kind, v)| !(kind == "quota" && v == u64::MAX))
+                .map(|(kind, v)| {
                     (
-                        [("node", node), ("namespace", n.name.as_str())],
-                        gauge(n.objects),
+                        [
+                            ("node", node),
+                            ("namespace", n.name.as_str()),
+                            ("kind", kind),
+                        ],
+                        gauge(v),
                     )
-                }),
-            )?;
-        }
+                })
+            }),
+        )?;
+        family(
+            e,
+            "kvpool_namespace_objects",
+            "Committed objects per namespace.",
+            None,
+            gauge_t,
+            st.namespaces.iter().map(|n| {
+                (
+                    [("node", node), ("namespace", n.name.as_str())],
+                    gauge(n.objects),
+                )
+            }),
+        )
+    }
+
+    /// The daemon's connections, protocol errors, payload bytes and operations.
+    fn encode_daemon(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let (d, bytes) = (&*self.daemon, Some(&Unit::Bytes));
+        let (gauge_t, counter_t) = (MetricType::Gauge, MetricType::Counter);
         family(
             e,
             "kvpool_connections",
@@ -391,7 +408,12 @@ impl Collector for Scrape {
                     ([("op", *op), ("outcome", "error")], s.err.clone()),
                 ]
             }),
-        )?;
+        )
+    }
+
+    /// Operation latency: one histogram per operation.
+    fn encode_latency(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let d = &*self.daemon;
         let mut latency = e.encode_descriptor(
             "kvpool_operation",
             "Operation latency inside the daemon.",
@@ -452,7 +474,7 @@ pub async fn serve(
             },
             _ = &mut shutdown => return,
         };
-        let (mut sock, _) = tokio::select! {
+        let (sock, _) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => {
                     errors.succeeded();
@@ -468,58 +490,79 @@ pub async fn serve(
             },
             _ = &mut shutdown => return,
         };
-        let metrics = metrics.clone();
-        let pool = pool.clone();
-        let token = token.clone();
+        let page = Page {
+            metrics: metrics.clone(),
+            pool: pool.clone(),
+            namespaces,
+            token: token.clone(),
+        };
         tokio::spawn(async move {
             let _permit = permit;
-            let mut buf = [0u8; 4096];
-            let mut n = 0;
-            let read = async {
-                while n < buf.len() {
-                    let m = sock.read(&mut buf[n..]).await?;
-                    if m == 0 {
-                        break;
-                    }
-                    n += m;
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                std::io::Result::Ok(())
-            };
-            if tokio::time::timeout(Duration::from_secs(5), read)
-                .await
-                .is_err()
-            {
-                return;
-            }
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (status, ctype, body) =
-                if req.starts_with("GET /metrics ") || req.starts_with("GET /metrics?") {
-                    let show = match namespaces {
-                        NamespaceMetrics::Off => false,
-                        NamespaceMetrics::Open => true,
-                        NamespaceMetrics::Token => token.is_empty() || bears(&req, &token),
-                    };
-                    match metrics.render(&pool, show) {
-                        Ok(body) => ("200 OK", OPENMETRICS, body),
-                        Err(_) => (
-                            "500 Internal Server Error",
-                            "text/plain",
-                            "encoding failed\n".to_string(),
-                        ),
-                    }
-                } else if req.starts_with("GET /health ") {
-                    ("200 OK", "text/plain", "ok\n".to_string())
-                } else {
-                    ("404 Not Found", "text/plain", "try /metrics\n".to_string())
-                };
-            let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-            let _ = sock.write_all(head.as_bytes()).await;
-            let _ = sock.write_all(body.as_bytes()).await;
-            let _ = sock.shutdown().await;
+            page.answer(sock).await;
         });
+    }
+}
+
+/// What the metrics listener serves, shared by its connections.
+struct Page {
+    metrics: Arc<Metrics>,
+    pool: Arc<Pool>,
+    namespaces: NamespaceMetrics,
+    token: Arc<str>,
+}
+
+impl Page {
+    /// Reads one request head (up to 4 KiB, within 5 s), answers it and closes.
+    async fn answer(&self, mut sock: tokio::net::TcpStream) {
+        let mut buf = [0u8; 4096];
+        let mut n = 0;
+        let read = async {
+            while n < buf.len() {
+                let m = sock.read(&mut buf[n..]).await?;
+                if m == 0 {
+                    break;
+                }
+                n += m;
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            std::io::Result::Ok(())
+        };
+        if tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (status, ctype, body) = self.respond(&String::from_utf8_lossy(&buf[..n]));
+        let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        let _ = sock.write_all(head.as_bytes()).await;
+        let _ = sock.write_all(body.as_bytes()).await;
+        let _ = sock.shutdown().await;
+    }
+
+    /// Status, content type and body for the request head `req`.
+    fn respond(&self, req: &str) -> (&'static str, &'static str, String) {
+        if req.starts_with("GET /metrics ") || req.starts_with("GET /metrics?") {
+            let show = match self.namespaces {
+                NamespaceMetrics::Off => false,
+                NamespaceMetrics::Open => true,
+                NamespaceMetrics::Token => self.token.is_empty() || bears(req, &self.token),
+            };
+            match self.metrics.render(&self.pool, show) {
+                Ok(body) => ("200 OK", OPENMETRICS, body),
+                Err(_) => (
+                    "500 Internal Server Error",
+                    "text/plain",
+                    "encoding failed\n".to_string(),
+                ),
+            }
+        } else if req.starts_with("GET /health ") {
+            ("200 OK", "text/plain", "ok\n".to_string())
+        } else {
+            ("404 Not Found", "text/plain", "try /metrics\n".to_string())
+        }
     }
 }
 
@@ -539,6 +582,35 @@ fn bears(head: &str, token: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_page_answers_metrics_health_and_nothing_else() {
+        let cfg = kvpool::PoolConfig {
+            segment_size: 4 << 20,
+            backing: kvpool::segment::Backing::Anonymous,
+            huge_pages: kvpool::segment::HugePages::Off,
+            ..kvpool::PoolConfig::default()
+        };
+        let page = Page {
+            metrics: Arc::default(),
+            pool: Arc::new(Pool::new(&cfg, [1; 16]).unwrap()),
+            namespaces: NamespaceMetrics::Token,
+            token: "s3cret".into(),
+        };
+        let (status, ctype, body) = page.respond("GET /metrics HTTP/1.1\r\n\r\n");
+        assert_eq!((status, ctype), ("200 OK", OPENMETRICS));
+        assert!(body.contains("kvpool_objects") && body.ends_with("# EOF\n"));
+        assert!(!body.contains("kvpool_namespace_objects"), "no token");
+        let (_, _, body) =
+            page.respond("GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n");
+        assert!(body.contains("kvpool_namespace_objects"));
+        let health = page.respond("GET /health HTTP/1.1\r\n\r\n");
+        assert_eq!(health, ("200 OK", "text/plain", "ok\n".to_string()));
+        assert_eq!(
+            page.respond("GET /other HTTP/1.1\r\n\r\n").0,
+            "404 Not Found"
+        );
+    }
 
     #[test]
     fn only_the_exact_bearer_token_is_accepted() {
