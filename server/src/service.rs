@@ -9,7 +9,7 @@
 //! - writes: [`Shared::begin_put`] (for a value streamed into its allocation) and
 //!   [`Shared::put_value`] (a value already in memory), both noting the write for the cluster;
 //! - reads: [`Shared::get`] and [`Shared::exists_run`], which serve a read routed by a cluster
-//!   view only from an object continuous since it was written ([`Routing`], [`crate::fence`]);
+//!   view only from an object continuous since it was written ([`Routing`], [`kvpool::placement::history`]);
 //! - [`Shared::remove`] and [`Shared::count`].
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::{Conn, Next};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
-    /// A key whose object here may not be served as its owner's (see [`crate::fence`]) is
+    /// A key whose object here may not be served as its owner's (see [`kvpool::placement::history`]) is
     /// reported absent.
     pub(super) async fn lookup(
         &mut self,
