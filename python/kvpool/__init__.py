@@ -111,10 +111,11 @@ def _readable(buf: Any) -> tuple[int, int, Any]:
 class Client(_NativeClient):
     """A kvpool client: thread-safe (share one per process) and a context manager.
 
-    ``Client(endpoint, namespace=None, token=None, timeout=10.0)`` connects to the node at
+    ``Client(endpoint, namespace=None, token=None, timeout=10.0, same_host=True)`` connects to the node at
     ``endpoint`` (``tcp://host:port``, ``quic://host:port``, ``unix:///path`` or
     ``host:port``), in ``namespace`` (``"default"`` when None) with ``token``; every call fails
-    within ``timeout`` seconds when the node does not answer. Raises :class:`ConnectionError`
+    within ``timeout`` seconds when the node does not answer; ``same_host=False`` turns the
+    same-host path off (every byte over the endpoint's transport, as from another host). Raises :class:`ConnectionError`
     when the node can't be reached and :class:`AuthError` when it refuses the token or the
     namespace.
     """

@@ -37,9 +37,11 @@ class Client:
         namespace: str | None = None,
         token: str | None = None,
         timeout: float = 10.0,
+        same_host: bool = True,
     ) -> None:
         """Connects to ``endpoint`` (``tcp://host:port``, ``quic://host:port``,
-        ``unix:///path`` or ``host:port``). Raises ``kvpool.ConnectionError`` (unreachable),
+        ``unix:///path`` or ``host:port``). Every call fails within ``timeout`` seconds when
+        the node does not answer. ``same_host=False`` turns the same-host path off. Raises ``kvpool.ConnectionError`` (unreachable),
         ``kvpool.AuthError`` (token or namespace refused), ``kvpool.InvalidArgumentError``
         (bad endpoint or timeout)."""
     @property

@@ -11,7 +11,7 @@
 use std::sync::RwLock;
 use std::time::Duration;
 
-use kvpool_client::{blocking, ClientConfig, Prefix};
+use kvpool_client::{blocking, ClientConfig, Prefix, SameHost};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
@@ -34,15 +34,17 @@ type Range = (usize, usize);
 impl NativeClient {
     /// Connects to the node at `endpoint` (`tcp://host:port`, `quic://host:port`,
     /// `unix:///path` or `host:port`) in `namespace` (default `"default"`) with `token`.
-    /// Every call must finish within `timeout` seconds.
+    /// Every call must finish within `timeout` seconds. `same_host=False` turns the same-host
+    /// path off (every byte through the endpoint's transport, as from another host).
     #[new]
-    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0))]
+    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0, same_host=true))]
     fn new(
         py: Python<'_>,
         endpoint: String,
         namespace: Option<String>,
         token: Option<String>,
         timeout: f64,
+        same_host: bool,
     ) -> PyResult<Self> {
         if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
             return Err(Failure::BadArgument(format!(
@@ -53,6 +55,11 @@ impl NativeClient {
         let mut cfg = ClientConfig {
             timeout: Duration::from_secs_f64(timeout),
             client_name: "kvpool-python".into(),
+            same_host: if same_host {
+                SameHost::Auto
+            } else {
+                SameHost::Off
+            },
             ..ClientConfig::default()
         };
         if let Some(ns) = namespace {

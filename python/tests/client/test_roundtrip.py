@@ -161,3 +161,14 @@ def test_torch_style_pointer_and_nbytes(kv):
     assert kv.put_from("t", ctypes.addressof(src), n) == 0
     assert kv.get_into("t", ctypes.addressof(dst), n) == n
     assert bytes(dst) == bytes(src)
+
+
+def test_same_host_off_goes_over_tcp(kvpoold):
+    np = numpy()
+    with kvpool.Client(kvpoold.url, same_host=False) as kv:
+        assert not kv.is_local()
+        src = np.arange(1 << 20, dtype=np.uint8)
+        kv.write("tcp", src)
+        dst = np.zeros_like(src)
+        assert kv.read_into("tcp", dst) == src.nbytes
+        assert np.array_equal(src, dst)
