@@ -1,0 +1,208 @@
+"""Python get throughput of 2 MiB values, written as JSON.
+
+Two ratios, each measured in one run, side by side:
+
+* same host: ``Client.get_into`` (registered numpy buffer, Mooncake form) and
+  ``Client.read_into`` against ``numpy.copyto`` of the same bytes (goal >= 0.85x);
+* over TCP: ``Client.get_into`` with the same-host path off (a client that is not on the
+  node's host) against redis-py ``GET`` from a redis-server holding the same values
+  (goal >= 3x).
+
+Usage: python bench_get.py --kvpoold target/release/kvpoold [--redis-server redis-server]
+[--values 64] [--rounds 5] [--out bench-out/python-get.json]
+
+It starts its own kvpoold (on free loopback ports, data in a temporary directory under
+/dev/shm) and redis-server (no persistence); both are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+# numpy's OpenBLAS starts one spinning thread per core on import; on a small machine they steal
+# the cores the client and kvpoold run on. Nothing here uses BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import kvpool
+import numpy as np
+
+VALUE = 2 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_kvpoold(binary: str, memory: str) -> tuple[subprocess.Popen, str, str]:
+    d = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+    tcp = f"127.0.0.1:{free_port()}"
+    cmd = [binary, "--data-dir", d, "--memory", memory, "--tcp", tcp]
+    cmd += [
+        "--quic",
+        f"127.0.0.1:{free_port()}",
+        "--metrics",
+        f"127.0.0.1:{free_port()}",
+    ]
+    env = dict(os.environ, KVPOOL_LOG="warn")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+    line = p.stdout.readline().decode()
+    if "kvpoold ready" not in line:
+        p.kill()
+        sys.exit(f"kvpoold did not start: {line!r}")
+    return p, tcp, d
+
+
+def start_redis(binary: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+    ]
+    cmd += ["no", "--daemonize", "no", "--loglevel", "warning"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return p, port
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    sys.exit("redis-server did not start")
+
+
+def rate(fn, n_values: int, rounds: int) -> dict:
+    """Best and median GB/s of ``rounds`` passes of ``fn(i)`` over every value."""
+    for i in range(n_values):  # warm up: every value once
+        fn(i)
+    per = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for i in range(n_values):
+            fn(i)
+        per.append(time.perf_counter() - t)
+    per.sort()
+    gb = n_values * VALUE / 1e9
+    return {
+        "best_gbps": gb / per[0],
+        "median_gbps": gb / per[len(per) // 2],
+        "median_us_per_value": per[len(per) // 2] / n_values * 1e6,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kvpoold", default="target/release/kvpoold")
+    ap.add_argument(
+        "--redis-server", default=shutil.which("redis-server") or "redis-server"
+    )
+    ap.add_argument("--values", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="bench-out/python-get.json")
+    a = ap.parse_args()
+
+    import redis  # redis-py
+
+    n = a.values
+    rng = np.random.default_rng(7)
+    values = [rng.integers(0, 256, VALUE, dtype=np.uint8) for _ in range(n)]
+    keys = [f"bench-{i}" for i in range(n)]
+    dst = np.empty(VALUE, dtype=np.uint8)
+
+    kvp, tcp, data_dir = start_kvpoold(a.kvpoold, "1GiB")
+    rp, rport = start_redis(a.redis_server)
+    out: dict = {
+        "value_bytes": VALUE,
+        "values": n,
+        "rounds": a.rounds,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        local = kvpool.Client(f"tcp://{tcp}", timeout=30.0)
+        assert local.is_local(), "the same-host path was expected"
+        for k, v in zip(keys, values):
+            local.write(k, v)
+        assert local.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+
+        def copyto(i):
+            np.copyto(dst, values[i])
+
+        def get_into(i):
+            assert local.get_into(keys[i], dst.ctypes.data, VALUE) == VALUE
+
+        def read_into(i):
+            local.read_into(keys[i], dst)
+
+        same = {
+            "numpy_copyto": rate(copyto, n, a.rounds),
+            "get_into": rate(get_into, n, a.rounds),
+            "read_into": rate(read_into, n, a.rounds),
+        }
+        get_into(3)
+        assert np.array_equal(dst, values[3])
+        base = same["numpy_copyto"]["median_gbps"]
+        same["ratio_get_into_vs_copyto"] = same["get_into"]["median_gbps"] / base
+        same["ratio_read_into_vs_copyto"] = same["read_into"]["median_gbps"] / base
+        same["goal"] = 0.85
+        out["same_host"] = same
+
+        # Over TCP: a client with the same-host path off, as on another host.
+        remote = kvpool.Client(f"tcp://{tcp}", timeout=30.0, same_host=False)
+        assert not remote.is_local()
+        assert remote.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+        r = redis.Redis(host="127.0.0.1", port=rport, protocol=2)
+        for k, v in zip(keys, values):
+            r.set(k, v.tobytes())
+
+        def tcp_get_into(i):
+            assert remote.get_into(keys[i], dst.ctypes.data, VALUE) == VALUE
+
+        def redis_get(i):
+            assert len(r.get(keys[i])) == VALUE
+
+        tcp_res = {
+            "kvpool_get_into": rate(tcp_get_into, n, a.rounds),
+            "redis_py_get": rate(redis_get, n, a.rounds),
+        }
+        tcp_res["ratio_vs_redis"] = (
+            tcp_res["kvpool_get_into"]["median_gbps"]
+            / tcp_res["redis_py_get"]["median_gbps"]
+        )
+        tcp_res["goal"] = 3.0
+        out["tcp"] = tcp_res
+        remote.close()
+        local.close()
+    finally:
+        kvp.terminate()
+        rp.terminate()
+        kvp.wait(10)
+        rp.wait(10)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=2)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Type stubs of kvpool's native extension (built from python/src with PyO3). Use it through
+``kvpool.Client``; the underscored methods are the engine of its Pythonic calls."""
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+Key: TypeAlias = str | bytes
+
+MAX_KEY_LEN: int
+"""The longest key, in bytes (256). A ``str`` key counts its UTF-8 bytes."""
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_tokens: int = 16,
+    *,
+    tenant: str = "",
+    model: str = "",
+    dtype: str = "",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_stage: int = 0,
+    layer_start: int = 0,
+    layer_end: int = 0,
+    salt: str | None = None,
+) -> list[bytes]:
+    """The 16-byte keys of the full ``block_tokens``-token blocks of ``token_ids``, exactly as
+    docs/HASHING.md specifies (key ``i`` covers blocks 0 to ``i``; a partial last block has no
+    key). Raises ValueError for ``block_tokens == 0`` and OverflowError for a token outside
+    0..2**32."""
+
+class Client:
+    """A kvpool client (see ``kvpool.Client``)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        namespace: str | None = None,
+        token: str | None = None,
+        timeout: float = 10.0,
+        same_host: bool = True,
+    ) -> None:
+        """Connects to ``endpoint`` (``tcp://host:port``, ``quic://host:port``,
+        ``unix:///path`` or ``host:port``). Every call fails within ``timeout`` seconds when
+        the node does not answer. ``same_host=False`` turns the same-host path off. Raises ``kvpool.ConnectionError`` (unreachable),
+        ``kvpool.AuthError`` (token or namespace refused), ``kvpool.InvalidArgumentError``
+        (bad endpoint or timeout)."""
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the client was given."""
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+    def is_local(self) -> bool:
+        """True when the node runs on this host and its memory is mapped into this process:
+        a get into a caller's buffer is then one copy, with no socket round trip per value."""
+    def health_check(self) -> int:
+        """0 when the node answers, 1 when the client is closed, 2 when the node can't be
+        reached within the timeout."""
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        """Registers ``size`` bytes at address ``buffer_ptr`` (e.g. ``arr.ctypes.data`` or a
+        torch tensor's ``data_ptr()``) for ``get_into``/``put_from`` and their batch forms.
+        The memory must stay valid while registered. Returns 0, or -600 for a null pointer,
+        a zero size or a closed client."""
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        """Drops the registration starting at ``buffer_ptr``. Returns 0, or -600 when there
+        is none."""
+    def get_into(self, key: Key, buffer_ptr: int, size: int) -> int:
+        """Copies the value of ``key`` into registered memory. Returns its length, or -704
+        (not found), -10 (buffer smaller than the value), -600 (range not inside a
+        registration, or closed), -400 (bad key), -900 (node unreachable)."""
+    def put_from(self, key: Key, buffer_ptr: int, size: int, config: Any = None) -> int:
+        """Stores ``size`` bytes of registered memory under ``key``. Returns 0, or -600,
+        -400, -200 (no room), -900. ``config`` is accepted and ignored."""
+    def batch_get_into(
+        self, keys: Sequence[Key], buffer_ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[int]:
+        """``get_into`` for many keys in one round trip per node: per key its length or a
+        negative status (overlapping destination ranges are refused with -600)."""
+    def batch_put_from(
+        self,
+        keys: Sequence[Key],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        config: Any = None,
+    ) -> list[int]:
+        """``put_from`` for many keys in one round trip per node: one status per key."""
+    def exists(self, key: Key) -> bool:
+        """True when ``key`` is present. Raises ``kvpool.Error`` subclasses."""
+    def delete(self, key: Key) -> bool:
+        """Removes ``key``; True when an object was removed. Raises ``kvpool.Error``
+        subclasses."""
+    def match_prefix(self, keys: Sequence[Key]) -> int:
+        """How many leading keys of ``keys`` are present (the part of a prefix that can be
+        loaded): one round trip per node owning any of them. Raises ``kvpool.Error``
+        subclasses."""
+    def _close(self) -> None: ...
+    def _write_bytes(self, key: Key, data: bytes) -> None: ...
+    def _write_unchecked(self, key: Key, address: int, length: int) -> None: ...
+    def _read(self, key: Key) -> bytes | None: ...
+    def _read_into_unchecked(
+        self, key: Key, address: int, length: int
+    ) -> int | None: ...
+    def _read_many_into_unchecked(
+        self, keys: Sequence[Key], addresses: Sequence[int], lengths: Sequence[int]
+    ) -> list[int | None]: ...
+    def _write_many_unchecked(
+        self, keys: Sequence[Key], addresses: Sequence[int], lengths: Sequence[int]
+    ) -> None: ...
+    def _presence(self, keys: Sequence[Key]) -> list[bool]: ...

@@ -1,0 +1,585 @@
+//! `kvpool._native.Client`: one `kvpool_client::blocking::Client` shared by every Python thread,
+//! each call run with the GIL released.
+//!
+//! Two kinds of call live here. The Mooncake-compatible ones (`get_into`, `put_from`,
+//! `batch_get_into`, `batch_put_from`, `register_buffer`, ...) take raw addresses, accept only
+//! ranges inside buffers registered with `register_buffer`, and return Mooncake's status codes.
+//! The underscored ones are the engine of the Pythonic layer in `kvpool/__init__.py`, which
+//! turns buffer-protocol objects into addresses while it holds their buffer exported (so they
+//! can be neither freed nor resized meanwhile); they raise `kvpool` exceptions.
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use kvpool_client::{blocking, ClientConfig, Prefix, SameHost};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::errors::{code, item_code, item_exception, Failure};
+use crate::registry::Registry;
+
+/// A kvpool client. Thread-safe: share one per process.
+#[pyclass(name = "Client", module = "kvpool._native", subclass, frozen)]
+pub(crate) struct NativeClient {
+    /// None once closed.
+    inner: RwLock<Option<blocking::Client>>,
+    registry: Registry,
+    endpoint: String,
+}
+
+/// A destination or source range: an address and a length.
+type Range = (usize, usize);
+
+#[pymethods]
+impl NativeClient {
+    /// Connects to the node at `endpoint` (`tcp://host:port`, `quic://host:port`,
+    /// `unix:///path` or `host:port`) in `namespace` (default `"default"`) with `token`.
+    /// Every call must finish within `timeout` seconds. `same_host=False` turns the same-host
+    /// path off (every byte through the endpoint's transport, as from another host).
+    #[new]
+    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0, same_host=true))]
+    fn new(
+        py: Python<'_>,
+        endpoint: String,
+        namespace: Option<String>,
+        token: Option<String>,
+        timeout: f64,
+        same_host: bool,
+    ) -> PyResult<Self> {
+        if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
+            return Err(Failure::BadArgument(format!(
+                "timeout must be a positive number of seconds, not {timeout}"
+            ))
+            .into());
+        }
+        let mut cfg = ClientConfig {
+            timeout: Duration::from_secs_f64(timeout),
+            client_name: "kvpool-python".into(),
+            same_host: if same_host {
+                SameHost::Auto
+            } else {
+                SameHost::Off
+            },
+            ..ClientConfig::default()
+        };
+        if let Some(ns) = namespace {
+            cfg.namespace = ns;
+        }
+        if let Some(t) = token {
+            cfg.token = t;
+        }
+        let client = py
+            .detach(|| blocking::Client::connect(&endpoint, cfg))
+            .map_err(Failure::from)?;
+        Ok(NativeClient {
+            inner: RwLock::new(Some(client)),
+            registry: Registry::default(),
+            endpoint,
+        })
+    }
+
+    /// The endpoint the client was given.
+    #[getter]
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// True once `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    /// True when the same-host path is in use: the node runs on this host and its memory is
+    /// mapped into this process, so gets and puts are one copy with no socket per value.
+    fn is_local(&self) -> PyResult<bool> {
+        Ok(self.client()?.is_local())
+    }
+
+    /// Closes the client: its connections are dropped and its registrations forgotten. Calls
+    /// after it fail (`ClosedError`, or status -600). Closing twice is harmless.
+    fn _close(&self, py: Python<'_>) {
+        let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.registry.clear();
+        // Dropping the last handle shuts the client's runtime down: not under the GIL.
+        py.detach(move || drop(old));
+    }
+
+    /// 0 when the node answers, 1 when the client is closed, 2 when the node can't be
+    /// reached within the timeout (Mooncake's convention).
+    fn health_check(&self, py: Python<'_>) -> i64 {
+        let Ok(c) = self.client() else {
+            return 1;
+        };
+        match py.detach(|| c.stats()) {
+            Ok(_) => 0,
+            Err(_) => 2,
+        }
+    }
+
+    // ----- Mooncake-compatible calls on registered memory (status codes) -----
+
+    /// Registers `size` bytes at `buffer_ptr` for `get_into`/`put_from` and their batch
+    /// forms. The memory must stay valid until `unregister_buffer` or `close`. Returns 0, or
+    /// -600 for a null pointer or a zero size.
+    fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i64 {
+        if self.client().is_err() {
+            return code::INVALID_PARAMS;
+        }
+        if self.registry.register(buffer_ptr, size) {
+            code::OK
+        } else {
+            code::INVALID_PARAMS
+        }
+    }
+
+    /// Drops the registration that starts at `buffer_ptr`. Returns 0, or -600 when there is
+    /// none.
+    fn unregister_buffer(&self, buffer_ptr: usize) -> i64 {
+        if self.registry.unregister(buffer_ptr) {
+            code::OK
+        } else {
+            code::INVALID_PARAMS
+        }
+    }
+
+    /// Copies the value of `key` into the registered memory at `buffer_ptr` (`size` bytes).
+    /// Returns the value's length, or a negative status: -704 not found, -10 buffer smaller
+    /// than the value, -600 pointer not inside a registered buffer (or client closed), -400
+    /// bad key, -900 node unreachable.
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+    ) -> PyResult<i64> {
+        let key = key_of(key)?;
+        let run = || -> Result<i64, Failure> {
+            check_key(&key)?;
+            let c = self.client()?;
+            self.check_registered(buffer_ptr, size)?;
+            // SAFETY: the range lies inside a registration, whose owner promised the memory is
+            // valid and writable while it is registered (register_buffer's contract).
+            let dst = unsafe { slice_mut(buffer_ptr, size) };
+            match py.detach(|| c.get_into(&key, dst))? {
+                Some(n) => Ok(n as i64),
+                None => Err(Failure::NotFound),
+            }
+        };
+        Ok(run().unwrap_or_else(|f| f.code()))
+    }
+
+    /// Stores `size` bytes of registered memory at `buffer_ptr` under `key`. Returns 0 or a
+    /// negative status (-600 pointer not registered, -400 bad key, -200 no room, -900
+    /// unreachable). `config` (Mooncake's ReplicateConfig) is accepted and ignored: the
+    /// namespace decides replication.
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let _ = config;
+        let key = key_of(key)?;
+        let run = || -> Result<i64, Failure> {
+            check_key(&key)?;
+            let c = self.client()?;
+            self.check_registered(buffer_ptr, size)?;
+            // SAFETY: inside a registration (see get_into); only read.
+            let src = unsafe { slice_ref(buffer_ptr, size) };
+            py.detach(|| c.put(&key, src))?;
+            Ok(code::OK)
+        };
+        Ok(run().unwrap_or_else(|f| f.code()))
+    }
+
+    /// `get_into` for many keys, one round trip per node. Returns one entry per key: the
+    /// value's length or a negative status.
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = keys_of(&keys)?;
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return Ok(vec![code::INVALID_PARAMS; keys.len()]);
+        }
+        let c = match self.client() {
+            Ok(c) => c,
+            Err(f) => return Ok(vec![f.code(); keys.len()]),
+        };
+        let ranges: Vec<Range> = buffer_ptrs.into_iter().zip(sizes).collect();
+        let mut out = vec![code::OK; keys.len()];
+        let mut ok = Vec::with_capacity(keys.len());
+        let overlapping = overlaps(&ranges);
+        for (i, key) in keys.iter().enumerate() {
+            let (p, n) = ranges[i];
+            out[i] = if check_key(key).is_err() {
+                code::INVALID_KEY
+            } else if !self.registry.covers(p, n) || overlapping[i] {
+                code::INVALID_PARAMS
+            } else {
+                ok.push(i);
+                continue;
+            };
+        }
+        let sub_keys: Vec<&[u8]> = ok.iter().map(|&i| &keys[i][..]).collect();
+        let sub_ranges: Vec<Range> = ok.iter().map(|&i| ranges[i]).collect();
+        // SAFETY: every range lies inside a registration (checked above) and no two overlap.
+        match unsafe { get_many(py, &c, &sub_keys, &sub_ranges) } {
+            Ok(got) => {
+                for (&i, g) in ok.iter().zip(got) {
+                    out[i] = match g {
+                        Ok(Some(n)) => n as i64,
+                        Ok(None) => code::OBJECT_NOT_FOUND,
+                        Err(f) => f.code(),
+                    };
+                }
+            }
+            Err(f) => ok.iter().for_each(|&i| out[i] = f.code()),
+        }
+        Ok(out)
+    }
+
+    /// `put_from` for many keys, one round trip per node. Returns one status per key (0
+    /// stored, negative otherwise).
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i64>> {
+        let _ = config;
+        let keys = keys_of(&keys)?;
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return Ok(vec![code::INVALID_PARAMS; keys.len()]);
+        }
+        let c = match self.client() {
+            Ok(c) => c,
+            Err(f) => return Ok(vec![f.code(); keys.len()]),
+        };
+        let mut out = vec![code::OK; keys.len()];
+        let mut items: Vec<(&[u8], &[u8])> = Vec::with_capacity(keys.len());
+        let mut sent = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            let (p, n) = (buffer_ptrs[i], sizes[i]);
+            if check_key(key).is_err() {
+                out[i] = code::INVALID_KEY;
+            } else if !self.registry.covers(p, n) {
+                out[i] = code::INVALID_PARAMS;
+            } else {
+                // SAFETY: inside a registration (checked on the line above); only read.
+                items.push((key, unsafe { slice_ref(p, n) }));
+                sent.push(i);
+            }
+        }
+        match py.detach(|| c.batch_put_from(&items)) {
+            Ok(codes) => {
+                for (&i, c) in sent.iter().zip(codes) {
+                    out[i] = item_code(c);
+                }
+            }
+            Err(e) => {
+                let f = Failure::from(e).code();
+                sent.iter().for_each(|&i| out[i] = f);
+            }
+        }
+        Ok(out)
+    }
+
+    // ----- the engine of the Pythonic layer (exceptions) -----
+
+    /// Stores `data` (bytes) under `key`.
+    fn _write_bytes(&self, py: Python<'_>, key: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<()> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        py.detach(|| c.put(&key, data)).map_err(Failure::from)?;
+        Ok(())
+    }
+
+    /// Stores `length` bytes at `address` under `key`. Private: the caller (kvpool/__init__.py)
+    /// holds the buffer at `address` exported for the duration of the call.
+    fn _write_unchecked(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        address: usize,
+        length: usize,
+    ) -> PyResult<()> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        // SAFETY: `address` is the start of an exported buffer of at least `length` bytes,
+        // kept alive and unresizable by the caller's export for the whole call.
+        let src = unsafe { slice_ref(address, length) };
+        py.detach(|| c.put(&key, src)).map_err(Failure::from)?;
+        Ok(())
+    }
+
+    /// The value of `key` as bytes, or None on a miss.
+    fn _read(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyBytes>>> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        let v = py.detach(|| c.get(&key)).map_err(Failure::from)?;
+        Ok(v.map(|v| PyBytes::new(py, &v).unbind()))
+    }
+
+    /// Copies the value of `key` into the `length` writable bytes at `address`; its length, or
+    /// None on a miss. Private: see `_write_unchecked`.
+    fn _read_into_unchecked(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        address: usize,
+        length: usize,
+    ) -> PyResult<Option<usize>> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        // SAFETY: `address` is the start of a writable exported buffer of at least `length`
+        // bytes, held by the caller for the whole call.
+        let dst = unsafe { slice_mut(address, length) };
+        Ok(py.detach(|| c.get_into(&key, dst)).map_err(Failure::from)?)
+    }
+
+    /// `_read_into_unchecked` for many keys (one round trip per node). Private: the caller
+    /// holds every buffer exported.
+    fn _read_many_into_unchecked(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+    ) -> PyResult<Vec<Option<usize>>> {
+        let keys = checked_keys(&keys)?;
+        if keys.len() != addresses.len() || keys.len() != lengths.len() {
+            return Err(Failure::BadArgument("one buffer per key".into()).into());
+        }
+        let c = self.client()?;
+        let ranges: Vec<Range> = addresses.into_iter().zip(lengths).collect();
+        if overlaps(&ranges).iter().any(|o| *o) {
+            return Err(Failure::BadArgument("two of the buffers overlap".into()).into());
+        }
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        // SAFETY: each range is a writable exported buffer held by the caller; none overlap.
+        let got = unsafe { get_many(py, &c, &refs, &ranges) }?;
+        got.into_iter()
+            .map(|g| g.map_err(PyErr::from))
+            .collect::<PyResult<Vec<_>>>()
+    }
+
+    /// Stores many buffers (one round trip per node). Private: the caller holds every buffer
+    /// exported. Raises the first item's failure.
+    fn _write_many_unchecked(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        addresses: Vec<usize>,
+        lengths: Vec<usize>,
+    ) -> PyResult<()> {
+        let keys = checked_keys(&keys)?;
+        if keys.len() != addresses.len() || keys.len() != lengths.len() {
+            return Err(Failure::BadArgument("one buffer per key".into()).into());
+        }
+        let c = self.client()?;
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(addresses.iter().zip(&lengths))
+            // SAFETY: each range is an exported buffer held by the caller; only read.
+            .map(|(k, (&a, &n))| (&k[..], unsafe { slice_ref(a, n) }))
+            .collect();
+        let codes = py
+            .detach(|| c.batch_put_from(&items))
+            .map_err(Failure::from)?;
+        match codes
+            .into_iter()
+            .find(|c| *c != kvpool_client::ErrorCode::Ok)
+        {
+            Some(c) => Err(item_exception(c)),
+            None => Ok(()),
+        }
+    }
+
+    /// True when `key` is present.
+    fn exists(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        Ok(py.detach(|| c.exists(&key)).map_err(Failure::from)?)
+    }
+
+    /// Per key, whether it is present: one round trip per node.
+    fn _presence(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<bool>> {
+        let keys = checked_keys(&keys)?;
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        // A lookup with no lease: per key, its location or a miss.
+        let found = py.detach(|| c.lease(&refs, 0)).map_err(Failure::from)?;
+        Ok(found.iter().map(Option::is_some).collect())
+    }
+
+    /// Removes `key`; True when an object was removed.
+    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        Ok(py.detach(|| c.remove(&key)).map_err(Failure::from)?)
+    }
+
+    /// How many leading keys of `keys` the pool holds (the prefix that can be loaded): one
+    /// round trip per node owning any of them, never one per key.
+    fn match_prefix(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<usize> {
+        let keys = checked_keys(&keys)?;
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        Ok(py
+            .detach(|| c.match_prefix(Prefix::Keys(&refs)))
+            .map_err(Failure::from)?)
+    }
+}
+
+impl NativeClient {
+    /// A handle on the client (shared connections), or `Closed`.
+    fn client(&self) -> Result<blocking::Client, Failure> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(Failure::Closed)
+    }
+
+    fn check_registered(&self, ptr: usize, len: usize) -> Result<(), Failure> {
+        if ptr == 0 {
+            return Err(Failure::BadArgument("null pointer".into()));
+        }
+        if !self.registry.covers(ptr, len) {
+            return Err(Failure::BadArgument(format!(
+                "{len} bytes at {ptr:#x} are not inside a buffer registered with register_buffer"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Fetches `keys[i]` into `ranges[i]`: per key its length, None for a miss, or its own
+/// failure; a failure of the whole batch (the node unreachable) is the outer error. On a batch
+/// refused because one buffer is too small, each key is fetched alone, so every other key
+/// still gets its value and the small one its own error.
+///
+/// # Safety
+/// Every range must be writable memory that stays valid for the call, and no two may overlap.
+unsafe fn get_many(
+    py: Python<'_>,
+    c: &blocking::Client,
+    keys: &[&[u8]],
+    ranges: &[Range],
+) -> Result<Vec<Result<Option<usize>, Failure>>, Failure> {
+    let mut dsts: Vec<&mut [u8]> = ranges
+        .iter()
+        // SAFETY: the caller's contract.
+        .map(|&(a, n)| unsafe { slice_mut(a, n) })
+        .collect();
+    match py.detach(|| c.batch_get_into(keys, &mut dsts)) {
+        Ok(got) => Ok(got.into_iter().map(Ok).collect()),
+        Err(kvpool_client::ClientError::BufferTooSmall { .. }) => Ok(keys
+            .iter()
+            .zip(dsts.iter_mut())
+            .map(|(k, d)| py.detach(|| c.get_into(k, d)).map_err(Failure::from))
+            .collect()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// For each range, whether it overlaps another one (empty ranges overlap nothing).
+fn overlaps(ranges: &[Range]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..ranges.len()).filter(|&i| ranges[i].1 > 0).collect();
+    order.sort_unstable_by_key(|&i| ranges[i].0);
+    let mut out = vec![false; ranges.len()];
+    // The furthest end so far and the range that reaches it.
+    let mut reach: Option<(usize, usize)> = None;
+    for &i in &order {
+        let (start, len) = ranges[i];
+        let end = start.saturating_add(len);
+        if let Some((far, j)) = reach {
+            if start < far {
+                out[i] = true;
+                out[j] = true;
+            }
+            if end > far {
+                reach = Some((end, i));
+            }
+        } else {
+            reach = Some((end, i));
+        }
+    }
+    out
+}
+
+/// The bytes of a key: a `str` (its UTF-8) or `bytes`.
+fn key_of(ob: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = ob.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(s) = ob.cast::<PyString>() {
+        return Ok(s.to_cow()?.into_owned().into_bytes());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "a key is str or bytes, not {}",
+        ob.get_type().name()?
+    )))
+}
+
+fn keys_of(obs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Vec<u8>>> {
+    obs.iter().map(key_of).collect()
+}
+
+fn check_key(key: &[u8]) -> Result<(), Failure> {
+    if key.is_empty() || key.len() > kvpool::MAX_KEY_LEN {
+        return Err(Failure::BadKey(key.len()));
+    }
+    Ok(())
+}
+
+fn checked_key(ob: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let k = key_of(ob)?;
+    check_key(&k)?;
+    Ok(k)
+}
+
+fn checked_keys(obs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Vec<u8>>> {
+    obs.iter().map(checked_key).collect()
+}
+
+/// `len` writable bytes at `addr` (an empty slice for `len == 0`, whatever `addr`).
+///
+/// # Safety
+/// For `len > 0`, `addr..addr + len` must be valid, writable memory that nothing else accesses
+/// while the slice lives, and `len <= isize::MAX`.
+unsafe fn slice_mut<'a>(addr: usize, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the function's contract.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+}
+
+/// `len` readable bytes at `addr` (an empty slice for `len == 0`).
+///
+/// # Safety
+/// For `len > 0`, `addr..addr + len` must be valid, readable memory for the slice's life, and
+/// `len <= isize::MAX`.
+unsafe fn slice_ref<'a>(addr: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the function's contract.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
