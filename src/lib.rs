@@ -17,6 +17,8 @@
 //!   puts, read references, leases, pins, quota reservations, eviction and one-sided access.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
 //! - [`placement`]: the cluster view and weighted rendezvous placement of keys.
+//! - [`resp`]: the Redis protocol (RESP2/RESP3) of the daemon's second front door: a bounded,
+//!   incremental command parser and the reply encoder.
 
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
@@ -39,6 +41,8 @@ pub mod pool;
 pub mod prefix;
 #[cfg(not(loom))]
 pub mod protocol;
+#[cfg(not(loom))]
+pub mod resp;
 #[cfg(not(loom))]
 pub mod segment;
 pub mod seqlock;
