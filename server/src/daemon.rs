@@ -19,10 +19,10 @@ use crate::admission::{self, PeerCounts};
 use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::deadline::ConnPolicy;
-use crate::handler::Shared;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
 use crate::peer::PeerAuth;
+use crate::service::Shared;
 use crate::tls;
 
 /// The addresses a running daemon actually bound (port 0 in the config picks a free port).

@@ -6,8 +6,11 @@
 //!
 //! - [`config`]: the TOML file, environment and flags, with documented defaults;
 //! - [`Daemon`]: start, serve, drain on shutdown;
-//! - `handler`: one connection's request loop, shared by every transport, with `deadline`'s
-//!   timeouts on its reads and writes;
+//! - `handler`: one connection's native-protocol request loop, shared by every transport, with
+//!   `deadline`'s timeouts on its reads and writes; one file per family of operations (`admin`,
+//!   `data`, `one_sided`, `prefix`, `cluster`);
+//! - `service`: what every connection shares (`Shared`) and the data operations apart from any
+//!   wire protocol (authenticate a token, put, get, exists, remove), for every front door;
 //! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
@@ -30,6 +33,7 @@ mod listeners;
 pub mod metrics;
 mod peer;
 pub mod secret;
+mod service;
 pub mod tls;
 mod written;
 

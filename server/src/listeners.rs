@@ -15,8 +15,9 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::admission::{AcceptErrors, LogLimiter, PeerCounts, LOG_EVERY};
-use crate::handler::{serve, Shared};
+use crate::handler::serve;
 use crate::metrics::Transport;
+use crate::service::Shared;
 
 /// What every accept loop needs.
 #[derive(Clone)]

@@ -1,0 +1,65 @@
+//! The admin family: `Hello`, the handshake that authenticates a connection and tells it the
+//! node's namespaces, limits and view; and `Stats`.
+
+use kvpool::protocol::auth;
+use kvpool::protocol::{ErrorCode, Reply, PROTOCOL_VERSION};
+use rkyv::string::ArchivedString;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::{Conn, Next};
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    /// A wrong version or token closes the connection.
+    pub(super) async fn hello(
+        &mut self,
+        id: u64,
+        version: u32,
+        token: &ArchivedString,
+        client: &ArchivedString,
+    ) -> Next {
+        if version != PROTOCOL_VERSION {
+            self.fail(
+                id,
+                ErrorCode::UnsupportedVersion,
+                &format!("this node speaks protocol {PROTOCOL_VERSION}"),
+            )
+            .await?;
+            return Ok(false);
+        }
+        let Some(access) = self.s.authenticate(token.as_str()) else {
+            self.fail(id, ErrorCode::Unauthorized, "wrong or missing auth token")
+                .await?;
+            return Ok(false);
+        };
+        tracing::debug!(
+            client = client.as_str(),
+            transport = self.transport.name(),
+            "client connected"
+        );
+        self.challenge = match auth::random() {
+            Ok(c) => c,
+            Err(e) => {
+                self.fail(id, ErrorCode::Internal, &e.to_string()).await?;
+                return Ok(false);
+            }
+        };
+        let mut hello = self.s.hello.clone();
+        hello.challenge = self.challenge;
+        hello.namespaces.retain(|(_, id)| access.allows(*id));
+        hello.replication.retain(|r| access.allows(r.ns));
+        hello.view = self.s.cluster.view();
+        self.access = Some(access);
+        self.reply(id, Reply::Hello(hello), &[]).await?;
+        Ok(true)
+    }
+
+    /// The node's statistics, with only the namespaces this connection may use.
+    pub(super) async fn stats(&mut self, id: u64) -> Next {
+        let mut stats = self.s.pool.stats();
+        stats
+            .namespaces
+            .retain(|n| self.access.as_ref().is_some_and(|a| a.allows(n.id)));
+        self.reply(id, Reply::Stats(stats), &[]).await?;
+        Ok(true)
+    }
+}

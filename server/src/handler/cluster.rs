@@ -1,0 +1,122 @@
+//! The cluster family, node to node: `ClusterAuth` proves the cluster secret, after which a
+//! peer may `Gossip` (merge views) and `Drain` (ask this node to leave); `View` shows this
+//! node's view; `Vouch` tells a key's previous owner whether its copy may still be served.
+
+use kvpool::protocol::{ErrorCode, Key, Reply};
+use rkyv::Archived;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::{Conn, Next};
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    /// A wrong proof closes the connection.
+    pub(super) async fn cluster_auth(
+        &mut self,
+        id: u64,
+        nonce: &[u8; 32],
+        proof: &[u8; 32],
+    ) -> Next {
+        let node = self.s.hello.node;
+        if !self
+            .s
+            .cluster_secret
+            .verify_peer(node, &self.challenge, nonce, proof)
+        {
+            // debug, not warn: anyone can send this, and logs must not be floodable.
+            tracing::debug!(
+                transport = self.transport.name(),
+                "refused a connection that failed the cluster secret check"
+            );
+            self.fail(id, ErrorCode::Unauthorized, "wrong cluster secret")
+                .await?;
+            return Ok(false);
+        }
+        self.peer = true;
+        if let Some(access) = &mut self.access {
+            access.grant_all();
+        }
+        let proof = self
+            .s
+            .cluster_secret
+            .node_proof(node, &self.challenge, nonce);
+        self.reply(id, Reply::ClusterAuth { proof }, &[]).await?;
+        Ok(true)
+    }
+
+    pub(super) async fn gossip(
+        &mut self,
+        id: u64,
+        view: &Archived<kvpool::placement::ClusterView>,
+    ) -> Next {
+        if !self.peer {
+            self.fail(
+                id,
+                ErrorCode::Unauthorized,
+                "gossip is cluster control: it needs the cluster secret (ClusterAuth)",
+            )
+            .await?;
+            return Ok(true);
+        }
+        let theirs: kvpool::placement::ClusterView =
+            match rkyv::deserialize::<_, rkyv::rancor::Error>(view) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.fail(id, ErrorCode::Malformed, &e.to_string()).await?;
+                    return Ok(true);
+                }
+            };
+        let after = self.s.cluster.merge(&theirs);
+        self.reply(id, Reply::View(after), &[]).await?;
+        Ok(true)
+    }
+
+    pub(super) async fn view(&mut self, id: u64) -> Next {
+        self.reply(id, Reply::View(self.s.cluster.view()), &[])
+            .await?;
+        Ok(true)
+    }
+
+    pub(super) async fn drain(&mut self, id: u64) -> Next {
+        if !self.peer {
+            self.fail(
+                id,
+                ErrorCode::Unauthorized,
+                "drain is cluster control: it needs the cluster secret (ClusterAuth)",
+            )
+            .await?;
+            return Ok(true);
+        }
+        tracing::info!(client = "drain request", "drain requested");
+        self.s.cluster.request_drain();
+        self.reply(id, Reply::Done, &[]).await?;
+        Ok(true)
+    }
+
+    /// Per key `Ok` when a copy of it on another node may be served, else `Superseded`.
+    pub(super) async fn vouch(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
+        // A copy elsewhere may be one of up to this many (pinned objects have more).
+        let replicas = self
+            .s
+            .replication(ns)
+            .map(|r| r.replicas.max(r.pinned_replicas) as usize)
+            .ok_or(ErrorCode::UnknownNamespace);
+        let r = self
+            .s
+            .batch_check(keys.len())
+            .and(replicas)
+            .map(|replicas| {
+                Reply::Statuses(
+                    keys.iter()
+                        .map(|k| {
+                            if self.s.cluster.vouches(ns, k.as_slice(), replicas) {
+                                ErrorCode::Ok as u16
+                            } else {
+                                ErrorCode::Superseded as u16
+                            }
+                        })
+                        .collect(),
+                )
+            });
+        self.answer(id, r).await
+    }
+}

@@ -1,0 +1,197 @@
+//! The data family: `Put`, `Get`, `BatchPut`, `BatchGet` (with its prefix mode), `Exists`,
+//! `Remove`. What they do to the pool is [`crate::service`]'s; here is their native framing:
+//! values stream between the socket and pool memory without a copy.
+
+use std::io;
+
+use kvpool::protocol::io::discard;
+use kvpool::protocol::{ErrorCode, Key, PutItem, Reply, ValueMeta};
+use kvpool::{Millis, PoolError};
+use rkyv::Archived;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+
+use super::{payload_failure, Conn, Next};
+
+/// One value of a `Put` or `BatchPut`: its key, length in the payload and checksum.
+pub(super) struct Item<'k> {
+    pub(super) key: &'k [u8],
+    pub(super) len: u64,
+    pub(super) checksum: u64,
+}
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    pub(super) async fn put(
+        &mut self,
+        id: u64,
+        ns: u32,
+        item: Item<'_>,
+        pin: bool,
+        now: Millis,
+    ) -> Next {
+        let len = item.len;
+        let r = self.put_one(ns, item, pin, 0, now).await?;
+        self.s.metrics.bytes(len, 0);
+        self.answer(id, r.map(|()| Reply::Done)).await
+    }
+
+    pub(super) async fn get(&mut self, id: u64, ns: u32, key: &[u8], now: Millis) -> Next {
+        match self.s.get(ns, key, now, self.routing) {
+            Ok(obj) => {
+                let bytes = obj.bytes();
+                let reply = Reply::Value {
+                    len: bytes.len() as u64,
+                    checksum: obj.checksum(),
+                };
+                self.reply(id, reply, &[bytes]).await?;
+                self.s.metrics.bytes(0, bytes.len() as u64);
+            }
+            Err(e) => self.pool_fail(id, e).await?,
+        }
+        Ok(true)
+    }
+
+    /// `items`' values follow in the payload, concatenated; `depths` (empty, or one per item)
+    /// place them in prefix chains.
+    pub(super) async fn batch_put(
+        &mut self,
+        id: u64,
+        ns: u32,
+        items: &Archived<Vec<PutItem>>,
+        (pin, depths): (bool, &Archived<Vec<u32>>),
+        payload: u64,
+        now: Millis,
+    ) -> Next {
+        let max_batch = self.s.limits.max_batch as usize;
+        let total: Option<u64> = items
+            .iter()
+            .try_fold(0u64, |acc, i| acc.checked_add(i.len.to_native()));
+        if items.len() > max_batch || total != Some(payload) {
+            discard(&mut self.r, payload).await?;
+            let (code, msg) = if items.len() > max_batch {
+                (ErrorCode::BatchTooLarge, "too many items")
+            } else {
+                (
+                    ErrorCode::PayloadMismatch,
+                    "payload length is not the sum of the item lengths",
+                )
+            };
+            self.fail(id, code, msg).await?;
+            return Ok(true);
+        }
+        let mut statuses = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let depth = depths.get(i).map_or(0, |d| d.to_native());
+            let item = Item {
+                key: item.key.as_slice(),
+                len: item.len.to_native(),
+                checksum: item.checksum.to_native(),
+            };
+            let r = self.put_one(ns, item, pin, depth, now).await?;
+            statuses.push(r.err().map_or(0, |c| c as u16));
+        }
+        self.s.metrics.bytes(payload, 0);
+        self.reply(id, Reply::Statuses(statuses), &[]).await?;
+        Ok(true)
+    }
+
+    /// With `prefix`, the keys are a prefix chain: after the first miss nothing more is sent.
+    pub(super) async fn batch_get(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+        prefix: bool,
+        now: Millis,
+    ) -> Next {
+        if keys.len() > self.s.limits.max_batch as usize {
+            self.fail(id, ErrorCode::BatchTooLarge, "too many keys")
+                .await?;
+            return Ok(true);
+        }
+        let mut refs = Vec::with_capacity(keys.len());
+        let mut gap = false;
+        for key in keys.iter() {
+            if gap {
+                // After a gap a prefix block is useless: don't send it.
+                refs.push(None);
+                continue;
+            }
+            match self.s.get(ns, key.as_slice(), now, self.routing) {
+                Ok(r) => refs.push(Some(r)),
+                Err(PoolError::NotFound) => {
+                    gap = prefix;
+                    refs.push(None);
+                }
+                Err(e) => {
+                    drop(refs);
+                    self.pool_fail(id, e).await?;
+                    return Ok(true);
+                }
+            }
+        }
+        let metas = refs
+            .iter()
+            .map(|r| {
+                r.as_ref().map(|r| ValueMeta {
+                    len: r.bytes().len() as u64,
+                    checksum: r.checksum(),
+                })
+            })
+            .collect();
+        let slices: Vec<&[u8]> = refs.iter().flatten().map(|r| r.bytes()).collect();
+        let out: u64 = slices.iter().map(|s| s.len() as u64).sum();
+        self.reply(id, Reply::Values(metas), &slices).await?;
+        self.s.metrics.bytes(0, out);
+        Ok(true)
+    }
+
+    pub(super) async fn exists(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
+        let r = self.s.batch_check(keys.len()).and_then(|()| {
+            self.s
+                .exists_run(ns, keys.iter().map(|k| k.as_slice()), self.routing)
+                .map_err(Into::into)
+        });
+        self.answer(id, r.map(|n| Reply::Count(n as u64))).await
+    }
+
+    pub(super) async fn remove(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
+        let r = self.count(
+            keys.len(),
+            keys.iter().map(|k| self.s.remove(ns, k.as_slice())),
+        );
+        self.answer(id, r).await
+    }
+
+    /// Receives one value straight from the socket into a fresh allocation and commits it.
+    /// Consumes exactly `item.len` payload bytes whatever happens.
+    async fn put_one(
+        &mut self,
+        ns: u32,
+        item: Item<'_>,
+        pin: bool,
+        depth: u32,
+        now: Millis,
+    ) -> io::Result<Result<(), ErrorCode>> {
+        let pool = &*self.s.pool;
+        let addr = match self.s.begin_put(ns, item.key, item.len, pin, depth) {
+            Ok(a) => a,
+            Err(e) => {
+                discard(&mut self.r, item.len).await?;
+                return Ok(Err(e.into()));
+            }
+        };
+        {
+            let mut w = pool
+                .begin_write(&addr)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            let deadline = self.s.instant_at(w.deadline());
+            let read = tokio::time::timeout_at(deadline, self.r.read_exact(w.bytes_mut())).await;
+            if let Some(e) = payload_failure(read) {
+                drop(w);
+                let _ = pool.abort(&addr);
+                return Err(e);
+            }
+        }
+        Ok(pool.commit(&addr, item.checksum, now).map_err(Into::into))
+    }
+}

@@ -1,0 +1,401 @@
+//! One connection (or one QUIC stream) of the native protocol: read a frame, do what it asks,
+//! answer; repeat.
+//!
+//! Requests are answered in the order they arrive, each tagged with its id, so a client may
+//! pipeline as many as it likes; responses are flushed when no further request is already
+//! buffered. Every request consumes exactly its payload, even when it fails, so one bad request
+//! never desynchronises the stream. A frame that breaks the protocol itself (bad magic, a header
+//! over the limit) is answered with an error and the connection is closed: after it nothing on
+//! the stream can be trusted.
+//!
+//! This file holds the connection loop, the handshake gate, the view-stamp and namespace checks,
+//! metrics and the reply helpers; [`Conn::dispatch`] hands each operation to its family:
+//!
+//! - `admin`: `Hello` (the handshake), `Stats`;
+//! - `data`: `Put`, `Get`, `BatchPut`, `BatchGet` (its prefix mode included), `Exists`,
+//!   `Remove`, over the transport-independent operations of [`crate::service`];
+//! - `one_sided`: `Alloc`, `Write`, `Commit`, `Abort`, `Read`, `MapInfo` (access by address);
+//! - `prefix`: `Lookup`, `Release`, `Pin` (finding, leasing and pinning objects by key);
+//! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch` (node to node).
+
+mod admin;
+mod cluster;
+mod data;
+mod one_sided;
+mod prefix;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvpool::protocol::auth::{self, AuthBytes};
+use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, WireError};
+use kvpool::protocol::AlignedVec;
+use kvpool::protocol::{
+    decode_request, encode, ArchivedOp, ErrorCode, FrameError, Reply, Response,
+};
+use kvpool::PoolError;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::watch;
+
+use self::data::Item;
+use crate::deadline::{within, StallLimit};
+use crate::metrics::{OpKind, Transport};
+use crate::service::{Access, Routing, Shared};
+
+const IO_BUFFER: usize = 64 << 10;
+
+/// Serves one connection until the peer leaves, the protocol breaks, or shutdown is signalled
+/// while the connection is idle between requests.
+pub(crate) async fn serve<R, W>(
+    shared: Arc<Shared>,
+    transport: Transport,
+    r: R,
+    w: W,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    shared.metrics.connection_opened(transport);
+    let mut conn = Conn {
+        s: &shared,
+        transport,
+        r: BufReader::with_capacity(IO_BUFFER, r),
+        // A reply the peer stops reading fails the connection, releasing what it referenced.
+        w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
+        access: None,
+        peer: false,
+        challenge: [0; auth::AUTH_LEN],
+        routing: Routing::Direct,
+    };
+    let mut hdr = AlignedVec::<16>::new();
+    let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
+    loop {
+        // Until the Hello is accepted: a small header, no payload, one deadline for it all.
+        let (limits, deadline) = if conn.access.is_some() {
+            let idle = shared.conn.idle;
+            (
+                &shared.limits,
+                idle.map(|d| tokio::time::Instant::now() + d),
+            )
+        } else {
+            (&shared.conn.hello_limits, Some(hello_by))
+        };
+        let prefix = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            p = within(deadline, read_prefix(&mut conn.r, limits)) => p,
+        };
+        let prefix = match prefix {
+            Ok(Some(p)) => p,
+            Ok(None) | Err(WireError::Io(_)) => break,
+            Err(WireError::Frame(e)) => {
+                shared.metrics.protocol_error();
+                tracing::debug!(error = %e, transport = transport.name(), "closing connection after a bad frame");
+                let code = match e {
+                    FrameError::HeaderTooLarge(_) | FrameError::PayloadTooLarge(_) => {
+                        ErrorCode::FrameTooLarge
+                    }
+                    _ => ErrorCode::Malformed,
+                };
+                let _ = conn.fail(0, code, &e.to_string()).await;
+                let _ = conn.w.flush().await;
+                break;
+            }
+        };
+        if within(deadline, read_header(&mut conn.r, &prefix, &mut hdr))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        match conn.request(&hdr, prefix.payload_len).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = conn.w.flush().await;
+                break;
+            }
+            Err(_) => break,
+        }
+        if conn.r.buffer().is_empty() && conn.w.flush().await.is_err() {
+            break;
+        }
+    }
+    let _ = conn.w.shutdown().await;
+    shared.metrics.connection_closed(transport);
+}
+
+struct Conn<'a, R, W> {
+    s: &'a Shared,
+    transport: Transport,
+    r: BufReader<R>,
+    w: BufWriter<W>,
+    /// The namespaces this connection may use; `None` until its `Hello` is accepted.
+    access: Option<Access>,
+    /// Proved the cluster secret (`ClusterAuth`): a cluster peer, may gossip and drain.
+    peer: bool,
+    /// This connection's random challenge, sent in the `Hello` reply.
+    challenge: AuthBytes,
+    /// How the request being served reached this node: routed by a view (stamp not 0), it
+    /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
+    /// are served.
+    routing: Routing,
+}
+
+/// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
+type Next = io::Result<bool>;
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    async fn request(&mut self, hdr: &[u8], payload: u64) -> Next {
+        let req = match decode_request(hdr) {
+            Ok(r) => r,
+            Err(e) => {
+                self.s.metrics.protocol_error();
+                discard(&mut self.r, payload).await?;
+                self.fail(0, ErrorCode::Malformed, &e.to_string()).await?;
+                return Ok(true);
+            }
+        };
+        let id = req.id.to_native();
+        if self.access.is_none() && !matches!(req.op, ArchivedOp::Hello { .. }) {
+            discard(&mut self.r, payload).await?;
+            self.fail(
+                id,
+                ErrorCode::HandshakeRequired,
+                "the first request must be Hello",
+            )
+            .await?;
+            return Ok(false);
+        }
+        let routed = req.view.to_native();
+        if routed != 0 && op_namespace(&req.op).is_some() {
+            let stamp = self.s.cluster.stamp();
+            if routed != stamp {
+                discard(&mut self.r, payload).await?;
+                let version = self.s.cluster.view().version;
+                self.fail(
+                    id,
+                    ErrorCode::WrongView,
+                    &format!("routed by another cluster view; this node is at version {version}"),
+                )
+                .await?;
+                return Ok(true);
+            }
+        }
+        self.routing = if routed != 0 {
+            Routing::ByView
+        } else {
+            Routing::Direct
+        };
+        let start = Instant::now();
+        let (kind, carry_on) = match self.refusal(&req.op, payload) {
+            Some((code, message)) => {
+                discard(&mut self.r, payload).await?;
+                self.fail(id, code, message).await?;
+                (OpKind::Admin, true)
+            }
+            None => (op_kind(&req.op), self.dispatch(id, &req.op, payload).await?),
+        };
+        self.s.metrics.record(kind, start.elapsed(), carry_on);
+        Ok(carry_on)
+    }
+
+    /// Hands the operation to its family's method (see the module docs).
+    async fn dispatch(&mut self, id: u64, op: &ArchivedOp, payload: u64) -> Next {
+        let now = self.s.now();
+        match op {
+            ArchivedOp::Hello {
+                version,
+                token,
+                client,
+            } => self.hello(id, version.to_native(), token, client).await,
+            ArchivedOp::Stats => self.stats(id).await,
+            ArchivedOp::Put {
+                ns,
+                key,
+                checksum,
+                pin,
+            } => {
+                let (key, checksum) = (key.as_slice(), checksum.to_native());
+                let item = Item {
+                    key,
+                    len: payload,
+                    checksum,
+                };
+                self.put(id, ns.to_native(), item, *pin, now).await
+            }
+            ArchivedOp::Get { ns, key } => self.get(id, ns.to_native(), key.as_slice(), now).await,
+            ArchivedOp::BatchPut {
+                ns,
+                items,
+                pin,
+                depths,
+            } => {
+                let ns = ns.to_native();
+                self.batch_put(id, ns, items, (*pin, depths), payload, now)
+                    .await
+            }
+            ArchivedOp::BatchGet { ns, keys, prefix } => {
+                self.batch_get(id, ns.to_native(), keys, *prefix, now).await
+            }
+            ArchivedOp::Exists { ns, keys } => self.exists(id, ns.to_native(), keys).await,
+            ArchivedOp::Remove { ns, keys } => self.remove(id, ns.to_native(), keys).await,
+            ArchivedOp::Alloc {
+                ns,
+                items,
+                pin,
+                depths,
+            } => self.alloc(id, ns.to_native(), items, (*pin, depths)).await,
+            ArchivedOp::Write { addr, offset } => {
+                self.write(id, addr, offset.to_native(), payload).await
+            }
+            ArchivedOp::Commit { items } => self.commit(id, items, now).await,
+            ArchivedOp::Abort { addrs } => self.abort(id, addrs).await,
+            ArchivedOp::Read { addr, offset, len } => {
+                self.read(id, addr, offset.to_native(), len.to_native())
+                    .await
+            }
+            ArchivedOp::MapInfo => self.map_info(id).await,
+            ArchivedOp::Lookup { ns, keys, lease_ms } => {
+                let lease_ms = lease_ms.to_native();
+                self.lookup(id, ns.to_native(), keys, lease_ms, now).await
+            }
+            ArchivedOp::Release { ns, keys } => self.release(id, ns.to_native(), keys).await,
+            ArchivedOp::Pin { ns, keys, pinned } => {
+                self.pin(id, ns.to_native(), keys, *pinned).await
+            }
+            ArchivedOp::ClusterAuth { nonce, proof } => self.cluster_auth(id, nonce, proof).await,
+            ArchivedOp::Gossip { view } => self.gossip(id, view).await,
+            ArchivedOp::View => self.view(id).await,
+            ArchivedOp::Drain => self.drain(id).await,
+            ArchivedOp::Vouch { ns, keys } => self.vouch(id, ns.to_native(), keys).await,
+        }
+    }
+
+    /// Why `op` is refused before it is looked at, if it is: ops that carry no payload refuse
+    /// one, and a keyed op needs access to its namespace.
+    fn refusal(&self, op: &ArchivedOp, payload: u64) -> Option<(ErrorCode, &'static str)> {
+        let payload_ops = matches!(
+            op,
+            ArchivedOp::Put { .. } | ArchivedOp::BatchPut { .. } | ArchivedOp::Write { .. }
+        );
+        if !payload_ops && payload > 0 {
+            return Some((
+                ErrorCode::PayloadMismatch,
+                "this operation takes no payload",
+            ));
+        }
+        let ns = op_namespace(op)?;
+        if !self.access.as_ref().is_some_and(|a| a.allows(ns)) {
+            return Some((ErrorCode::Unauthorized, "not authorised for this namespace"));
+        }
+        None
+    }
+
+    /// Counts the `true`s of per-key results, refusing a batch over `max_batch` first.
+    fn count(
+        &self,
+        n: usize,
+        results: impl Iterator<Item = Result<bool, PoolError>>,
+    ) -> Result<Reply, ErrorCode> {
+        self.s.batch_check(n)?;
+        let mut c = 0;
+        for r in results {
+            c += r? as u64;
+        }
+        Ok(Reply::Count(c))
+    }
+
+    /// Replies with `r`'s reply, or fails with its code; carries on either way.
+    async fn answer(&mut self, id: u64, r: Result<Reply, ErrorCode>) -> Next {
+        match r {
+            Ok(reply) => self.reply(id, reply, &[]).await?,
+            Err(code) => self.fail(id, code, &format!("{code:?}")).await?,
+        }
+        Ok(true)
+    }
+
+    async fn pool_fail(&mut self, id: u64, e: PoolError) -> io::Result<()> {
+        self.fail(id, e.into(), &e.to_string()).await
+    }
+
+    async fn fail(&mut self, id: u64, code: ErrorCode, message: &str) -> io::Result<()> {
+        self.reply(
+            id,
+            Reply::Error {
+                code: code as u16,
+                message: message.to_string(),
+            },
+            &[],
+        )
+        .await
+    }
+
+    async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
+        let hdr = encode(&Response { id, reply });
+        write_frame(&mut self.w, &hdr, payload).await
+    }
+}
+
+/// What an operation counts as in the metrics.
+fn op_kind(op: &ArchivedOp) -> OpKind {
+    match op {
+        ArchivedOp::Hello { .. } => OpKind::Hello,
+        ArchivedOp::Put { .. } => OpKind::Put,
+        ArchivedOp::Get { .. } => OpKind::Get,
+        ArchivedOp::BatchPut { .. } => OpKind::BatchPut,
+        ArchivedOp::BatchGet { .. } => OpKind::BatchGet,
+        ArchivedOp::Exists { .. } => OpKind::Exists,
+        ArchivedOp::Remove { .. } => OpKind::Remove,
+        ArchivedOp::Alloc { .. } => OpKind::Alloc,
+        ArchivedOp::Write { .. } => OpKind::Write,
+        ArchivedOp::Commit { .. } => OpKind::Commit,
+        ArchivedOp::Abort { .. } => OpKind::Abort,
+        ArchivedOp::Read { .. } => OpKind::Read,
+        ArchivedOp::Lookup { .. } | ArchivedOp::Vouch { .. } => OpKind::Lookup,
+        ArchivedOp::Release { .. } => OpKind::Release,
+        ArchivedOp::Pin { .. } => OpKind::Pin,
+        ArchivedOp::Stats
+        | ArchivedOp::View
+        | ArchivedOp::MapInfo
+        | ArchivedOp::ClusterAuth { .. }
+        | ArchivedOp::Gossip { .. }
+        | ArchivedOp::Drain => OpKind::Admin,
+    }
+}
+
+/// The namespace an operation names, for authorisation.
+fn op_namespace(op: &ArchivedOp) -> Option<u32> {
+    match op {
+        ArchivedOp::Put { ns, .. }
+        | ArchivedOp::Get { ns, .. }
+        | ArchivedOp::BatchPut { ns, .. }
+        | ArchivedOp::BatchGet { ns, .. }
+        | ArchivedOp::Exists { ns, .. }
+        | ArchivedOp::Remove { ns, .. }
+        | ArchivedOp::Alloc { ns, .. }
+        | ArchivedOp::Lookup { ns, .. }
+        | ArchivedOp::Vouch { ns, .. }
+        | ArchivedOp::Release { ns, .. }
+        | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
+        _ => None,
+    }
+}
+
+/// Why reading a payload into a pending allocation failed, if it did: a socket error, or the
+/// allocation's deadline (`pending_timeout_ms`) passing before the last byte came. Either way the
+/// caller releases the allocation and closes the connection, so a stalled payload never keeps
+/// memory pending past its timeout.
+fn payload_failure(
+    read: Result<io::Result<usize>, tokio::time::error::Elapsed>,
+) -> Option<io::Error> {
+    match read {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "payload not received before its allocation's deadline",
+        )),
+    }
+}

@@ -1,0 +1,202 @@
+//! The one-sided family: access by address. `Alloc` reserves memory for values, `Write` fills
+//! it, `Commit` makes it visible (or `Abort` gives it back), `Read` reads an object's bytes, and
+//! `MapInfo` offers the segment files to a same-host client, which then reads and writes them
+//! directly.
+
+use std::io;
+
+use kvpool::protocol::io::discard;
+use kvpool::protocol::{AllocItem, AllocResult, CommitItem, ErrorCode, Reply, SegmentMap};
+use kvpool::{GlobalAddr, Millis, PoolError};
+use rkyv::Archived;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+
+use super::{payload_failure, Conn, Next};
+use crate::metrics::Transport;
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    /// `depths` (empty, or one per item) place the values in prefix chains.
+    pub(super) async fn alloc(
+        &mut self,
+        id: u64,
+        ns: u32,
+        items: &Archived<Vec<AllocItem>>,
+        (pin, depths): (bool, &Archived<Vec<u32>>),
+    ) -> Next {
+        if items.len() > self.s.limits.max_batch as usize {
+            self.fail(id, ErrorCode::BatchTooLarge, "too many items")
+                .await?;
+            return Ok(true);
+        }
+        let results = items
+            .iter()
+            .enumerate()
+            .map(|(n, i)| {
+                let depth = depths.get(n).map_or(0, |d| d.to_native());
+                // Noted at the alloc, so before the commit acknowledges the write.
+                match self
+                    .s
+                    .begin_put(ns, i.key.as_slice(), i.len.to_native(), pin, depth)
+                {
+                    Ok(a) => AllocResult {
+                        addr: Some(a),
+                        code: 0,
+                    },
+                    Err(e) => AllocResult {
+                        addr: None,
+                        code: ErrorCode::from(e) as u16,
+                    },
+                }
+            })
+            .collect();
+        self.reply(id, Reply::Allocated(results), &[]).await?;
+        Ok(true)
+    }
+
+    /// The payload (`len` bytes) goes to `addr` at `offset`.
+    pub(super) async fn write(
+        &mut self,
+        id: u64,
+        addr: &Archived<GlobalAddr>,
+        offset: u64,
+        len: u64,
+    ) -> Next {
+        let r = self.write_one(&GlobalAddr::from(addr), offset, len).await?;
+        self.s.metrics.bytes(len, 0);
+        self.answer(id, r.map(|()| Reply::Done)).await
+    }
+
+    pub(super) async fn commit(
+        &mut self,
+        id: u64,
+        items: &Archived<Vec<CommitItem>>,
+        now: Millis,
+    ) -> Next {
+        let pool = &*self.s.pool;
+        let r = self.s.batch_check(items.len()).map(|()| {
+            Reply::Statuses(
+                items
+                    .iter()
+                    .map(|i| {
+                        code_of(pool.commit(
+                            &GlobalAddr::from(&i.addr),
+                            i.checksum.to_native(),
+                            now,
+                        ))
+                    })
+                    .collect(),
+            )
+        });
+        self.answer(id, r).await
+    }
+
+    pub(super) async fn abort(&mut self, id: u64, addrs: &Archived<Vec<GlobalAddr>>) -> Next {
+        let pool = &*self.s.pool;
+        let r = self.s.batch_check(addrs.len()).map(|()| {
+            Reply::Statuses(
+                addrs
+                    .iter()
+                    .map(|a| code_of(pool.abort(&GlobalAddr::from(a))))
+                    .collect(),
+            )
+        });
+        self.answer(id, r).await
+    }
+
+    pub(super) async fn read(
+        &mut self,
+        id: u64,
+        addr: &Archived<GlobalAddr>,
+        offset: u64,
+        len: u64,
+    ) -> Next {
+        let pool = &*self.s.pool;
+        let addr = GlobalAddr::from(addr);
+        // Verify the address before sizing a buffer from it: a peer can only make us
+        // allocate as much as a real object it was given the key of.
+        let checked = pool.verify_addr(&addr).and_then(|()| {
+            addr.sub_range(offset, len)
+                .map(|_| ())
+                .ok_or(kvpool::AddrFault::OutOfBounds.into())
+        });
+        match checked {
+            Ok(()) => {
+                let mut buf = vec![0u8; len as usize];
+                match pool.read(&addr, offset, &mut buf) {
+                    Ok(()) => {
+                        self.reply(id, Reply::Data, &[&buf]).await?;
+                        self.s.metrics.bytes(0, len);
+                    }
+                    Err(e) => self.pool_fail(id, e).await?,
+                }
+            }
+            Err(e) => self.pool_fail(id, e).await?,
+        }
+        Ok(true)
+    }
+
+    pub(super) async fn map_info(&mut self, id: u64) -> Next {
+        if self.transport != Transport::Unix {
+            self.fail(
+                id,
+                ErrorCode::NotLocal,
+                "segments are only offered over the Unix socket",
+            )
+            .await?;
+            return Ok(true);
+        }
+        let pool = &*self.s.pool;
+        let maps = pool
+            .segments()
+            .filter_map(|s| {
+                Some(SegmentMap {
+                    id: s.layout().id,
+                    path: s.path()?.to_string_lossy().into_owned(),
+                    total_len: s.layout().total_len(),
+                })
+            })
+            .collect();
+        let reply = Reply::MapInfo {
+            incarnation: pool.incarnation(),
+            segments: maps,
+        };
+        self.reply(id, reply, &[]).await?;
+        Ok(true)
+    }
+
+    async fn write_one(
+        &mut self,
+        addr: &GlobalAddr,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Result<(), ErrorCode>> {
+        let pool = &*self.s.pool;
+        // Claims exactly the bytes written: a write overlapping another connection's open write
+        // of the same allocation is refused (`Busy`) instead of aliasing its memory.
+        let mut w = match pool.begin_write_range(addr, offset, len) {
+            Ok(w) => w,
+            Err(e) => {
+                discard(&mut self.r, len).await?;
+                return Ok(Err(e.into()));
+            }
+        };
+        let deadline = self.s.instant_at(w.deadline());
+        let read = tokio::time::timeout_at(deadline, self.r.read_exact(w.bytes_mut())).await;
+        let expired = read.is_err();
+        if let Some(e) = payload_failure(read) {
+            drop(w);
+            // Past its deadline: give the allocation back now (if another write still holds
+            // it, the reaper takes it once that write ends). After a socket error it stays
+            // pending for its owner, who may write it again over another connection.
+            if expired {
+                let _ = pool.abort(addr);
+            }
+            return Err(e);
+        }
+        Ok(Ok(()))
+    }
+}
+
+fn code_of(r: Result<(), PoolError>) -> u16 {
+    r.err().map_or(0, |e| ErrorCode::from(e) as u16)
+}

@@ -1,0 +1,479 @@
+//! The node's data operations, apart from any wire protocol: what every front door (the native
+//! protocol in `handler`, a Redis-protocol one) calls once it has framed a request.
+//!
+//! A front door owns its framing, its replies and its metrics; it calls in here for everything
+//! that decides what a request does to the pool, so each rule lives once:
+//!
+//! - who may use which namespace: [`Shared::authenticate`] (a token to an [`Access`]) and
+//!   [`Shared::namespace`] (a name to an id, checked against the access);
+//! - writes: [`Shared::begin_put`] (for a value streamed into its allocation) and
+//!   [`Shared::put_value`] (a value already in memory), both noting the write for the cluster;
+//! - reads: [`Shared::get`] and [`Shared::exists_run`], which serve a read routed by a cluster
+//!   view only from an object continuous since it was written ([`Routing`], [`crate::fence`]);
+//! - [`Shared::remove`] and [`Shared::count`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvpool::pool::ObjectRef;
+use kvpool::protocol::auth::ClusterSecret;
+use kvpool::protocol::{ErrorCode, HelloInfo, Limits, Replication};
+use kvpool::{GlobalAddr, Millis, Pool, PoolError};
+
+use crate::cluster::Membership;
+use crate::deadline::ConnPolicy;
+use crate::metrics::Metrics;
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) limits: Limits,
+    pub(crate) token: String,
+    /// Per namespace id, the tokens that may use it (empty: every accepted client).
+    pub(crate) ns_tokens: Vec<Vec<String>>,
+    pub(crate) started: Instant,
+    pub(crate) hello: HelloInfo,
+    pub(crate) cluster: Arc<Membership>,
+    /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
+    pub(crate) cluster_secret: ClusterSecret,
+    /// Limits before the handshake and the timeouts of every stage of a connection.
+    pub(crate) conn: ConnPolicy,
+}
+
+/// The namespaces one connection may use, decided by the token it authenticated with.
+#[derive(Clone, Debug)]
+pub(crate) struct Access {
+    /// Per namespace id.
+    allowed: Vec<bool>,
+}
+
+impl Access {
+    /// May this connection use namespace `ns`? An id the pool does not have is allowed here, so
+    /// that the pool answers it with `UnknownNamespace`.
+    pub(crate) fn allows(&self, ns: u32) -> bool {
+        self.allowed.get(ns as usize).copied().unwrap_or(true)
+    }
+
+    /// Every namespace: the connection proved the cluster secret.
+    pub(crate) fn grant_all(&mut self) {
+        self.allowed.iter_mut().for_each(|a| *a = true);
+    }
+}
+
+/// How a read reached this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Routing {
+    /// Sent here on purpose (view stamp 0: a previous-owner read, the mover, admin tools, or a
+    /// front door without cluster views): serve whatever object is here.
+    Direct,
+    /// Routed by the current cluster view to this node as a key's owner (or replica): serve only
+    /// an object this node held as one of its first owners in every view since it was written.
+    ByView,
+}
+
+/// Why a namespace name was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NamespaceError {
+    /// No namespace of that name on this node.
+    #[error("unknown namespace {0:?}")]
+    Unknown(String),
+    /// The connection's token does not admit to it.
+    #[error("not authorised for namespace {0:?}")]
+    Unauthorized(String),
+}
+
+impl From<&NamespaceError> for ErrorCode {
+    fn from(e: &NamespaceError) -> ErrorCode {
+        match e {
+            NamespaceError::Unknown(_) => ErrorCode::UnknownNamespace,
+            NamespaceError::Unauthorized(_) => ErrorCode::Unauthorized,
+        }
+    }
+}
+
+impl Shared {
+    /// The pool's clock: milliseconds since the daemon started.
+    pub(crate) fn now(&self) -> Millis {
+        self.started.elapsed().as_millis() as Millis
+    }
+
+    /// The instant `at` on the pool's clock (milliseconds since `started`).
+    pub(crate) fn instant_at(&self, at: Millis) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.started + std::time::Duration::from_millis(at))
+    }
+
+    /// The namespaces `token` admits to, or `None` when it admits to nothing (the connection
+    /// must then be refused). With no node token configured every client is admitted. The node's
+    /// token admits to every namespace; a namespace token to its own namespaces and the open
+    /// ones (those without tokens).
+    ///
+    /// A front door calls this once per connection, before any keyed operation, and keeps the
+    /// [`Access`] for [`Shared::namespace`] (or [`Access::allows`] when it has ids).
+    pub(crate) fn authenticate(&self, token: &str) -> Option<Access> {
+        let admin = !self.token.is_empty() && token == self.token;
+        let ns_token = self
+            .ns_tokens
+            .iter()
+            .any(|ts| ts.iter().any(|t| t == token));
+        if !(self.token.is_empty() || admin || ns_token) {
+            return None;
+        }
+        let allowed = self
+            .ns_tokens
+            .iter()
+            .map(|ts| ts.is_empty() || admin || ts.iter().any(|t| t == token))
+            .collect();
+        Some(Access { allowed })
+    }
+
+    /// The id of the namespace called `name`, if `access` may use it.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "for the Redis-protocol front door (issue 13); drop this then"
+        )
+    )]
+    pub(crate) fn namespace(&self, access: &Access, name: &str) -> Result<u32, NamespaceError> {
+        let ns = self
+            .pool
+            .namespace_id(name)
+            .ok_or_else(|| NamespaceError::Unknown(name.to_string()))?;
+        if !access.allows(ns) {
+            return Err(NamespaceError::Unauthorized(name.to_string()));
+        }
+        Ok(ns)
+    }
+
+    /// Refuses a batch of more than `limits.max_batch` items.
+    pub(crate) fn batch_check(&self, n: usize) -> Result<(), ErrorCode> {
+        if n > self.limits.max_batch as usize {
+            return Err(ErrorCode::BatchTooLarge);
+        }
+        Ok(())
+    }
+
+    /// Reserves memory for a `len`-byte value of `key` (block `depth` of a prefix chain, 0
+    /// otherwise) and notes the write for the cluster, so an older copy elsewhere is never
+    /// served over it.
+    ///
+    /// The caller then fills the allocation (`pool.begin_write`, before its deadline) and
+    /// commits it with the value's checksum (`pool.commit`), or aborts it (`pool.abort`) if the
+    /// value never arrives. [`Shared::put_value`] does all of that for a value in memory.
+    pub(crate) fn begin_put(
+        &self,
+        ns: u32,
+        key: &[u8],
+        len: u64,
+        pin: bool,
+        depth: u32,
+    ) -> Result<GlobalAddr, PoolError> {
+        self.cluster.note_write(ns, key);
+        // The clock now, not the request's: each item of a long batch gets its whole timeout.
+        self.pool
+            .alloc_in_chain(ns, key, len, pin, depth, self.now())
+    }
+
+    /// Stores a whole value of `key`: allocates, copies, and commits it. With `checksum` the
+    /// value is verified against it (xxh3-64; a mismatch stores nothing and fails with
+    /// `ChecksumMismatch`); without, it is computed here.
+    ///
+    /// The front door must have checked `ns` with the connection's [`Access`] and bounded the
+    /// value's length by `limits.max_payload` before reading it into memory.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "for the Redis-protocol front door (issue 13); drop this then"
+        )
+    )]
+    pub(crate) fn put_value(
+        &self,
+        ns: u32,
+        key: &[u8],
+        value: &[u8],
+        checksum: Option<u64>,
+        pin: bool,
+    ) -> Result<(), PoolError> {
+        let addr = self.begin_put(ns, key, value.len() as u64, pin, 0)?;
+        if let Err(e) = self.pool.write(&addr, 0, value) {
+            let _ = self.pool.abort(&addr);
+            return Err(e);
+        }
+        let checksum = checksum.unwrap_or_else(|| kvpool::checksum(value));
+        self.pool.commit(&addr, checksum, self.now())
+    }
+
+    /// The object of `key`, held for reading until the reference is dropped (stream its bytes,
+    /// then drop it: a held object cannot be evicted). A read routed [`Routing::ByView`] misses
+    /// an object that is not continuous, and removes it.
+    pub(crate) fn get<'a>(
+        &'a self,
+        ns: u32,
+        key: &'a [u8],
+        now: Millis,
+        routing: Routing,
+    ) -> Result<ObjectRef<'a>, PoolError> {
+        let obj = self.pool.get_ref(ns, key, now)?;
+        let (generation, pinned) = (obj.generation(), obj.pinned());
+        if self.continuous(ns, key, generation, pinned, routing) {
+            return Ok(obj);
+        }
+        drop(obj);
+        let _ = self.pool.remove_generation(ns, key, generation);
+        Err(PoolError::NotFound)
+    }
+
+    /// Length of the leading run of `keys` present here (what prefix lookups need; one key
+    /// for a plain existence check). Under [`Routing::ByView`] the run also ends at the first
+    /// object not served as its owner's. Does not change recency.
+    pub(crate) fn exists_run<'k, I>(
+        &self,
+        ns: u32,
+        keys: I,
+        routing: Routing,
+    ) -> Result<usize, PoolError>
+    where
+        I: Iterator<Item = &'k [u8]> + Clone,
+    {
+        let n = self.pool.exists_prefix(ns, keys.clone())?;
+        Ok(keys
+            .take(n)
+            .position(|k| !self.fresh_key(ns, k, routing))
+            .unwrap_or(n))
+    }
+
+    /// Removes `key`; returns whether it existed. Noted as a write for the cluster first, so a
+    /// previous owner's older copy is not served in its place.
+    pub(crate) fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
+        self.cluster.note_write(ns, key);
+        self.pool.remove(ns, key)
+    }
+
+    /// How many committed objects namespace `ns` holds (the pool keeps no list of its keys
+    /// apart from the pinned ones, `pool.pinned_keys`).
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "for the Redis-protocol front door (issue 13); drop this then"
+        )
+    )]
+    pub(crate) fn count(&self, ns: u32) -> Result<u64, PoolError> {
+        self.pool
+            .stats()
+            .namespaces
+            .iter()
+            .find(|n| n.id == ns)
+            .map(|n| n.objects)
+            .ok_or(PoolError::UnknownNamespace)
+    }
+
+    /// Namespace `ns`'s replication factors, as told to clients in `Hello`.
+    pub(crate) fn replication(&self, ns: u32) -> Option<&Replication> {
+        self.hello.replication.iter().find(|r| r.ns == ns)
+    }
+
+    /// False when the read is routed by a view and the object of `key` here is not continuous
+    /// (it is then removed); true otherwise, also when there is no object.
+    pub(crate) fn fresh_key(&self, ns: u32, key: &[u8], routing: Routing) -> bool {
+        if routing == Routing::Direct {
+            return true;
+        }
+        let Ok(Some((generation, pinned))) = self.pool.provenance(ns, key) else {
+            return true;
+        };
+        if self.continuous(ns, key, generation, pinned, routing) {
+            return true;
+        }
+        let _ = self.pool.remove_generation(ns, key, generation);
+        false
+    }
+
+    /// May an object of `key` allocated at `generation` be served by this read? Direct reads
+    /// read what is here; routed ones only an object this node held as one of its first owners
+    /// (the namespace's `replicas`, or `pinned_replicas` for a pinned object) in every view
+    /// since it was written.
+    fn continuous(
+        &self,
+        ns: u32,
+        key: &[u8],
+        generation: u64,
+        pinned: bool,
+        routing: Routing,
+    ) -> bool {
+        if routing == Routing::Direct {
+            return true;
+        }
+        let replicas = self.replication(ns).map_or(1, |r| {
+            if pinned {
+                r.replicas.max(r.pinned_replicas)
+            } else {
+                r.replicas
+            }
+        });
+        self.cluster
+            .continuous(key, generation, replicas.max(1) as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+    use kvpool::pool::{NamespaceConfig, DEFAULT_NAMESPACE};
+    use kvpool::segment::{Backing, HugePages};
+    use kvpool::PoolConfig;
+
+    use super::*;
+    use crate::cluster::Source;
+
+    /// A one-node `Shared` over a small anonymous pool with namespaces `default` (open) and
+    /// `team` (token `team-token`); the node's token is `node-token`.
+    fn shared() -> Shared {
+        let cfg = PoolConfig {
+            segment_size: 4 << 20,
+            backing: Backing::Anonymous,
+            huge_pages: HugePages::Off,
+            namespaces: vec![
+                NamespaceConfig::unlimited(DEFAULT_NAMESPACE),
+                NamespaceConfig::unlimited("team"),
+            ],
+            ..PoolConfig::default()
+        };
+        let pool = Arc::new(Pool::new(&cfg, [7; 16]).unwrap());
+        let node = NodeInfo {
+            id: 0,
+            tcp: String::new(),
+            quic: String::new(),
+            metrics: String::new(),
+            capacity: 4 << 20,
+            state: NodeState::Serving,
+            epoch: 1,
+        };
+        let cluster = Arc::new(Membership::new(node, Source::Gossip));
+        cluster.attach_pool(pool.clone());
+        let limits = Limits::default();
+        Shared {
+            hello: HelloInfo {
+                version: kvpool::protocol::PROTOCOL_VERSION,
+                node: 0,
+                incarnation: pool.incarnation(),
+                namespaces: pool.namespaces(),
+                host_id: String::new(),
+                uds_path: String::new(),
+                max_payload: limits.max_payload,
+                max_batch: limits.max_batch,
+                view: ClusterView::default(),
+                replication: Vec::new(),
+                challenge: [0; 32],
+            },
+            pool,
+            metrics: Arc::default(),
+            limits,
+            token: "node-token".into(),
+            ns_tokens: vec![Vec::new(), vec!["team-token".into()]],
+            started: Instant::now(),
+            cluster,
+            cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32]).unwrap(),
+            conn: ConnPolicy {
+                hello_limits: limits,
+                handshake: Duration::from_secs(1),
+                idle: None,
+                write: Duration::from_secs(1),
+            },
+        }
+    }
+
+    #[test]
+    fn tokens_admit_to_their_namespaces_and_the_open_ones() {
+        let s = shared();
+        assert!(s.authenticate("").is_none(), "no token");
+        assert!(s.authenticate("wrong").is_none());
+        let node = s.authenticate("node-token").unwrap();
+        assert_eq!(s.namespace(&node, "team"), Ok(1));
+        let team = s.authenticate("team-token").unwrap();
+        assert_eq!(s.namespace(&team, "team"), Ok(1));
+        assert_eq!(s.namespace(&team, DEFAULT_NAMESPACE), Ok(0));
+        assert_eq!(
+            s.namespace(&team, "nope"),
+            Err(NamespaceError::Unknown("nope".into()))
+        );
+        assert_eq!(
+            ErrorCode::from(&NamespaceError::Unknown("nope".into())),
+            ErrorCode::UnknownNamespace
+        );
+    }
+
+    #[test]
+    fn a_namespace_token_does_not_reach_another_tokens_namespace() {
+        let mut s = shared();
+        s.ns_tokens[0] = vec!["default-token".into()];
+        let team = s.authenticate("team-token").unwrap();
+        let refused = s.namespace(&team, DEFAULT_NAMESPACE).unwrap_err();
+        assert_eq!(refused, NamespaceError::Unauthorized("default".into()));
+        assert_eq!(ErrorCode::from(&refused), ErrorCode::Unauthorized);
+        let mut peer = team.clone();
+        peer.grant_all();
+        assert_eq!(s.namespace(&peer, DEFAULT_NAMESPACE), Ok(0));
+    }
+
+    #[test]
+    fn put_get_exists_remove_and_count_a_whole_value() {
+        let s = shared();
+        let now = s.now();
+        assert_eq!(s.count(1), Ok(0));
+        s.put_value(1, b"k", b"value", None, false).unwrap();
+        let sum = kvpool::checksum(b"other");
+        s.put_value(1, b"k2", b"other", Some(sum), false).unwrap();
+        let obj = s.get(1, b"k", now, Routing::Direct).unwrap();
+        assert_eq!(obj.bytes(), b"value");
+        assert_eq!(obj.checksum(), kvpool::checksum(b"value"));
+        drop(obj);
+        assert_eq!(s.count(1), Ok(2));
+        assert_eq!(s.count(0), Ok(0));
+        assert_eq!(s.count(9), Err(PoolError::UnknownNamespace));
+        let keys: [&[u8]; 3] = [b"k", b"k2", b"k3"];
+        assert_eq!(
+            s.exists_run(1, keys.iter().copied(), Routing::Direct),
+            Ok(2)
+        );
+        assert_eq!(s.remove(1, b"k"), Ok(true));
+        assert_eq!(s.remove(1, b"k"), Ok(false));
+        assert_eq!(
+            s.get(1, b"k", now, Routing::Direct).err(),
+            Some(PoolError::NotFound)
+        );
+        assert_eq!(
+            s.exists_run(1, keys.iter().copied(), Routing::Direct),
+            Ok(0)
+        );
+        assert_eq!(s.count(1), Ok(1));
+    }
+
+    #[test]
+    fn a_wrong_checksum_stores_nothing_and_keeps_the_old_value() {
+        let s = shared();
+        s.put_value(0, b"k", b"old", None, false).unwrap();
+        assert_eq!(
+            s.put_value(0, b"k", b"new", Some(1), false),
+            Err(PoolError::ChecksumMismatch)
+        );
+        let got = s.get(0, b"k", s.now(), Routing::Direct).unwrap();
+        assert_eq!(got.bytes(), b"old");
+        assert_eq!(
+            s.put_value(0, b"", b"x", None, false),
+            Err(PoolError::BadKey)
+        );
+    }
+
+    #[test]
+    fn batches_over_the_limit_are_refused() {
+        let s = shared();
+        let max = s.limits.max_batch as usize;
+        assert_eq!(s.batch_check(max), Ok(()));
+        assert_eq!(s.batch_check(max + 1), Err(ErrorCode::BatchTooLarge));
+    }
+}
