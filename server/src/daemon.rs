@@ -36,6 +36,8 @@ pub struct Bound {
     pub metrics: Option<SocketAddr>,
     /// Unix socket.
     pub unix: Option<PathBuf>,
+    /// The Redis-protocol front door (`listen.resp`).
+    pub resp: Option<SocketAddr>,
     /// Generated or configured TLS certificate (what QUIC clients trust).
     pub tls_cert: Option<PathBuf>,
 }
@@ -45,13 +47,14 @@ impl Bound {
     pub fn ready_line(&self) -> String {
         let show = |a: &Option<SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
         format!(
-            "kvpoold ready tcp={} quic={} metrics={} unix={}",
+            "kvpoold ready tcp={} quic={} metrics={} unix={} resp={}",
             show(&self.tcp),
             show(&self.quic),
             show(&self.metrics),
             self.unix
                 .as_ref()
-                .map_or("off".to_string(), |p| p.display().to_string())
+                .map_or("off".to_string(), |p| p.display().to_string()),
+            show(&self.resp),
         )
     }
 }
@@ -156,6 +159,16 @@ impl Daemon {
             }
             None => None,
         };
+
+        let resp = match parse_listen(&config.listen.resp)? {
+            Some(a) => Some(
+                TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("binding resp {a}"))?,
+            ),
+            None => None,
+        };
+        bound.resp = resp.as_ref().map(|l| l.local_addr()).transpose()?;
 
         let unix_path = config.unix_path();
         let unix = bind_unix(&unix_path)?;
@@ -272,6 +285,27 @@ impl Daemon {
             tasks.push(tokio::spawn(listeners::quic(ep, ctx.clone())));
         }
         tasks.push(tokio::spawn(listeners::unix(unix, ctx.clone())));
+        if let (Some(l), Some(addr)) = (resp, bound.resp) {
+            let expiry = Arc::new(crate::resp::Expiry::new(
+                config.resp.max_expiring_keys.min(usize::MAX as u64) as usize,
+            ));
+            let door = Arc::new(crate::resp::RespShared {
+                config: config.resp.clone(),
+                addr,
+                clients: Default::default(),
+                next_id: Default::default(),
+                expiry: expiry.clone(),
+            });
+            tasks.push(tokio::spawn(listeners::resp(l, ctx.clone(), door)));
+            let (clock, at) = (shared.clone(), shared.clone());
+            tasks.push(tokio::spawn(crate::resp::sweeper(
+                expiry,
+                pool.clone(),
+                move || clock.now(),
+                move |t| at.instant_at(t),
+                shutdown.clone(),
+            )));
+        }
         drop(ctx);
         if let Some(l) = metrics_listener {
             let mut stop_rx = shutdown.clone();

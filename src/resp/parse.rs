@@ -236,7 +236,7 @@ impl Parser {
             // A count line ends with CRLF; anything else is a count that is not a number.
             return Ok(Some((None, at + cr + 2)));
         }
-        Ok(Some((parse_i64(&window[1..cr]), at + cr + 2)))
+        Ok(Some((parse_int(&window[1..cr]), at + cr + 2)))
     }
 
     /// An inline command: one line (LF or CRLF), words split on blanks, with Redis's quoting.
@@ -344,8 +344,9 @@ fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
-/// A strict decimal: an optional `-`, then digits, no leading zeros but `0`, within i64.
-pub(crate) fn parse_i64(s: &[u8]) -> Option<i64> {
+/// A strict decimal, as Redis reads counts and integer arguments: an optional `-`, then
+/// digits, no leading zeros but `0`, within i64.
+pub fn parse_int(s: &[u8]) -> Option<i64> {
     let (neg, digits) = match s {
         [b'-', rest @ ..] => (true, rest),
         _ => (false, s),
