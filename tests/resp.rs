@@ -219,7 +219,7 @@ async fn cluster_refuses_keys_owned_elsewhere() {
     s.write_all(&cmd(&[b"SET", theirs, b"elsewhere"])).unwrap();
     let l = line(&mut s);
     assert!(
-        l.starts_with("-MOVED kvpool: key is owned by node 1"),
+        l.starts_with("-ERR kvpool: key is owned by node 1"),
         "{l:?}"
     );
     assert_eq!(

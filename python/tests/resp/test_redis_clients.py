@@ -131,7 +131,9 @@ def test_auth_to_two_namespaces_that_cannot_see_each_other(tokens, protocol):
     assert b.get("shared-name") == b"beta's"
     assert [k for k in a.scan_iter()] == [b"shared-name"]
     assert a.dbsize() == 1 and b.dbsize() == 1
-    # A namespace's token does not open another namespace; no token opens nothing.
+    # A namespace's token does not open another namespace; no token opens nothing. (No
+    # retries: redis-py retries a failed connection, with backoff, by default.)
+    once = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis(
             host=host,
@@ -139,9 +141,12 @@ def test_auth_to_two_namespaces_that_cannot_see_each_other(tokens, protocol):
             protocol=protocol,
             username="beta",
             password="alpha-token",
+            retry=once,
         ).ping()
     with pytest.raises(redis.exceptions.AuthenticationError):
-        redis.Redis(host=host, port=port, protocol=protocol).get("shared-name")
+        redis.Redis(host=host, port=port, protocol=protocol, retry=once).get(
+            "shared-name"
+        )
     # The node token opens any namespace; AUTH <token> alone means `default`.
     admin = redis.Redis(
         host=host, port=port, protocol=protocol, username="beta", password="node-token"

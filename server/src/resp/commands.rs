@@ -145,9 +145,8 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         let n = a.len();
         let arity_ok = match cmd {
             C::Ping => n <= 2,
-            C::Echo | C::Dbsize | C::Quit => {
-                n == if cmd == C::Echo { 2 } else { 1 } || (cmd == C::Quit)
-            }
+            C::Echo => n == 2,
+            C::Dbsize => n == 1,
             C::Get | C::Strlen => n == 2,
             C::Set => n >= 3,
             C::Mget | C::Exists | C::Del | C::Unlink => n >= 2,
@@ -155,7 +154,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             C::Select => n == 2,
             C::Scan => n >= 2,
             C::Auth => n == 2 || n == 3,
-            C::Client | C::Config | C::Command | C::Info | C::Hello | C::Other => true,
+            C::Quit | C::Client | C::Config | C::Command | C::Info | C::Hello | C::Other => true,
         };
         if !arity_ok {
             let lower = String::from_utf8_lossy(upper).to_lowercase();
@@ -299,7 +298,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             )
         } else {
             format!(
-                "MOVED kvpool: key is owned by node {} (native address {addr}); send it to that \
+                "ERR kvpool: key is owned by node {} (native address {addr}); send it to that \
                  node's RESP door",
                 owner.0
             )

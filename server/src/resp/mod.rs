@@ -45,6 +45,9 @@ const UNAUTHENTICATED: RespLimits = RespLimits {
 /// copied into the reply buffer.
 const DIRECT_WRITE: usize = 16 << 10;
 
+/// The most a read makes room for ahead of the bytes that arrived.
+const READ_AHEAD: usize = 16 << 20;
+
 /// Replies are flushed once this much is buffered, even with more commands pending.
 const FLUSH_AT: usize = 256 << 10;
 
@@ -135,14 +138,19 @@ pub(crate) async fn serve<R, W>(
         if conn.flush().await.is_err() {
             break;
         }
-        // Keep the unparsed tail at the front; grow for what the command still needs.
+        // Room for what the command still needs (a value's remaining bytes at once, up to
+        // READ_AHEAD: the peer's declared length is not believed further). Consumed bytes are
+        // dropped when nothing is left after them, and otherwise moved out only when the room
+        // is short, so a pipeline of large values is not shifted down after every command.
+        let want = need.clamp(64 << 10, READ_AHEAD);
         if start == buf.len() {
             buf.clear();
-        } else if start > 0 {
+            start = 0;
+        } else if start > 0 && buf.capacity() - buf.len() < want {
             buf.drain(..start);
+            start = 0;
         }
-        start = 0;
-        buf.reserve(need.clamp(64 << 10, 1 << 20));
+        buf.reserve(want);
         let deadline = if conn.authenticated() {
             shared.conn.idle.map(|d| tokio::time::Instant::now() + d)
         } else {
