@@ -229,3 +229,45 @@ async fn cluster_refuses_keys_owned_elsewhere() {
     );
     expect(&mut s, &[b"PING"], b"+PONG\r\n");
 }
+
+/// With a node token, a connection must authenticate first, and until it does it may only send
+/// small commands (as in Redis): a large bulk is refused before anything is buffered for it.
+#[test]
+fn unauthenticated_connections_are_held_small() {
+    let dir = common::temp_dir("resp-auth");
+    let cfg = dir.join("kvpool.toml");
+    std::fs::write(
+        &cfg,
+        "[auth]\ntoken = \"node-token\"\n[[namespace]]\nname = \"team\"\ntokens = [\"team-token\"]\n",
+    )
+    .unwrap();
+    let n = resp_node("64MiB", &["--config", cfg.to_str().unwrap()]);
+    let mut s = connect(&n);
+    expect(
+        &mut s,
+        &[b"GET", b"k"],
+        b"-NOAUTH Authentication required.\r\n",
+    );
+    expect(
+        &mut s,
+        &[b"AUTH", b"team", b"wrong"],
+        b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+    );
+    expect(&mut s, &[b"AUTH", b"team", b"team-token"], b"+OK\r\n");
+    expect(&mut s, &[b"SET", b"k", &value(3, 100_000)], b"+OK\r\n");
+
+    let mut early = connect(&n);
+    early
+        .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n")
+        .unwrap();
+    let l = line(&mut early);
+    assert_eq!(l, "-ERR Protocol error: invalid bulk length\r\n");
+    let mut rest = Vec::new();
+    let _ = early.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    // The authenticated connection is unaffected, and sees only its namespace.
+    expect(&mut s, &[b"DBSIZE"], b":1\r\n");
+    let mut other = connect(&n);
+    expect(&mut other, &[b"AUTH", b"node-token"], b"+OK\r\n");
+    expect(&mut other, &[b"GET", b"k"], b"$-1\r\n");
+}
