@@ -135,6 +135,36 @@ fn garbage_closes_only_its_connection() {
         let _ = bad.read_to_end(&mut rest);
         assert!(rest.is_empty(), "{rest:?}");
     }
+    // A large value still arriving goes straight into the pool: a missing CRLF after it is
+    // caught there too, and nothing is stored.
+    let mut bad = connect(&n);
+    bad.write_all(b"*3\r\n$3\r\nSET\r\n$4\r\nlate\r\n$100000\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    bad.write_all(&value(9, 100_000)).unwrap();
+    bad.write_all(b"XX").unwrap();
+    let l = line(&mut bad);
+    assert!(l.starts_with("-ERR Protocol error"), "{l:?}");
+    expect(&mut good, &[b"EXISTS", b"late"], b":0\r\n");
+    // And a well-formed one, split the same way, is stored.
+    let mut slow = connect(&n);
+    slow.write_all(b"PING\r\n*3\r\n$3\r\nSET\r\n$4\r\nlate\r\n$100000\r\n01")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let v = value(9, 100_000);
+    slow.write_all(&v[2..]).unwrap();
+    slow.write_all(b"\r").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    slow.write_all(b"\n").unwrap();
+    let mut got = [0u8; 12];
+    slow.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"+PONG\r\n+OK\r\n");
+    let mut want = b"01".to_vec();
+    want.extend_from_slice(&v[2..]);
+    let mut reply = format!("${}\r\n", want.len()).into_bytes();
+    reply.extend_from_slice(&want);
+    reply.extend_from_slice(b"\r\n");
+    expect(&mut slow, &[b"GET", b"late"], &reply);
     expect(&mut good, &[b"GET", b"k"], b"$1\r\nv\r\n");
     expect(&mut good, &[b"PING"], b"+PONG\r\n");
 }

@@ -18,7 +18,7 @@
 pub mod encode;
 mod parse;
 
-pub use parse::{parse_int, Parsed, Parser, RespError};
+pub use parse::{parse_int, Parsed, Parser, PendingBulk, RespError};
 
 /// Bounds on what one command may declare. The defaults are Redis's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -59,6 +59,20 @@ pub enum Parsed {
     },
 }
 
+/// Where an incomplete command stands when it is inside a bulk string (see
+/// [`Parser::pending_bulk`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingBulk {
+    /// Which argument the string is (0: the command name).
+    pub index: usize,
+    /// How many arguments the command has.
+    pub args: u64,
+    /// The string's length, checked against the limits.
+    pub len: usize,
+    /// Where its bytes start in the buffer.
+    pub start: usize,
+}
+
 /// The longest count line: `*`, a sign, 20 digits, CRLF, with room to spare.
 const MAX_COUNT_LINE: usize = 32;
 
@@ -186,6 +200,28 @@ impl Parser {
                 }
             }
         }
+    }
+
+    /// When the last call returned [`Parsed::Incomplete`] inside a bulk string: which argument
+    /// it is and where its bytes start. The arguments before it are readable with
+    /// [`Parser::arg`]. A caller may then take the string's bytes and its CRLF from the stream
+    /// itself (a large value straight into its destination) and call [`Parser::reset`].
+    pub fn pending_bulk(&self) -> Option<PendingBulk> {
+        match self.state {
+            State::Bulk { len, left } if !self.done => Some(PendingBulk {
+                index: self.args.len(),
+                args: self.args.len() as u64 + left,
+                len,
+                start: self.pos,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Forgets the command being parsed: its bytes were consumed by the caller. The next call
+    /// parses a new command at the start of the buffer it is given.
+    pub fn reset(&mut self) {
+        self.done = true;
     }
 
     /// The arguments of the command the last call returned (command name first).

@@ -260,3 +260,27 @@ proptest! {
         prop_assert_eq!(werr, perr);
     }
 }
+
+#[test]
+fn a_pending_bulk_can_be_taken_from_the_stream() {
+    let mut p = Parser::new(RespLimits::default());
+    let head = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10\r\n0123";
+    assert!(matches!(p.parse(head), Ok(Parsed::Incomplete { .. })));
+    let pb = p.pending_bulk().expect("inside the value");
+    assert_eq!(
+        pb,
+        PendingBulk {
+            index: 2,
+            args: 3,
+            len: 10,
+            start: head.len() - 4
+        }
+    );
+    assert_eq!(p.arg(head, 0), Some(&b"SET"[..]));
+    assert_eq!(p.arg(head, 1), Some(&b"k"[..]));
+    // The caller took the value itself; the next command parses from scratch.
+    p.reset();
+    assert_eq!(p.pending_bulk(), None);
+    assert_eq!(p.parse(b"PING\r\n"), Ok(Parsed::Command { consumed: 6 }));
+    assert_eq!(p.arg(b"PING\r\n", 0), Some(&b"PING"[..]));
+}

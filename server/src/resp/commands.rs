@@ -8,7 +8,7 @@ use std::io;
 use kvpool::placement::ClusterView;
 use kvpool::resp::{encode, Parser, Proto};
 use kvpool::{NodeId, PoolError};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{admin, glob, Next, RespShared, Session, DIRECT_WRITE};
 use crate::deadline::StallLimit;
@@ -465,6 +465,106 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return Err(format!("ERR kvpool: {full}"));
         }
         Ok(())
+    }
+
+    /// `SET key value` whose value is still arriving: the value goes from the socket straight
+    /// into its pool allocation, without the connection buffer. `have` holds the bytes of the
+    /// value (and perhaps the first of its CRLF) already read. Consumes the value and its CRLF
+    /// whatever happens, so the stream stays in step; Close when the CRLF is missing.
+    pub(crate) async fn set_streamed<R: AsyncRead + Unpin>(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        have: &[u8],
+        r: &mut R,
+    ) -> io::Result<Next> {
+        let (head, crlf_have) = have.split_at(have.len().min(len));
+        let ns = self.ns();
+        let s = self.s;
+        let addr = match self.check_key(key) {
+            Err(Refused::Reply(msg)) => Err(msg),
+            Ok(()) => s
+                .begin_put(ns, key, len as u64, false, 0)
+                .map_err(|e| self.pool_error_text(e)),
+        };
+        let addr = match addr {
+            Ok(a) => a,
+            Err(msg) => {
+                kvpool::protocol::io::discard(r, (len - head.len()) as u64).await?;
+                let next = self.end_of_value(crlf_have, r).await?;
+                if matches!(next, Next::Continue) {
+                    encode::error(&mut self.out, &msg);
+                    self.s.metrics.resp_command(RespCommand::Set, true);
+                }
+                return Ok(next);
+            }
+        };
+        let pool = &*s.pool;
+        let checksum = {
+            let mut w = match pool.begin_write(&addr) {
+                Ok(w) => w,
+                Err(e) => {
+                    let _ = pool.abort(&addr);
+                    return Err(io::Error::other(e.to_string()));
+                }
+            };
+            w.bytes_mut()[..head.len()].copy_from_slice(head);
+            let deadline = s.instant_at(w.deadline());
+            let read =
+                tokio::time::timeout_at(deadline, r.read_exact(&mut w.bytes_mut()[head.len()..]))
+                    .await;
+            let failed = match read {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "value not received before its allocation's deadline",
+                )),
+            };
+            if let Some(e) = failed {
+                drop(w);
+                let _ = pool.abort(&addr);
+                return Err(e);
+            }
+            kvpool::checksum(w.bytes_mut())
+        };
+        let next = self.end_of_value(crlf_have, r).await;
+        if !matches!(next, Ok(Next::Continue)) {
+            let _ = pool.abort(&addr);
+            return next;
+        }
+        s.metrics.bytes(len as u64, 0);
+        let failed = match pool.commit(&addr, checksum, s.now()) {
+            Ok(()) => {
+                encode::ok(&mut self.out);
+                false
+            }
+            Err(e) => {
+                self.pool_error(e);
+                true
+            }
+        };
+        s.metrics.resp_command(RespCommand::Set, failed);
+        Ok(Next::Continue)
+    }
+
+    /// Reads the CRLF after a streamed value (`have`: its bytes already read). Close, with a
+    /// protocol error answered, when it is not there.
+    async fn end_of_value<R: AsyncRead + Unpin>(
+        &mut self,
+        have: &[u8],
+        r: &mut R,
+    ) -> io::Result<Next> {
+        let mut end = [0u8; 2];
+        let n = have.len().min(2);
+        end[..n].copy_from_slice(&have[..n]);
+        r.read_exact(&mut end[n..]).await?;
+        if &end != b"\r\n" {
+            self.s.metrics.resp_protocol_error();
+            self.protocol_error(&kvpool::resp::RespError::UnterminatedBulk.to_string());
+            return Ok(Next::Close);
+        }
+        Ok(Next::Continue)
     }
 
     fn mset(&mut self, a: &Args<'_>) {

@@ -45,6 +45,10 @@ const UNAUTHENTICATED: RespLimits = RespLimits {
 /// copied into the reply buffer.
 const DIRECT_WRITE: usize = 16 << 10;
 
+/// A SET value at least this long, still arriving when its command is parsed, is read from the
+/// socket straight into its pool allocation.
+const STREAM_AT: usize = 64 << 10;
+
 /// The most a read makes room for ahead of the bytes that arrived.
 const READ_AHEAD: usize = 16 << 20;
 
@@ -133,6 +137,36 @@ pub(crate) async fn serve<R, W>(
                     let _ = conn.flush().await;
                     break 'conn;
                 }
+            }
+        }
+        // A large value of a plain SET goes from the socket straight into its allocation.
+        if let Some(pb) = parser.pending_bulk() {
+            let cmd = &buf[start..];
+            let is_set = parser
+                .arg(cmd, 0)
+                .is_some_and(|n| n.eq_ignore_ascii_case(b"SET"));
+            if is_set
+                && pb.index == 2
+                && pb.args == 3
+                && pb.len >= STREAM_AT
+                && conn.authenticated()
+            {
+                let key = parser.arg(cmd, 1).unwrap_or_default().to_vec();
+                match conn
+                    .set_streamed(&key, pb.len, &cmd[pb.start..], &mut r)
+                    .await
+                {
+                    Ok(Next::Continue) => {}
+                    Ok(Next::Close) => {
+                        let _ = conn.flush().await;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+                buf.clear();
+                start = 0;
+                parser.reset();
+                continue;
             }
         }
         if conn.flush().await.is_err() {
