@@ -28,6 +28,10 @@ pub(crate) struct Conn<'a, W> {
     pub(crate) name: Option<Vec<u8>>,
     /// The cluster view keys are checked against, refreshed when the membership's stamp moves.
     view: (u64, ClusterView),
+    /// How reads are served, set by [`Conn::check_key`]: as the owner's copy by the view
+    /// (only objects held as their owner since written, as the native client's routed reads
+    /// are), or directly on a node that never had a peer, where every object is.
+    routing: Routing,
 }
 
 /// A command's arguments.
@@ -77,6 +81,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             session,
             name: None,
             view: (s.cluster.stamp(), s.cluster.view()),
+            routing: Routing::ByView,
         }
     }
 
@@ -271,8 +276,11 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         }
         let view = &self.view.1;
         if view.nodes.len() <= 1 {
+            // A node that never had a peer holds every object as its only owner.
+            self.routing = Routing::Direct;
             return Ok(());
         }
+        self.routing = Routing::ByView;
         let ns = self.ns();
         let replicas = self.s.replication(ns).map_or(1, |r| r.replicas.max(1)) as usize;
         let me = self.s.cluster.me();
@@ -347,7 +355,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return Ok(());
         }
         let s = self.s;
-        match s.get(self.ns(), key, s.now(), Routing::ByView) {
+        match s.get(self.ns(), key, s.now(), self.routing) {
             Ok(obj) => self.write_value(obj.bytes()).await?,
             Err(PoolError::NotFound) => encode::null(&mut self.out, self.proto),
             Err(e) => self.pool_error(e),
@@ -366,7 +374,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         let s = self.s;
         let ns = self.ns();
         for key in a.iter(1) {
-            match s.get(ns, key, s.now(), Routing::ByView) {
+            match s.get(ns, key, s.now(), self.routing) {
                 Ok(obj) => self.write_value(obj.bytes()).await?,
                 // An element of MGET is a value or a null, never an error.
                 Err(_) => encode::null(&mut self.out, self.proto),
@@ -423,7 +431,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         let ns = self.ns();
         if nx || xx {
             // Checked, then written: not atomic against a concurrent writer of the same key.
-            let exists = match self.s.exists_run(ns, std::iter::once(key), Routing::ByView) {
+            let exists = match self.s.exists_run(ns, std::iter::once(key), self.routing) {
                 Ok(n) => n == 1,
                 Err(e) => return self.pool_error(e),
             };
@@ -593,7 +601,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             if let Err(r) = self.check_key(key) {
                 return self.refuse(r);
             }
-            match self.s.exists_run(ns, std::iter::once(key), Routing::ByView) {
+            match self.s.exists_run(ns, std::iter::once(key), self.routing) {
                 Ok(hit) => n += hit as i64,
                 Err(e) => return self.pool_error(e),
             }
@@ -623,7 +631,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return self.refuse(r);
         }
         let s = self.s;
-        match s.get(self.ns(), key, s.now(), Routing::ByView) {
+        match s.get(self.ns(), key, s.now(), self.routing) {
             Ok(obj) => encode::integer(&mut self.out, obj.bytes().len() as i64),
             Err(PoolError::NotFound) => encode::integer(&mut self.out, 0),
             Err(e) => self.pool_error(e),
