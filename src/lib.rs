@@ -17,11 +17,13 @@
 //!   puts, read references, leases, pins, quota reservations, eviction and one-sided access.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
 //! - [`placement`]: the cluster view and weighted rendezvous placement of keys; where requests
-//!   go and what a view change moves ([`placement::routing`]), and which objects a node may still serve as their
-//!   owner's copy ([`placement::history`]).
+//!   go and what a view change moves ([`placement::routing`]), and which objects a node may
+//!   still serve as their owner's copy ([`placement::history`]).
 //! - [`membership`]: one node's view of the cluster and every rule that changes it (gossip
 //!   merges, refuting, failure detection, joining, etcd-derived views), without I/O: the daemon
 //!   carries messages and clock readings in.
+//! - [`resp`]: the Redis protocol (RESP2/RESP3) of the daemon's second front door: a bounded,
+//!   incremental command parser and the reply encoder.
 
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
@@ -46,6 +48,8 @@ pub mod pool;
 pub mod prefix;
 #[cfg(not(loom))]
 pub mod protocol;
+#[cfg(not(loom))]
+pub mod resp;
 #[cfg(not(loom))]
 pub mod segment;
 pub mod seqlock;

@@ -38,6 +38,8 @@ pub struct Config {
     pub drain_timeout_ms: u64,
     /// Membership in a cluster of nodes.
     pub cluster: ClusterConfig,
+    /// Bounds of the Redis-protocol front door (`listen.resp`).
+    pub resp: RespConfig,
 }
 
 /// `[cluster]`. With no peers and no etcd the node is a cluster of one, which other nodes may
@@ -127,6 +129,8 @@ pub struct ListenConfig {
     pub metrics: String,
     /// Unix socket path. Default `<data_dir>/kvpool.sock`.
     pub unix: Option<PathBuf>,
+    /// The Redis-protocol (RESP2/RESP3) front door, e.g. `127.0.0.1:6380`. Default `""`: off.
+    pub resp: String,
     /// Most concurrent connections (QUIC streams count as connections). Default 1024. Lowered
     /// at start to what the open-file limit allows after `reserve_fds`.
     pub max_connections: usize,
@@ -200,6 +204,55 @@ pub struct TlsConfig {
     pub key: Option<PathBuf>,
 }
 
+/// `[resp]`: bounds on what a RESP client may send. Defaults are Redis's.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RespConfig {
+    /// Largest bulk string (a key or a value); also capped by `limits.max_payload`. Default
+    /// 512 MiB (Redis's `proto-max-bulk-len`).
+    #[serde(deserialize_with = "de_size")]
+    pub max_bulk: u64,
+    /// Most arguments in one command. Default 1 048 576.
+    pub max_args: u64,
+    /// Longest inline command. Default 64 KiB.
+    #[serde(deserialize_with = "de_size")]
+    pub max_inline: u64,
+    /// Most bytes of one command. Default 1 GiB (Redis's `client-query-buffer-limit`).
+    #[serde(deserialize_with = "de_size")]
+    pub max_command: u64,
+    /// Most index slots one `SCAN` call looks at, whatever its `COUNT`. Default 10 000.
+    pub max_scan_count: u64,
+    /// Most keys with a TTL (`SET ... EX|PX`) pending at once; a SET with a TTL beyond it is
+    /// refused. Default 1 048 576.
+    pub max_expiring_keys: u64,
+}
+
+impl Default for RespConfig {
+    fn default() -> Self {
+        let l = kvpool::resp::RespLimits::default();
+        RespConfig {
+            max_bulk: l.max_bulk,
+            max_args: l.max_args,
+            max_inline: l.max_inline as u64,
+            max_command: l.max_command,
+            max_scan_count: 10_000,
+            max_expiring_keys: 1 << 20,
+        }
+    }
+}
+
+impl RespConfig {
+    /// The parser's limits once a connection is authenticated; `max_payload` caps a value.
+    pub fn limits(&self, max_payload: u64) -> kvpool::resp::RespLimits {
+        kvpool::resp::RespLimits {
+            max_bulk: self.max_bulk.min(max_payload),
+            max_args: self.max_args,
+            max_inline: self.max_inline.min(usize::MAX as u64) as usize,
+            max_command: self.max_command,
+        }
+    }
+}
+
 /// `[[namespace]]`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -248,6 +301,7 @@ impl Default for Config {
             namespaces: Vec::new(),
             drain_timeout_ms: 10_000,
             cluster: ClusterConfig::default(),
+            resp: RespConfig::default(),
         }
     }
 }
@@ -275,6 +329,7 @@ impl Default for ListenConfig {
             quic: "127.0.0.1:7371".into(),
             metrics: "127.0.0.1:7372".into(),
             unix: None,
+            resp: String::new(),
             max_connections: 1024,
             max_connections_per_peer: 256,
             reserve_fds: 64,
@@ -492,7 +547,7 @@ enum SizeRepr {
     Text(String),
 }
 
-fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+pub(crate) fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     match SizeRepr::deserialize(d)? {
         SizeRepr::Num(n) => Ok(n),
         SizeRepr::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),

@@ -36,6 +36,8 @@ pub struct Bound {
     pub metrics: Option<SocketAddr>,
     /// Unix socket.
     pub unix: Option<PathBuf>,
+    /// The Redis-protocol front door (`listen.resp`).
+    pub resp: Option<SocketAddr>,
     /// Generated or configured TLS certificate (what QUIC clients trust).
     pub tls_cert: Option<PathBuf>,
 }
@@ -45,13 +47,14 @@ impl Bound {
     pub fn ready_line(&self) -> String {
         let show = |a: &Option<SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
         format!(
-            "kvpoold ready tcp={} quic={} metrics={} unix={}",
+            "kvpoold ready tcp={} quic={} metrics={} unix={} resp={}",
             show(&self.tcp),
             show(&self.quic),
             show(&self.metrics),
             self.unix
                 .as_ref()
-                .map_or("off".to_string(), |p| p.display().to_string())
+                .map_or("off".to_string(), |p| p.display().to_string()),
+            show(&self.resp),
         )
     }
 }
@@ -247,13 +250,15 @@ struct Sockets {
     quic: Option<quinn::Endpoint>,
     unix: UnixListener,
     metrics: Option<TcpListener>,
+    /// The Redis-protocol front door.
+    resp: Option<TcpListener>,
     /// What they bound.
     bound: Bound,
 }
 
 impl Sockets {
-    /// Binds TCP, QUIC (loading or generating its certificate in `data_dir`), the Unix socket
-    /// and the metrics listener, as configured.
+    /// Binds TCP, QUIC (loading or generating its certificate in `data_dir`), the Unix socket,
+    /// the metrics listener and the RESP front door, as configured.
     async fn bind(config: &Config, data_dir: &Path) -> anyhow::Result<Sockets> {
         let mut bound = Bound::default();
         let tcp = bind_tcp(&config.listen.tcp, "tcp").await?;
@@ -281,6 +286,8 @@ impl Sockets {
             }
             None => None,
         };
+        let resp = bind_tcp(&config.listen.resp, "resp").await?;
+        bound.resp = resp.as_ref().map(|l| l.local_addr()).transpose()?;
         let unix_path = config.unix_path();
         let unix = bind_unix(&unix_path)?;
         bound.unix = Some(unix_path);
@@ -291,6 +298,7 @@ impl Sockets {
             quic,
             unix,
             metrics,
+            resp,
             bound,
         })
     }
@@ -437,6 +445,9 @@ fn serve(
     if let Some(ep) = sockets.quic {
         tasks.push(tokio::spawn(listeners::quic(ep, ctx.clone())));
     }
+    if let (Some(l), Some(addr)) = (sockets.resp, sockets.bound.resp) {
+        tasks.extend(serve_resp(l, addr, &ctx, config));
+    }
     let mut stop_rx = ctx.shutdown.clone();
     let pool = ctx.shared.pool.clone();
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));
@@ -453,6 +464,32 @@ fn serve(
         )));
     }
     tasks
+}
+
+/// The RESP front door on `l` (bound at `addr`), and the sweeper that expires what its
+/// clients set with `EX`/`PX`.
+fn serve_resp(l: TcpListener, addr: SocketAddr, ctx: &Ctx, config: &Config) -> [JoinHandle<()>; 2] {
+    let expiry = Arc::new(crate::resp::Expiry::new(
+        config.resp.max_expiring_keys.min(usize::MAX as u64) as usize,
+    ));
+    let door = Arc::new(crate::resp::RespShared {
+        config: config.resp.clone(),
+        addr,
+        clients: Default::default(),
+        next_id: Default::default(),
+        expiry: expiry.clone(),
+    });
+    let (clock, at) = (ctx.shared.clone(), ctx.shared.clone());
+    [
+        tokio::spawn(listeners::resp(l, ctx.clone(), door)),
+        tokio::spawn(crate::resp::sweeper(
+            expiry,
+            ctx.shared.pool.clone(),
+            move || clock.now(),
+            move |t| at.instant_at(t),
+            ctx.shutdown.clone(),
+        )),
+    ]
 }
 
 /// Keeps this node's place in the cluster: heartbeats with the static peers, or etcd's leases

@@ -17,6 +17,8 @@
 //!   served over them;
 //! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over a
 //!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
+//! - `resp`: the Redis-protocol front door (`listen.resp`): RESP2/RESP3 commands mapped onto
+//!   the same data operations as the native protocol;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP;
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md).
 
@@ -31,6 +33,7 @@ mod http;
 mod listeners;
 pub mod metrics;
 mod peer;
+mod resp;
 pub mod secret;
 mod service;
 pub mod tls;

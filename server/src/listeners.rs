@@ -31,11 +31,17 @@ pub(crate) struct Ctx {
 }
 
 pub(crate) async fn tcp(listener: TcpListener, ctx: Ctx) {
-    accept_loop(ctx, Transport::Tcp, listener).await
+    accept_loop(ctx, Transport::Tcp, listener, None).await
 }
 
 pub(crate) async fn unix(listener: UnixListener, ctx: Ctx) {
-    accept_loop(ctx, Transport::Unix, listener).await
+    accept_loop(ctx, Transport::Unix, listener, None).await
+}
+
+/// The Redis-protocol front door: TCP connections served by `crate::resp`, under the same
+/// connection limits as the native ones.
+pub(crate) async fn resp(listener: TcpListener, ctx: Ctx, door: Arc<crate::resp::RespShared>) {
+    accept_loop(ctx, Transport::Resp, listener, Some(door)).await
 }
 
 /// A listener of byte streams, split into read and write halves, with the peer's IP address
@@ -69,8 +75,14 @@ impl Accept for UnixListener {
     }
 }
 
-/// Accepts connections until shutdown, each served by its own task.
-async fn accept_loop(mut ctx: Ctx, transport: Transport, listener: impl Accept) {
+/// Accepts connections until shutdown, each served by its own task: by the native handler, or
+/// by the RESP front door when `door` is given.
+async fn accept_loop(
+    mut ctx: Ctx,
+    transport: Transport,
+    listener: impl Accept,
+    door: Option<Arc<crate::resp::RespShared>>,
+) {
     let mut errors = AcceptErrors::default();
     let mut refusals = LogLimiter::new(LOG_EVERY);
     loop {
@@ -109,8 +121,12 @@ async fn accept_loop(mut ctx: Ctx, transport: Transport, listener: impl Accept) 
             }
         };
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
+        let door = door.clone();
         tokio::spawn(async move {
-            serve(shared, transport, r, w, stop).await;
+            match door {
+                Some(door) => crate::resp::serve(shared, door, r, w, stop).await,
+                None => serve(shared, transport, r, w, stop).await,
+            }
             drop((permit, done, slot));
         });
     }

@@ -50,6 +50,9 @@ struct Cli {
     /// Unix socket path [default: <data-dir>/kvpool.sock].
     #[arg(long, env = "KVPOOL_UNIX")]
     unix: Option<PathBuf>,
+    /// Redis-protocol (RESP) listen address, e.g. 127.0.0.1:6380; empty disables [default: off].
+    #[arg(long, env = "KVPOOL_RESP")]
+    resp: Option<String>,
     /// Auth token clients must present [default: none].
     #[arg(long, env = "KVPOOL_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -146,6 +149,9 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.unix {
         c.listen.unix = Some(v.clone());
+    }
+    if let Some(v) = &cli.resp {
+        c.listen.resp = v.clone();
     }
     if let Some(v) = &cli.token {
         c.auth.token = v.clone();

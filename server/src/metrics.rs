@@ -101,6 +101,8 @@ pub enum Transport {
     Quic,
     /// The Unix socket.
     Unix,
+    /// The Redis-protocol front door (`listen.resp`).
+    Resp,
 }
 
 impl Transport {
@@ -110,19 +112,134 @@ impl Transport {
 
     /// Label value.
     pub fn name(self) -> &'static str {
-        ["tcp", "quic", "unix"][self.index()]
+        ["tcp", "quic", "unix", "resp"][self.index()]
     }
 }
 
-const TRANSPORTS: [Transport; 3] = [Transport::Tcp, Transport::Quic, Transport::Unix];
+const TRANSPORTS: [Transport; 4] = [
+    Transport::Tcp,
+    Transport::Quic,
+    Transport::Unix,
+    Transport::Resp,
+];
+
+/// The commands of the Redis-protocol front door, as labelled (`other`: any command it does not
+/// serve).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RespCommand {
+    /// PING.
+    Ping,
+    /// ECHO.
+    Echo,
+    /// HELLO.
+    Hello,
+    /// AUTH.
+    Auth,
+    /// SELECT.
+    Select,
+    /// QUIT.
+    Quit,
+    /// GET.
+    Get,
+    /// SET.
+    Set,
+    /// MGET.
+    Mget,
+    /// MSET.
+    Mset,
+    /// EXISTS.
+    Exists,
+    /// DEL.
+    Del,
+    /// UNLINK.
+    Unlink,
+    /// STRLEN.
+    Strlen,
+    /// SCAN.
+    Scan,
+    /// DBSIZE.
+    Dbsize,
+    /// INFO.
+    Info,
+    /// CLIENT.
+    Client,
+    /// CONFIG.
+    Config,
+    /// COMMAND.
+    Command,
+    /// Anything else (answered `-ERR unknown command`).
+    Other,
+}
+
+const RESP_COMMANDS: [(RespCommand, &str); 21] = [
+    (RespCommand::Ping, "ping"),
+    (RespCommand::Echo, "echo"),
+    (RespCommand::Hello, "hello"),
+    (RespCommand::Auth, "auth"),
+    (RespCommand::Select, "select"),
+    (RespCommand::Quit, "quit"),
+    (RespCommand::Get, "get"),
+    (RespCommand::Set, "set"),
+    (RespCommand::Mget, "mget"),
+    (RespCommand::Mset, "mset"),
+    (RespCommand::Exists, "exists"),
+    (RespCommand::Del, "del"),
+    (RespCommand::Unlink, "unlink"),
+    (RespCommand::Strlen, "strlen"),
+    (RespCommand::Scan, "scan"),
+    (RespCommand::Dbsize, "dbsize"),
+    (RespCommand::Info, "info"),
+    (RespCommand::Client, "client"),
+    (RespCommand::Config, "config"),
+    (RespCommand::Command, "command"),
+    (RespCommand::Other, "other"),
+];
+
+impl RespCommand {
+    /// The command named `upper` (an upper-case command name; the hot path of every RESP
+    /// command, so a `match` rather than a search of the label table).
+    pub fn from_name(upper: &[u8]) -> RespCommand {
+        use RespCommand as C;
+        match upper {
+            b"GET" => C::Get,
+            b"SET" => C::Set,
+            b"MGET" => C::Mget,
+            b"MSET" => C::Mset,
+            b"EXISTS" => C::Exists,
+            b"DEL" => C::Del,
+            b"UNLINK" => C::Unlink,
+            b"STRLEN" => C::Strlen,
+            b"SCAN" => C::Scan,
+            b"PING" => C::Ping,
+            b"ECHO" => C::Echo,
+            b"HELLO" => C::Hello,
+            b"AUTH" => C::Auth,
+            b"SELECT" => C::Select,
+            b"QUIT" => C::Quit,
+            b"DBSIZE" => C::Dbsize,
+            b"INFO" => C::Info,
+            b"CLIENT" => C::Client,
+            b"CONFIG" => C::Config,
+            b"COMMAND" => C::Command,
+            _ => C::Other,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// The daemon's own series: every one a lock-free atomic, indexed by its labels.
 #[derive(Debug, Default)]
 struct Daemon {
     ops: [OpStats; OPS.len()],
-    connections: [Gauge; 3],
-    connections_accepted: [Counter; 3],
+    connections: [Gauge; TRANSPORTS.len()],
+    connections_accepted: [Counter; TRANSPORTS.len()],
     protocol_errors: Counter,
+    resp_commands: [Counter; RESP_COMMANDS.len()],
+    resp_errors: [Counter; RESP_COMMANDS.len()],
+    resp_protocol_errors: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
 }
@@ -161,6 +278,19 @@ impl Metrics {
     /// A frame broke the protocol.
     pub fn protocol_error(&self) {
         self.daemon.protocol_errors.inc();
+    }
+
+    /// A command of the RESP front door, answered with an error reply when `failed`.
+    pub fn resp_command(&self, c: RespCommand, failed: bool) {
+        self.daemon.resp_commands[c.index()].inc();
+        if failed {
+            self.daemon.resp_errors[c.index()].inc();
+        }
+    }
+
+    /// Bytes on the RESP front door that were not RESP (the connection was closed).
+    pub fn resp_protocol_error(&self) {
+        self.daemon.resp_protocol_errors.inc();
     }
 
     /// Payload bytes received and sent.
@@ -385,6 +515,33 @@ impl Scrape {
             counter_t,
         )?;
         d.protocol_errors.encode(errors)?;
+        family(
+            e,
+            "kvpool_resp_commands",
+            "Commands served by the RESP front door, by command.",
+            None,
+            counter_t,
+            RESP_COMMANDS
+                .iter()
+                .map(|(c, n)| ([("command", *n)], d.resp_commands[c.index()].clone())),
+        )?;
+        family(
+            e,
+            "kvpool_resp_command_errors",
+            "RESP commands answered with an error reply, by command.",
+            None,
+            counter_t,
+            RESP_COMMANDS
+                .iter()
+                .map(|(c, n)| ([("command", *n)], d.resp_errors[c.index()].clone())),
+        )?;
+        let resp_errors = e.encode_descriptor(
+            "kvpool_resp_protocol_errors",
+            "RESP connections closed for bytes that were not RESP.",
+            None,
+            counter_t,
+        )?;
+        d.resp_protocol_errors.encode(resp_errors)?;
         family(
             e,
             "kvpool_payload",

@@ -128,13 +128,6 @@ impl Shared {
     }
 
     /// The id of the namespace called `name`, if `access` may use it.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "for the Redis-protocol front door (issue 13); drop this then"
-        )
-    )]
     pub(crate) fn namespace(&self, access: &Access, name: &str) -> Result<u32, NamespaceError> {
         let ns = self
             .pool
@@ -181,13 +174,6 @@ impl Shared {
     ///
     /// The front door must have checked `ns` with the connection's [`Access`] and bounded the
     /// value's length by `limits.max_payload` before reading it into memory.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "for the Redis-protocol front door (issue 13); drop this then"
-        )
-    )]
     pub(crate) fn put_value(
         &self,
         ns: u32,
@@ -251,15 +237,8 @@ impl Shared {
         self.pool.remove(ns, key)
     }
 
-    /// How many committed objects namespace `ns` holds (the pool keeps no list of its keys
-    /// apart from the pinned ones, `pool.pinned_keys`).
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "for the Redis-protocol front door (issue 13); drop this then"
-        )
-    )]
+    /// How many committed objects namespace `ns` holds (its keys are walked a page at a time
+    /// with `pool.scan`).
     pub(crate) fn count(&self, ns: u32) -> Result<u64, PoolError> {
         self.pool
             .stats()

@@ -171,6 +171,27 @@ impl NsIndex {
             .map(|s| &*s.key)
     }
 
+    /// Visits the keys of slots `from..from + budget` (freed slots have empty keys and are
+    /// skipped); returns how many slots it looked at and the slot to continue from, None once
+    /// past the last. A slot keeps its
+    /// object for the object's whole life, so a walk in slot order sees every object present
+    /// throughout it exactly once.
+    pub(crate) fn scan(
+        &self,
+        from: usize,
+        budget: usize,
+        visit: &mut dyn FnMut(&[u8]),
+    ) -> (usize, Option<usize>) {
+        let end = from.saturating_add(budget).min(self.slots.len());
+        let slots = self.slots.get(from..end).unwrap_or(&[]);
+        for s in slots {
+            if !s.key.is_empty() {
+                visit(&s.key);
+            }
+        }
+        (slots.len(), (end < self.slots.len()).then_some(end))
+    }
+
     /// [`NsIndex::victim`], unless the policy's next candidate ranks above `bound` (see
     /// [`Eviction::victim_below`]).
     pub(crate) fn victim_below(&mut self, now: Millis, tick: u64, bound: u64) -> Option<Entry> {

@@ -16,6 +16,7 @@
 mod index;
 mod namespace;
 mod pending;
+mod scan;
 mod stats;
 
 use std::io;
@@ -32,6 +33,7 @@ use index::{Entry, Shard, Zombie};
 use namespace::Namespace;
 pub use namespace::{NamespaceConfig, DEFAULT_NAMESPACE};
 use pending::{Pending, PendingShard};
+pub use scan::ScanPage;
 pub use stats::{NamespaceStats, PoolStats, SegmentStats};
 
 /// Milliseconds on the caller's monotonic clock.

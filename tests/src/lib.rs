@@ -25,6 +25,8 @@ pub struct Node {
     pub metrics: String,
     /// The Unix socket path (`off` when off).
     pub unix: String,
+    /// The Redis-protocol front door's address (`off` unless started with `--resp`).
+    pub resp: String,
     keep_dir: bool,
 }
 
@@ -165,6 +167,7 @@ impl Node {
             quic: field("quic"),
             metrics: field("metrics"),
             unix: field("unix"),
+            resp: field("resp"),
             child: Some(child),
             dir,
             keep_dir: false,

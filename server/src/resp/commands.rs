@@ -1,0 +1,700 @@
+//! The command table: each command checks its arguments, calls the node's data operations
+//! (`crate::service`) and encodes the reply. Keys are ordinary kvpool objects of the
+//! connection's namespace, so a value SET here is read by the native and Python clients, and
+//! the other way round.
+
+use std::io;
+
+use kvpool::placement::ClusterView;
+use kvpool::resp::{encode, Parser, Proto};
+use kvpool::{NodeId, PoolError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::{admin, glob, Next, RespShared, Session, DIRECT_WRITE};
+use crate::deadline::StallLimit;
+use crate::metrics::RespCommand;
+use crate::service::{Routing, Shared};
+
+/// One RESP connection's state.
+pub(crate) struct Conn<'a, W> {
+    pub(crate) s: &'a Shared,
+    pub(crate) door: &'a RespShared,
+    pub(crate) id: u64,
+    w: StallLimit<W>,
+    /// Replies not yet written.
+    pub(crate) out: Vec<u8>,
+    pub(crate) proto: Proto,
+    session: Option<Session>,
+    pub(crate) name: Option<Vec<u8>>,
+    /// The cluster view keys are checked against, refreshed when the membership's stamp moves.
+    view: (u64, ClusterView),
+    /// How reads are served, set by [`Conn::check_key`]: as the owner's copy by the view
+    /// (only objects held as their owner since written, as the native client's routed reads
+    /// are), or directly on a node that never had a peer, where every object is.
+    routing: Routing,
+}
+
+/// A command's arguments.
+struct Args<'b> {
+    p: &'b Parser,
+    buf: &'b [u8],
+}
+
+impl<'b> Args<'b> {
+    fn len(&self) -> usize {
+        self.p.len()
+    }
+
+    fn get(&self, i: usize) -> &'b [u8] {
+        self.p.arg(self.buf, i).unwrap_or_default()
+    }
+
+    fn iter(&self, from: usize) -> impl Iterator<Item = &'b [u8]> + Clone + 'b {
+        let (p, buf) = (self.p, self.buf);
+        (from..p.len()).map(move |i| p.arg(buf, i).unwrap_or_default())
+    }
+}
+
+/// Why a keyed command was refused before it touched the pool.
+enum Refused {
+    /// An error reply, ready to send.
+    Reply(String),
+}
+
+impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
+    pub(crate) fn new(s: &'a Shared, door: &'a RespShared, id: u64, w: StallLimit<W>) -> Self {
+        // A node without a token admits everyone to the default namespace at once.
+        let session = s.authenticate("").and_then(|access| {
+            let ns = s.namespace(&access, kvpool::pool::DEFAULT_NAMESPACE).ok()?;
+            Some(Session {
+                ns,
+                ns_name: kvpool::pool::DEFAULT_NAMESPACE.to_string(),
+            })
+        });
+        Conn {
+            s,
+            door,
+            id,
+            w,
+            out: Vec::with_capacity(64 << 10),
+            proto: Proto::Resp2,
+            session,
+            name: None,
+            view: (s.cluster.stamp(), s.cluster.view()),
+            routing: Routing::ByView,
+        }
+    }
+
+    pub(crate) fn authenticated(&self) -> bool {
+        self.session.is_some()
+    }
+
+    pub(crate) fn session(&self) -> Option<&Session> {
+        self.session.as_ref()
+    }
+
+    /// Bytes of replies buffered.
+    pub(crate) fn pending(&self) -> usize {
+        self.out.len()
+    }
+
+    pub(crate) async fn flush(&mut self) -> io::Result<()> {
+        if !self.out.is_empty() {
+            let r = self.w.write_all(&self.out).await;
+            self.out.clear();
+            r?;
+        }
+        self.w.flush().await
+    }
+
+    pub(crate) async fn shutdown(&mut self) -> io::Result<()> {
+        self.w.shutdown().await
+    }
+
+    /// Answers bytes that are not RESP (the connection closes after it).
+    pub(crate) fn protocol_error(&mut self, msg: &str) {
+        encode::error(&mut self.out, &format!("ERR {msg}"));
+    }
+
+    /// Executes the command the parser just returned.
+    pub(crate) async fn execute(&mut self, p: &Parser, buf: &[u8]) -> io::Result<Next> {
+        if p.is_empty() {
+            return Ok(Next::Continue);
+        }
+        let a = Args { p, buf };
+        let mut name = [0u8; 16];
+        let raw = a.get(0);
+        let upper = if raw.len() <= name.len() {
+            name[..raw.len()].copy_from_slice(raw);
+            name[..raw.len()].make_ascii_uppercase();
+            &name[..raw.len()]
+        } else {
+            raw
+        };
+        let cmd = RespCommand::from_name(upper);
+        let before = self.out.len();
+        let next = self.dispatch(cmd, upper, &a).await?;
+        // An error reply is one that starts with '-' (replies are appended in order; a value
+        // written directly leaves `out` shorter than before only after a flush).
+        let failed = self.out.len() > before && self.out[before] == b'-';
+        self.s.metrics.resp_command(cmd, failed);
+        Ok(next)
+    }
+
+    async fn dispatch(&mut self, cmd: RespCommand, upper: &[u8], a: &Args<'_>) -> io::Result<Next> {
+        use RespCommand as C;
+        if self.session.is_none() && !matches!(cmd, C::Auth | C::Hello | C::Quit) {
+            encode::error(&mut self.out, "NOAUTH Authentication required.");
+            return Ok(Next::Continue);
+        }
+        let n = a.len();
+        let arity_ok = match cmd {
+            C::Ping => n <= 2,
+            C::Echo => n == 2,
+            C::Dbsize => n == 1,
+            C::Get | C::Strlen => n == 2,
+            C::Set => n >= 3,
+            C::Mget | C::Exists | C::Del | C::Unlink => n >= 2,
+            C::Mset => n >= 3 && n % 2 == 1,
+            C::Select => n == 2,
+            C::Scan => n >= 2,
+            C::Auth => n == 2 || n == 3,
+            C::Quit | C::Client | C::Config | C::Command | C::Info | C::Hello | C::Other => true,
+        };
+        if !arity_ok {
+            let lower = String::from_utf8_lossy(upper).to_lowercase();
+            encode::error(
+                &mut self.out,
+                &format!("ERR wrong number of arguments for '{lower}' command"),
+            );
+            return Ok(Next::Continue);
+        }
+        match cmd {
+            C::Ping => {
+                if n == 2 {
+                    encode::bulk(&mut self.out, a.get(1));
+                } else {
+                    encode::simple(&mut self.out, "PONG");
+                }
+            }
+            C::Echo => encode::bulk(&mut self.out, a.get(1)),
+            C::Quit => {
+                encode::ok(&mut self.out);
+                return Ok(Next::Close);
+            }
+            C::Select => {
+                if a.get(1) == b"0" {
+                    encode::ok(&mut self.out);
+                } else {
+                    encode::error(&mut self.out, "ERR DB index is out of range");
+                }
+            }
+            C::Auth => {
+                let (user, token) = if n == 3 {
+                    (Some(a.get(1)), a.get(2))
+                } else {
+                    (None, a.get(1))
+                };
+                if let Err(msg) = self.auth(user, token) {
+                    encode::error(&mut self.out, &msg);
+                } else {
+                    encode::ok(&mut self.out);
+                }
+            }
+            C::Hello => admin::hello(self, a.iter(1).collect::<Vec<_>>().as_slice()),
+            C::Get => self.get(a.get(1)).await?,
+            C::Set => self.set(a),
+            C::Mget => self.mget(a).await?,
+            C::Mset => self.mset(a),
+            C::Exists => self.exists(a),
+            C::Del | C::Unlink => self.del(a),
+            C::Strlen => self.strlen(a.get(1)),
+            C::Scan => self.scan(a),
+            C::Dbsize => {
+                let ns = self.ns();
+                match self.s.count(ns) {
+                    Ok(c) => encode::integer(&mut self.out, c as i64),
+                    Err(e) => self.pool_error(e),
+                }
+            }
+            C::Info => admin::info(self, a.iter(1).collect::<Vec<_>>().as_slice()),
+            C::Client => admin::client(self, a.iter(1).collect::<Vec<_>>().as_slice()),
+            C::Config => admin::config(self, a.iter(1).collect::<Vec<_>>().as_slice()),
+            C::Command => admin::command(self, a.iter(1).collect::<Vec<_>>().as_slice()),
+            C::Other => {
+                let shown: String = String::from_utf8_lossy(&a.get(0)[..a.get(0).len().min(64)])
+                    .chars()
+                    .filter(|c| !c.is_control())
+                    .collect();
+                encode::error(
+                    &mut self.out,
+                    &format!("ERR unknown command '{shown}', with args beginning with: "),
+                );
+            }
+        }
+        Ok(Next::Continue)
+    }
+
+    /// `AUTH [namespace] token`: the token must admit to the namespace (`default` when none is
+    /// named). A failed AUTH leaves the connection as it was.
+    pub(crate) fn auth(&mut self, user: Option<&[u8]>, token: &[u8]) -> Result<(), String> {
+        const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+        let ns_name = match user {
+            Some(u) => std::str::from_utf8(u).map_err(|_| WRONGPASS.to_string())?,
+            None => kvpool::pool::DEFAULT_NAMESPACE,
+        };
+        let token = std::str::from_utf8(token).map_err(|_| WRONGPASS.to_string())?;
+        let access = self.s.authenticate(token).ok_or(WRONGPASS)?;
+        let ns = self
+            .s
+            .namespace(&access, ns_name)
+            .map_err(|_| WRONGPASS.to_string())?;
+        self.session = Some(Session {
+            ns,
+            ns_name: ns_name.to_string(),
+        });
+        Ok(())
+    }
+
+    fn ns(&self) -> u32 {
+        self.session.as_ref().map_or(0, |s| s.ns)
+    }
+
+    /// Refuses a key this node must not serve: one of a size the pool never stores, or, in a
+    /// cluster of several nodes, one whose owners are not exactly this node (a copy stored here
+    /// would shadow, or be shadowed by, the owner's).
+    fn check_key(&mut self, key: &[u8]) -> Result<(), Refused> {
+        if key.is_empty() || key.len() > kvpool::MAX_KEY_LEN {
+            return Err(Refused::Reply(format!(
+                "ERR kvpool keys are 1 to {} bytes",
+                kvpool::MAX_KEY_LEN
+            )));
+        }
+        let stamp = self.s.cluster.stamp();
+        if stamp != self.view.0 {
+            self.view = (stamp, self.s.cluster.view());
+        }
+        let view = &self.view.1;
+        if view.nodes.len() <= 1 {
+            // A node that never had a peer holds every object as its only owner.
+            self.routing = Routing::Direct;
+            return Ok(());
+        }
+        self.routing = Routing::ByView;
+        let ns = self.ns();
+        let replicas = self.s.replication(ns).map_or(1, |r| r.replicas.max(1)) as usize;
+        let me = self.s.cluster.me();
+        let owners = view.owners(key, replicas);
+        if owners.len() == 1 && owners[0] == NodeId(me) {
+            return Ok(());
+        }
+        let Some(owner) = owners.first() else {
+            return Err(Refused::Reply(
+                "CLUSTERDOWN kvpool: no node of the cluster is serving".into(),
+            ));
+        };
+        let addr = view.node(*owner).map_or("", |n| n.tcp.as_str());
+        Err(Refused::Reply(if owners.len() > 1 {
+            format!(
+                "ERR kvpool: namespace keeps {replicas} copies of each key (on nodes {}); the RESP \
+                 door writes one, so use the native client for it",
+                owners
+                    .iter()
+                    .map(|o| o.0.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            format!(
+                "ERR kvpool: key is owned by node {} (native address {addr}); send it to that \
+                 node's RESP door",
+                owner.0
+            )
+        }))
+    }
+
+    fn refuse(&mut self, r: Refused) {
+        let Refused::Reply(msg) = r;
+        encode::error(&mut self.out, &msg);
+    }
+
+    fn pool_error(&mut self, e: PoolError) {
+        let msg = self.pool_error_text(e);
+        encode::error(&mut self.out, &msg);
+    }
+
+    fn pool_error_text(&self, e: PoolError) -> String {
+        match e {
+            PoolError::PoolFull | PoolError::QuotaExceeded => {
+                format!("OOM kvpool: {e} (every object is pinned, leased or being read)")
+            }
+            PoolError::TooLarge => format!(
+                "ERR kvpool: value too large for this pool (largest {} bytes)",
+                self.s.pool.max_value_len()
+            ),
+            e => format!("ERR kvpool: {e}"),
+        }
+    }
+
+    async fn write_value(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.s.metrics.bytes(0, bytes.len() as u64);
+        if bytes.len() < DIRECT_WRITE {
+            encode::bulk(&mut self.out, bytes);
+            return Ok(());
+        }
+        encode::bulk_header(&mut self.out, bytes.len());
+        self.flush().await?;
+        self.w.write_all(bytes).await?;
+        self.out.extend_from_slice(encode::CRLF);
+        Ok(())
+    }
+
+    async fn get(&mut self, key: &[u8]) -> io::Result<()> {
+        if let Err(r) = self.check_key(key) {
+            self.refuse(r);
+            return Ok(());
+        }
+        let s = self.s;
+        match s.get(self.ns(), key, s.now(), self.routing) {
+            Ok(obj) => self.write_value(obj.bytes()).await?,
+            Err(PoolError::NotFound) => encode::null(&mut self.out, self.proto),
+            Err(e) => self.pool_error(e),
+        }
+        Ok(())
+    }
+
+    async fn mget(&mut self, a: &Args<'_>) -> io::Result<()> {
+        for key in a.iter(1) {
+            if let Err(r) = self.check_key(key) {
+                self.refuse(r);
+                return Ok(());
+            }
+        }
+        encode::array(&mut self.out, a.len() - 1);
+        let s = self.s;
+        let ns = self.ns();
+        for key in a.iter(1) {
+            match s.get(ns, key, s.now(), self.routing) {
+                Ok(obj) => self.write_value(obj.bytes()).await?,
+                // An element of MGET is a value or a null, never an error.
+                Err(_) => encode::null(&mut self.out, self.proto),
+            }
+        }
+        Ok(())
+    }
+
+    /// `SET key value [NX|XX] [EX s|PX ms]`.
+    fn set(&mut self, a: &Args<'_>) {
+        let (key, value) = (a.get(1), a.get(2));
+        let mut nx = false;
+        let mut xx = false;
+        let mut ttl_ms: Option<u64> = None;
+        let mut i = 3;
+        while i < a.len() {
+            let mut opt = a.get(i).to_vec();
+            opt.make_ascii_uppercase();
+            match opt.as_slice() {
+                b"NX" if !xx => nx = true,
+                b"XX" if !nx => xx = true,
+                b"EX" | b"PX" if ttl_ms.is_none() && i + 1 < a.len() => {
+                    let v = kvpool::resp::parse_int(a.get(i + 1));
+                    let ms = match (opt.as_slice(), v) {
+                        (b"EX", Some(v)) if v > 0 => (v as u64).checked_mul(1000),
+                        (b"PX", Some(v)) if v > 0 => Some(v as u64),
+                        (_, None) => {
+                            encode::error(
+                                &mut self.out,
+                                "ERR value is not an integer or out of range",
+                            );
+                            return;
+                        }
+                        _ => None,
+                    };
+                    let Some(ms) = ms else {
+                        encode::error(&mut self.out, "ERR invalid expire time in 'set' command");
+                        return;
+                    };
+                    ttl_ms = Some(ms);
+                    i += 1;
+                }
+                _ => {
+                    encode::error(&mut self.out, "ERR syntax error");
+                    return;
+                }
+            }
+            i += 1;
+        }
+        if let Err(r) = self.check_key(key) {
+            self.refuse(r);
+            return;
+        }
+        let ns = self.ns();
+        if nx || xx {
+            // Checked, then written: not atomic against a concurrent writer of the same key.
+            let exists = match self.s.exists_run(ns, std::iter::once(key), self.routing) {
+                Ok(n) => n == 1,
+                Err(e) => return self.pool_error(e),
+            };
+            if (nx && exists) || (xx && !exists) {
+                encode::null(&mut self.out, self.proto);
+                return;
+            }
+        }
+        match self.put(ns, key, value, ttl_ms) {
+            Ok(()) => encode::ok(&mut self.out),
+            Err(msg) => encode::error(&mut self.out, &msg),
+        }
+    }
+
+    /// Stores `value` (checksummed here), with a TTL when `ttl_ms` is given.
+    fn put(&self, ns: u32, key: &[u8], value: &[u8], ttl_ms: Option<u64>) -> Result<(), String> {
+        self.s.metrics.bytes(value.len() as u64, 0);
+        let Some(ttl) = ttl_ms else {
+            return self
+                .s
+                .put_value(ns, key, value, None, false)
+                .map_err(|e| self.pool_error_text(e));
+        };
+        // With a TTL the deadline names the generation written, so a later write of the key
+        // is never removed by it: the service's two steps, with the address in hand.
+        let (s, pool) = (self.s, &*self.s.pool);
+        let addr = s
+            .begin_put(ns, key, value.len() as u64, false, 0)
+            .map_err(|e| self.pool_error_text(e))?;
+        if let Err(e) = pool.write(&addr, 0, value) {
+            let _ = pool.abort(&addr);
+            return Err(self.pool_error_text(e));
+        }
+        pool.commit(&addr, kvpool::checksum(value), s.now())
+            .map_err(|e| self.pool_error_text(e))?;
+        let at = s.now().saturating_add(ttl);
+        if let Err(full) = self.door.expiry.add(ns, key, addr.generation, at) {
+            let _ = pool.remove_generation(ns, key, addr.generation);
+            return Err(format!("ERR kvpool: {full}"));
+        }
+        Ok(())
+    }
+
+    /// `SET key value` whose value is still arriving: the value goes from the socket straight
+    /// into its pool allocation, without the connection buffer. `have` holds the bytes of the
+    /// value (and perhaps the first of its CRLF) already read. Consumes the value and its CRLF
+    /// whatever happens, so the stream stays in step; Close when the CRLF is missing.
+    pub(crate) async fn set_streamed<R: AsyncRead + Unpin>(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        have: &[u8],
+        r: &mut R,
+    ) -> io::Result<Next> {
+        let (head, crlf_have) = have.split_at(have.len().min(len));
+        let ns = self.ns();
+        let s = self.s;
+        let addr = match self.check_key(key) {
+            Err(Refused::Reply(msg)) => Err(msg),
+            Ok(()) => s
+                .begin_put(ns, key, len as u64, false, 0)
+                .map_err(|e| self.pool_error_text(e)),
+        };
+        let addr = match addr {
+            Ok(a) => a,
+            Err(msg) => {
+                kvpool::protocol::io::discard(r, (len - head.len()) as u64).await?;
+                let next = self.end_of_value(crlf_have, r).await?;
+                if matches!(next, Next::Continue) {
+                    encode::error(&mut self.out, &msg);
+                    self.s.metrics.resp_command(RespCommand::Set, true);
+                }
+                return Ok(next);
+            }
+        };
+        let pool = &*s.pool;
+        let checksum = {
+            let mut w = match pool.begin_write(&addr) {
+                Ok(w) => w,
+                Err(e) => {
+                    let _ = pool.abort(&addr);
+                    return Err(io::Error::other(e.to_string()));
+                }
+            };
+            w.bytes_mut()[..head.len()].copy_from_slice(head);
+            let deadline = s.instant_at(w.deadline());
+            let read =
+                tokio::time::timeout_at(deadline, r.read_exact(&mut w.bytes_mut()[head.len()..]))
+                    .await;
+            let failed = match read {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "value not received before its allocation's deadline",
+                )),
+            };
+            if let Some(e) = failed {
+                drop(w);
+                let _ = pool.abort(&addr);
+                return Err(e);
+            }
+            kvpool::checksum(w.bytes_mut())
+        };
+        let next = self.end_of_value(crlf_have, r).await;
+        if !matches!(next, Ok(Next::Continue)) {
+            let _ = pool.abort(&addr);
+            return next;
+        }
+        s.metrics.bytes(len as u64, 0);
+        let failed = match pool.commit(&addr, checksum, s.now()) {
+            Ok(()) => {
+                encode::ok(&mut self.out);
+                false
+            }
+            Err(e) => {
+                self.pool_error(e);
+                true
+            }
+        };
+        s.metrics.resp_command(RespCommand::Set, failed);
+        Ok(Next::Continue)
+    }
+
+    /// Reads the CRLF after a streamed value (`have`: its bytes already read). Close, with a
+    /// protocol error answered, when it is not there.
+    async fn end_of_value<R: AsyncRead + Unpin>(
+        &mut self,
+        have: &[u8],
+        r: &mut R,
+    ) -> io::Result<Next> {
+        let mut end = [0u8; 2];
+        let n = have.len().min(2);
+        end[..n].copy_from_slice(&have[..n]);
+        r.read_exact(&mut end[n..]).await?;
+        if &end != b"\r\n" {
+            self.s.metrics.resp_protocol_error();
+            self.protocol_error(&kvpool::resp::RespError::UnterminatedBulk.to_string());
+            return Ok(Next::Close);
+        }
+        Ok(Next::Continue)
+    }
+
+    fn mset(&mut self, a: &Args<'_>) {
+        let mut it = a.iter(1);
+        while let Some(key) = it.next() {
+            let _ = it.next();
+            if let Err(r) = self.check_key(key) {
+                return self.refuse(r);
+            }
+        }
+        let ns = self.ns();
+        let mut it = a.iter(1);
+        // Pair by pair, not atomic: a failure leaves the pairs before it written.
+        while let (Some(key), Some(value)) = (it.next(), it.next()) {
+            if let Err(msg) = self.put(ns, key, value, None) {
+                return encode::error(&mut self.out, &msg);
+            }
+        }
+        encode::ok(&mut self.out);
+    }
+
+    fn exists(&mut self, a: &Args<'_>) {
+        let ns = self.ns();
+        let mut n = 0;
+        for key in a.iter(1) {
+            if let Err(r) = self.check_key(key) {
+                return self.refuse(r);
+            }
+            match self.s.exists_run(ns, std::iter::once(key), self.routing) {
+                Ok(hit) => n += hit as i64,
+                Err(e) => return self.pool_error(e),
+            }
+        }
+        encode::integer(&mut self.out, n);
+    }
+
+    fn del(&mut self, a: &Args<'_>) {
+        for key in a.iter(1) {
+            if let Err(r) = self.check_key(key) {
+                return self.refuse(r);
+            }
+        }
+        let ns = self.ns();
+        let mut n = 0;
+        for key in a.iter(1) {
+            match self.s.remove(ns, key) {
+                Ok(hit) => n += hit as i64,
+                Err(e) => return self.pool_error(e),
+            }
+        }
+        encode::integer(&mut self.out, n);
+    }
+
+    fn strlen(&mut self, key: &[u8]) {
+        if let Err(r) = self.check_key(key) {
+            return self.refuse(r);
+        }
+        let s = self.s;
+        match s.get(self.ns(), key, s.now(), self.routing) {
+            Ok(obj) => encode::integer(&mut self.out, obj.bytes().len() as i64),
+            Err(PoolError::NotFound) => encode::integer(&mut self.out, 0),
+            Err(e) => self.pool_error(e),
+        }
+    }
+
+    /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE string]`.
+    fn scan(&mut self, a: &Args<'_>) {
+        let Some(cursor) = std::str::from_utf8(a.get(1))
+            .ok()
+            .and_then(|c| c.parse::<u64>().ok())
+        else {
+            return encode::error(&mut self.out, "ERR invalid cursor");
+        };
+        let mut pattern: Option<&[u8]> = None;
+        let mut count: u64 = 10;
+        let mut only_strings = true;
+        let mut i = 2;
+        while i < a.len() {
+            let mut opt = a.get(i).to_vec();
+            opt.make_ascii_uppercase();
+            let Some(v) = (i + 1 < a.len()).then(|| a.get(i + 1)) else {
+                return encode::error(&mut self.out, "ERR syntax error");
+            };
+            match opt.as_slice() {
+                b"MATCH" => pattern = Some(v),
+                b"COUNT" => match kvpool::resp::parse_int(v) {
+                    Some(c) if c >= 1 => count = c as u64,
+                    Some(_) => return encode::error(&mut self.out, "ERR syntax error"),
+                    None => {
+                        return encode::error(
+                            &mut self.out,
+                            "ERR value is not an integer or out of range",
+                        )
+                    }
+                },
+                // Every kvpool object is a string.
+                b"TYPE" => only_strings = v.eq_ignore_ascii_case(b"string"),
+                _ => return encode::error(&mut self.out, "ERR syntax error"),
+            }
+            i += 2;
+        }
+        let budget = count.min(self.door.config.max_scan_count.max(1)) as usize;
+        let ns = self.ns();
+        let me = self.s.cluster.me();
+        let view = self.view.1.clone();
+        let multi = view.nodes.len() > 1;
+        let page = self.s.pool.scan(ns, cursor, budget, &mut |k| {
+            only_strings
+                && pattern.is_none_or(|p| glob::matches(p, k))
+                // In a cluster, only the keys this node serves (not copies it keeps for others).
+                && (!multi || view.owner(k) == Some(NodeId(me)))
+        });
+        match page {
+            Ok(page) => {
+                encode::array(&mut self.out, 2);
+                encode::bulk(&mut self.out, page.cursor.to_string().as_bytes());
+                encode::array(&mut self.out, page.keys.len());
+                for k in &page.keys {
+                    encode::bulk(&mut self.out, k);
+                }
+            }
+            Err(e) => self.pool_error(e),
+        }
+    }
+}

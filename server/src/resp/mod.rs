@@ -1,0 +1,222 @@
+//! The Redis-protocol front door (`listen.resp`): RESP2 and RESP3 over TCP, so that redis
+//! clients (redis-py, redis-cli, LMCache's `redis://` and `resp://` connectors, SGLang's remote
+//! weight loader) use the pool unchanged.
+//!
+//! One task per connection reads into a buffer, parses every complete command in it with the
+//! core's bounded [`kvpool::resp::Parser`], executes each through the same data operations as
+//! the native protocol (`crate::service`), and writes the replies in order, flushing when no
+//! further command is buffered (pipelining). A GET's value goes from the pool to the socket
+//! without a copy when it is large. A command the door does not know is answered with an error
+//! and the connection goes on; bytes that are not RESP are answered with an error and the
+//! connection is closed, as Redis does.
+//!
+//! - `commands`: the command table;
+//! - `admin`: the replies of `INFO`, `COMMAND`, `CONFIG GET` and `HELLO`;
+//! - `glob`: `SCAN ... MATCH` patterns.
+
+mod admin;
+mod commands;
+mod expiry;
+mod glob;
+
+pub(crate) use expiry::{sweeper, Expiry};
+
+use std::sync::Arc;
+
+use kvpool::resp::{Parsed, Parser, Proto, RespLimits};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::watch;
+
+use crate::config::RespConfig;
+use crate::deadline::{within, StallLimit};
+use crate::metrics::Transport;
+use crate::service::Shared;
+
+/// Before a connection has authenticated (when the node needs a token) it may send only small
+/// commands, as in Redis: 10 arguments of at most 16 KiB.
+const UNAUTHENTICATED: RespLimits = RespLimits {
+    max_bulk: 16 << 10,
+    max_args: 10,
+    max_inline: 16 << 10,
+    max_command: 256 << 10,
+};
+
+/// Values at least this long are written from the pool to the socket directly instead of being
+/// copied into the reply buffer.
+const DIRECT_WRITE: usize = 16 << 10;
+
+/// A SET value at least this long, still arriving when its command is parsed, is read from the
+/// socket straight into its pool allocation.
+const STREAM_AT: usize = 64 << 10;
+
+/// The most a read makes room for ahead of the bytes that arrived.
+const READ_AHEAD: usize = 16 << 20;
+
+/// Replies are flushed once this much is buffered, even with more commands pending.
+const FLUSH_AT: usize = 256 << 10;
+
+/// What every RESP connection shares beside the node's [`Shared`].
+pub(crate) struct RespShared {
+    pub(crate) config: RespConfig,
+    /// The address the door listens on (for `INFO`).
+    pub(crate) addr: std::net::SocketAddr,
+    /// Open RESP connections (for `INFO`).
+    pub(crate) clients: std::sync::atomic::AtomicU64,
+    /// Ids handed to connections (`CLIENT ID`).
+    pub(crate) next_id: std::sync::atomic::AtomicU64,
+    /// Deadlines of the keys set with a TTL.
+    pub(crate) expiry: Arc<Expiry>,
+}
+
+/// What the connection does after a command.
+pub(crate) enum Next {
+    Continue,
+    /// The reply is written; close (QUIT).
+    Close,
+}
+
+/// Serves one RESP connection until the peer leaves, sends bytes that are not RESP, or shutdown
+/// is signalled while it is idle.
+pub(crate) async fn serve<R, W>(
+    shared: Arc<Shared>,
+    door: Arc<RespShared>,
+    mut r: R,
+    w: W,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    use std::sync::atomic::Ordering::Relaxed;
+    shared.metrics.connection_opened(Transport::Resp);
+    door.clients.fetch_add(1, Relaxed);
+    let id = door.next_id.fetch_add(1, Relaxed) + 1;
+    let w = StallLimit::new(w, shared.conn.write);
+    let mut conn = commands::Conn::new(&shared, &door, id, w);
+    let authed_limits = door.config.limits(shared.limits.max_payload);
+    let mut parser = Parser::new(if conn.authenticated() {
+        authed_limits
+    } else {
+        UNAUTHENTICATED
+    });
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut start = 0;
+    let connected = tokio::time::Instant::now();
+    'conn: loop {
+        // Every complete command buffered, in order.
+        let need;
+        loop {
+            match parser.parse(&buf[start..]) {
+                Ok(Parsed::Command { consumed }) => {
+                    let was_authed = conn.authenticated();
+                    let next = conn.execute(&parser, &buf[start..]).await;
+                    start += consumed;
+                    match next {
+                        Ok(Next::Continue) => {}
+                        Ok(Next::Close) => {
+                            let _ = conn.flush().await;
+                            break 'conn;
+                        }
+                        Err(_) => break 'conn,
+                    }
+                    if !was_authed && conn.authenticated() {
+                        parser = Parser::new(authed_limits);
+                    }
+                    if conn.pending() >= FLUSH_AT && conn.flush().await.is_err() {
+                        break 'conn;
+                    }
+                }
+                Ok(Parsed::Incomplete { need: n }) => {
+                    need = n;
+                    break;
+                }
+                Err(e) => {
+                    shared.metrics.resp_protocol_error();
+                    tracing::debug!(error = %e, "closing a RESP connection after bytes that are not RESP");
+                    conn.protocol_error(&e.to_string());
+                    let _ = conn.flush().await;
+                    break 'conn;
+                }
+            }
+        }
+        // A large value of a plain SET goes from the socket straight into its allocation.
+        if let Some(pb) = parser.pending_bulk() {
+            let cmd = &buf[start..];
+            let is_set = parser
+                .arg(cmd, 0)
+                .is_some_and(|n| n.eq_ignore_ascii_case(b"SET"));
+            if is_set
+                && pb.index == 2
+                && pb.args == 3
+                && pb.len >= STREAM_AT
+                && conn.authenticated()
+            {
+                let key = parser.arg(cmd, 1).unwrap_or_default().to_vec();
+                match conn
+                    .set_streamed(&key, pb.len, &cmd[pb.start..], &mut r)
+                    .await
+                {
+                    Ok(Next::Continue) => {}
+                    Ok(Next::Close) => {
+                        let _ = conn.flush().await;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+                buf.clear();
+                start = 0;
+                parser.reset();
+                continue;
+            }
+        }
+        if conn.flush().await.is_err() {
+            break;
+        }
+        // Room for what the command still needs (a value's remaining bytes at once, up to
+        // READ_AHEAD: the peer's declared length is not believed further). Consumed bytes are
+        // dropped when nothing is left after them, and otherwise moved out only when the room
+        // is short, so a pipeline of large values is not shifted down after every command.
+        let want = need.clamp(64 << 10, READ_AHEAD);
+        if start == buf.len() {
+            buf.clear();
+            start = 0;
+        } else if start > 0 && buf.capacity() - buf.len() < want {
+            buf.drain(..start);
+            start = 0;
+        }
+        buf.reserve(want);
+        let deadline = if conn.authenticated() {
+            shared.conn.idle.map(|d| tokio::time::Instant::now() + d)
+        } else {
+            Some(connected + shared.conn.handshake)
+        };
+        let read = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop), if buf.is_empty() => break,
+            n = within(deadline, r.read_buf(&mut buf)) => n,
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    let _ = conn.shutdown().await;
+    door.clients.fetch_sub(1, Relaxed);
+    shared.metrics.connection_closed(Transport::Resp);
+}
+
+/// A connection's namespace and rights, once it is authenticated.
+#[derive(Clone, Debug)]
+pub(crate) struct Session {
+    pub(crate) ns: u32,
+    pub(crate) ns_name: String,
+}
+
+/// The protocol a connection speaks (RESP2 until `HELLO 3`).
+pub(crate) fn proto_of(v: &[u8]) -> Option<Proto> {
+    match v {
+        b"2" => Some(Proto::Resp2),
+        b"3" => Some(Proto::Resp3),
+        _ => None,
+    }
+}

@@ -1,0 +1,303 @@
+//! The Redis-protocol front door of a real `kvpoold` (`--resp`), over raw sockets: the exact
+//! bytes LMCache's native `resp://` client expects, keys shared with the native client both
+//! ways, garbage closing only its own connection, and keys of another node refused in a
+//! cluster. redis-py, redis-cli and redis-benchmark drive it in python/tests/resp.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::cluster::{cfg, serving, wait_view};
+use common::{value, Node};
+use kvpool_client::{Client, ClientConfig, SameHost};
+
+fn resp_node(memory: &str, extra: &[&str]) -> Node {
+    let mut args = vec!["--resp", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let n = Node::start(memory, &args);
+    assert_ne!(n.resp, "off", "the ready line names the RESP address");
+    n
+}
+
+fn connect(n: &Node) -> TcpStream {
+    let s = TcpStream::connect(&n.resp).expect("connect to the RESP door");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// A command as clients send it.
+fn cmd(args: &[&[u8]]) -> Vec<u8> {
+    let mut v = Vec::new();
+    kvpool::resp::encode::command(&mut v, args);
+    v
+}
+
+/// Sends `args` and reads exactly `want.len()` bytes back, which must be `want`.
+fn expect(s: &mut TcpStream, args: &[&[u8]], want: &[u8]) {
+    s.write_all(&cmd(args)).unwrap();
+    let mut got = vec![0u8; want.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(want),
+        "reply to {:?}",
+        String::from_utf8_lossy(args[0])
+    );
+}
+
+/// Reads one line (through CRLF).
+fn line(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut b = [0u8; 1];
+    while !out.ends_with(b"\r\n") {
+        s.read_exact(&mut b).unwrap();
+        out.push(b[0]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn remote() -> ClientConfig {
+    ClientConfig {
+        same_host: SameHost::Off,
+        ..ClientConfig::default()
+    }
+}
+
+/// LMCache's `resp://` connector (csrc/storage_backends/redis): no HELLO, one request in flight,
+/// and replies compared byte for byte: `+OK`, `:1`/`:0`, `$<len>` + exactly the stored bytes +
+/// CRLF, `$-1` for a miss.
+#[test]
+fn lmcache_resp_client_bytes_exact() {
+    let n = resp_node("64MiB", &[]);
+    let mut s = connect(&n);
+    let key = b"vllm@1@0@a1b2c3d4e5f60718@bfloat16kv_bytes";
+    let chunk = value(7, 1 << 20);
+    expect(&mut s, &[b"SET", key, &chunk], b"+OK\r\n");
+    expect(&mut s, &[b"EXISTS", key], b":1\r\n");
+    expect(&mut s, &[b"EXISTS", b"absent"], b":0\r\n");
+    let mut want = format!("${}\r\n", chunk.len()).into_bytes();
+    want.extend_from_slice(&chunk);
+    want.extend_from_slice(b"\r\n");
+    expect(&mut s, &[b"GET", key], &want);
+    expect(&mut s, &[b"GET", b"absent"], b"$-1\r\n");
+    expect(&mut s, &[b"DEL", key], b":1\r\n");
+    expect(&mut s, &[b"DEL", key], b":0\r\n");
+    expect(&mut s, &[b"GET", key], b"$-1\r\n");
+}
+
+/// A value SET over RESP is an ordinary object for the native client, and the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp_and_native_clients_share_keys() {
+    let n = resp_node("64MiB", &[]);
+    let c = Client::connect(&n.tcp_url(), remote()).await.unwrap();
+    let mut s = connect(&n);
+    let v = value(1, 100_000);
+    expect(&mut s, &[b"SET", b"from-resp\r\n", &v], b"+OK\r\n");
+    assert_eq!(c.get(b"from-resp\r\n").await.unwrap(), Some(v.clone()));
+    let w = value(2, 5000);
+    c.put(b"from-native", &w).await.unwrap();
+    let mut want = format!("${}\r\n", w.len()).into_bytes();
+    want.extend_from_slice(&w);
+    want.extend_from_slice(b"\r\n");
+    expect(&mut s, &[b"GET", b"from-native"], &want);
+    expect(&mut s, &[b"DEL", b"from-native"], b":1\r\n");
+    assert_eq!(c.get(b"from-native").await.unwrap(), None);
+}
+
+/// Bytes that are not RESP get an error and close that connection; another connection and
+/// the daemon carry on. An unknown command is only an error: its connection goes on.
+#[test]
+fn garbage_closes_only_its_connection() {
+    let n = resp_node("64MiB", &[]);
+    let mut good = connect(&n);
+    expect(&mut good, &[b"SET", b"k", b"v"], b"+OK\r\n");
+    expect(
+        &mut good,
+        &[b"FLUSHALL"],
+        b"-ERR unknown command 'FLUSHALL', with args beginning with: \r\n",
+    );
+    for garbage in [
+        &b"*2\r\n$3\r\nGET\r\n+nope\r\n"[..],
+        b"*1\r\n$999999999999\r\n",
+        b"*99999999\r\n",
+        b"*1\r\n$3\r\nGETX\r\n",
+    ] {
+        let mut bad = connect(&n);
+        bad.write_all(garbage).unwrap();
+        let l = line(&mut bad);
+        assert!(l.starts_with("-ERR Protocol error"), "{l:?}");
+        let mut rest = Vec::new();
+        // Closed by the daemon: EOF (or a reset), never a hang.
+        let _ = bad.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "{rest:?}");
+    }
+    // A large value still arriving goes straight into the pool: a missing CRLF after it is
+    // caught there too, and nothing is stored.
+    let mut bad = connect(&n);
+    bad.write_all(b"*3\r\n$3\r\nSET\r\n$4\r\nlate\r\n$100000\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    bad.write_all(&value(9, 100_000)).unwrap();
+    bad.write_all(b"XX").unwrap();
+    let l = line(&mut bad);
+    assert!(l.starts_with("-ERR Protocol error"), "{l:?}");
+    expect(&mut good, &[b"EXISTS", b"late"], b":0\r\n");
+    // And a well-formed one, split the same way, is stored.
+    let mut slow = connect(&n);
+    slow.write_all(b"PING\r\n*3\r\n$3\r\nSET\r\n$4\r\nlate\r\n$100000\r\n01")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let v = value(9, 100_000);
+    slow.write_all(&v[2..]).unwrap();
+    slow.write_all(b"\r").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    slow.write_all(b"\n").unwrap();
+    let mut got = [0u8; 12];
+    slow.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"+PONG\r\n+OK\r\n");
+    let mut want = b"01".to_vec();
+    want.extend_from_slice(&v[2..]);
+    let mut reply = format!("${}\r\n", want.len()).into_bytes();
+    reply.extend_from_slice(&want);
+    reply.extend_from_slice(b"\r\n");
+    expect(&mut slow, &[b"GET", b"late"], &reply);
+    expect(&mut good, &[b"GET", b"k"], b"$1\r\nv\r\n");
+    expect(&mut good, &[b"PING"], b"+PONG\r\n");
+}
+
+/// Pipelined commands, inline ones among them, are answered in order; EX removes the key at
+/// its deadline, for the native client too, and a later SET clears the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelining_inline_commands_and_expiry() {
+    let n = resp_node("64MiB", &[]);
+    let mut s = connect(&n);
+    let mut batch = Vec::new();
+    for i in 0..100 {
+        batch.extend(cmd(&[b"SET", format!("p{i}").as_bytes(), b"x"]));
+    }
+    batch.extend_from_slice(b"PING\r\nDBSIZE\r\n");
+    s.write_all(&batch).unwrap();
+    let mut want = b"+OK\r\n".repeat(100);
+    want.extend_from_slice(b"+PONG\r\n:100\r\n");
+    let mut got = vec![0u8; want.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, want);
+
+    let c = Client::connect(&n.tcp_url(), remote()).await.unwrap();
+    expect(&mut s, &[b"SET", b"ttl", b"v", b"PX", b"300"], b"+OK\r\n");
+    expect(&mut s, &[b"SET", b"kept", b"v", b"PX", b"300"], b"+OK\r\n");
+    expect(&mut s, &[b"SET", b"kept", b"w"], b"+OK\r\n");
+    expect(&mut s, &[b"SET", b"ttl", b"v", b"NX"], b"$-1\r\n");
+    assert!(c.get(b"ttl").await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        c.get(b"ttl").await.unwrap(),
+        None,
+        "expired for the native client"
+    );
+    expect(&mut s, &[b"GET", b"ttl"], b"$-1\r\n");
+    expect(&mut s, &[b"GET", b"kept"], b"$1\r\nw\r\n");
+    expect(
+        &mut s,
+        &[b"SET", b"k", b"v", b"EX", b"0"],
+        b"-ERR invalid expire time in 'set' command\r\n",
+    );
+}
+
+/// In a cluster of two, the RESP door of one node serves the keys it owns and refuses the
+/// others naming their owner, so no copy is ever stored where the native client would not look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_refuses_keys_owned_elsewhere() {
+    let hb = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
+    let mut a_args = vec!["--node-id", "0"];
+    a_args.extend_from_slice(&hb);
+    let a = resp_node("64MiB", &a_args);
+    let secret = a.secret_file().to_str().unwrap().to_string();
+    let mut b_args = vec![
+        "--node-id",
+        "1",
+        "--peer",
+        &a.tcp,
+        "--cluster-secret-file",
+        &secret,
+    ];
+    b_args.extend_from_slice(&hb);
+    let _b = Node::start("64MiB", &b_args);
+    let c = Client::connect(&a.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "two serving", |v| serving(v) == 2).await;
+    // The door refreshes its view when the membership's stamp moves; give it the same view.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let view = c.view().await.unwrap();
+    let keys: Vec<Vec<u8>> = (0..64).map(|i| format!("ck{i}").into_bytes()).collect();
+    let mine = keys
+        .iter()
+        .find(|k| view.owner(k) == Some(kvpool::NodeId(0)))
+        .expect("a key of node 0");
+    let theirs = keys
+        .iter()
+        .find(|k| view.owner(k) == Some(kvpool::NodeId(1)))
+        .expect("a key of node 1");
+    let mut s = connect(&a);
+    expect(&mut s, &[b"SET", mine, b"here"], b"+OK\r\n");
+    assert_eq!(c.get(mine).await.unwrap(), Some(b"here".to_vec()));
+    s.write_all(&cmd(&[b"SET", theirs, b"elsewhere"])).unwrap();
+    let l = line(&mut s);
+    assert!(
+        l.starts_with("-ERR kvpool: key is owned by node 1"),
+        "{l:?}"
+    );
+    assert_eq!(
+        c.get(theirs).await.unwrap(),
+        None,
+        "nothing stored anywhere"
+    );
+    expect(&mut s, &[b"PING"], b"+PONG\r\n");
+}
+
+/// With a node token, a connection must authenticate first, and until it does it may only send
+/// small commands (as in Redis): a large bulk is refused before anything is buffered for it.
+#[test]
+fn unauthenticated_connections_are_held_small() {
+    let dir = common::temp_dir("resp-auth");
+    let cfg = dir.join("kvpool.toml");
+    std::fs::write(
+        &cfg,
+        "[auth]\ntoken = \"node-token\"\n[[namespace]]\nname = \"team\"\ntokens = [\"team-token\"]\n",
+    )
+    .unwrap();
+    let n = resp_node("64MiB", &["--config", cfg.to_str().unwrap()]);
+    let mut s = connect(&n);
+    expect(
+        &mut s,
+        &[b"GET", b"k"],
+        b"-NOAUTH Authentication required.\r\n",
+    );
+    expect(
+        &mut s,
+        &[b"AUTH", b"team", b"wrong"],
+        b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+    );
+    expect(&mut s, &[b"AUTH", b"team", b"team-token"], b"+OK\r\n");
+    expect(&mut s, &[b"SET", b"k", &value(3, 100_000)], b"+OK\r\n");
+
+    let mut early = connect(&n);
+    early
+        .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n")
+        .unwrap();
+    let l = line(&mut early);
+    assert_eq!(l, "-ERR Protocol error: invalid bulk length\r\n");
+    let mut rest = Vec::new();
+    let _ = early.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    // The authenticated connection is unaffected, and sees only its namespace.
+    expect(&mut s, &[b"DBSIZE"], b":1\r\n");
+    let mut other = connect(&n);
+    expect(&mut other, &[b"AUTH", b"node-token"], b"+OK\r\n");
+    expect(&mut other, &[b"GET", b"k"], b"$-1\r\n");
+}
