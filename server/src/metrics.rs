@@ -515,6 +515,37 @@ impl Scrape {
             counter_t,
         )?;
         d.protocol_errors.encode(errors)?;
+        self.encode_resp(e)?;
+        family(
+            e,
+            "kvpool_payload",
+            "Payload bytes by direction.",
+            bytes,
+            counter_t,
+            [
+                ([("direction", "in")], d.bytes_in.clone()),
+                ([("direction", "out")], d.bytes_out.clone()),
+            ],
+        )?;
+        family(
+            e,
+            "kvpool_operations",
+            "Operations by type and outcome.",
+            None,
+            counter_t,
+            OPS.iter().zip(&d.ops).flat_map(|((_, op), s)| {
+                [
+                    ([("op", *op), ("outcome", "ok")], s.ok.clone()),
+                    ([("op", *op), ("outcome", "error")], s.err.clone()),
+                ]
+            }),
+        )
+    }
+
+    /// The RESP front door's commands, error replies and protocol errors.
+    fn encode_resp(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let d = &*self.daemon;
+        let counter_t = MetricType::Counter;
         family(
             e,
             "kvpool_resp_commands",
@@ -542,30 +573,7 @@ impl Scrape {
             counter_t,
         )?;
         d.resp_protocol_errors.encode(resp_errors)?;
-        family(
-            e,
-            "kvpool_payload",
-            "Payload bytes by direction.",
-            bytes,
-            counter_t,
-            [
-                ([("direction", "in")], d.bytes_in.clone()),
-                ([("direction", "out")], d.bytes_out.clone()),
-            ],
-        )?;
-        family(
-            e,
-            "kvpool_operations",
-            "Operations by type and outcome.",
-            None,
-            counter_t,
-            OPS.iter().zip(&d.ops).flat_map(|((_, op), s)| {
-                [
-                    ([("op", *op), ("outcome", "ok")], s.ok.clone()),
-                    ([("op", *op), ("outcome", "error")], s.err.clone()),
-                ]
-            }),
-        )
+        Ok(())
     }
 
     /// Operation latency: one histogram per operation.

@@ -148,20 +148,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return Ok(Next::Continue);
         }
         let n = a.len();
-        let arity_ok = match cmd {
-            C::Ping => n <= 2,
-            C::Echo => n == 2,
-            C::Dbsize => n == 1,
-            C::Get | C::Strlen => n == 2,
-            C::Set => n >= 3,
-            C::Mget | C::Exists | C::Del | C::Unlink => n >= 2,
-            C::Mset => n >= 3 && n % 2 == 1,
-            C::Select => n == 2,
-            C::Scan => n >= 2,
-            C::Auth => n == 2 || n == 3,
-            C::Quit | C::Client | C::Config | C::Command | C::Info | C::Hello | C::Other => true,
-        };
-        if !arity_ok {
+        if !arity_ok(cmd, n) {
             let lower = String::from_utf8_lossy(upper).to_lowercase();
             encode::error(
                 &mut self.out,
@@ -170,35 +157,23 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return Ok(Next::Continue);
         }
         match cmd {
-            C::Ping => {
-                if n == 2 {
-                    encode::bulk(&mut self.out, a.get(1));
-                } else {
-                    encode::simple(&mut self.out, "PONG");
-                }
-            }
+            C::Ping if n == 2 => encode::bulk(&mut self.out, a.get(1)),
+            C::Ping => encode::simple(&mut self.out, "PONG"),
             C::Echo => encode::bulk(&mut self.out, a.get(1)),
             C::Quit => {
                 encode::ok(&mut self.out);
                 return Ok(Next::Close);
             }
-            C::Select => {
-                if a.get(1) == b"0" {
-                    encode::ok(&mut self.out);
-                } else {
-                    encode::error(&mut self.out, "ERR DB index is out of range");
-                }
-            }
+            C::Select if a.get(1) == b"0" => encode::ok(&mut self.out),
+            C::Select => encode::error(&mut self.out, "ERR DB index is out of range"),
             C::Auth => {
-                let (user, token) = if n == 3 {
-                    (Some(a.get(1)), a.get(2))
-                } else {
-                    (None, a.get(1))
+                let (user, token) = match n {
+                    3 => (Some(a.get(1)), a.get(2)),
+                    _ => (None, a.get(1)),
                 };
-                if let Err(msg) = self.auth(user, token) {
-                    encode::error(&mut self.out, &msg);
-                } else {
-                    encode::ok(&mut self.out);
+                match self.auth(user, token) {
+                    Ok(()) => encode::ok(&mut self.out),
+                    Err(msg) => encode::error(&mut self.out, &msg),
                 }
             }
             C::Hello => admin::hello(self, a.iter(1).collect::<Vec<_>>().as_slice()),
@@ -210,27 +185,15 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             C::Del | C::Unlink => self.del(a),
             C::Strlen => self.strlen(a.get(1)),
             C::Scan => self.scan(a),
-            C::Dbsize => {
-                let ns = self.ns();
-                match self.s.count(ns) {
-                    Ok(c) => encode::integer(&mut self.out, c as i64),
-                    Err(e) => self.pool_error(e),
-                }
-            }
+            C::Dbsize => match self.s.count(self.ns()) {
+                Ok(c) => encode::integer(&mut self.out, c as i64),
+                Err(e) => self.pool_error(e),
+            },
             C::Info => admin::info(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Client => admin::client(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Config => admin::config(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Command => admin::command(self, a.iter(1).collect::<Vec<_>>().as_slice()),
-            C::Other => {
-                let shown: String = String::from_utf8_lossy(&a.get(0)[..a.get(0).len().min(64)])
-                    .chars()
-                    .filter(|c| !c.is_control())
-                    .collect();
-                encode::error(
-                    &mut self.out,
-                    &format!("ERR unknown command '{shown}', with args beginning with: "),
-                );
-            }
+            C::Other => encode::error(&mut self.out, &unknown(a.get(0))),
         }
         Ok(Next::Continue)
     }
@@ -697,4 +660,31 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             Err(e) => self.pool_error(e),
         }
     }
+}
+
+/// Whether `n` arguments (the command's name counted) suit `cmd`.
+fn arity_ok(cmd: RespCommand, n: usize) -> bool {
+    use RespCommand as C;
+    match cmd {
+        C::Ping => n <= 2,
+        C::Echo => n == 2,
+        C::Dbsize => n == 1,
+        C::Get | C::Strlen => n == 2,
+        C::Set => n >= 3,
+        C::Mget | C::Exists | C::Del | C::Unlink => n >= 2,
+        C::Mset => n >= 3 && n % 2 == 1,
+        C::Select => n == 2,
+        C::Scan => n >= 2,
+        C::Auth => n == 2 || n == 3,
+        C::Quit | C::Client | C::Config | C::Command | C::Info | C::Hello | C::Other => true,
+    }
+}
+
+/// Redis's answer to a command it does not know, naming at most 64 printable bytes of it.
+fn unknown(name: &[u8]) -> String {
+    let shown: String = String::from_utf8_lossy(&name[..name.len().min(64)])
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    format!("ERR unknown command '{shown}', with args beginning with: ")
 }

@@ -93,107 +93,32 @@ pub(crate) async fn serve<R, W>(
     let id = door.next_id.fetch_add(1, Relaxed) + 1;
     let w = StallLimit::new(w, shared.conn.write);
     let mut conn = commands::Conn::new(&shared, &door, id, w);
-    let authed_limits = door.config.limits(shared.limits.max_payload);
-    let mut parser = Parser::new(if conn.authenticated() {
-        authed_limits
-    } else {
-        UNAUTHENTICATED
-    });
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
-    let mut start = 0;
+    let mut input = Input::new(door.config.limits(shared.limits.max_payload), &conn);
     let connected = tokio::time::Instant::now();
-    'conn: loop {
-        // Every complete command buffered, in order.
-        let need;
-        loop {
-            match parser.parse(&buf[start..]) {
-                Ok(Parsed::Command { consumed }) => {
-                    let was_authed = conn.authenticated();
-                    let next = conn.execute(&parser, &buf[start..]).await;
-                    start += consumed;
-                    match next {
-                        Ok(Next::Continue) => {}
-                        Ok(Next::Close) => {
-                            let _ = conn.flush().await;
-                            break 'conn;
-                        }
-                        Err(_) => break 'conn,
-                    }
-                    if !was_authed && conn.authenticated() {
-                        parser = Parser::new(authed_limits);
-                    }
-                    if conn.pending() >= FLUSH_AT && conn.flush().await.is_err() {
-                        break 'conn;
-                    }
-                }
-                Ok(Parsed::Incomplete { need: n }) => {
-                    need = n;
-                    break;
-                }
-                Err(e) => {
-                    shared.metrics.resp_protocol_error();
-                    tracing::debug!(error = %e, "closing a RESP connection after bytes that are not RESP");
-                    conn.protocol_error(&e.to_string());
-                    let _ = conn.flush().await;
-                    break 'conn;
-                }
-            }
-        }
-        // A large value of a plain SET goes from the socket straight into its allocation.
-        if let Some(pb) = parser.pending_bulk() {
-            let cmd = &buf[start..];
-            let is_set = parser
-                .arg(cmd, 0)
-                .is_some_and(|n| n.eq_ignore_ascii_case(b"SET"));
-            if is_set
-                && pb.index == 2
-                && pb.args == 3
-                && pb.len >= STREAM_AT
-                && conn.authenticated()
-            {
-                let key = parser.arg(cmd, 1).unwrap_or_default().to_vec();
-                match conn
-                    .set_streamed(&key, pb.len, &cmd[pb.start..], &mut r)
-                    .await
-                {
-                    Ok(Next::Continue) => {}
-                    Ok(Next::Close) => {
-                        let _ = conn.flush().await;
-                        break;
-                    }
-                    Err(_) => break,
-                }
-                buf.clear();
-                start = 0;
-                parser.reset();
-                continue;
-            }
+    loop {
+        let need = match input.run(&mut conn, &shared).await {
+            Flow::Need(n) => n,
+            Flow::Stop => break,
+        };
+        match input.stream_set(&mut conn, &mut r).await {
+            Some(Flow::Stop) => break,
+            Some(Flow::Need(_)) => continue,
+            None => {}
         }
         if conn.flush().await.is_err() {
             break;
         }
-        // Room for what the command still needs (a value's remaining bytes at once, up to
-        // READ_AHEAD: the peer's declared length is not believed further). Consumed bytes are
-        // dropped when nothing is left after them, and otherwise moved out only when the room
-        // is short, so a pipeline of large values is not shifted down after every command.
-        let want = need.clamp(64 << 10, READ_AHEAD);
-        if start == buf.len() {
-            buf.clear();
-            start = 0;
-        } else if start > 0 && buf.capacity() - buf.len() < want {
-            buf.drain(..start);
-            start = 0;
-        }
-        buf.reserve(want);
+        input.make_room(need);
         let deadline = if conn.authenticated() {
             shared.conn.idle.map(|d| tokio::time::Instant::now() + d)
         } else {
             Some(connected + shared.conn.handshake)
         };
+        let idle = input.buf.is_empty();
         let read = tokio::select! {
             biased;
-            _ = shutdown.wait_for(|stop| *stop), if buf.is_empty() => break,
-            n = within(deadline, r.read_buf(&mut buf)) => n,
+            _ = shutdown.wait_for(|stop| *stop), if idle => break,
+            n = within(deadline, r.read_buf(&mut input.buf)) => n,
         };
         match read {
             Ok(0) | Err(_) => break,
@@ -203,6 +128,130 @@ pub(crate) async fn serve<R, W>(
     let _ = conn.shutdown().await;
     door.clients.fetch_sub(1, Relaxed);
     shared.metrics.connection_closed(Transport::Resp);
+}
+
+/// What the connection loop does next.
+enum Flow {
+    /// Read more: the command being parsed needs at least this many more bytes.
+    Need(usize),
+    /// Close the connection (QUIT, a broken stream, or bytes that are not RESP).
+    Stop,
+}
+
+/// The bytes read and not yet executed, and the parser over them.
+struct Input {
+    buf: Vec<u8>,
+    /// Where the first command not yet executed starts in `buf`.
+    start: usize,
+    parser: Parser,
+    /// The limits once the connection is authenticated (smaller ones before).
+    authed: RespLimits,
+}
+
+impl Input {
+    fn new<W: AsyncWrite + Unpin + Send>(authed: RespLimits, conn: &commands::Conn<'_, W>) -> Self {
+        Input {
+            buf: Vec::with_capacity(64 << 10),
+            start: 0,
+            parser: Parser::new(if conn.authenticated() {
+                authed
+            } else {
+                UNAUTHENTICATED
+            }),
+            authed,
+        }
+    }
+
+    /// Executes every complete command buffered, in order, flushing replies as they pile up.
+    async fn run<W: AsyncWrite + Unpin + Send>(
+        &mut self,
+        conn: &mut commands::Conn<'_, W>,
+        shared: &Shared,
+    ) -> Flow {
+        loop {
+            match self.parser.parse(&self.buf[self.start..]) {
+                Ok(Parsed::Command { consumed }) => {
+                    let was_authed = conn.authenticated();
+                    let next = conn.execute(&self.parser, &self.buf[self.start..]).await;
+                    self.start += consumed;
+                    match next {
+                        Ok(Next::Continue) => {}
+                        Ok(Next::Close) => {
+                            let _ = conn.flush().await;
+                            return Flow::Stop;
+                        }
+                        Err(_) => return Flow::Stop,
+                    }
+                    if !was_authed && conn.authenticated() {
+                        self.parser = Parser::new(self.authed);
+                    }
+                    if conn.pending() >= FLUSH_AT && conn.flush().await.is_err() {
+                        return Flow::Stop;
+                    }
+                }
+                Ok(Parsed::Incomplete { need }) => return Flow::Need(need),
+                Err(e) => {
+                    shared.metrics.resp_protocol_error();
+                    tracing::debug!(error = %e, "closing a RESP connection after bytes that are not RESP");
+                    conn.protocol_error(&e.to_string());
+                    let _ = conn.flush().await;
+                    return Flow::Stop;
+                }
+            }
+        }
+    }
+
+    /// A large value of a plain `SET` still arriving goes from the socket straight into its
+    /// allocation. None when the command being parsed is not one.
+    async fn stream_set<R, W>(
+        &mut self,
+        conn: &mut commands::Conn<'_, W>,
+        r: &mut R,
+    ) -> Option<Flow>
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let pb = self.parser.pending_bulk()?;
+        let cmd = &self.buf[self.start..];
+        let is_set = self
+            .parser
+            .arg(cmd, 0)
+            .is_some_and(|n| n.eq_ignore_ascii_case(b"SET"));
+        let streams = is_set && pb.index == 2 && pb.args == 3 && pb.len >= STREAM_AT;
+        if !streams || !conn.authenticated() {
+            return None;
+        }
+        let key = self.parser.arg(cmd, 1).unwrap_or_default().to_vec();
+        let flow = match conn.set_streamed(&key, pb.len, &cmd[pb.start..], r).await {
+            Ok(Next::Continue) => Flow::Need(0),
+            Ok(Next::Close) => {
+                let _ = conn.flush().await;
+                Flow::Stop
+            }
+            Err(_) => Flow::Stop,
+        };
+        self.buf.clear();
+        self.start = 0;
+        self.parser.reset();
+        Some(flow)
+    }
+
+    /// Room for what the command still needs (a value's remaining bytes at once, up to
+    /// READ_AHEAD: the peer's declared length is not believed further). Consumed bytes are
+    /// dropped when nothing is left after them, and otherwise moved out only when the room is
+    /// short, so a pipeline of large values is not shifted down after every command.
+    fn make_room(&mut self, need: usize) {
+        let want = need.clamp(64 << 10, READ_AHEAD);
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 0 && self.buf.capacity() - self.buf.len() < want {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.reserve(want);
+    }
 }
 
 /// A connection's namespace and rights, once it is authenticated.
