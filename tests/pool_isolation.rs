@@ -267,3 +267,47 @@ async fn a_quota_is_a_reservation_nobody_else_can_take() {
     assert!(nb.used_bytes <= 64 << 20, "{nb:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `Clear` (the client's `remove_all`) removes every object of its own namespace, pinned ones
+/// too, and nothing of another namespace; it counts what it removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clearing_a_namespace_removes_its_objects_only_pinned_too() {
+    let dir = common::temp_dir("clear");
+    let cfg = config(
+        &dir,
+        "[[namespace]]\nname = \"tenant-a\"\n\n[[namespace]]\nname = \"tenant-b\"\n",
+    );
+    let n = Node::start("64MiB", &["--config", &cfg]);
+    let d = Client::connect(&n.tcp_url(), remote("default"))
+        .await
+        .unwrap();
+    let (a, b) = (
+        d.namespace("tenant-a").unwrap(),
+        d.namespace("tenant-b").unwrap(),
+    );
+    for i in 0..30u64 {
+        a.put(format!("k-{i}").as_bytes(), &value(i, 4096))
+            .await
+            .unwrap();
+    }
+    for i in 0..5u64 {
+        a.put_pinned(format!("p-{i}").as_bytes(), &value(i, 4096))
+            .await
+            .unwrap();
+        b.put(format!("k-{i}").as_bytes(), &value(i, 4096))
+            .await
+            .unwrap();
+    }
+    assert_eq!(a.remove_all().await.unwrap(), 35);
+    assert!(!a.exists(b"k-0").await.unwrap());
+    assert!(!a.exists(b"p-0").await.unwrap(), "pinned objects go too");
+    let keys: Vec<Vec<u8>> = (0..5).map(|i| format!("k-{i}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    assert_eq!(
+        b.batch_exists(&refs).await.unwrap(),
+        5,
+        "another namespace is untouched"
+    );
+    assert_eq!(a.remove_all().await.unwrap(), 0);
+    assert_eq!(b.remove_all().await.unwrap(), 5);
+}

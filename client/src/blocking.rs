@@ -85,6 +85,11 @@ impl Client {
         self.rt.block_on(self.inner.remove(key))
     }
 
+    /// See [`crate::Client::remove_all`].
+    pub fn remove_all(&self) -> Result<u64, ClientError> {
+        self.rt.block_on(self.inner.remove_all())
+    }
+
     /// See [`crate::Client::batch_put_from`].
     pub fn batch_put_from(&self, items: &[(&[u8], &[u8])]) -> Result<Vec<ErrorCode>, ClientError> {
         self.rt.block_on(self.inner.batch_put_from(items))

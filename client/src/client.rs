@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use kvpool::placement::ClusterView;
+use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
 use kvpool::protocol::{ErrorCode, HelloInfo, Op, Reply};
 use kvpool::{AddrFault, GlobalAddr};
@@ -545,6 +545,37 @@ impl Client {
     /// Statistics of the node the client connected to.
     pub async fn stats(&self) -> Result<PoolStats, ClientError> {
         self.node_stats(self.inner.first.node()).await
+    }
+
+    /// Removes every object of this client's namespace on every node of the view, pinned ones
+    /// too (Mooncake's `remove_all`); returns how many were removed. One request per node, in
+    /// parallel. A node that can't be reached fails the call with `Unavailable`, since what it
+    /// holds was not removed; objects written meanwhile may or may not be.
+    pub async fn remove_all(&self) -> Result<u64, ClientError> {
+        let cfg = &self.inner.cfg;
+        let r = self.routing();
+        let mut batches = Vec::new();
+        for n in r.view.nodes.iter().filter(|n| n.state != NodeState::Down) {
+            add_key(&mut batches, n.id, 0, (), 0);
+        }
+        let answers = self
+            .fan_out(&r, &mut batches, |l, ns, _| async move {
+                l.count(cfg, 0, Op::Clear { ns }).await
+            })
+            .await;
+        let mut removed = 0;
+        for (b, res) in batches.iter().zip(answers) {
+            match self.reached(b.node, res)? {
+                Some(n) => removed += n,
+                None => {
+                    return Err(ClientError::Server {
+                        code: ErrorCode::Unavailable,
+                        message: format!("node {} could not be reached to clear it", b.node),
+                    })
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Statistics of node `node`.

@@ -90,11 +90,14 @@ enum Cmd {
         #[arg(required = true)]
         keys: Vec<String>,
     },
-    /// Remove keys; prints how many existed.
+    /// Remove keys (or, with --all, the whole namespace); prints how many were removed.
     Rm {
         /// Keys.
-        #[arg(required = true)]
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
         keys: Vec<String>,
+        /// Every object of the namespace, on every node, pinned ones too.
+        #[arg(long)]
+        all: bool,
     },
     /// Context caching: block keys of token prefixes (docs/HASHING.md).
     #[command(subcommand)]
@@ -249,7 +252,7 @@ fn run() -> anyhow::Result<i32> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             exists(&client, &keys)
         }
-        Cmd::Rm { keys } => rm(&cli, &client, keys),
+        Cmd::Rm { keys, all } => rm(&cli, &client, keys, *all),
         Cmd::Prefix(PrefixCmd::Hash { .. }) => unreachable!("handled before connecting"),
         Cmd::Prefix(PrefixCmd::Match { seed, tokens }) => prefix_match(&client, seed, tokens),
         Cmd::Prefix(PrefixCmd::Stats) => prefix_stats(&client),
@@ -359,7 +362,12 @@ fn exists(client: &Client, keys: &[Vec<u8>]) -> anyhow::Result<i32> {
 }
 
 /// `kvpool rm`: one key at a time, in order.
-fn rm(cli: &Cli, client: &Client, keys: &[String]) -> anyhow::Result<i32> {
+/// `kvpool rm`: prints how many objects were removed.
+fn rm(cli: &Cli, client: &Client, keys: &[String], all: bool) -> anyhow::Result<i32> {
+    if all {
+        println!("{}", client.remove_all()?);
+        return Ok(0);
+    }
     let mut n = 0;
     for k in keys {
         n += client.remove(&cli.key(k)?)? as u64;

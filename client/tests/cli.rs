@@ -68,6 +68,10 @@ fn put_get_exists_rm_stats() {
     assert!(String::from_utf8(out)
         .unwrap()
         .contains("namespace \"default\": 1 objects"));
+    let (code, out, _) = kvpool(&ep, &["rm", "--all"], b"");
+    assert_eq!((code, String::from_utf8(out).unwrap().trim()), (0, "1"));
+    let (code, _, _) = kvpool(&ep, &["get", "b"], b"");
+    assert_eq!(code, 1, "rm --all removed the last object");
     let (code, _, err) = kvpool(&ep, &["-n", "nope", "stats"], b"");
     assert_eq!(code, 2);
     assert!(err.contains("unknown namespace"), "{err}");

@@ -178,13 +178,14 @@ class Client(_NativeClient):
             return e.code
 
     def remove_all(self, force: bool = False) -> int:
-        """Mooncake: removes every object and returns how many. kvpool's protocol has no
-        operation that lists or clears a namespace, so this returns -1011
-        (UNAVAILABLE_IN_CURRENT_MODE) and removes nothing; remove keys one by one (or restart
-        a node with a fresh data directory) instead."""
-        if self.closed:
-            return _errors.INVALID_PARAMS
-        return _errors.UNAVAILABLE_IN_CURRENT_MODE
+        """Removes every object of the client's namespace on every node (pinned ones too)
+        and returns how many, or a negative status (-900 when a node can't be reached: its
+        objects stay). ``force`` is accepted and ignored (kvpool leases never block a
+        remove)."""
+        try:
+            return self.clear()
+        except Error as e:
+            return e.code
 
     # ----- Pythonic calls: buffers and exceptions -----
 

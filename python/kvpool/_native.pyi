@@ -89,6 +89,10 @@ class Client:
     def delete(self, key: Key) -> bool:
         """Removes ``key``; True when an object was removed. Raises ``kvpool.Error``
         subclasses."""
+    def clear(self) -> int:
+        """Removes every object of the client's namespace on every node, pinned ones too;
+        returns how many were removed. One round trip per node. Raises ``kvpool.Error``
+        subclasses (``ConnectionError`` when a node can't be reached: its objects stay)."""
     def match_prefix(self, keys: Sequence[Key]) -> int:
         """How many leading keys of ``keys`` are present (the part of a prefix that can be
         loaded): one round trip per node owning any of them. Raises ``kvpool.Error``

@@ -434,6 +434,13 @@ impl NativeClient {
         Ok(py.detach(|| c.remove(&key)).map_err(Failure::from)?)
     }
 
+    /// Removes every object of this client's namespace on every node (pinned ones too);
+    /// returns how many were removed.
+    fn clear(&self, py: Python<'_>) -> PyResult<u64> {
+        let c = self.client()?;
+        Ok(py.detach(|| c.remove_all()).map_err(Failure::from)?)
+    }
+
     /// How many leading keys of `keys` the pool holds (the prefix that can be loaded): one
     /// round trip per node owning any of them, never one per key.
     fn match_prefix(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<usize> {

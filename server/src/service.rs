@@ -237,6 +237,26 @@ impl Shared {
         self.pool.remove(ns, key)
     }
 
+    /// Removes every object of namespace `ns` here, pinned ones too; returns how many it
+    /// removed. The keys are walked a bounded page at a time (`pool.scan`), each removal noted
+    /// as a write for the cluster like [`Shared::remove`]'s. Objects written meanwhile may or
+    /// may not be removed.
+    pub(crate) fn clear(&self, ns: u32) -> Result<u64, PoolError> {
+        const PAGE: usize = 4096;
+        let mut cursor = 0;
+        let mut removed = 0;
+        loop {
+            let page = self.pool.scan(ns, cursor, PAGE, &mut |_| true)?;
+            for key in &page.keys {
+                removed += self.remove(ns, key)? as u64;
+            }
+            if page.cursor == 0 {
+                return Ok(removed);
+            }
+            cursor = page.cursor;
+        }
+    }
+
     /// How many committed objects namespace `ns` holds (its keys are walked a page at a time
     /// with `pool.scan`).
     pub(crate) fn count(&self, ns: u32) -> Result<u64, PoolError> {

@@ -187,6 +187,13 @@ pub enum Op {
         /// `HMAC-SHA256(secret, transcript("peer"))` over the Hello's challenge and `nonce`.
         proof: [u8; 32],
     },
+    /// Removes every object of a namespace on this node, pinned ones too (Mooncake's
+    /// `remove_all`). Reply: `Count` of the objects removed. A client clears a namespace by
+    /// sending it to every node of the view.
+    Clear {
+        /// Namespace id.
+        ns: u32,
+    },
 }
 
 /// One value of a `BatchPut`.

@@ -144,10 +144,14 @@ def test_mooncake_calls_and_their_codes(kv):
     assert kv.unregister_buffer(dst.ctypes.data) == 0
 
 
-def test_remove_all_is_reported_unsupported(kv):
-    kv.put("x", b"1")
-    assert kv.remove_all() == -1011
-    assert kv.get("x") == b"1"  # nothing removed
+def test_remove_all_removes_every_object_and_counts_them(kv):
+    for i in range(20):
+        assert kv.put(f"x{i}", b"1" * (i + 1)) == 0
+    assert kv.remove_all() == 20
+    assert kv.batch_is_exist([f"x{i}" for i in range(20)]) == [0] * 20
+    assert kv.remove_all() == 0
+    kv.write("y", b"2")
+    assert kv.clear() == 1
 
 
 def test_torch_style_pointer_and_nbytes(kv):

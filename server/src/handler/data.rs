@@ -162,6 +162,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.answer(id, r).await
     }
 
+    /// `Clear`: every object of `ns` here, removed.
+    pub(super) async fn clear(&mut self, id: u64, ns: u32) -> Next {
+        let r = self.s.clear(ns).map(Reply::Count).map_err(ErrorCode::from);
+        self.answer(id, r).await
+    }
+
     /// Receives one value straight from the socket into a fresh allocation and commits it.
     /// Consumes exactly `item.len` payload bytes whatever happens.
     async fn put_one(

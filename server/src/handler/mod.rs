@@ -241,6 +241,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
             ArchivedOp::Exists { ns, keys } => self.exists(id, ns.to_native(), keys).await,
             ArchivedOp::Remove { ns, keys } => self.remove(id, ns.to_native(), keys).await,
+            ArchivedOp::Clear { ns } => self.clear(id, ns.to_native()).await,
             ArchivedOp::Alloc {
                 ns,
                 items,
@@ -347,7 +348,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::BatchPut { .. } => OpKind::BatchPut,
         ArchivedOp::BatchGet { .. } => OpKind::BatchGet,
         ArchivedOp::Exists { .. } => OpKind::Exists,
-        ArchivedOp::Remove { .. } => OpKind::Remove,
+        ArchivedOp::Remove { .. } | ArchivedOp::Clear { .. } => OpKind::Remove,
         ArchivedOp::Alloc { .. } => OpKind::Alloc,
         ArchivedOp::Write { .. } => OpKind::Write,
         ArchivedOp::Commit { .. } => OpKind::Commit,
@@ -374,6 +375,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::BatchGet { ns, .. }
         | ArchivedOp::Exists { ns, .. }
         | ArchivedOp::Remove { ns, .. }
+        | ArchivedOp::Clear { ns }
         | ArchivedOp::Alloc { ns, .. }
         | ArchivedOp::Lookup { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
