@@ -116,11 +116,11 @@ fn alive(n: &mut Node) -> bool {
     n.child.as_mut().unwrap().try_wait().unwrap().is_none()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_clients_drain_is_refused_and_the_node_keeps_serving() {
-    let mut n0 = Node::start("64MiB", &[&["--node-id", "0"][..], HEARTBEAT].concat());
+/// Two nodes sharing the first one's cluster secret, both serving, and a client of the first.
+async fn two_nodes() -> (Node, Node, Client) {
+    let n0 = Node::start("64MiB", &[&["--node-id", "0"][..], HEARTBEAT].concat());
     let secret = n0.secret_file().to_str().unwrap().to_string();
-    let mut n1 = Node::start(
+    let n1 = Node::start(
         "64MiB",
         &[
             &["--node-id", "1", "--peer", &n0.tcp][..],
@@ -133,6 +133,12 @@ async fn a_plain_clients_drain_is_refused_and_the_node_keeps_serving() {
         .await
         .unwrap();
     wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    (n0, n1, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_clients_drain_is_refused_and_the_node_keeps_serving() {
+    let (mut n0, mut n1, c) = two_nodes().await;
 
     // Drain from a plain client (the node has no token): refused, the connection keeps working.
     let (mut raw, _) = Raw::hello(&n0.tcp).await;
@@ -176,21 +182,7 @@ async fn a_plain_clients_drain_is_refused_and_the_node_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_clients_gossip_of_a_fake_node_is_refused_and_never_in_the_view() {
-    let mut n0 = Node::start("64MiB", &[&["--node-id", "0"][..], HEARTBEAT].concat());
-    let secret = n0.secret_file().to_str().unwrap().to_string();
-    let mut n1 = Node::start(
-        "64MiB",
-        &[
-            &["--node-id", "1", "--peer", &n0.tcp][..],
-            &["--cluster-secret-file", &secret],
-            HEARTBEAT,
-        ]
-        .concat(),
-    );
-    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
-        .await
-        .unwrap();
-    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    let (mut n0, mut n1, _c) = two_nodes().await;
 
     // Gossip advertising a 1 PiB node, to both nodes.
     let (mut raw0, hello) = Raw::hello(&n0.tcp).await;

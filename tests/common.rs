@@ -9,5 +9,6 @@
 )]
 
 pub mod cluster;
+pub mod raw;
 
 pub use kvpool_system_tests::*;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{value, Node};
-use kvpool::protocol::{encode, FramePrefix, Op, Reply, Request, Response, PROTOCOL_VERSION};
+use kvpool::protocol::{FramePrefix, Op};
 use kvpool_client::{Client, ClientConfig, SameHost};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -30,44 +30,11 @@ fn config_file(toml: &str) -> String {
 }
 
 async fn send(s: &mut TcpStream, id: u64, op: Op) {
-    let hdr = encode(&Request { id, view: 0, op });
-    let p = FramePrefix {
-        header_len: hdr.len() as u32,
-        payload_len: 0,
-    };
-    s.write_all(&p.encode()).await.unwrap();
-    s.write_all(&hdr).await.unwrap();
-}
-
-/// Reads one response, skipping its payload.
-async fn recv(s: &mut TcpStream) -> Response {
-    let mut prefix = [0u8; 16];
-    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut prefix))
-        .await
-        .expect("reply in time")
-        .unwrap();
-    let p = FramePrefix::parse(&prefix, &kvpool::protocol::Limits::default()).unwrap();
-    let mut hdr = kvpool::protocol::AlignedVec::<16>::new();
-    hdr.resize(p.header_len as usize, 0);
-    s.read_exact(&mut hdr).await.unwrap();
-    let mut left = p.payload_len;
-    let mut buf = vec![0u8; 64 << 10];
-    while left > 0 {
-        let take = left.min(buf.len() as u64) as usize;
-        s.read_exact(&mut buf[..take]).await.unwrap();
-        left -= take as u64;
-    }
-    kvpool::protocol::decode_response_owned(&hdr).unwrap()
+    common::raw::send(s, id, op, &[]).await;
 }
 
 async fn hello(s: &mut TcpStream) {
-    let op = Op::Hello {
-        version: PROTOCOL_VERSION,
-        token: String::new(),
-        client: "limits".into(),
-    };
-    send(s, 1, op).await;
-    assert!(matches!(recv(s).await.reply, Reply::Hello(_)));
+    common::raw::hello(s, "limits").await;
 }
 
 /// A connection to `to` from the loopback address `from` (127.0.0.0/8 is all local), so tests

@@ -6,8 +6,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw::{hello, send_head};
 use common::{value, Node};
-use kvpool::protocol::{encode, ErrorCode, FramePrefix, Op, Reply, Request, PROTOCOL_VERSION};
+use kvpool::protocol::{ErrorCode, Op, Reply};
 use kvpool::GlobalAddr;
 use kvpool_client::{Client, ClientConfig, ClientError, SameHost};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,41 +36,13 @@ fn config(dir: &std::path::Path, toml: &str) -> String {
 /// A raw connection, greeted, that can send a frame's header and only part of its payload.
 async fn raw(n: &Node) -> TcpStream {
     let mut s = TcpStream::connect(&n.tcp).await.unwrap();
-    let hello = Op::Hello {
-        version: PROTOCOL_VERSION,
-        token: String::new(),
-        client: "raw".into(),
-    };
-    send_head(&mut s, 1, hello, 0).await;
-    assert!(matches!(recv(&mut s).await.unwrap(), Reply::Hello(_)));
+    hello(&mut s, "raw").await;
     s
-}
-
-/// Sends a request's prefix and header announcing `payload_len` bytes, and none of them.
-async fn send_head(s: &mut TcpStream, id: u64, op: Op, payload_len: u64) {
-    let hdr = encode(&Request { id, view: 0, op });
-    let p = FramePrefix {
-        header_len: hdr.len() as u32,
-        payload_len,
-    };
-    s.write_all(&p.encode()).await.unwrap();
-    s.write_all(&hdr).await.unwrap();
 }
 
 /// One reply (its payload skipped); None when the node closed the connection.
 async fn recv(s: &mut TcpStream) -> Option<Reply> {
-    let mut prefix = [0u8; 16];
-    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut prefix))
-        .await
-        .expect("reply in time")
-        .ok()?;
-    let p = FramePrefix::parse(&prefix, &kvpool::protocol::Limits::default()).unwrap();
-    let mut hdr = kvpool::protocol::AlignedVec::<16>::new();
-    hdr.resize(p.header_len as usize, 0);
-    s.read_exact(&mut hdr).await.unwrap();
-    let mut payload = vec![0u8; p.payload_len as usize];
-    s.read_exact(&mut payload).await.unwrap();
-    Some(kvpool::protocol::decode_response_owned(&hdr).unwrap().reply)
+    common::raw::recv(s).await.map(|r| r.reply)
 }
 
 /// True when the node closed `s` (within 10 s).

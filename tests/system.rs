@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw::{recv, send};
 use common::{value, Node};
 use kvpool::protocol::{
     encode, ErrorCode, FramePrefix, Op, PutItem, Reply, Request, Response, PROTOCOL_VERSION,
@@ -385,33 +386,6 @@ async fn concurrent_clients_read_exactly_what_they_wrote() {
 
 async fn raw_conn(n: &Node) -> TcpStream {
     TcpStream::connect(&n.tcp).await.unwrap()
-}
-
-async fn send(s: &mut TcpStream, id: u64, op: Op, payload: &[u8]) {
-    let hdr = encode(&Request { id, view: 0, op });
-    let p = FramePrefix {
-        header_len: hdr.len() as u32,
-        payload_len: payload.len() as u64,
-    };
-    s.write_all(&p.encode()).await.unwrap();
-    s.write_all(&hdr).await.unwrap();
-    s.write_all(payload).await.unwrap();
-}
-
-/// Reads one response (skipping its payload); None when the node closed the connection.
-async fn recv(s: &mut TcpStream) -> Option<Response> {
-    let mut prefix = [0u8; 16];
-    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut prefix))
-        .await
-        .expect("reply in time")
-        .ok()?;
-    let p = FramePrefix::parse(&prefix, &kvpool::protocol::Limits::default()).unwrap();
-    let mut hdr = kvpool::protocol::AlignedVec::<16>::new();
-    hdr.resize(p.header_len as usize, 0);
-    s.read_exact(&mut hdr).await.unwrap();
-    let mut payload = vec![0u8; p.payload_len as usize];
-    s.read_exact(&mut payload).await.unwrap();
-    Some(kvpool::protocol::decode_response_owned(&hdr).unwrap())
 }
 
 fn error_code(r: &Response) -> ErrorCode {

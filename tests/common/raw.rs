@@ -1,0 +1,62 @@
+//! Raw native-protocol frames, for tests that must send what the client never would (part of a
+//! payload, a request before `Hello`, a malformed op) and read the node's answer as it is.
+
+use std::time::Duration;
+
+use kvpool::protocol::{
+    decode_response_owned, encode, AlignedVec, FramePrefix, Limits, Op, Reply, Request, Response,
+    PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends a request's prefix and header announcing `payload_len` bytes, and none of them.
+pub async fn send_head(s: &mut TcpStream, id: u64, op: Op, payload_len: u64) {
+    let hdr = encode(&Request { id, view: 0, op });
+    let p = FramePrefix {
+        header_len: hdr.len() as u32,
+        payload_len,
+    };
+    s.write_all(&p.encode()).await.unwrap();
+    s.write_all(&hdr).await.unwrap();
+}
+
+/// Sends a whole request: prefix, header and `payload`.
+pub async fn send(s: &mut TcpStream, id: u64, op: Op, payload: &[u8]) {
+    send_head(s, id, op, payload.len() as u64).await;
+    s.write_all(payload).await.unwrap();
+}
+
+/// Reads one response, skipping its payload a piece at a time; None when the node closed the
+/// connection. Panics when no reply starts within 10 s.
+pub async fn recv(s: &mut TcpStream) -> Option<Response> {
+    let mut prefix = [0u8; 16];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut prefix))
+        .await
+        .expect("reply in time")
+        .ok()?;
+    let p = FramePrefix::parse(&prefix, &Limits::default()).unwrap();
+    let mut hdr = AlignedVec::<16>::new();
+    hdr.resize(p.header_len as usize, 0);
+    s.read_exact(&mut hdr).await.unwrap();
+    let mut left = p.payload_len;
+    let mut buf = vec![0u8; (64 << 10).min(left as usize)];
+    while left > 0 {
+        let take = left.min(buf.len() as u64) as usize;
+        s.read_exact(&mut buf[..take]).await.unwrap();
+        left -= take as u64;
+    }
+    Some(decode_response_owned(&hdr).unwrap())
+}
+
+/// Greets the node as client `client` (no token) and checks it answered `Hello`.
+pub async fn hello(s: &mut TcpStream, client: &str) {
+    let op = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: String::new(),
+        client: client.into(),
+    };
+    send(s, 1, op, &[]).await;
+    let r = recv(s).await.expect("a reply to Hello");
+    assert!(matches!(r.reply, Reply::Hello(_)), "{r:?}");
+}
