@@ -321,7 +321,7 @@ impl Shared {
 mod tests {
     use std::time::Duration;
 
-    use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+    use kvpool::placement::{ClusterView, NodeInfo};
     use kvpool::pool::{NamespaceConfig, DEFAULT_NAMESPACE};
     use kvpool::segment::{Backing, HugePages};
     use kvpool::PoolConfig;
@@ -343,15 +343,7 @@ mod tests {
             ..PoolConfig::default()
         };
         let pool = Arc::new(Pool::new(&cfg, [7; 16]).unwrap());
-        let node = NodeInfo {
-            id: 0,
-            tcp: String::new(),
-            quic: String::new(),
-            metrics: String::new(),
-            capacity: 4 << 20,
-            state: NodeState::Serving,
-            epoch: 1,
-        };
+        let node = NodeInfo::serving(0, 4 << 20);
         let cluster = Arc::new(Membership::new(node, Source::Gossip));
         cluster.attach_pool(pool.clone());
         let limits = Limits::default();

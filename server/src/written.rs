@@ -75,24 +75,12 @@ fn fingerprint(ns: u32, key: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use kvpool::placement::{NodeInfo, NodeState};
+    use kvpool::placement::NodeInfo;
 
     use super::*;
 
     fn view(ids: &[u32]) -> ClusterView {
-        ClusterView::from_nodes(
-            ids.iter()
-                .map(|&id| NodeInfo {
-                    id,
-                    tcp: String::new(),
-                    quic: String::new(),
-                    metrics: String::new(),
-                    capacity: 1,
-                    state: NodeState::Serving,
-                    epoch: 1,
-                })
-                .collect(),
-        )
+        ClusterView::from_nodes(ids.iter().map(|&id| NodeInfo::serving(id, 1)).collect())
     }
 
     #[test]

@@ -67,6 +67,22 @@ pub struct NodeInfo {
     pub epoch: u64,
 }
 
+impl NodeInfo {
+    /// A serving node with weight `capacity`, no addresses, at epoch 1: what simulations and
+    /// tests that need placement only build views of.
+    pub fn serving(id: u32, capacity: u64) -> NodeInfo {
+        NodeInfo {
+            id,
+            tcp: String::new(),
+            quic: String::new(),
+            metrics: String::new(),
+            capacity,
+            state: NodeState::Serving,
+            epoch: 1,
+        }
+    }
+}
+
 /// The cluster view: every node, and a version that increases with every change.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct ClusterView {
@@ -200,13 +216,10 @@ impl ClusterView {
 #[cfg(test)]
 pub(crate) fn test_record(id: u32, state: NodeState, epoch: u64) -> NodeInfo {
     NodeInfo {
-        id,
         tcp: format!("n{id}"),
-        quic: String::new(),
-        metrics: String::new(),
-        capacity: 1,
         state,
         epoch,
+        ..NodeInfo::serving(id, 1)
     }
 }
 

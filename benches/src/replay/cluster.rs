@@ -2,7 +2,7 @@
 //! weighted rendezvous hashing, exactly as the kvpool client routes) or *private* (each node a
 //! separate cache, requests spread round-robin: what a fleet without a shared pool gets).
 
-use kvpool::placement::{ClusterView, NodeInfo, NodeState};
+use kvpool::placement::{ClusterView, NodeInfo};
 
 use super::cache::BlockCache;
 use super::pool_engine::block_key;
@@ -18,15 +18,7 @@ impl Pooled {
     pub fn new(nodes: Vec<Box<dyn BlockCache>>) -> Self {
         let view = ClusterView::from_nodes(
             (0..nodes.len() as u32)
-                .map(|id| NodeInfo {
-                    id,
-                    tcp: String::new(),
-                    quic: String::new(),
-                    metrics: String::new(),
-                    capacity: 1,
-                    state: NodeState::Serving,
-                    epoch: 1,
-                })
+                .map(|id| NodeInfo::serving(id, 1))
                 .collect(),
         );
         Pooled { nodes, view }

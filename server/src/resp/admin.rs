@@ -161,16 +161,7 @@ pub(crate) fn client<W: AsyncWrite + Unpin + Send>(c: &mut Conn<'_, W>, args: &[
             );
             encode::bulk(&mut c.out, line.as_bytes());
         }
-        _ => {
-            let shown =
-                String::from_utf8_lossy(args.first().copied().unwrap_or_default()).into_owned();
-            encode::error(
-                &mut c.out,
-                &format!(
-                    "ERR unknown subcommand or wrong number of arguments for 'client|{shown}'"
-                ),
-            );
-        }
+        _ => unknown_subcommand(&mut c.out, "client", args),
     }
 }
 
@@ -272,16 +263,7 @@ pub(crate) fn command<W: AsyncWrite + Unpin + Send>(c: &mut Conn<'_, W>, args: &
                 );
             }
         }
-        _ => {
-            let shown =
-                String::from_utf8_lossy(args.first().copied().unwrap_or_default()).into_owned();
-            encode::error(
-                &mut c.out,
-                &format!(
-                    "ERR unknown subcommand or wrong number of arguments for 'command|{shown}'"
-                ),
-            );
-        }
+        _ => unknown_subcommand(&mut c.out, "command", args),
     }
 }
 
@@ -379,4 +361,13 @@ pub(crate) fn info<W: AsyncWrite + Unpin + Send>(c: &mut Conn<'_, W>, args: &[&[
         t.push_str("\r\n");
     }
     encode::bulk(&mut c.out, t.as_bytes());
+}
+
+/// Redis's error for a subcommand of `cmd` it does not know (or with the wrong arguments).
+fn unknown_subcommand(out: &mut Vec<u8>, cmd: &str, args: &[&[u8]]) {
+    let shown = String::from_utf8_lossy(args.first().copied().unwrap_or_default());
+    encode::error(
+        out,
+        &format!("ERR unknown subcommand or wrong number of arguments for '{cmd}|{shown}'"),
+    );
 }
