@@ -210,12 +210,9 @@ impl NativeClient {
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
         let keys = keys_of(&keys)?;
-        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
-            return Ok(vec![code::INVALID_PARAMS; keys.len()]);
-        }
-        let c = match self.client() {
+        let c = match self.batch_client(keys.len(), buffer_ptrs.len(), sizes.len()) {
             Ok(c) => c,
-            Err(f) => return Ok(vec![f.code(); keys.len()]),
+            Err(codes) => return Ok(codes),
         };
         let ranges: Vec<Range> = buffer_ptrs.into_iter().zip(sizes).collect();
         let mut out = vec![code::OK; keys.len()];
@@ -223,13 +220,13 @@ impl NativeClient {
         let overlapping = overlaps(&ranges);
         for (i, key) in keys.iter().enumerate() {
             let (p, n) = ranges[i];
-            out[i] = if check_key(key).is_err() {
-                code::INVALID_KEY
-            } else if !self.registry.covers(p, n) || overlapping[i] {
-                code::INVALID_PARAMS
-            } else {
-                ok.push(i);
-                continue;
+            out[i] = match self.item_status(key, p, n) {
+                code::OK if overlapping[i] => code::INVALID_PARAMS,
+                code::OK => {
+                    ok.push(i);
+                    continue;
+                }
+                status => status,
             };
         }
         let sub_keys: Vec<&[u8]> = ok.iter().map(|&i| &keys[i][..]).collect();
@@ -263,24 +260,18 @@ impl NativeClient {
     ) -> PyResult<Vec<i64>> {
         let _ = config;
         let keys = keys_of(&keys)?;
-        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
-            return Ok(vec![code::INVALID_PARAMS; keys.len()]);
-        }
-        let c = match self.client() {
+        let c = match self.batch_client(keys.len(), buffer_ptrs.len(), sizes.len()) {
             Ok(c) => c,
-            Err(f) => return Ok(vec![f.code(); keys.len()]),
+            Err(codes) => return Ok(codes),
         };
         let mut out = vec![code::OK; keys.len()];
         let mut items: Vec<(&[u8], &[u8])> = Vec::with_capacity(keys.len());
         let mut sent = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             let (p, n) = (buffer_ptrs[i], sizes[i]);
-            if check_key(key).is_err() {
-                out[i] = code::INVALID_KEY;
-            } else if !self.registry.covers(p, n) {
-                out[i] = code::INVALID_PARAMS;
-            } else {
-                // SAFETY: inside a registration (checked on the line above); only read.
+            out[i] = self.item_status(key, p, n);
+            if out[i] == code::OK {
+                // SAFETY: inside a registration (item_status checked it); only read.
                 items.push((key, unsafe { slice_ref(p, n) }));
                 sent.push(i);
             }
@@ -454,6 +445,33 @@ impl NativeClient {
 }
 
 impl NativeClient {
+    /// The client for a batch call of `keys` keys with `ptrs` pointers and `sizes` sizes, or
+    /// the status every key gets: `INVALID_PARAMS` for lists of different lengths, the
+    /// closed client's code.
+    fn batch_client(
+        &self,
+        keys: usize,
+        ptrs: usize,
+        sizes: usize,
+    ) -> Result<blocking::Client, Vec<i64>> {
+        if keys != ptrs || keys != sizes {
+            return Err(vec![code::INVALID_PARAMS; keys]);
+        }
+        self.client().map_err(|f| vec![f.code(); keys])
+    }
+
+    /// The status of one item of a pointer batch before it is sent: `INVALID_KEY`,
+    /// `INVALID_PARAMS` (its range is not inside a registration) or `OK`.
+    fn item_status(&self, key: &[u8], ptr: usize, len: usize) -> i64 {
+        if check_key(key).is_err() {
+            code::INVALID_KEY
+        } else if !self.registry.covers(ptr, len) {
+            code::INVALID_PARAMS
+        } else {
+            code::OK
+        }
+    }
+
     /// A handle on the client (shared connections), or `Closed`.
     fn client(&self) -> Result<blocking::Client, Failure> {
         self.inner
