@@ -68,13 +68,15 @@ class Kvpoold:
         extra: list[str] | None = None,
         data_dir: Path | None = None,
         ready_timeout: float = 30.0,
+        tcp: str | None = None,
     ):
+        """``tcp``: the native listener's ``host:port`` (default: a free port)."""
         self.memory = memory
         self.extra = list(extra or [])
         self.own_dir = data_dir is None
         self.dir = Path(data_dir or tempfile.mkdtemp(prefix="kvpool-py-"))
         self.proc: subprocess.Popen | None = None
-        self.addrs: dict[str, str] = {}
+        self.addrs: dict[str, str] = {} if tcp is None else {"tcp": tcp}
         self.start(ready_timeout)
 
     def start(self, ready_timeout: float = 30.0) -> None:

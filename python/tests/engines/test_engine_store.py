@@ -1,0 +1,135 @@
+"""kvpool.engine.EngineStore against a real kvpoold: what an engine connector stands on.
+
+A store that is down must cost no more than a miss: no exception reaches the caller, the breaker
+opens after the threshold with one warning and answers at once, a probe closes it when kvpoold
+is back, and buffers registered while it was down are registered on reconnect."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import numpy as np
+from kvpool.engine import EngineStore, layout_salt
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_round_trip_and_counters(kvpoold):
+    st = EngineStore(kvpoold.url, lookup_timeout=2.0, io_timeout=5.0)
+    src = np.arange(4 * 1024, dtype=np.uint8).reshape(4, 1024)
+    dst = np.zeros_like(src)
+    assert st.register(src.ctypes.data, src.nbytes)
+    assert st.register(dst.ctypes.data, dst.nbytes)
+    keys = [f"k{i}" for i in range(4)]
+    ptrs = [src.ctypes.data + i * 1024 for i in range(4)]
+    assert st.save(keys[:3], ptrs[:3], [1024] * 3) == [True] * 3
+    assert st.match_prefix(keys) == 3
+    assert st.presence(keys) == [True, True, True, False]
+    got = st.load(keys, [dst.ctypes.data + i * 1024 for i in range(4)], [1024] * 4)
+    assert got == [True, True, True, False]
+    assert (dst[:3] == src[:3]).all() and (dst[3] == 0).all()
+    # A value of another size than the slot is not a hit.
+    assert st.load(keys[:1], [dst.ctypes.data], [512]) == [False]
+    s = st.stats()
+    assert (s["hits"], s["misses"], s["stores"]) == (3, 2, 3)
+    assert (s["bytes_read"], s["bytes_written"]) == (3 * 1024, 3 * 1024)
+    assert sum(s["load_latency"]["counts"]) == 2
+    assert s["errors"] == 0 and s["available"]
+    assert st.put("plain", b"xyz") and st.get("plain") == b"xyz"
+    assert st.get("absent") is None
+    assert st.clear() == 4
+    st.close()
+    assert st.get("plain") is None  # closed: a miss, not an exception
+
+
+def test_dead_daemon_opens_the_breaker_once_and_a_probe_closes_it(kvpoold, caplog):
+    clock = FakeClock()
+    st = EngineStore(
+        kvpoold.url,
+        lookup_timeout=0.5,
+        io_timeout=0.5,
+        failure_threshold=2,
+        probe_interval=10.0,
+        clock=clock,
+    )
+    buf = np.ones(256, dtype=np.uint8)
+    assert st.register(buf.ctypes.data, buf.nbytes)
+    assert st.save(["a"], [buf.ctypes.data], [256]) == [True]
+    kvpoold.kill()
+    caplog.set_level(logging.WARNING, logger="kvpool.engine")
+    for _ in range(2):
+        assert st.save(["b"], [buf.ctypes.data], [256]) == [False]
+    assert not st.available
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "probing" in warnings[0].getMessage()
+    # Open: calls answer misses without asking the daemon.
+    before = st.stats()["skipped"]
+    assert st.load(["a"], [buf.ctypes.data], [256]) == [False]
+    assert st.match_prefix(["a"]) == 0
+    assert st.get("a") is None and not st.put("a", b"1")
+    assert st.stats()["skipped"] == before + 4
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+    kvpoold.start()  # same ports and data directory
+    clock.t += 10.0  # a probe is due
+    # The probe may need a moment while the client reconnects; each failed probe waits for
+    # the next interval.
+    for _ in range(50):
+        if st.save(["c"], [buf.ctypes.data], [256]) == [True]:
+            break
+        clock.t += 10.0
+    assert st.available
+    dst = np.zeros(256, dtype=np.uint8)
+    assert st.register(dst.ctypes.data, dst.nbytes)
+    assert st.load(["c"], [dst.ctypes.data], [256]) == [True] and dst.all()
+    assert st.stats()["breaker_opened"] == 1
+
+
+def test_store_created_while_daemon_is_down_connects_later(start_kvpoold):
+    port = free_port()
+    clock = FakeClock()
+    st = EngineStore(
+        f"tcp://127.0.0.1:{port}",
+        lookup_timeout=0.5,
+        io_timeout=0.5,
+        failure_threshold=1,
+        probe_interval=1.0,
+        clock=clock,
+    )
+    buf = np.full(64, 7, dtype=np.uint8)
+    assert st.register(buf.ctypes.data, buf.nbytes)  # remembered for the connect
+    assert not st.available
+    assert st.save(["x"], [buf.ctypes.data], [64]) == [False]
+    start_kvpoold(tcp=f"127.0.0.1:{port}")
+    for _ in range(50):
+        clock.t += 1.0
+        if st.save(["x"], [buf.ctypes.data], [64]) == [True]:
+            break
+    assert st.available
+    assert st.match_prefix(["x", "y"]) == 1
+
+
+def test_layout_salt_separates_layouts():
+    a = layout_salt(model="m", dtype="bf16", page=16, tp=1)
+    assert a == layout_salt(tp=1, page=16, dtype="bf16", model="m")
+    assert len(a) == 16
+    others = {
+        layout_salt(model="m2", dtype="bf16", page=16, tp=1),
+        layout_salt(model="m", dtype="fp16", page=16, tp=1),
+        layout_salt(model="m", dtype="bf16", page=64, tp=1),
+        layout_salt(model="m", dtype="bf16", page=16, tp=2),
+    }
+    assert a not in others and len(others) == 4
