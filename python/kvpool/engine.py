@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import Client, Error, Key
+from ._errors import RPC_FAIL
 
 log = logging.getLogger("kvpool.engine")
 
@@ -51,6 +52,10 @@ def layout_salt(**fields: Any) -> str:
     text = ";".join(f"{k}={fields[k]!r}" for k in sorted(fields))
     digest = hashlib.sha256(f"kvpool-kv-v{KEY_SCHEME};{text}".encode()).hexdigest()
     return digest[:16]
+
+
+def _any_unreachable(statuses: Sequence[int]) -> bool:
+    return any(s == RPC_FAIL for s in statuses)
 
 
 class Counters:
@@ -137,7 +142,9 @@ class _Breaker:
         with self.lock:
             self.failures += 1
             if self.open_since is not None:
-                self.open_since = self.clock()  # a failed probe: wait a full interval again
+                self.open_since = (
+                    self.clock()
+                )  # a failed probe: wait a full interval again
                 self.probing = False
                 return False
             if self.failures >= self.threshold:
@@ -229,8 +236,17 @@ class EngineStore:
         if self._breaker.success():
             log.info("%s at %s answers again", self.name, self.endpoint)
 
-    def _call(self, which: int, op: Callable[[Client], Any], miss: Any) -> Any:
-        """Runs ``op`` on the lookup (0) or io (1) client through the breaker."""
+    def _call(
+        self,
+        which: int,
+        op: Callable[[Client], Any],
+        miss: Any,
+        unreachable: Callable[[Any], bool] | None = None,
+    ) -> Any:
+        """Runs ``op`` on the lookup (0) or io (1) client through the breaker. ``unreachable``
+        tells a result that reports a node it could not reach (the Mooncake-style batch calls
+        return per-key statuses instead of raising): it counts as a failure, but the result,
+        with its partial successes, is still returned."""
         if self._closed or not self._breaker.admit():
             self.counters.add(skipped=1)
             return miss
@@ -242,7 +258,10 @@ class EngineStore:
         except Exception as e:  # noqa: BLE001 (the engine must only ever see a miss)
             self._failed(e)
             return miss
-        self._succeeded()
+        if unreachable is not None and unreachable(out):
+            self._failed(ConnectionError("a node could not be reached"))
+        else:
+            self._succeeded()
         return out
 
     @property
@@ -321,7 +340,10 @@ class EngineStore:
             return []
         start = time.perf_counter()
         got = self._call(
-            1, lambda c: c.batch_get_into(list(keys), list(ptrs), list(sizes)), None
+            1,
+            lambda c: c.batch_get_into(list(keys), list(ptrs), list(sizes)),
+            None,
+            _any_unreachable,
         )
         if got is None:
             self.counters.add(misses=n)
@@ -345,7 +367,10 @@ class EngineStore:
         if n == 0:
             return []
         st = self._call(
-            1, lambda c: c.batch_put_from(list(keys), list(ptrs), list(sizes)), None
+            1,
+            lambda c: c.batch_put_from(list(keys), list(ptrs), list(sizes)),
+            None,
+            _any_unreachable,
         )
         if st is None:
             self.counters.add(store_failures=n)
