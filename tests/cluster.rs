@@ -289,6 +289,9 @@ async fn a_joining_node_takes_a_share_of_new_writes_and_old_keys_stay_reachable(
     let keys: Vec<Vec<u8>> = (0..64).map(key).collect();
     let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
     assert_eq!(c.batch_exists(&refs).await.unwrap(), 64);
+    // So do per-key presence checks (Mooncake's batch_is_exist in the Python client).
+    let present = c.present(&refs).await.unwrap();
+    assert_eq!(present.iter().filter(|p| **p).count(), 64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

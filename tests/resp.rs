@@ -117,8 +117,8 @@ fn garbage_closes_only_its_connection() {
     expect(&mut good, &[b"SET", b"k", b"v"], b"+OK\r\n");
     expect(
         &mut good,
-        &[b"FLUSHALL"],
-        b"-ERR unknown command 'FLUSHALL', with args beginning with: \r\n",
+        &[b"LPUSH"],
+        b"-ERR unknown command 'LPUSH', with args beginning with: \r\n",
     );
     for garbage in [
         &b"*2\r\n$3\r\nGET\r\n+nope\r\n"[..],

@@ -80,6 +80,11 @@ impl Client {
         self.rt.block_on(self.inner.batch_exists(keys))
     }
 
+    /// See [`crate::Client::present`].
+    pub fn present(&self, keys: &[&[u8]]) -> Result<Vec<bool>, ClientError> {
+        self.rt.block_on(self.inner.present(keys))
+    }
+
     /// See [`crate::Client::remove`].
     pub fn remove(&self, key: &[u8]) -> Result<bool, ClientError> {
         self.rt.block_on(self.inner.remove(key))

@@ -226,6 +226,17 @@ impl Client {
         Ok(self.batch_exists(&[key]).await? == 1)
     }
 
+    /// Per key of `keys`, whether it is present: one round trip per node that owns any of
+    /// them, in parallel. While the view is changing a miss is looked up once more on its
+    /// previous owner (a second round trip), as [`Client::get`] does, and counts as present
+    /// only when its owner vouches for that copy.
+    pub async fn present(&self, keys: &[&[u8]]) -> Result<Vec<bool>, ClientError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        routed!(self, r => { self.presence(&r, keys).await })
+    }
+
     /// Length of the leading run of `keys` that are present: one round trip per node that
     /// owns any of them, in parallel (two while the view is changing, to consult previous
     /// owners).

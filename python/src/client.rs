@@ -413,9 +413,8 @@ impl NativeClient {
         let keys = checked_keys(&keys)?;
         let c = self.client()?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        // A lookup with no lease: per key, its location or a miss.
-        let found = py.detach(|| c.lease(&refs, 0)).map_err(Failure::from)?;
-        Ok(found.iter().map(Option::is_some).collect())
+        // Previous owners are consulted while the view is changing, as reads do.
+        Ok(py.detach(|| c.present(&refs)).map_err(Failure::from)?)
     }
 
     /// Removes `key`; True when an object was removed.

@@ -159,6 +159,8 @@ pub enum RespCommand {
     Scan,
     /// DBSIZE.
     Dbsize,
+    /// FLUSHDB and FLUSHALL.
+    Flushdb,
     /// INFO.
     Info,
     /// CLIENT.
@@ -171,7 +173,7 @@ pub enum RespCommand {
     Other,
 }
 
-const RESP_COMMANDS: [(RespCommand, &str); 21] = [
+const RESP_COMMANDS: [(RespCommand, &str); 22] = [
     (RespCommand::Ping, "ping"),
     (RespCommand::Echo, "echo"),
     (RespCommand::Hello, "hello"),
@@ -188,6 +190,7 @@ const RESP_COMMANDS: [(RespCommand, &str); 21] = [
     (RespCommand::Strlen, "strlen"),
     (RespCommand::Scan, "scan"),
     (RespCommand::Dbsize, "dbsize"),
+    (RespCommand::Flushdb, "flushdb"),
     (RespCommand::Info, "info"),
     (RespCommand::Client, "client"),
     (RespCommand::Config, "config"),
@@ -217,6 +220,7 @@ impl RespCommand {
             b"SELECT" => C::Select,
             b"QUIT" => C::Quit,
             b"DBSIZE" => C::Dbsize,
+            b"FLUSHDB" | b"FLUSHALL" => C::Flushdb,
             b"INFO" => C::Info,
             b"CLIENT" => C::Client,
             b"CONFIG" => C::Config,

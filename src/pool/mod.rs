@@ -427,6 +427,78 @@ impl Pool {
         checksum_given: u64,
         now: Millis,
     ) -> Result<(), PoolError> {
+        self.commit_if(addr, checksum_given, now, None).map(|_| ())
+    }
+
+    /// [`Pool::commit`], only when the key's presence is `present` (`Some(false)`: only if
+    /// absent, Redis's `SET NX`; `Some(true)`: only if present, `SET XX`; `None`: always).
+    /// The condition is checked and the object inserted under one lock of the key's index
+    /// shard, so no other commit of the key comes between. Returns whether it committed; when
+    /// not, the allocation is released and the index is untouched.
+    pub fn commit_if(
+        &self,
+        addr: &GlobalAddr,
+        checksum_given: u64,
+        now: Millis,
+        present: Option<bool>,
+    ) -> Result<bool, PoolError> {
+        let p = self.take_checked(addr, checksum_given)?;
+        let mut shard = self.shard_lock(&p.key);
+        if let Some(want) = present {
+            if shard.ns[p.ns as usize].contains(&p.key) != want {
+                drop(shard);
+                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+                return Ok(false);
+            }
+        }
+        self.publish(&mut shard, p, addr, checksum_given);
+        drop(shard);
+        let _ = now;
+        Ok(true)
+    }
+
+    /// Commits several pending objects at once (Redis's `MSET`): all or none. Every checksum
+    /// is checked first; on any failure every allocation is released and the error returned.
+    /// The objects are then inserted with the index shards of all their keys locked (in shard
+    /// order, so two of these never deadlock), so a reader of any key sees either none of the
+    /// batch or, from then on, all of it. `items`: (address, checksum); a key given twice keeps
+    /// its last value.
+    pub fn commit_all(&self, items: &[(GlobalAddr, u64)], now: Millis) -> Result<(), PoolError> {
+        let mut taken = Vec::with_capacity(items.len());
+        for (i, (addr, sum)) in items.iter().enumerate() {
+            match self.take_checked(addr, *sum) {
+                Ok(p) => taken.push((p, addr, *sum)),
+                Err(e) => {
+                    for (p, addr, _) in taken {
+                        self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+                    }
+                    // The ones not reached are still pending: give them back too.
+                    for (addr, _) in &items[i + 1..] {
+                        let _ = self.abort(addr);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut order: Vec<usize> = taken.iter().map(|(p, ..)| self.shard_of(&p.key)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        for (p, addr, sum) in taken {
+            let g = order
+                .binary_search(&self.shard_of(&p.key))
+                .expect("every key's shard is locked");
+            self.publish(&mut guards[g], p, addr, sum);
+        }
+        drop(guards);
+        let _ = now;
+        Ok(())
+    }
+
+    /// Takes a pending object out of its pending table for a commit, after checking its bytes
+    /// hash to `checksum_given`; on a mismatch its allocation is released.
+    fn take_checked(&self, addr: &GlobalAddr, checksum_given: u64) -> Result<Pending, PoolError> {
         let seg = self.check_addr(addr)?;
         let p = {
             let mut pending = self.pending_lock(addr.generation);
@@ -454,6 +526,13 @@ impl Pool {
             self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
             return Err(PoolError::ChecksumMismatch);
         }
+        Ok(p)
+    }
+
+    /// Makes a taken pending object visible: its version word published, then its entry in
+    /// the index (under `shard`, the lock of its key's shard), retiring the object it replaces.
+    fn publish(&self, shard: &mut Shard, p: Pending, addr: &GlobalAddr, checksum_given: u64) {
+        let seg = &self.segments[p.segment as usize];
         let word = seg.segment.version(p.offset).expect("granule aligned");
         seqlock::publish(word, addr.generation);
         let entry = Entry {
@@ -470,17 +549,13 @@ impl Pool {
         if p.pin {
             space.pinned.fetch_add(p.size, Ordering::Relaxed);
         }
-        let mut shard = self.shard_lock(&p.key);
         match shard.ns[p.ns as usize].insert(p.key, entry, p.depth, self.tick()) {
-            Some(old) => self.retire_entry(&mut shard, p.ns, old),
+            Some(old) => self.retire_entry(shard, p.ns, old),
             None => {
                 space.objects.fetch_add(1, Ordering::Relaxed);
             }
         }
-        drop(shard);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
-        let _ = now;
-        Ok(())
     }
 
     /// Gives a pending allocation back without committing it.

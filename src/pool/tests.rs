@@ -156,6 +156,65 @@ fn pending_objects_are_invisible_until_commit_and_checksums_are_enforced() {
 }
 
 #[test]
+fn conditional_commits_check_presence_and_release_what_they_refuse() {
+    let p = pool(4 << 20);
+    let staged = |key: &[u8], v: &[u8]| {
+        let a = p.alloc(0, key, v.len() as u64, false, 0).unwrap();
+        p.write(&a, 0, v).unwrap();
+        a
+    };
+    let used = p.stats().used_bytes();
+    // Only if present: refused for a missing key, and its memory is given back.
+    let a = staged(b"k", b"xx");
+    assert_eq!(p.commit_if(&a, checksum(b"xx"), 0, Some(true)), Ok(false));
+    assert_eq!(p.stats().used_bytes(), used);
+    assert_eq!(p.get(0, b"k", 0), Err(PoolError::NotFound));
+    // Only if absent: the first wins, the second is refused and the first value stays.
+    let a = staged(b"k", b"v1");
+    let b = staged(b"k", b"v2");
+    assert_eq!(p.commit_if(&a, checksum(b"v1"), 0, Some(false)), Ok(true));
+    assert_eq!(p.commit_if(&b, checksum(b"v2"), 0, Some(false)), Ok(false));
+    assert_eq!(p.get(0, b"k", 0).unwrap(), b"v1");
+    let a = staged(b"k", b"v3");
+    assert_eq!(p.commit_if(&a, checksum(b"v3"), 0, Some(true)), Ok(true));
+    assert_eq!(p.get(0, b"k", 0).unwrap(), b"v3");
+    assert_eq!(p.stats().objects, 1);
+}
+
+#[test]
+fn commit_all_is_all_or_nothing() {
+    let p = pool(4 << 20);
+    p.put(0, b"b", b"old", false, 0).unwrap();
+    let used = p.stats().used_bytes();
+    let stage = |key: &[u8], v: &[u8]| {
+        let a = p.alloc(0, key, v.len() as u64, false, 0).unwrap();
+        p.write(&a, 0, v).unwrap();
+        (a, checksum(v))
+    };
+    // One bad checksum in the middle: nothing is committed, every allocation is released.
+    let mut items = vec![stage(b"a", b"1"), stage(b"b", b"2"), stage(b"c", b"3")];
+    items[1].1 ^= 1;
+    assert_eq!(p.commit_all(&items, 0), Err(PoolError::ChecksumMismatch));
+    assert_eq!(p.stats().used_bytes(), used);
+    assert_eq!(p.get(0, b"a", 0), Err(PoolError::NotFound));
+    assert_eq!(p.get(0, b"b", 0).unwrap(), b"old");
+    assert_eq!(p.get(0, b"c", 0), Err(PoolError::NotFound));
+    // All good: all visible; a key given twice keeps its last value.
+    let items: Vec<_> = (0..32u32)
+        .map(|i| stage(format!("k{}", i % 30).as_bytes(), &value(i, 100)))
+        .collect();
+    p.commit_all(&items, 0).unwrap();
+    for i in 0..30u32 {
+        let last = if i < 2 { i + 30 } else { i };
+        assert_eq!(
+            p.get(0, format!("k{i}").as_bytes(), 0).unwrap(),
+            value(last, 100)
+        );
+    }
+    assert_eq!(p.stats().objects, 31);
+}
+
+#[test]
 fn abandoned_allocations_are_reaped_after_their_deadline() {
     let p = pool(4 << 20);
     let a = p.alloc(0, b"k", 1000, false, 100).unwrap();

@@ -156,8 +156,59 @@ def test_auth_to_two_namespaces_that_cannot_see_each_other(tokens, protocol):
         host=host, port=port, protocol=protocol, password="node-token"
     )
     assert default.get("shared-name") is None
+    # FLUSHDB (and FLUSHALL) empty the connection's namespace only.
+    assert a.set("second", b"x")
+    assert a.flushdb() and a.dbsize() == 0 and a.get("shared-name") is None
+    assert b.get("shared-name") == b"beta's"
+    assert b.flushall(asynchronous=True) and b.dbsize() == 0
     for c in (a, b, admin, default):
         c.close()
+
+
+def test_set_nx_has_one_winner_among_racing_clients(resp):
+    redis = redis_module()
+    _, host, port = resp
+    rounds, threads = 50, 8
+    won = [[False] * threads for _ in range(rounds)]
+    start = threading.Barrier(threads)
+
+    def race(t: int) -> None:
+        r = redis.Redis(host=host, port=port)
+        start.wait(timeout=30)
+        for i in range(rounds):
+            won[i][t] = bool(r.set(f"race-{i}", f"thread-{t}", nx=True))
+        r.close()
+
+    ts = [threading.Thread(target=race, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    r = redis.Redis(host=host, port=port)
+    for i in range(rounds):
+        winners = [t for t in range(threads) if won[i][t]]
+        assert len(winners) == 1, f"round {i}: {winners}"
+        assert r.get(f"race-{i}") == f"thread-{winners[0]}".encode()
+    # XX writes only over an existing key.
+    assert r.set("absent-xx", b"1", xx=True) is None and r.get("absent-xx") is None
+    assert r.set("race-0", b"over", xx=True) and r.get("race-0") == b"over"
+    r.close()
+
+
+def test_mset_is_all_or_nothing(start_kvpoold):
+    redis = redis_module()
+    d = start_kvpoold(memory="32MiB", extra=["--resp", "127.0.0.1:0"])
+    host, port = host_port(d.addr("resp"))
+    r = redis.Redis(host=host, port=port)
+    big = os.urandom(12 << 20)
+    # Three 12 MiB values can't all be in a 32 MiB pool at once: none is stored.
+    with pytest.raises(redis.exceptions.ResponseError):
+        r.mset({"m1": big, "m2": big, "m3": big})
+    assert r.exists("m1", "m2", "m3") == 0 and r.dbsize() == 0
+    # Two fit, and both are there after it.
+    assert r.mset({"m1": big, "m2": big[::-1]})
+    assert r.get("m1") == big and r.get("m2") == big[::-1]
+    r.close()
 
 
 def test_redis_cli_binary_file_info_dbsize(resp, tmp_path):

@@ -56,6 +56,8 @@ const TABLE: &[Spec] = &[
     ("strlen", 2, &["readonly", "fast"], 1, 1, 1),
     ("scan", -2, &["readonly"], 0, 0, 0),
     ("dbsize", 1, &["readonly", "fast"], 0, 0, 0),
+    ("flushdb", -1, &["write"], 0, 0, 0),
+    ("flushall", -1, &["write"], 0, 0, 0),
     ("info", -1, &["loading", "stale"], 0, 0, 0),
     ("client", -2, &["loading", "stale"], 0, 0, 0),
     ("config", -2, &["loading", "stale"], 0, 0, 0),

@@ -189,6 +189,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 Ok(c) => encode::integer(&mut self.out, c as i64),
                 Err(e) => self.pool_error(e),
             },
+            C::Flushdb => self.flushdb(a),
             C::Info => admin::info(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Client => admin::client(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Config => admin::config(self, a.iter(1).collect::<Vec<_>>().as_slice()),
@@ -392,34 +393,41 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return;
         }
         let ns = self.ns();
-        if nx || xx {
-            // Checked, then written: not atomic against a concurrent writer of the same key.
-            let exists = match self.s.exists_run(ns, std::iter::once(key), self.routing) {
-                Ok(n) => n == 1,
-                Err(e) => return self.pool_error(e),
-            };
-            if (nx && exists) || (xx && !exists) {
-                encode::null(&mut self.out, self.proto);
-                return;
-            }
-        }
-        match self.put(ns, key, value, ttl_ms) {
-            Ok(()) => encode::ok(&mut self.out),
+        // NX/XX: the condition is checked at the commit, under the key's index lock, so two
+        // racing `SET NX` never both succeed.
+        let present = match (nx, xx) {
+            (true, _) => Some(false),
+            (_, true) => Some(true),
+            _ => None,
+        };
+        match self.put(ns, key, value, ttl_ms, present) {
+            Ok(true) => encode::ok(&mut self.out),
+            Ok(false) => encode::null(&mut self.out, self.proto),
             Err(msg) => encode::error(&mut self.out, &msg),
         }
     }
 
-    /// Stores `value` (checksummed here), with a TTL when `ttl_ms` is given.
-    fn put(&self, ns: u32, key: &[u8], value: &[u8], ttl_ms: Option<u64>) -> Result<(), String> {
+    /// Stores `value` (checksummed here), with a TTL when `ttl_ms` is given, and only when the
+    /// key's presence is `present` when that is given. Whether it was stored.
+    fn put(
+        &self,
+        ns: u32,
+        key: &[u8],
+        value: &[u8],
+        ttl_ms: Option<u64>,
+        present: Option<bool>,
+    ) -> Result<bool, String> {
         self.s.metrics.bytes(value.len() as u64, 0);
-        let Some(ttl) = ttl_ms else {
+        if ttl_ms.is_none() && present.is_none() {
             return self
                 .s
                 .put_value(ns, key, value, None, false)
+                .map(|()| true)
                 .map_err(|e| self.pool_error_text(e));
-        };
-        // With a TTL the deadline names the generation written, so a later write of the key
-        // is never removed by it: the service's two steps, with the address in hand.
+        }
+        // The service's two steps, with the address in hand: the commit checks the condition,
+        // and a TTL's deadline names the generation written, so a later write of the key is
+        // never removed by it.
         let (s, pool) = (self.s, &*self.s.pool);
         let addr = s
             .begin_put(ns, key, value.len() as u64, false, 0)
@@ -428,14 +436,17 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             let _ = pool.abort(&addr);
             return Err(self.pool_error_text(e));
         }
-        pool.commit(&addr, kvpool::checksum(value), s.now())
+        let stored = pool
+            .commit_if(&addr, kvpool::checksum(value), s.now(), present)
             .map_err(|e| self.pool_error_text(e))?;
-        let at = s.now().saturating_add(ttl);
-        if let Err(full) = self.door.expiry.add(ns, key, addr.generation, at) {
-            let _ = pool.remove_generation(ns, key, addr.generation);
-            return Err(format!("ERR kvpool: {full}"));
+        if let (true, Some(ttl)) = (stored, ttl_ms) {
+            let at = s.now().saturating_add(ttl);
+            if let Err(full) = self.door.expiry.add(ns, key, addr.generation, at) {
+                let _ = pool.remove_generation(ns, key, addr.generation);
+                return Err(format!("ERR kvpool: {full}"));
+            }
         }
-        Ok(())
+        Ok(stored)
     }
 
     /// `SET key value` whose value is still arriving: the value goes from the socket straight
@@ -546,15 +557,41 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 return self.refuse(r);
             }
         }
-        let ns = self.ns();
+        // All or nothing: every value is written into its own allocation first, then all are
+        // committed under their keys' index locks at once (Pool::commit_all).
+        let (ns, s) = (self.ns(), self.s);
+        let mut staged = Vec::with_capacity(a.len() / 2);
         let mut it = a.iter(1);
-        // Pair by pair, not atomic: a failure leaves the pairs before it written.
+        let mut failed = None;
         while let (Some(key), Some(value)) = (it.next(), it.next()) {
-            if let Err(msg) = self.put(ns, key, value, None) {
-                return encode::error(&mut self.out, &msg);
+            s.metrics.bytes(value.len() as u64, 0);
+            let addr = match s.begin_put(ns, key, value.len() as u64, false, 0) {
+                Ok(addr) => addr,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            if let Err(e) = s.pool.write(&addr, 0, value) {
+                let _ = s.pool.abort(&addr);
+                failed = Some(e);
+                break;
             }
+            staged.push((addr, kvpool::checksum(value)));
         }
-        encode::ok(&mut self.out);
+        let done = match failed {
+            Some(e) => {
+                for (addr, _) in &staged {
+                    let _ = s.pool.abort(addr);
+                }
+                Err(e)
+            }
+            None => s.pool.commit_all(&staged, s.now()),
+        };
+        match done {
+            Ok(()) => encode::ok(&mut self.out),
+            Err(e) => self.pool_error(e),
+        }
     }
 
     fn exists(&mut self, a: &Args<'_>) {
@@ -587,6 +624,23 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             }
         }
         encode::integer(&mut self.out, n);
+    }
+
+    /// `FLUSHDB [ASYNC|SYNC]` and `FLUSHALL [ASYNC|SYNC]`: every object of the connection's
+    /// namespace on this node, pinned ones too, removed before the reply (both modes). A
+    /// connection sees only its namespace, so FLUSHALL is FLUSHDB.
+    fn flushdb(&mut self, a: &Args<'_>) {
+        if a.len() == 2 {
+            let mut mode = a.get(1).to_vec();
+            mode.make_ascii_uppercase();
+            if mode != b"ASYNC" && mode != b"SYNC" {
+                return encode::error(&mut self.out, "ERR syntax error");
+            }
+        }
+        match self.s.clear(self.ns()) {
+            Ok(_) => encode::ok(&mut self.out),
+            Err(e) => self.pool_error(e),
+        }
     }
 
     fn strlen(&mut self, key: &[u8]) {
@@ -669,6 +723,7 @@ fn arity_ok(cmd: RespCommand, n: usize) -> bool {
         C::Ping => n <= 2,
         C::Echo => n == 2,
         C::Dbsize => n == 1,
+        C::Flushdb => n <= 2,
         C::Get | C::Strlen => n == 2,
         C::Set => n >= 3,
         C::Mget | C::Exists | C::Del | C::Unlink => n >= 2,
