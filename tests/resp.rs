@@ -208,10 +208,11 @@ async fn pipelining_inline_commands_and_expiry() {
     );
 }
 
-/// In a cluster of two, the RESP door of one node serves the keys it owns and refuses the
-/// others naming their owner, so no copy is ever stored where the native client would not look.
+/// In a cluster of two, the RESP door of one node serves the keys it owns from its pool and
+/// forwards the others to their owner, so a copy is only ever stored where the native client
+/// looks for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_refuses_keys_owned_elsewhere() {
+async fn cluster_forwards_keys_owned_elsewhere() {
     let hb = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
     let mut a_args = vec!["--node-id", "0"];
     a_args.extend_from_slice(&hb);
@@ -246,17 +247,49 @@ async fn cluster_refuses_keys_owned_elsewhere() {
     let mut s = connect(&a);
     expect(&mut s, &[b"SET", mine, b"here"], b"+OK\r\n");
     assert_eq!(c.get(mine).await.unwrap(), Some(b"here".to_vec()));
-    s.write_all(&cmd(&[b"SET", theirs, b"elsewhere"])).unwrap();
-    let l = line(&mut s);
-    assert!(
-        l.starts_with("-ERR kvpool: key is owned by node 1"),
-        "{l:?}"
-    );
+    // A key of node 1, sent to node 0's door, is stored on node 1, where the native client
+    // looks for it, and read back through node 0's door.
+    expect(&mut s, &[b"SET", theirs, b"elsewhere"], b"+OK\r\n");
+    assert_eq!(c.get(theirs).await.unwrap(), Some(b"elsewhere".to_vec()));
     assert_eq!(
-        c.get(theirs).await.unwrap(),
-        None,
-        "nothing stored anywhere"
+        c.node_stats(0).await.unwrap().objects,
+        1,
+        "only `mine` on node 0"
     );
+    expect(&mut s, &[b"GET", theirs], b"$9\r\nelsewhere\r\n");
+    expect(&mut s, &[b"STRLEN", theirs], b":9\r\n");
+    expect(&mut s, &[b"EXISTS", mine, theirs, b"ck-absent"], b":2\r\n");
+    expect(
+        &mut s,
+        &[b"MGET", theirs, mine, b"ck-absent"],
+        b"*3\r\n$9\r\nelsewhere\r\n$4\r\nhere\r\n$-1\r\n",
+    );
+    // A large value, which the door streams as it arrives, is forwarded whole.
+    let big = value(7, 300_000);
+    expect(&mut s, &[b"SET", theirs, &big], b"+OK\r\n");
+    assert_eq!(c.get(theirs).await.unwrap(), Some(big.clone()));
+    let mut want = format!("${}\r\n", big.len()).into_bytes();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(b"\r\n");
+    expect(&mut s, &[b"GET", theirs], &want);
+    // MSET across owners: every pair where the native client finds it.
+    expect(&mut s, &[b"MSET", mine, b"m0", theirs, b"m1"], b"+OK\r\n");
+    assert_eq!(c.get(mine).await.unwrap(), Some(b"m0".to_vec()));
+    assert_eq!(c.get(theirs).await.unwrap(), Some(b"m1".to_vec()));
+    // A conditional or expiring SET can't be forwarded: refused, and nothing changes.
+    s.write_all(&cmd(&[b"SET", theirs, b"nx", b"NX"])).unwrap();
+    let l = line(&mut s);
+    assert!(l.starts_with("-ERR kvpool: SET with NX"), "{l:?}");
+    assert_eq!(c.get(theirs).await.unwrap(), Some(b"m1".to_vec()));
+    expect(&mut s, &[b"DEL", theirs, mine], b":2\r\n");
+    assert_eq!(c.get(theirs).await.unwrap(), None);
+    expect(&mut s, &[b"GET", theirs], b"$-1\r\n");
+    // FLUSHDB in a cluster empties the namespace on every node.
+    c.put(theirs, b"again").await.unwrap();
+    c.put(mine, b"again").await.unwrap();
+    expect(&mut s, &[b"FLUSHDB"], b"+OK\r\n");
+    assert_eq!(c.get(theirs).await.unwrap(), None);
+    assert_eq!(c.get(mine).await.unwrap(), None);
     expect(&mut s, &[b"PING"], b"+PONG\r\n");
 }
 

@@ -478,6 +478,10 @@ fn serve_resp(l: TcpListener, addr: SocketAddr, ctx: &Ctx, config: &Config) -> [
         clients: Default::default(),
         next_id: Default::default(),
         expiry: expiry.clone(),
+        forward: crate::resp::Forwarder::new(
+            config.auth.token.clone(),
+            std::time::Duration::from_millis(config.limits.write_timeout_ms),
+        ),
     });
     let (clock, at) = (ctx.shared.clone(), ctx.shared.clone());
     [

@@ -10,7 +10,7 @@ use kvpool::resp::{encode, Parser, Proto};
 use kvpool::{NodeId, PoolError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{admin, glob, Next, RespShared, Session, DIRECT_WRITE};
+use super::{admin, forward, glob, Next, RespShared, Session, DIRECT_WRITE};
 use crate::deadline::StallLimit;
 use crate::metrics::RespCommand;
 use crate::service::{Routing, Shared};
@@ -53,6 +53,15 @@ impl<'b> Args<'b> {
         let (p, buf) = (self.p, self.buf);
         (from..p.len()).map(move |i| p.arg(buf, i).unwrap_or_default())
     }
+}
+
+/// Where a key is served.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// From this node's pool: it is the key's only owner (or has never had a peer).
+    Local,
+    /// By its owners, through the door's forwarding client.
+    Remote,
 }
 
 /// Why a keyed command was refused before it touched the pool.
@@ -178,18 +187,18 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             }
             C::Hello => admin::hello(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Get => self.get(a.get(1)).await?,
-            C::Set => self.set(a),
+            C::Set => self.set(a).await,
             C::Mget => self.mget(a).await?,
-            C::Mset => self.mset(a),
-            C::Exists => self.exists(a),
-            C::Del | C::Unlink => self.del(a),
-            C::Strlen => self.strlen(a.get(1)),
+            C::Mset => self.mset(a).await,
+            C::Exists => self.exists(a).await,
+            C::Del | C::Unlink => self.del(a).await,
+            C::Strlen => self.strlen(a.get(1)).await,
             C::Scan => self.scan(a),
             C::Dbsize => match self.s.count(self.ns()) {
                 Ok(c) => encode::integer(&mut self.out, c as i64),
                 Err(e) => self.pool_error(e),
             },
-            C::Flushdb => self.flushdb(a),
+            C::Flushdb => self.flushdb(a).await,
             C::Info => admin::info(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Client => admin::client(self, a.iter(1).collect::<Vec<_>>().as_slice()),
             C::Config => admin::config(self, a.iter(1).collect::<Vec<_>>().as_slice()),
@@ -224,10 +233,11 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         self.session.as_ref().map_or(0, |s| s.ns)
     }
 
-    /// Refuses a key this node must not serve: one of a size the pool never stores, or, in a
-    /// cluster of several nodes, one whose owners are not exactly this node (a copy stored here
-    /// would shadow, or be shadowed by, the owner's).
-    fn check_key(&mut self, key: &[u8]) -> Result<(), Refused> {
+    /// Where `key` is served, or why it is refused: a key of a size the pool never stores, or,
+    /// in a cluster with no node serving, any key. In a cluster of several nodes a key whose
+    /// owners are not exactly this node is forwarded to them (a copy stored here would shadow,
+    /// or be shadowed by, the owner's).
+    fn check_key(&mut self, key: &[u8]) -> Result<Place, Refused> {
         if key.is_empty() || key.len() > kvpool::MAX_KEY_LEN {
             return Err(Refused::Reply(format!(
                 "ERR kvpool keys are 1 to {} bytes",
@@ -242,7 +252,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         if view.nodes.len() <= 1 {
             // A node that never had a peer holds every object as its only owner.
             self.routing = Routing::Direct;
-            return Ok(());
+            return Ok(Place::Local);
         }
         self.routing = Routing::ByView;
         let ns = self.ns();
@@ -250,31 +260,52 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         let me = self.s.cluster.me();
         let owners = view.owners(key, replicas);
         if owners.len() == 1 && owners[0] == NodeId(me) {
-            return Ok(());
+            return Ok(Place::Local);
         }
-        let Some(owner) = owners.first() else {
+        if owners.is_empty() {
             return Err(Refused::Reply(
                 "CLUSTERDOWN kvpool: no node of the cluster is serving".into(),
             ));
+        }
+        Ok(Place::Remote)
+    }
+
+    /// Where this connection's keys owned elsewhere are forwarded, or the error line to
+    /// answer when this node can't forward.
+    fn forward(&self) -> Result<forward::Target<'a>, String> {
+        let me = NodeId(self.s.cluster.me());
+        let endpoint = match self.view.1.node(me) {
+            Some(n) if !n.tcp.is_empty() => n.tcp.clone(),
+            _ => {
+                return Err(
+                    "ERR kvpool: the key is owned by another node and this node has \
+                            no TCP address to forward it from; send it to the owner's RESP door"
+                        .into(),
+                )
+            }
         };
-        let addr = view.node(*owner).map_or("", |n| n.tcp.as_str());
-        Err(Refused::Reply(if owners.len() > 1 {
-            format!(
-                "ERR kvpool: namespace keeps {replicas} copies of each key (on nodes {}); the RESP \
-                 door writes one, so use the native client for it",
-                owners
-                    .iter()
-                    .map(|o| o.0.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        } else {
-            format!(
-                "ERR kvpool: key is owned by node {} (native address {addr}); send it to that \
-                 node's RESP door",
-                owner.0
-            )
-        }))
+        let ns = self
+            .session
+            .as_ref()
+            .map_or(kvpool::pool::DEFAULT_NAMESPACE, |s| s.ns_name.as_str());
+        Ok(forward::Target {
+            forwarder: &self.door.forward,
+            endpoint,
+            ns: ns.to_string(),
+        })
+    }
+
+    /// The value of a key owned elsewhere: Ok(None) for a miss, Err(reply line) on failure.
+    async fn forward_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let t = self.forward()?;
+        t.get(key).await
+    }
+
+    /// Stores a value whose key is owned elsewhere (on every replica).
+    async fn forward_put(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        let t = self.forward()?;
+        self.s.metrics.bytes(value.len() as u64, 0);
+        t.put(key, value).await
     }
 
     fn refuse(&mut self, r: Refused) {
@@ -314,9 +345,20 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     }
 
     async fn get(&mut self, key: &[u8]) -> io::Result<()> {
-        if let Err(r) = self.check_key(key) {
-            self.refuse(r);
-            return Ok(());
+        match self.check_key(key) {
+            Err(r) => {
+                self.refuse(r);
+                return Ok(());
+            }
+            Ok(Place::Remote) => {
+                match self.forward_get(key).await {
+                    Ok(Some(v)) => self.write_value(&v).await?,
+                    Ok(None) => encode::null(&mut self.out, self.proto),
+                    Err(msg) => encode::error(&mut self.out, &msg),
+                }
+                return Ok(());
+            }
+            Ok(Place::Local) => {}
         }
         let s = self.s;
         match s.get(self.ns(), key, s.now(), self.routing) {
@@ -328,19 +370,30 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     }
 
     async fn mget(&mut self, a: &Args<'_>) -> io::Result<()> {
+        let mut places = Vec::with_capacity(a.len() - 1);
         for key in a.iter(1) {
-            if let Err(r) = self.check_key(key) {
-                self.refuse(r);
-                return Ok(());
+            match self.check_key(key) {
+                Ok(place) => places.push(place),
+                Err(r) => {
+                    self.refuse(r);
+                    return Ok(());
+                }
             }
         }
         encode::array(&mut self.out, a.len() - 1);
         let s = self.s;
         let ns = self.ns();
-        for key in a.iter(1) {
+        // An element of MGET is a value or a null, never an error.
+        for (key, place) in a.iter(1).zip(places) {
+            if place == Place::Remote {
+                match self.forward_get(key).await {
+                    Ok(Some(v)) => self.write_value(&v).await?,
+                    _ => encode::null(&mut self.out, self.proto),
+                }
+                continue;
+            }
             match s.get(ns, key, s.now(), self.routing) {
                 Ok(obj) => self.write_value(obj.bytes()).await?,
-                // An element of MGET is a value or a null, never an error.
                 Err(_) => encode::null(&mut self.out, self.proto),
             }
         }
@@ -348,7 +401,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     }
 
     /// `SET key value [NX|XX] [EX s|PX ms]`.
-    fn set(&mut self, a: &Args<'_>) {
+    async fn set(&mut self, a: &Args<'_>) {
         let (key, value) = (a.get(1), a.get(2));
         let mut nx = false;
         let mut xx = false;
@@ -388,9 +441,22 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             }
             i += 1;
         }
-        if let Err(r) = self.check_key(key) {
-            self.refuse(r);
-            return;
+        match self.check_key(key) {
+            Err(r) => return self.refuse(r),
+            Ok(Place::Remote) if nx || xx || ttl_ms.is_some() => {
+                return encode::error(
+                    &mut self.out,
+                    "ERR kvpool: SET with NX, XX, EX or PX of a key owned by another node: \
+                     send it to the owner's RESP door (a plain SET is forwarded)",
+                );
+            }
+            Ok(Place::Remote) => {
+                return match self.forward_put(key, value).await {
+                    Ok(()) => encode::ok(&mut self.out),
+                    Err(msg) => encode::error(&mut self.out, &msg),
+                };
+            }
+            Ok(Place::Local) => {}
         }
         let ns = self.ns();
         // NX/XX: the condition is checked at the commit, under the key's index lock, so two
@@ -465,7 +531,8 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         let s = self.s;
         let addr = match self.check_key(key) {
             Err(Refused::Reply(msg)) => Err(msg),
-            Ok(()) => s
+            Ok(Place::Remote) => return self.set_forwarded(key, len, head, crlf_have, r).await,
+            Ok(Place::Local) => s
                 .begin_put(ns, key, len as u64, false, 0)
                 .map_err(|e| self.pool_error_text(e)),
         };
@@ -530,6 +597,39 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         Ok(Next::Continue)
     }
 
+    /// [`Conn::set_streamed`] of a key owned elsewhere: the value (within the door's bulk
+    /// limit, which the parser checked) is read whole, then forwarded to the owners.
+    async fn set_forwarded<R: AsyncRead + Unpin>(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        head: &[u8],
+        crlf_have: &[u8],
+        r: &mut R,
+    ) -> io::Result<Next> {
+        let mut value = vec![0u8; len];
+        value[..head.len()].copy_from_slice(head);
+        let within = self.door.forward.timeout();
+        tokio::time::timeout(within, r.read_exact(&mut value[head.len()..]))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "value not received in time"))??;
+        let next = self.end_of_value(crlf_have, r).await?;
+        if matches!(next, Next::Continue) {
+            let failed = match self.forward_put(key, &value).await {
+                Ok(()) => {
+                    encode::ok(&mut self.out);
+                    false
+                }
+                Err(msg) => {
+                    encode::error(&mut self.out, &msg);
+                    true
+                }
+            };
+            self.s.metrics.resp_command(RespCommand::Set, failed);
+        }
+        Ok(next)
+    }
+
     /// Reads the CRLF after a streamed value (`have`: its bytes already read). Close, with a
     /// protocol error answered, when it is not there.
     async fn end_of_value<R: AsyncRead + Unpin>(
@@ -549,13 +649,18 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         Ok(Next::Continue)
     }
 
-    fn mset(&mut self, a: &Args<'_>) {
+    async fn mset(&mut self, a: &Args<'_>) {
         let mut it = a.iter(1);
+        let mut remote = false;
         while let Some(key) = it.next() {
             let _ = it.next();
-            if let Err(r) = self.check_key(key) {
-                return self.refuse(r);
+            match self.check_key(key) {
+                Ok(place) => remote |= place == Place::Remote,
+                Err(r) => return self.refuse(r),
             }
+        }
+        if remote {
+            return self.mset_forwarded(a).await;
         }
         // All or nothing: every value is written into its own allocation first, then all are
         // committed under their keys' index locks at once (Pool::commit_all).
@@ -594,33 +699,84 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         }
     }
 
-    fn exists(&mut self, a: &Args<'_>) {
+    /// `MSET` with a key owned elsewhere: every pair goes through the forwarding client (one
+    /// round trip per owner). All or nothing on each node, not across nodes: when one owner
+    /// refuses, the pairs other owners stored stay.
+    async fn mset_forwarded(&mut self, a: &Args<'_>) {
+        let c = match self.forward() {
+            Ok(t) => t.client().await,
+            Err(msg) => Err(msg),
+        };
+        let c = match c {
+            Ok(c) => c,
+            Err(msg) => return encode::error(&mut self.out, &msg),
+        };
+        let mut items = Vec::with_capacity(a.len() / 2);
+        let mut it = a.iter(1);
+        while let (Some(key), Some(value)) = (it.next(), it.next()) {
+            self.s.metrics.bytes(value.len() as u64, 0);
+            items.push((key, value));
+        }
+        match c.batch_put_from(&items).await {
+            Ok(codes) => match codes
+                .iter()
+                .find(|c| **c != kvpool::protocol::ErrorCode::Ok)
+            {
+                None => encode::ok(&mut self.out),
+                Some(code) => encode::error(
+                    &mut self.out,
+                    &format!("ERR kvpool: an owner refused part of the MSET: {code:?}"),
+                ),
+            },
+            Err(e) => encode::error(&mut self.out, &forward::error_text(&e)),
+        }
+    }
+
+    async fn exists(&mut self, a: &Args<'_>) {
         let ns = self.ns();
         let mut n = 0;
         for key in a.iter(1) {
-            if let Err(r) = self.check_key(key) {
-                return self.refuse(r);
-            }
-            match self.s.exists_run(ns, std::iter::once(key), self.routing) {
+            let hit = match self.check_key(key) {
+                Err(r) => return self.refuse(r),
+                Ok(Place::Remote) => match self.forward() {
+                    Ok(t) => t.exists(key).await,
+                    Err(msg) => Err(msg),
+                },
+                Ok(Place::Local) => self
+                    .s
+                    .exists_run(ns, std::iter::once(key), self.routing)
+                    .map(|hit| hit == 1)
+                    .map_err(|e| self.pool_error_text(e)),
+            };
+            match hit {
                 Ok(hit) => n += hit as i64,
-                Err(e) => return self.pool_error(e),
+                Err(msg) => return encode::error(&mut self.out, &msg),
             }
         }
         encode::integer(&mut self.out, n);
     }
 
-    fn del(&mut self, a: &Args<'_>) {
+    async fn del(&mut self, a: &Args<'_>) {
+        let mut places = Vec::with_capacity(a.len() - 1);
         for key in a.iter(1) {
-            if let Err(r) = self.check_key(key) {
-                return self.refuse(r);
+            match self.check_key(key) {
+                Ok(place) => places.push(place),
+                Err(r) => return self.refuse(r),
             }
         }
         let ns = self.ns();
         let mut n = 0;
-        for key in a.iter(1) {
-            match self.s.remove(ns, key) {
+        for (key, place) in a.iter(1).zip(places) {
+            let removed = match place {
+                Place::Remote => match self.forward() {
+                    Ok(t) => t.remove(key).await,
+                    Err(msg) => Err(msg),
+                },
+                Place::Local => self.s.remove(ns, key).map_err(|e| self.pool_error_text(e)),
+            };
+            match removed {
                 Ok(hit) => n += hit as i64,
-                Err(e) => return self.pool_error(e),
+                Err(msg) => return encode::error(&mut self.out, &msg),
             }
         }
         encode::integer(&mut self.out, n);
@@ -629,7 +785,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     /// `FLUSHDB [ASYNC|SYNC]` and `FLUSHALL [ASYNC|SYNC]`: every object of the connection's
     /// namespace on this node, pinned ones too, removed before the reply (both modes). A
     /// connection sees only its namespace, so FLUSHALL is FLUSHDB.
-    fn flushdb(&mut self, a: &Args<'_>) {
+    async fn flushdb(&mut self, a: &Args<'_>) {
         if a.len() == 2 {
             let mut mode = a.get(1).to_vec();
             mode.make_ascii_uppercase();
@@ -637,15 +793,36 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 return encode::error(&mut self.out, "ERR syntax error");
             }
         }
+        if self.s.cluster.view().nodes.len() > 1 {
+            // In a cluster, on every node, through the forwarding client.
+            let cleared = match self.forward() {
+                Ok(t) => match t.client().await {
+                    Ok(c) => c.remove_all().await.map_err(|e| forward::error_text(&e)),
+                    Err(msg) => Err(msg),
+                },
+                Err(msg) => Err(msg),
+            };
+            return match cleared {
+                Ok(_) => encode::ok(&mut self.out),
+                Err(msg) => encode::error(&mut self.out, &msg),
+            };
+        }
         match self.s.clear(self.ns()) {
             Ok(_) => encode::ok(&mut self.out),
             Err(e) => self.pool_error(e),
         }
     }
 
-    fn strlen(&mut self, key: &[u8]) {
-        if let Err(r) = self.check_key(key) {
-            return self.refuse(r);
+    async fn strlen(&mut self, key: &[u8]) {
+        match self.check_key(key) {
+            Err(r) => return self.refuse(r),
+            Ok(Place::Remote) => {
+                return match self.forward_get(key).await {
+                    Ok(v) => encode::integer(&mut self.out, v.map_or(0, |v| v.len() as i64)),
+                    Err(msg) => encode::error(&mut self.out, &msg),
+                };
+            }
+            Ok(Place::Local) => {}
         }
         let s = self.s;
         match s.get(self.ns(), key, s.now(), self.routing) {

@@ -17,9 +17,11 @@
 mod admin;
 mod commands;
 mod expiry;
+mod forward;
 mod glob;
 
 pub(crate) use expiry::{sweeper, Expiry};
+pub(crate) use forward::Forwarder;
 
 use std::sync::Arc;
 
@@ -66,6 +68,8 @@ pub(crate) struct RespShared {
     pub(crate) next_id: std::sync::atomic::AtomicU64,
     /// Deadlines of the keys set with a TTL.
     pub(crate) expiry: Arc<Expiry>,
+    /// The client that serves keys owned by other nodes.
+    pub(crate) forward: forward::Forwarder,
 }
 
 /// What the connection does after a command.
