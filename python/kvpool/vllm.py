@@ -225,7 +225,7 @@ class KvpoolConnector(KVConnectorBase_V1):
     """vLLM's KV connector on kvpool: prefix blocks are looked up, loaded and saved by vLLM's
     block hash. See the module docstring; ``kv_connector_extra_config`` keys: ``DEFAULTS``."""
 
-    _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
+    _cache_hit_source = CacheHitSource.HOST  # kvpool is a pool of host memory
 
     def __init__(
         self,
@@ -373,12 +373,10 @@ class KvpoolConnector(KVConnectorBase_V1):
                 "kvpool: kv_load_failure_policy set to 'recompute' (a failed load is a miss)"
             )
         self._reqs: dict[str, _Tracked] = {}
-        self._matches: dict[
-            tuple[str, int], int
-        ] = {}  # (req, first block) -> stored blocks
-        self._asked: dict[
-            str, int
-        ] = {}  # req -> the local hit of its last lookup (tokens)
+        # req -> first block asked from -> leading blocks stored for every rank
+        self._matches: dict[str, dict[int, int]] = {}
+        # req -> vLLM's local hit (tokens) at its last lookup: where its load starts
+        self._asked: dict[str, int] = {}
         self._pending_loads: list[BlockJob] = []
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
@@ -393,15 +391,15 @@ class KvpoolConnector(KVConnectorBase_V1):
     def _matched_blocks(self, request: Request, first: int) -> int:
         """Leading blocks of ``request`` stored for every rank, asking kvpool once (one
         ``match_prefix``, one round trip per node) per request and starting block."""
-        key = (request.request_id, first)
-        hit = self._matches.get(key)
+        seen = self._matches.setdefault(request.request_id, {})
+        hit = seen.get(first)
         if hit is not None:
             return hit
         hashes = request.block_hashes[first:]
         n = len(self._rank_salts)
         keys = [f"{s}@{h.hex()}" for h in hashes for s in self._rank_salts]
         hit = first + self.store.match_prefix(keys) // n if keys else first
-        self._matches[key] = hit
+        seen[first] = hit
         return hit
 
     @_guarded(lambda: (0, False))
@@ -452,7 +450,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         if len(ids) != last - first or len(hashes) != len(ids):
             log.debug("kvpool: %s: no blocks %d..%d to load into", rid, first, last)
             return
-        tr.stored = max(tr.stored, self._matches.get((rid, first), last))
+        tr.stored = max(tr.stored, self._matches.get(rid, {}).get(first, last))
         job = BlockJob(rid, ids, hashes)
         tr.load, tr.load_first = job, first
         self._pending_loads.append(job)
@@ -473,6 +471,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             if tr is None:
                 continue
             tr.block_ids = list(nr.block_ids[0])
+            self._forget_matches(nr.req_id)  # a preempted request asks afresh
             self._plan_save(meta, tr, nr.num_computed_tokens + sched.get(nr.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -482,6 +481,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             new_ids = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
                 tr.block_ids = list(new_ids[0]) if new_ids else []
+                self._forget_matches(rid)
             elif new_ids:
                 tr.block_ids.extend(new_ids[0])
             self._plan_save(meta, tr, cached.num_computed_tokens[i] + sched.get(rid, 0))
@@ -529,9 +529,11 @@ class KvpoolConnector(KVConnectorBase_V1):
         rid = request.request_id
         self._reqs.pop(rid, None)
         self._asked.pop(rid, None)
-        for k in [k for k in self._matches if k[0] == rid]:
-            del self._matches[k]
+        self._forget_matches(rid)
         return False, None
+
+    def _forget_matches(self, rid: str) -> None:
+        self._matches.pop(rid, None)
 
     # ----- worker side -----
 
@@ -696,7 +698,12 @@ class KvpoolConnector(KVConnectorBase_V1):
 
     @_guarded(lambda: None)
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        """Hands this step's loads to the loader thread and returns at once."""
+        """Hands this step's loads to the loader thread. Asynchronous loads (the default)
+        return at once: vLLM calls this after launching the forward, and the requests wait
+        for ``get_finished``. Synchronous loads (``load_async: false``; vLLM calls this before
+        the forward) are waited for here, since one object holds every layer of a block:
+        waiting in ``wait_for_layer_load`` instead would gain no overlap and would be skipped
+        inside CUDA-graph replay."""
         meta = self._connector_metadata
         if not isinstance(meta, KvpoolConnectorMetadata) or not meta.loads:
             return
@@ -711,11 +718,12 @@ class KvpoolConnector(KVConnectorBase_V1):
             if not meta.load_async:
                 self._sync_pending.append(done)
             self._jobs.put((job, meta.load_async, done))
+        self._wait_sync_loads()
 
     @_guarded(lambda: None)
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """With synchronous loads, waits once for all of this step's loads (an object holds
-        every layer of a block); with ``load_async`` there is nothing to wait for."""
+        """Nothing left to wait for: synchronous loads completed in ``start_load_kv``, and
+        asynchronous ones belong to requests that are not in this forward."""
         self._wait_sync_loads()
 
     def _wait_sync_loads(self) -> None:

@@ -93,8 +93,9 @@ def model_dir(root, name: str) -> str:
     return str(d)
 
 
-def vllm_config(path: str, url: str, **extra) -> VllmConfig:
-    """What ``vllm serve PATH --kv-transfer-config '{...}'`` builds."""
+def vllm_config(path: str, url: str, tp: int = 1, **extra) -> VllmConfig:
+    """What ``vllm serve PATH --kv-transfer-config '{...}'`` builds. ``tp``: the tensor
+    parallel size (set after the config is built: the CPU platform has no second device)."""
     kvt = KVTransferConfig(
         kv_connector="KvpoolConnector",
         kv_connector_module_path="kvpool.vllm",
@@ -120,6 +121,7 @@ def vllm_config(path: str, url: str, **extra) -> VllmConfig:
         kv_transfer_config=kvt,
     )
     vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    vc.parallel_config.tensor_parallel_size = tp
     return vc
 
 
@@ -147,10 +149,19 @@ def kv_cache_config(layout: KVCacheLayout = KVCacheLayout.LBHNC) -> KVCacheConfi
 
 
 class Engine:
-    """vLLM's real scheduler plus one worker-role connector on CPU KV tensors."""
+    """vLLM's real scheduler plus one worker-role connector per tensor-parallel rank, each on
+    its own CPU KV tensors (what each rank's GPU would hold)."""
 
-    def __init__(self, vc: VllmConfig, layout: KVCacheLayout = KVCacheLayout.LBHNC):
+    def __init__(
+        self,
+        path: str,
+        url: str,
+        layout: KVCacheLayout = KVCacheLayout.LBHNC,
+        tp: int = 1,
+        **extra,
+    ):
         kcc = kv_cache_config(layout)
+        vc = vllm_config(path, url, tp=tp, **extra)
         self.sched = Scheduler(
             vllm_config=vc,
             kv_cache_config=kcc,
@@ -158,11 +169,17 @@ class Engine:
             block_size=BLOCK,
         )
         self.conn: KvpoolConnector = self.sched.connector
-        self.worker: KvpoolConnector = KVConnectorFactory.create_connector(
-            vc, KVConnectorRole.WORKER, kcc
-        )
-        self.kv = allocate_kv_cache(kcc, torch.device("cpu"), layout)
-        self.worker.register_kv_caches(self.kv)
+        self.workers: list[KvpoolConnector] = []
+        self.kvs: list[dict[str, torch.Tensor]] = []
+        for rank in range(tp):
+            wvc = vllm_config(path, url, tp=tp, tp_rank=rank, **extra) if tp > 1 else vc
+            w = KVConnectorFactory.create_connector(wvc, KVConnectorRole.WORKER, kcc)
+            kv = allocate_kv_cache(kcc, torch.device("cpu"), layout)
+            w.register_kv_caches(kv)
+            self.workers.append(w)
+            self.kvs.append(kv)
+        self.worker, self.kv = self.workers[0], self.kvs[0]
+        self.recving: dict[str, int] = {}  # finished_recving reports per request
 
     def add(self, rid: str, tokens: list[int], max_tokens: int = 4) -> Request:
         req = Request(
@@ -175,42 +192,61 @@ class Engine:
         self.sched.add_request(req)
         return req
 
-    def step(self, fill_seed: int | None = None, before_worker=None):
-        """One engine step: schedule, run the worker's connector calls in the model runner's
-        order around a "forward" that writes random KV into the scheduled blocks, and feed the
-        worker's output back to the scheduler. Returns (scheduler output, KVConnectorOutput)."""
+    def step(
+        self, fill_seed: int | None = None, before_worker=None, before_forward=None
+    ):
+        """One engine step: schedule; on every rank, the connector calls in the model runner's
+        order around a "forward" that writes random KV into the scheduled blocks; then the
+        ranks' outputs aggregated as vLLM's KVOutputAggregator does (a load is finished when
+        every rank reported it) and fed back to the scheduler. Returns (scheduler output,
+        KVConnectorOutput)."""
         out = self.sched.schedule()
         meta = out.kv_connector_metadata
         assert isinstance(meta, KvpoolConnectorMetadata)
         if before_worker is not None:
             before_worker(meta)
-        w = self.worker
-        w.bind_connector_metadata(meta)
-        w.start_load_kv(None)
-        for name in LAYER_NAMES:
-            w.wait_for_layer_load(name)
-            if fill_seed is not None:
-                self.forward_layer(out, name, fill_seed)
-            w.save_kv_layer(name, self.kv[name], None)
-        w.wait_for_save()
-        assert w.flush(10.0)
-        res = w.get_transfer_results(set(out.finished_req_ids))
-        errors = w.get_block_ids_with_load_errors()
-        stats = w.get_kv_connector_stats()
-        w.clear_connector_metadata()
+        finished: set[str] = set()
+        errors: set[int] = set()
+        stats = None
+        for rank, (w, kv) in enumerate(zip(self.workers, self.kvs)):
+            w.bind_connector_metadata(meta)
+            if out.has_sync_kv_loads:
+                w.start_load_kv(None)
+            if before_forward is not None:
+                before_forward(out, rank)
+            for name in LAYER_NAMES:
+                w.wait_for_layer_load(name)
+                if fill_seed is not None:
+                    self.forward_layer(out, kv, name, fill_seed + 1000 * rank)
+                w.save_kv_layer(name, kv[name], None)
+            if not out.has_sync_kv_loads:
+                w.start_load_kv(None)  # async loads start after the forward is launched
+            w.wait_for_save()
+            assert w.flush(10.0)
+            res = w.get_transfer_results(set(out.finished_req_ids))
+            for rid in res.finished_recving:
+                self.recving[rid] = self.recving.get(rid, 0) + 1
+                if self.recving[rid] == len(self.workers):
+                    finished.add(rid)
+                    del self.recving[rid]
+            errors |= w.get_block_ids_with_load_errors()
+            s = w.get_kv_connector_stats()
+            if s is not None:
+                stats = s if stats is None else stats.aggregate(s)
+            w.clear_connector_metadata()
         kvo = KVConnectorOutput(
-            finished_recving=res.finished_recving or None,
+            finished_recving=finished or None,
             invalid_block_ids=errors,
             kv_connector_stats=stats,
         )
         self.sched.update_from_output(out, self.model_output(out, kvo))
         return out, kvo
 
-    def forward_layer(self, out, name: str, seed: int) -> None:
+    def forward_layer(self, out, kv, name: str, seed: int) -> None:
         """Writes KV into the blocks of the tokens computed in this step (a stand-in for the
         attention kernel's cache write; whole blocks, which is all the connector reads)."""
         g = torch.Generator().manual_seed(seed + LAYER_NAMES.index(name))
-        t = self.kv[name]
+        t = kv[name]
         for nr in out.scheduled_new_reqs:
             first = nr.num_computed_tokens // BLOCK
             for b in nr.block_ids[0][first:]:
@@ -236,13 +272,15 @@ class Engine:
             time.sleep(0.01)
         raise AssertionError(f"{rid} was never scheduled")
 
-    def pages(self, block_ids: list[int]) -> list[torch.Tensor]:
+    def pages(self, block_ids: list[int], rank: int = 0) -> list[torch.Tensor]:
         """Every layer's pages of these blocks, as raw 16-bit words (bitwise comparison)."""
         idx = torch.tensor(block_ids)
-        return [self.kv[n].index_select(0, idx).view(torch.int16) for n in LAYER_NAMES]
+        kv = self.kvs[rank]
+        return [kv[n].index_select(0, idx).view(torch.int16) for n in LAYER_NAMES]
 
     def close(self) -> None:
-        self.worker.shutdown()
+        for w in self.workers:
+            w.shutdown()
         self.conn.shutdown()
 
 
@@ -273,7 +311,7 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
     kvpoold, models
 ):
     path = model_dir(models, "llama3-8b")
-    a = Engine(vllm_config(path, kvpoold.url))
+    a = Engine(path, kvpoold.url)
     # 5 full blocks and a partial one: the partial block is never stored.
     prompt1 = tokens(5 * BLOCK + 8, seed=1)
     saved_ids = save_request_1(a, prompt1)
@@ -286,7 +324,7 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
 
     # Engine B: another scheduler and worker, same model. A filler request takes blocks first,
     # so request 2's prefix lands in other block ids than request 1's.
-    b = Engine(vllm_config(path, kvpoold.url))
+    b = Engine(path, kvpoold.url)
     b.add("filler", tokens(5 * BLOCK, seed=9), max_tokens=8)
     b.step(fill_seed=3)
     prompt2 = prompt1[: 5 * BLOCK] + tokens(20, seed=2)
@@ -315,10 +353,10 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
 def test_the_object_is_layout_independent(kvpoold, models):
     """A block saved from a layer-outermost cache loads into a block-outermost one."""
     path = model_dir(models, "llama3-8b")
-    a = Engine(vllm_config(path, kvpoold.url), KVCacheLayout.LBHNC)
+    a = Engine(path, kvpoold.url, KVCacheLayout.LBHNC)
     prompt = tokens(3 * BLOCK + 1, seed=5)
     saved = save_request_1(a, prompt)
-    b = Engine(vllm_config(path, kvpoold.url), KVCacheLayout.BLHNC)
+    b = Engine(path, kvpoold.url, KVCacheLayout.BLHNC)
     b.add("r2", prompt)
     nr = b.wait_loaded("r2")
     assert nr.num_computed_tokens == 3 * BLOCK
@@ -328,12 +366,70 @@ def test_the_object_is_layout_independent(kvpoold, models):
     b.close()
 
 
+def test_synchronous_loads_are_in_place_before_the_first_layer_runs(kvpoold, models):
+    """With ``load_async: false`` vLLM schedules the request in the step that loads it, calls
+    start_load_kv before the forward, which returns only once the blocks are in place."""
+    path = model_dir(models, "llama3-8b")
+    a = Engine(path, kvpoold.url)
+    prompt = tokens(4 * BLOCK + 5, seed=13)
+    saved = save_request_1(a, prompt)
+    b = Engine(path, kvpoold.url, load_async=False)
+    b.add("r2", prompt)
+    seen = {}
+
+    def check(meta):
+        seen["loads"] = list(meta.loads)
+
+    def loaded_before_forward(out, rank):
+        ids = out.scheduled_new_reqs[0].block_ids[0][:4]
+        seen["equal"] = all(
+            torch.equal(pa, pb) for pa, pb in zip(a.pages(saved), b.pages(ids))
+        )
+
+    out, kvo = b.step(before_worker=check, before_forward=loaded_before_forward)
+    assert out.has_sync_kv_loads and len(seen["loads"]) == 1
+    nr = next(r for r in out.scheduled_new_reqs if r.req_id == "r2")
+    assert nr.num_computed_tokens == 4 * BLOCK  # scheduled at once, 5 tokens to prefill
+    assert nr.block_ids[0][:4] == seen["loads"][0].block_ids
+    assert kvo.invalid_block_ids == set() and kvo.finished_recving is None
+    assert seen["equal"]
+    a.close()
+    b.close()
+
+
+def test_tensor_parallel_ranks_store_their_own_objects_and_a_hit_needs_every_rank(
+    kvpoold, models
+):
+    path = model_dir(models, "llama3-8b")
+    a = Engine(path, kvpoold.url, tp=2)
+    prompt = tokens(3 * BLOCK + 7, seed=14)
+    saved = save_request_1(a, prompt)
+    assert a.workers[0].key("00") != a.workers[1].key("00")
+    b = Engine(path, kvpoold.url, tp=2)
+    b.add("r2", prompt)
+    nr = b.wait_loaded("r2")
+    assert nr.num_computed_tokens == 3 * BLOCK
+    for rank in (0, 1):  # each rank got its own shard back
+        for pa, pb in zip(a.pages(saved, rank), b.pages(nr.block_ids[0][:3], rank)):
+            assert torch.equal(pa, pb)
+    assert not torch.equal(a.pages(saved, 0)[0], a.pages(saved, 1)[0])
+    # Rank 1 lost block 1: only block 0 is whole for every rank.
+    req = Request("q", prompt, SamplingParams(max_tokens=1), None, block_hasher=HASHER)
+    cl = Client(kvpoold.url)
+    assert cl.delete(b.workers[1].key(req.block_hashes[1].hex()))
+    cl.close()
+    c = Engine(path, kvpoold.url, tp=2)
+    assert c.conn.get_num_new_matched_tokens(req, 0) == (BLOCK, True)
+    for e in (a, b, c):
+        e.close()
+
+
 def test_full_prompt_hit_backs_off_one_block_and_lookups_are_cached(kvpoold, models):
     path = model_dir(models, "llama3-8b")
-    a = Engine(vllm_config(path, kvpoold.url))
+    a = Engine(path, kvpoold.url)
     prompt = tokens(4 * BLOCK, seed=6)  # exactly 4 full blocks
     save_request_1(a, prompt)
-    b = Engine(vllm_config(path, kvpoold.url))
+    b = Engine(path, kvpoold.url)
     req = Request("q", prompt, SamplingParams(max_tokens=2), None, block_hasher=HASHER)
     lookups = b.conn.store.stats()["lookups"]
     # 4 blocks stored, but one token must be computed: 3 blocks are offered.
@@ -348,7 +444,7 @@ def test_full_prompt_hit_backs_off_one_block_and_lookups_are_cached(kvpoold, mod
 
 
 def test_another_model_never_matches(kvpoold, models):
-    a = Engine(vllm_config(model_dir(models, "llama3-8b"), kvpoold.url))
+    a = Engine(model_dir(models, "llama3-8b"), kvpoold.url)
     prompt = tokens(4 * BLOCK + 3, seed=7)
     save_request_1(a, prompt)
     req = Request("x", prompt, SamplingParams(max_tokens=2), None, block_hasher=HASHER)
@@ -366,11 +462,11 @@ def test_another_model_never_matches(kvpoold, models):
 
 def test_evicted_blocks_and_a_killed_daemon_are_recomputed_exactly(kvpoold, models):
     path = model_dir(models, "llama3-8b")
-    a = Engine(vllm_config(path, kvpoold.url))
+    a = Engine(path, kvpoold.url)
     prompt = tokens(5 * BLOCK + 4, seed=8)
     save_request_1(a, prompt)
     # Blocks 2 and 4 vanish between the lookup and the load (evicted, say).
-    b = Engine(vllm_config(path, kvpoold.url))
+    b = Engine(path, kvpoold.url)
     b.add("r2", prompt)
     loads = []
 
@@ -399,7 +495,7 @@ def test_evicted_blocks_and_a_killed_daemon_are_recomputed_exactly(kvpoold, mode
     assert b.worker.store.stats()["misses"] == 2
 
     # kvpoold dies after the scheduler matched: every block of the load fails, none raises.
-    c = Engine(vllm_config(path, kvpoold.url))
+    c = Engine(path, kvpoold.url)
     c.add("r3", prompt)
     loads.clear()
 
@@ -432,11 +528,11 @@ def test_evicted_blocks_and_a_killed_daemon_are_recomputed_exactly(kvpoold, mode
 
 def test_stats_aggregate_and_reduce_through_vllms_logger(kvpoold, models):
     path = model_dir(models, "llama3-8b")
-    a = Engine(vllm_config(path, kvpoold.url))
+    a = Engine(path, kvpoold.url)
     prompt = tokens(3 * BLOCK + 2, seed=12)
     a.add("r1", prompt, max_tokens=1)
     _, kvo_a = a.step(fill_seed=1)
-    b = Engine(vllm_config(path, kvpoold.url))
+    b = Engine(path, kvpoold.url)
     b.add("r2", prompt)
     stats = []
     for _ in range(20):
