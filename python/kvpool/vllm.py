@@ -293,6 +293,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         """The key prefix of one rank's objects (see the module docstring)."""
         spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
         mc = self._vllm_config.model_config
+        par = self._vllm_config.parallel_config
         model = self.config["model_id"] or (mc.model if mc is not None else "")
         num_layers = (
             mc.get_total_num_hidden_layers()
@@ -302,12 +303,17 @@ class KvpoolConnector(KVConnectorBase_V1):
         return layout_salt(
             engine="vllm",
             model=str(model),
+            revision=str(getattr(mc, "revision", None)),
+            quantization=str(getattr(mc, "quantization", None)),
             dtype=str(getattr(spec, "dtype", "")),
+            kv_quant=str(getattr(spec, "kv_quant_mode", "")),
             block_size=self.block_size,
             tp_size=self.tp_size,
             tp_rank=tp_rank,
             pp_size=self.pp_size,
             pp_rank=pp_rank,
+            dcp_size=int(getattr(par, "decode_context_parallel_size", 1) or 1),
+            pcp_size=int(getattr(par, "prefill_context_parallel_size", 1) or 1),
             num_layers=num_layers,
             num_kv_heads=getattr(spec, "num_kv_heads", None),
             head_size=getattr(spec, "head_size", None),

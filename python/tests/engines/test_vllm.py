@@ -80,6 +80,18 @@ LLAMA3_8B = {
     "rms_norm_eps": 1e-5,
     "torch_dtype": "bfloat16",
 }
+# The --kv-transfer-config of docs/ENGINES.md, byte for byte.
+LAUNCH = (
+    '{"kv_connector":"KvpoolConnector","kv_connector_module_path":"kvpool.vllm",'
+    '"kv_role":"kv_both","kv_connector_extra_config":{"kvpool_url":"tcp://127.0.0.1:7070"}}'
+)
+# Small staging (6 blocks, batches of 4) so that batching and slot reuse are exercised.
+TEST_EXTRA = {
+    "lookup_timeout": 2.0,
+    "io_timeout": 2.0,
+    "staging_blocks": 6,
+    "batch_blocks": 4,
+}
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 
 init_none_hash(sha256)
@@ -96,19 +108,9 @@ def model_dir(root, name: str) -> str:
 def vllm_config(path: str, url: str, tp: int = 1, **extra) -> VllmConfig:
     """What ``vllm serve PATH --kv-transfer-config '{...}'`` builds. ``tp``: the tensor
     parallel size (set after the config is built: the CPU platform has no second device)."""
-    kvt = KVTransferConfig(
-        kv_connector="KvpoolConnector",
-        kv_connector_module_path="kvpool.vllm",
-        kv_role="kv_both",
-        kv_connector_extra_config={
-            "kvpool_url": url,
-            "lookup_timeout": 2.0,
-            "io_timeout": 2.0,
-            "staging_blocks": 6,
-            "batch_blocks": 4,
-            **extra,
-        },
-    )
+    launch = json.loads(LAUNCH.replace("tcp://127.0.0.1:7070", url))
+    launch["kv_connector_extra_config"].update(TEST_EXTRA, **extra)
+    kvt = KVTransferConfig(**launch)
     mc = ModelConfig(
         model=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024
     )
