@@ -591,3 +591,87 @@ def test_a_random_per_process_hash_is_never_stored(
     conn = KvpoolConnector(vc, KVConnectorRole.SCHEDULER, kv_cache_config())
     assert conn.enabled
     conn.shutdown()
+
+
+def test_hma_is_turned_off_and_several_groups_leave_the_connector_idle(
+    kvpoold, models, caplog
+):
+    """vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA, and
+    refuses to build one when HMA is forced on; handed two groups anyway, it stays idle."""
+    path = model_dir(models, "llama3-8b")
+    vc = vllm_config(path, kvpoold.url)
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    with pytest.raises(ValueError, match="does not support HMA"):
+        KVConnectorFactory.create_connector(
+            vc, KVConnectorRole.SCHEDULER, kv_cache_config()
+        )
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    kcc = kv_cache_config()
+    half = len(LAYER_NAMES) // 2
+    spec = kcc.kv_cache_groups[0].kv_cache_spec
+    kcc.kv_cache_groups = [
+        KVCacheGroupSpec(LAYER_NAMES[:half], spec),
+        KVCacheGroupSpec(LAYER_NAMES[half:], spec),
+    ]
+    caplog.set_level(logging.WARNING, logger="kvpool.vllm")
+    conn = KvpoolConnector(vc, KVConnectorRole.SCHEDULER, kcc)
+    assert not conn.enabled and any("groups" in r.getMessage() for r in caplog.records)
+    req = Request(
+        "g", tokens(40, 3), SamplingParams(max_tokens=1), None, block_hasher=HASHER
+    )
+    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    conn.shutdown()
+
+
+def test_no_exception_escapes_and_a_worker_without_staging_fails_its_loads(
+    kvpoold, models
+):
+    path = model_dir(models, "llama3-8b")
+    a = Engine(path, kvpoold.url)
+    prompt = tokens(3 * BLOCK + 2, seed=15)
+    save_request_1(a, prompt)
+    # Garbage in: every method answers its miss value.
+    conn = a.conn
+    assert conn.get_num_new_matched_tokens(object(), 0) == (0, False)
+    assert conn.update_state_after_alloc(object(), None, 16) is None
+    assert isinstance(conn.build_connector_meta(object()), KvpoolConnectorMetadata)
+    assert conn.request_finished(object(), [1]) == (False, None)
+    w = KVConnectorFactory.create_connector(
+        vllm_config(path, kvpoold.url), KVConnectorRole.WORKER, kv_cache_config()
+    )
+    w.register_kv_caches({"model.layers.0.self_attn.attn": torch.zeros(3)})
+    assert w.object_bytes == 0  # refused: not vLLM's paged layout
+    # A load handed to that worker: every block fails, the request still finishes.
+    b = Engine(path, kvpoold.url)
+    b.add("r2", prompt)
+    out = b.sched.schedule()
+    meta = out.kv_connector_metadata
+    load = meta.loads[0]
+    w.bind_connector_metadata(meta)
+    w.start_load_kv(None)
+    w.wait_for_save()
+    assert w.get_finished(set()) == (None, {"r2"})
+    assert w.get_block_ids_with_load_errors() == set(load.block_ids)
+    assert w.get_block_ids_with_load_errors() == set()  # reported once
+    assert w.get_kv_connector_stats().data["load_failed_blocks"] == 3
+    w.clear_connector_metadata()
+    w.shutdown()
+    for e in (a, b):
+        e.close()
+
+
+def test_a_save_that_finds_no_staging_slot_is_dropped_not_waited_for(kvpoold, models):
+    path = model_dir(models, "llama3-8b")
+    e = Engine(path, kvpoold.url, staging_blocks=2, io_timeout=0.2)
+    held = e.worker._take_slots(2, None)  # the saver is busy with two slow blocks, say
+    e.add("r1", tokens(3 * BLOCK, seed=16), max_tokens=1)
+    out = e.sched.schedule()
+    e.worker.bind_connector_metadata(out.kv_connector_metadata)
+    e.worker.wait_for_save()  # gives up after io_timeout (0.2 s)
+    e.worker._give_slots(held)
+    assert e.worker.flush(5.0)
+    st = e.worker.get_kv_connector_stats()
+    assert st.data["save_dropped_blocks"] == 3 and st.data["stores"] == 0
+    e.worker.clear_connector_metadata()
+    e.close()
