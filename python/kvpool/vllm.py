@@ -384,6 +384,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         # req -> vLLM's local hit (tokens) at its last lookup: where its load starts
         self._asked: dict[str, int] = {}
         self._pending_loads: list[BlockJob] = []
+        self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
         self._rank_salts: list[str] = []
@@ -459,6 +460,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         tr.stored = max(tr.stored, self._matches.get(rid, {}).get(first, last))
         job = BlockJob(rid, ids, hashes)
         tr.load, tr.load_first = job, first
+        self._loading[rid] = tr
         self._pending_loads.append(job)
 
     @_guarded(lambda: KvpoolConnectorMetadata())
@@ -501,9 +503,10 @@ class KvpoolConnector(KVConnectorBase_V1):
         again once recomputed."""
         bad = connector_output.invalid_block_ids or set()
         done = connector_output.finished_recving or set()
-        for tr in self._reqs.values():
+        for rid, tr in list(self._loading.items()):
             job = tr.load
             if job is None:
+                del self._loading[rid]
                 continue
             failed = [i for i, b in enumerate(job.block_ids) if b in bad]
             if failed:
@@ -511,6 +514,7 @@ class KvpoolConnector(KVConnectorBase_V1):
                 tr.stored = min(tr.stored, tr.load_first + failed[0])
             if failed or job.req_id in done or not self.load_async:
                 tr.load = None  # a synchronous load reports its errors in its own step
+                del self._loading[rid]
 
     def _plan_save(
         self, meta: KvpoolConnectorMetadata, tr: _Tracked, computed: int
@@ -534,6 +538,7 @@ class KvpoolConnector(KVConnectorBase_V1):
         ``wait_for_save`` of the step that computed them, before vLLM could free them."""
         rid = request.request_id
         self._reqs.pop(rid, None)
+        self._loading.pop(rid, None)
         self._asked.pop(rid, None)
         self._forget_matches(rid)
         return False, None
@@ -559,6 +564,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._dropped_total = self._dropped_reported = 0
         self._done_recving: set[str] = set()
         self._sync_pending: list[threading.Event] = []
+        # Requests whose synchronous load failed in this step: their saves of this step are
+        # skipped, since the forward computed them over blocks that were never loaded.
+        self._sync_failed: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._ranks = self._worker_ranks()
 
@@ -715,7 +723,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             return
         for job in meta.loads:
             if self._staging is None:  # registration failed: every block is recomputed
-                self._load_failed(job.block_ids)
+                self._load_failed(job, job.block_ids, meta.load_async)
                 if meta.load_async:
                     with self._lock:
                         self._done_recving.add(job.req_id)
@@ -737,12 +745,14 @@ class KvpoolConnector(KVConnectorBase_V1):
         for ev in pending:
             ev.wait()
 
-    def _load_failed(self, block_ids: list[int]) -> None:
+    def _load_failed(self, job: BlockJob, block_ids: list[int], is_async: bool) -> None:
         with self._lock:
+            if not is_async:
+                self._sync_failed.add(job.req_id)
             self._failed_blocks.update(block_ids)
             self._failed_total += len(block_ids)
 
-    def _load(self, job: BlockJob) -> None:
+    def _load(self, job: BlockJob, is_async: bool) -> None:
         batch = max(1, int(self.config["batch_blocks"]))
         i = 0
         while i < len(job.block_ids):
@@ -766,7 +776,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             finally:
                 self._give_slots(slots)
             if bad:
-                self._load_failed(bad)
+                self._load_failed(job, bad, is_async)
 
     def _load_loop(self) -> None:
         while True:
@@ -775,10 +785,10 @@ class KvpoolConnector(KVConnectorBase_V1):
                 return
             job, is_async, done = item
             try:
-                self._load(job)
+                self._load(job, is_async)
             except Exception as e:  # noqa: BLE001
                 self._note_error("load", e)
-                self._load_failed(job.block_ids)
+                self._load_failed(job, job.block_ids, is_async)
             finally:
                 if is_async:  # failed blocks were recorded first (see get_finished)
                     with self._lock:
@@ -802,14 +812,21 @@ class KvpoolConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         """Copies the blocks that became full this step into staging (before returning, so
         vLLM may free or reuse them afterwards) and hands them to the saver thread. A save
-        that finds no free staging slot within ``io_timeout`` is dropped (a future miss)."""
+        that finds no free staging slot within ``io_timeout`` is dropped (a future miss).
+        A request whose synchronous load failed this step saves nothing this step: its new
+        blocks were computed over blocks that never arrived (the scheduler saves them again
+        once vLLM has recomputed them)."""
         self._wait_sync_loads()
+        with self._lock:
+            skip, self._sync_failed = self._sync_failed, set()
         meta = self._connector_metadata
         if not isinstance(meta, KvpoolConnectorMetadata) or self._staging is None:
             return
         timeout = float(self.config["io_timeout"])
         batch = max(1, int(self.config["batch_blocks"]))
         for job in meta.saves:
+            if job.req_id in skip:
+                continue
             i = 0
             while i < len(job.block_ids):
                 slots = self._take_slots(min(batch, len(job.block_ids) - i), timeout)

@@ -399,6 +399,39 @@ def test_synchronous_loads_are_in_place_before_the_first_layer_runs(kvpoold, mod
     b.close()
 
 
+def test_a_failed_synchronous_load_saves_nothing_computed_over_it(kvpoold, models):
+    """Block 1 of a synchronous load is gone: vLLM recomputes from it, and the blocks this
+    step computed over the missing one are not stored; once recomputed, they are."""
+    path = model_dir(models, "llama3-8b")
+    a = Engine(path, kvpoold.url)
+    prompt1 = tokens(3 * BLOCK + 1, seed=17)
+    save_request_1(a, prompt1)
+    b = Engine(path, kvpoold.url, load_async=False)
+    prompt2 = prompt1[: 3 * BLOCK] + tokens(2 * BLOCK + 3, seed=18)
+    req = b.add("r2", prompt2)
+    keys = [b.worker.key(h.hex()) for h in req.block_hashes]
+
+    def evict(meta):
+        cl = Client(kvpoold.url)
+        assert cl.delete(keys[1])
+        cl.close()
+
+    out, kvo = b.step(before_worker=evict, fill_seed=6)
+    load = out.kv_connector_metadata.loads[0]
+    assert kvo.invalid_block_ids == {load.block_ids[1]}
+    # The step computed blocks 3 and 4 over the missing block 1: none of them was stored.
+    assert [j.block_ids for j in out.kv_connector_metadata.saves] == [
+        out.scheduled_new_reqs[0].block_ids[0][3:5]
+    ]
+    assert b.worker.store.presence(keys) == [True, False, True, False, False]
+    out, kvo = b.step(fill_seed=7)  # vLLM recomputes from block 1 ...
+    nr = out.scheduled_cached_reqs
+    assert nr.req_ids == ["r2"] and nr.num_computed_tokens == [BLOCK]
+    assert b.worker.store.presence(keys) == [True] * 5  # ... and those blocks are saved
+    a.close()
+    b.close()
+
+
 def test_tensor_parallel_ranks_store_their_own_objects_and_a_hit_needs_every_rank(
     kvpoold, models
 ):
