@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import time
 
 import pytest
@@ -333,6 +334,8 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
     b.add("r2", prompt2)
     out, _ = b.step(fill_seed=4)
     meta = out.kv_connector_metadata
+    # vLLM pickles the metadata to its worker processes, and the stats back.
+    assert pickle.loads(pickle.dumps(meta)) == meta
     assert [j.req_id for j in meta.loads] == ["r2"]
     load = meta.loads[0]
     assert len(load.block_ids) == 5
@@ -578,6 +581,7 @@ def test_stats_aggregate_and_reduce_through_vllms_logger(kvpoold, models):
             break
     sa = kvo_a.kv_connector_stats
     assert isinstance(sa, KvpoolConnectorStats)
+    assert pickle.loads(pickle.dumps(sa)) == sa
     assert (
         sa.data["stores"] == 3 and sa.data["bytes_written"] == 3 * a.worker.object_bytes
     )
