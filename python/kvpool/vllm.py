@@ -29,15 +29,17 @@ loads go the other way.
 
 **Asynchrony.** Loads run on a loader thread. By default (``load_async``) the scheduler parks the
 request in ``WAITING_FOR_REMOTE_KVS`` while other requests compute, and the worker reports it in
-``finished_recving`` when its blocks are in place. Saves gather the new full blocks into staging
+``finished_recving`` when its blocks are in place; with ``load_async: false`` the request is
+scheduled at once and ``start_load_kv`` (called before the forward) waits for its load. Saves
+gather the new full blocks into staging
 inside ``wait_for_save`` (so the source blocks are never read after vLLM may free or reuse them,
 and ``request_finished`` never needs to hold blocks) and a saver thread writes them to kvpool
 while the next steps compute. Any failure is a miss: a block that fails to load is returned by
 ``get_block_ids_with_load_errors`` and vLLM recomputes it; a save that fails is a future miss.
 
 **HMA.** The class does not declare ``SupportsHMA``: vLLM then turns its hybrid KV cache manager
-off, so the cache has exactly one group (sliding-window layers are then served as full
-attention; Mamba/SSM models refuse to start with this connector). See docs/ENGINES.md.
+off, so the cache has exactly one group (sliding-window layers then keep blocks for the whole
+sequence; Mamba/SSM models refuse to start with this connector). See docs/ENGINES.md.
 """
 
 from __future__ import annotations
