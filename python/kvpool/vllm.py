@@ -689,7 +689,8 @@ class KvpoolConnector(KVConnectorBase_V1):
         return self._staging.data_ptr() + slot * self._obj_bytes
 
     def _gather(self, block_ids: list[int], slots: list[int]) -> None:
-        """Copies the blocks (every layer) into the staging slots."""
+        """Copies the blocks (every layer) into the staging slots. It runs on the step's
+        stream after the forward, and ``.cpu()`` waits for the device copy."""
         assert self._staging is not None
         idx = torch.tensor(block_ids, dtype=torch.long, device=self._device)
         dst = torch.tensor(slots, dtype=torch.long)
@@ -709,6 +710,10 @@ class KvpoolConnector(KVConnectorBase_V1):
             lay.cache.index_copy_(
                 0, idx, pages.reshape(len(block_ids), *lay.cache.shape[1:])
             )
+        if self._device.type == "cuda":
+            # Device copies are queued, not done: the load is reported finished only once
+            # they are, since the request's forward may run on another stream.
+            torch.cuda.current_stream(self._device).synchronize()
 
     # loads
 
