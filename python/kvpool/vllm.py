@@ -119,6 +119,12 @@ def _guarded(
     return wrap
 
 
+def _page_bytes(spec: Any) -> int:
+    """Bytes of one block of one layer, without the padding some specs add for alignment (the
+    per-layer views vLLM hands over exclude it)."""
+    return int(getattr(spec, "unpadded_page_size_bytes", spec.page_size_bytes))
+
+
 # ----- what the scheduler sends the workers -----
 
 
@@ -321,7 +327,7 @@ class KvpoolConnector(KVConnectorBase_V1):
             head_size=getattr(spec, "head_size", None),
             head_size_v=getattr(spec, "head_size_v", None),
             kv_layout=f"{type(spec).__name__}:page[heads,tokens,content]",
-            page_bytes=spec.page_size_bytes,
+            page_bytes=_page_bytes(spec),
         )
 
     def _note_error(self, where: str, e: BaseException) -> None:
@@ -619,9 +625,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         if not layers:
             raise ValueError("no KV cache layers to register")
         spec = kcc.kv_cache_groups[0].kv_cache_spec
-        if any(lay.page_bytes != spec.page_size_bytes for lay in layers):
+        if any(lay.page_bytes != _page_bytes(spec) for lay in layers):
             raise ValueError(
-                f"page of {layers[0].page_bytes} bytes, spec says {spec.page_size_bytes}"
+                f"page of {layers[0].page_bytes} bytes, spec says {_page_bytes(spec)}"
             )
         self._layers = layers
         self._obj_bytes = offset
