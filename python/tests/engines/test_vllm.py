@@ -371,7 +371,7 @@ def test_the_object_is_layout_independent(kvpoold, models):
     b.close()
 
 
-def test_synchronous_loads_are_in_place_before_the_first_layer_runs(kvpoold, models):
+def test_synchronous_loads_are_in_place_before_the_forward(kvpoold, models):
     """With ``load_async: false`` vLLM schedules the request in the step that loads it, calls
     start_load_kv before the forward, which returns only once the blocks are in place."""
     path = model_dir(models, "llama3-8b")
