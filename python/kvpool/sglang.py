@@ -320,8 +320,25 @@ class KvpoolStore(HiCacheStorage):
         self._register_buffers(host_pool)
 
     def on_host_pools_registered(self) -> None:
-        """The initial registration burst is over; kvpool needs no finalisation."""
-        log.debug("kvpool: host pools %s", [str(n) for n in self.registered_pools])
+        """The initial registration burst is over. Under a logical KV anchor (no KV memory
+        of its own) the salt is finalised here from the physical pools' layouts, dtypes and
+        page sizes, since the anchor has none."""
+        if self.mem_pool_host is not None and self.mem_pool_host.kv_buffer is None:
+            pools = sorted(
+                (
+                    str(name),
+                    str(getattr(pool, "layout", None)),
+                    str(getattr(pool, "dtype", None)),
+                    getattr(pool, "page_size", None),
+                )
+                for name, pool in self.registered_pools.items()
+            )
+            self.salt = layout_salt(**self._base_fields, pools=pools)
+        log.info(
+            "kvpool: host pools %s; key salt %s",
+            [str(n) for n in self.registered_pools],
+            self.salt,
+        )
 
     def _register_buffers(self, pool: Any) -> None:
         bufs = getattr(pool, "get_hybrid_pool_buffer", None)
@@ -830,8 +847,10 @@ class KvpoolStore(HiCacheStorage):
         """Moves multi-segment objects through the registered staging buffer, as many at a
         time as it holds: gather then store, or load then scatter."""
         sizes = {i: sum(sz for _, sz in objs.segs[i]) for i in which}
+        # The anchor's batch of 128 pages, or (sidecars only) this call's objects.
+        need = max(max(sizes.values()), self._staging_bytes or sum(sizes.values()))
         with self._staging_lock:
-            staging = self._ensure_staging(max(sizes.values()))
+            staging = self._ensure_staging(need)
             if staging is None:
                 return
             base, cap = staging.data_ptr(), staging.numel()
@@ -862,20 +881,19 @@ class KvpoolStore(HiCacheStorage):
                     ok[i] = d
 
     def _ensure_staging(self, need: int) -> torch.Tensor | None:
-        """The staging buffer, at least ``need`` bytes (and the anchor's batch size),
-        allocated and registered on first use; caller holds the staging lock."""
-        want = max(need, self._staging_bytes)
+        """The staging buffer, at least ``need`` bytes, allocated and registered on first
+        use and grown (never shrunk) when a call needs more; caller holds the staging lock."""
         if self._staging is not None and self._staging.numel() >= need:
             return self._staging
         if self._staging is not None:
             self.store.unregister(self._staging.data_ptr())
             self._staging = None
-        buf = torch.empty(want, dtype=torch.uint8)
-        if not self.store.register(buf.data_ptr(), want):
+        buf = torch.empty(need, dtype=torch.uint8)
+        if not self.store.register(buf.data_ptr(), need):
             return None
         self._staging = buf
         log.info(
-            "kvpool: %.1f MiB staging buffer for non-contiguous pages", want / 2**20
+            "kvpool: %.1f MiB staging buffer for non-contiguous pages", need / 2**20
         )
         return buf
 

@@ -22,6 +22,7 @@ try:
     from sglang.srt.mem_cache.device_pool_info import (
         KVBufferLayout,
         KVBuffers,
+        MambaStateBufferInfo,
         MHABufferInfo,
         MLABufferInfo,
     )
@@ -33,6 +34,7 @@ try:
         PoolName,
         PoolTransfer,
     )
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
@@ -461,14 +463,18 @@ def test_mla_tp_ranks_share_one_latent_and_only_the_writer_puts(kvpoold):
 # ----- v2: a hybrid model's sidecar pool -----
 
 
-def test_v2_sidecar_pool_with_trailing_pages(kvpoold):
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_v2_sidecar_pool_with_trailing_pages(kvpoold, layout):
     """A sliding-window model: the KV anchor plus an SWA sidecar, itself SGLang's real
-    MHATokenToKVPoolHost (smaller), which only holds the trailing window of a prefix."""
+    MHATokenToKVPoolHost (smaller), which only holds the trailing window of a prefix. SGLang
+    gives every host pool the one --hicache-mem-layout."""
     page, n, window = 16, 6, 2
-    kv = mha_pool("page_first", page, pages=8)
-    swa = mha_pool("page_first", page, pages=6, layers=4, seed=7)
+    kv = mha_pool(layout, page, pages=8)
+    swa = mha_pool(layout, page, pages=6, layers=4, seed=7)
     backend = attach(
-        storage_config(kvpoold.url), kv, [(kv, PoolName.KV), (swa, PoolName.SWA)]
+        storage_config(kvpoold.url, page_first=layout == "page_first"),
+        kv,
+        [(kv, PoolName.KV), (swa, PoolName.SWA)],
     )
     keys = page_hashes(n, "hybrid-")
     assert backup(backend, keys, kv.alloc(n * page), page)
@@ -521,6 +527,65 @@ def test_v2_sidecar_pool_with_trailing_pages(kvpoold):
     # A window one page further back is not stored: restorable stops before it.
     res = backend.batch_exists_v2(keys[:-1], [trailing])
     assert res.kv_hit_pages == 0 and res.restorable_prefix_pages == []
+    backend.close()
+
+
+def test_v2_real_mamba_state_pool_restores_at_its_checkpoints(kvpoold):
+    """A hybrid linear-attention model: SGLang's real MambaPoolHost (one state slot per KV
+    page, a temporal and a conv object each, TP-sharded) under TRAILING_PAGES with a window
+    of one page: a prefix is restorable only where a state was saved."""
+    page, n = 16, 4
+    kv = mha_pool("page_first", page, pages=6)
+    layers = 4
+    info = MambaStateBufferInfo(
+        temporal=torch.zeros(layers, 5, 8, 16, dtype=torch.float32),
+        conv=(torch.zeros(layers, 5, 3, 32, dtype=BF16),),
+    )
+    mamba = MambaPoolHost(
+        info,
+        2.0,
+        0,
+        device_capacity=4,
+        pin_memory=False,
+        device="cpu",
+        layout="page_first",
+    )
+    g = torch.Generator().manual_seed(3)
+    for buf in mamba.get_hybrid_pool_buffer():
+        raw = buf.view(-1).view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+    backend = attach(
+        storage_config(kvpoold.url), kv, [(kv, PoolName.KV), (mamba, PoolName.MAMBA)]
+    )
+    keys = page_hashes(n, "mamba-")
+    assert backup(backend, keys, kv.alloc(n * page), page)
+    state = mamba.alloc(1)
+    tail = keys[-1:]
+    saved = backend.batch_set_v2(
+        [PoolTransfer(name=PoolName.MAMBA, host_indices=state, keys=tail)]
+    )
+    assert saved == {PoolName.MAMBA: [True]}
+    with kvpool.Client(kvpoold.url) as c:
+        assert all(
+            c.exists(f"{backend.salt}_{tail[0]}_0_{o}") for o in ("temporal", "conv_0")
+        )
+
+    def transfer(ks):
+        return PoolTransfer(
+            name=PoolName.MAMBA, keys=ks, hit_policy=PoolHitPolicy.TRAILING_PAGES
+        )
+
+    res = backend.batch_exists_v2(keys, [transfer(tail)])
+    assert (res.kv_hit_pages, res.restorable_prefix_pages) == (n, [n])
+    assert backend.batch_exists_v2(keys[:2], [transfer(keys[1:2])]).kv_hit_pages == 0
+    dst = mamba.alloc(1)
+    got = backend.batch_get_v2(
+        [PoolTransfer(name=PoolName.MAMBA, host_indices=dst, keys=tail)]
+    )
+    assert got == {PoolName.MAMBA: [True]}
+    assert torch.equal(
+        mamba.get_data_page(int(state[0])), mamba.get_data_page(int(dst[0]))
+    )
     backend.close()
 
 
