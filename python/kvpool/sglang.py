@@ -323,7 +323,8 @@ class KvpoolStore(HiCacheStorage):
         """The initial registration burst is over. Under a logical KV anchor (no KV memory
         of its own) the salt is finalised here from the physical pools' layouts, dtypes and
         page sizes, since the anchor has none."""
-        if self.mem_pool_host is not None and self.mem_pool_host.kv_buffer is None:
+        anchor = self.mem_pool_host
+        if anchor is not None and getattr(anchor, "kv_buffer", None) is None:
             pools = sorted(
                 (
                     str(name),
