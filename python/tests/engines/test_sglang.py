@@ -730,6 +730,11 @@ def test_killed_kvpoold_gives_misses_and_false(start_kvpoold, caplog):
     ]
     assert len(warnings) == 1
     backend.close()
+    # A closed store answers misses too.
+    assert (
+        backend.batch_exists(keys) == 0
+        and backend.batch_get_v1(keys, idx) == [False] * 2
+    )
 
 
 def test_malformed_calls_are_misses_not_exceptions(kvpoold):
