@@ -250,11 +250,23 @@ def same_pages(pool_a, idx_a, pool_b, idx_b, n: int, page: int) -> bool:
 
 
 def test_dynamic_factory_loads_kvpoolstore_with_the_launch_config(kvpoold):
+    # Exactly the launch line's extra-config (docs/ENGINES.md), at this daemon's address.
+    exact = {
+        "backend_name": "kvpool",
+        "module_path": "kvpool.sglang",
+        "class_name": "KvpoolStore",
+        "interface_v1": 1,
+        "kvpool_url": kvpoold.url,
+    }
     pool = mha_pool("page_first", 16, pages=2)
-    backend = attach(storage_config(kvpoold.url), pool)
+    backend = attach(storage_config(kvpoold.url, extra=exact), pool)
     assert type(backend) is KvpoolStore
     assert backend.zero_copy and backend.config["kvpool_url"] == kvpoold.url
-    assert backend.config["lookup_timeout_ms"] == 5000
+    assert (
+        backend.config["lookup_timeout_ms"] == 5
+        and backend.config["io_timeout_ms"] == 2000
+    )
+    assert backend.registered_pools[PoolName.KV] is pool
     backend.close()
 
 
