@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 
 import pytest
 
@@ -367,6 +368,38 @@ def test_prefix_longer_than_one_batch_goes_in_batches_of_128_pages(kvpoold):
     # The staging buffer holds one batch of 128 pages of this pool, no more.
     per_page = pool.get_size_per_token() * page
     assert backend._staging.numel() == STORAGE_BATCH_SIZE * per_page
+    backend.close()
+
+
+def test_prefetch_and_backup_threads_share_the_staging_buffer(kvpoold):
+    """SGLang's backup thread stores while its prefetch I/O thread loads: with layer_first both
+    go through the one staging buffer, and neither may see the other's bytes."""
+    page, n, rounds = 16, 4, 8
+    pool = mha_pool("layer_first", page, pages=4 * n)
+    backend = attach(storage_config(kvpoold.url, page_first=False), pool)
+    stored = page_hashes(n, "threads-stored-")
+    src = pool.alloc(n * page)
+    assert backup(backend, stored, src, page)
+    errors: list[BaseException] = []
+
+    def backups() -> None:
+        try:
+            for r in range(rounds):
+                idx = pool.alloc(n * page)
+                assert backup(backend, page_hashes(n, f"threads-{r}-"), idx, page)
+                pool.free(idx)
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+
+    t = threading.Thread(target=backups)
+    t.start()
+    for _ in range(rounds):
+        dst = pool.alloc(n * page)
+        assert prefetch(backend, stored, dst, page) == n
+        assert same_pages(pool, src, pool, dst, n, page)
+        pool.free(dst)
+    t.join(60)
+    assert not t.is_alive() and not errors
     backend.close()
 
 
