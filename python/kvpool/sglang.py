@@ -267,6 +267,9 @@ class KvpoolStore(HiCacheStorage):
         self._prefetch_bw: list[float] = []
         self._backup_bw: list[float] = []
         self._logged: set[str] = set()
+        self._attached = (
+            False  # on_host_pools_registered fired: from now on, never raise
+        )
         self.guarded_errors = 0
         log.info(
             "kvpool HiCache storage at %s (salt %s, %s, rank suffix %r)",
@@ -312,17 +315,25 @@ class KvpoolStore(HiCacheStorage):
         log.info("kvpool: registered the %s host pool; key salt %s", layout, self.salt)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        """Registers a hybrid model's host pool (KV anchor or sidecar) by its name."""
-        if host_pool_name == PoolName.KV and host_pool is self.mem_pool_host:
+        """Registers a hybrid model's host pool (KV anchor or sidecar) by its name. During the
+        attach a bad pool raises; a sidecar registered later (SGLang adds them at run time)
+        is logged and left unregistered instead, so its transfers answer misses."""
+        try:
+            if host_pool_name == PoolName.KV and host_pool is self.mem_pool_host:
+                self.registered_pools[host_pool_name] = host_pool
+                return
+            self._register_buffers(host_pool)
             self.registered_pools[host_pool_name] = host_pool
-            return
-        self.registered_pools[host_pool_name] = host_pool
-        self._register_buffers(host_pool)
+        except Exception as e:
+            if not self._attached:
+                raise
+            self._guard_failed("register_mem_host_pool_v2", e)
 
     def on_host_pools_registered(self) -> None:
         """The initial registration burst is over. Under a logical KV anchor (no KV memory
         of its own) the salt is finalised here from the physical pools' layouts, dtypes and
         page sizes, since the anchor has none."""
+        self._attached = True
         anchor = self.mem_pool_host
         if anchor is not None and getattr(anchor, "kv_buffer", None) is None:
             pools = sorted(

@@ -296,6 +296,24 @@ def test_bad_extra_config_fails_the_attach_loudly(kvpoold, monkeypatch):
     assert dead.batch_exists(page_hashes(2)) == 0
 
 
+def test_unsupported_host_pools_fail_the_attach(kvpoold):
+    class Pool:  # a stand-in: only the attributes the check reads
+        kv_buffer = torch.zeros(4)
+        dtype, page_size, size = BF16, 16, 64
+
+    unified = Pool()
+    unified.layout = "page_unified"
+    with pytest.raises(ValueError, match="host layouts"):
+        KvpoolStore(storage_config(kvpoold.url)).register_mem_pool_host(unified)
+    # A sidecar in device memory, during the attach (before on_host_pools_registered).
+    backend = KvpoolStore(storage_config(kvpoold.url))
+    backend.register_mem_pool_host(mha_pool("page_first", 16, pages=2))
+    on_device = Pool()
+    on_device.kv_buffer = torch.zeros(4, device="meta")
+    with pytest.raises(ValueError, match="host"):
+        backend.register_mem_host_pool_v2(on_device, PoolName.SWA)
+
+
 # ----- zero copy: every layout, MHA and MLA -----
 
 MHA_CASES = [
@@ -797,6 +815,17 @@ def test_malformed_calls_are_misses_not_exceptions(kvpoold):
     }
     assert backend.set(keys[0]) is False
     assert backend.batch_get(keys, [1], [1, 2]) == 0
+
+    # A sidecar that can't be registered after the attach is logged, not raised; its
+    # transfers answer misses.
+    class GpuPool:
+        page_size = 1
+        kv_buffer = torch.zeros(4, device="meta")
+
+    backend.register_mem_host_pool_v2(GpuPool(), PoolName.MAMBA)
+    assert PoolName.MAMBA not in backend.registered_pools
+    mamba = PoolTransfer(name=PoolName.MAMBA, keys=keys, host_indices=torch.arange(2))
+    assert backend.batch_set_v2([mamba]) == {PoolName.MAMBA: [False, False]}
     # A pool whose metadata fails (a bug anywhere below us) is still only a miss.
     pool.get_page_buffer_meta = lambda _idx: (_ for _ in ()).throw(RuntimeError("boom"))
     assert backend.batch_set_v1(keys, idx) == [False, False]
