@@ -39,7 +39,6 @@ load latency, breaker state) plus this backend's own (``guarded_errors``).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import os
@@ -63,6 +62,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.observability.metrics_collector import StorageMetrics
 
 from .engine import EngineStore, layout_salt
+from .page_io import PageIO, PageObjects
 
 log = logging.getLogger("kvpool.sglang")
 
@@ -92,8 +92,6 @@ _MLA_SINGLE_POOLS = frozenset(
         *(p for p in PoolName if p.value.startswith("deepseek_v4_")),
     }
 )
-
-_memmove = ctypes.memmove
 
 
 def _parse_config(extra: dict[str, Any]) -> dict[str, Any]:
@@ -185,19 +183,6 @@ def _batch_get_miss(
     return [None] * _n_keys(keys)
 
 
-class _Objects:
-    """The objects of one batch: their keys and, per object, the (pointer, size) segments of
-    host memory that hold it, in byte order. ``pages[i]`` is the page of object ``i``."""
-
-    __slots__ = ("keys", "pages", "segs", "shared")
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.segs: list[list[tuple[int, int]]] = []
-        self.pages: list[int] = []
-        self.shared: list[bool] = []
-
-
 class KvpoolStore(HiCacheStorage):
     """SGLang HiCache storage backed by kvpool (see the module docstring and docs/ENGINES.md).
 
@@ -258,9 +243,7 @@ class KvpoolStore(HiCacheStorage):
             probe_interval=self.config["probe_interval_s"],
             name="kvpool (sglang)",
         )
-        self._staging: torch.Tensor | None = None
-        self._staging_bytes = 0  # the size the anchor pool asks for; grown on demand
-        self._staging_lock = threading.Lock()
+        self.io = PageIO(self.store)  # its staging buffer is sized at registration
         self._metrics_lock = threading.Lock()
         self._prefetch_pgs: list[int] = []
         self._backup_pgs: list[int] = []
@@ -310,7 +293,7 @@ class KvpoolStore(HiCacheStorage):
                 min(STORAGE_BATCH_SIZE, mem_pool_host.size // mem_pool_host.page_size),
             )
             per_page = mem_pool_host.get_size_per_token() * mem_pool_host.page_size
-            self._staging_bytes = pages * per_page
+            self.io.staging_bytes = pages * per_page
         self.registered_pools[PoolName.KV] = mem_pool_host
         log.info("kvpool: registered the %s host pool; key salt %s", layout, self.salt)
 
@@ -394,8 +377,8 @@ class KvpoolStore(HiCacheStorage):
         objs = self._objects(PoolName.KV, pool, keys, host_indices)
         if objs is None:
             return [False] * len(keys)
-        ok = self._load(objs)
-        pages = self._per_page(objs, ok, len(keys))
+        ok = self.io.load(objs)
+        pages = PageObjects.per_page(objs.pages, ok, len(keys))
         self._record(self._prefetch_pgs, self._prefetch_bw, objs, ok, pages, start)
         return pages
 
@@ -419,8 +402,8 @@ class KvpoolStore(HiCacheStorage):
         objs = self._objects(PoolName.KV, pool, keys, host_indices)
         if objs is None:
             return [False] * len(keys)
-        ok = self._save(objs)
-        pages = self._per_page(objs, ok, len(keys))
+        ok = self.io.save(objs, skip_shared=self.is_mla and not self.is_writer)
+        pages = PageObjects.per_page(objs.pages, ok, len(keys))
         self._record(self._backup_pgs, self._backup_bw, objs, ok, pages, start)
         return pages
 
@@ -520,7 +503,7 @@ class KvpoolStore(HiCacheStorage):
         self, transfers: list[PoolTransfer], store: bool
     ) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
-        batch = _Objects()
+        batch = PageObjects()
         spans: list[tuple[Any, int, int, int]] = []
         for t in transfers:
             nkeys = len(t.keys or [])
@@ -535,18 +518,16 @@ class KvpoolStore(HiCacheStorage):
             if objs is None:
                 continue
             begin = len(batch.keys)
-            batch.keys += objs.keys
-            batch.segs += objs.segs
-            batch.pages += objs.pages
-            batch.shared += objs.shared
+            batch.extend(objs)
             spans.append((t.name, nkeys, begin, len(batch.keys)))
         if not batch.keys:
             return out
-        ok = self._save(batch) if store else self._load(batch)
+        skip = self.is_mla and not self.is_writer
+        ok = self.io.save(batch, skip_shared=skip) if store else self.io.load(batch)
         for name, nkeys, begin, end in spans:
-            sub = _Objects()
-            sub.pages = batch.pages[begin:end]
-            out[name] = self._per_page(sub, ok[begin:end], nkeys)
+            out[name] = PageObjects.per_page(
+                batch.pages[begin:end], ok[begin:end], nkeys
+            )
         return out
 
     # ----- plain interface (SGLang's generic path, without interface_v1) -----
@@ -697,8 +678,7 @@ class KvpoolStore(HiCacheStorage):
     def close(self) -> None:
         """Closes the client and releases the staging buffer; later calls answer misses."""
         self.store.close()
-        with self._staging_lock:
-            self._staging = None
+        self.io.close()
 
     # ----- keys -----
 
@@ -746,7 +726,7 @@ class KvpoolStore(HiCacheStorage):
 
     def _objects(
         self, name: Any, pool: Any, keys: list[str], host_indices: torch.Tensor | None
-    ) -> _Objects | None:
+    ) -> PageObjects | None:
         """The objects of ``keys`` in ``pool`` at ``host_indices``; None (logged) when the
         indices or the pool's segments don't match the keys."""
         n = len(keys)
@@ -786,7 +766,7 @@ class KvpoolStore(HiCacheStorage):
             and len(comps) == 2
             and getattr(pool, "layout", "") == "layer_first"
         )
-        objs = _Objects()
+        objs = PageObjects()
         for i, k in enumerate(keys):
             base = i * per_page
             for j, (comp, shared) in enumerate(comps):
@@ -794,120 +774,9 @@ class KvpoolStore(HiCacheStorage):
                     idx = range(base + j, base + per_page, len(comps))
                 else:
                     idx = range(base + j * nseg, base + (j + 1) * nseg)
-                objs.keys.append(self._key(k, comp, shared))
-                objs.segs.append([(int(ptrs[x]), int(sizes[x])) for x in idx])
-                objs.pages.append(i)
-                objs.shared.append(shared)
+                segs = [(int(ptrs[x]), int(sizes[x])) for x in idx]
+                objs.add(self._key(k, comp, shared), segs, i, shared)
         return objs
-
-    @staticmethod
-    def _per_page(objs: _Objects, ok: list[bool], n: int) -> list[bool]:
-        pages = [True] * n
-        for p, o in zip(objs.pages, ok):
-            if not o:
-                pages[p] = False
-        return pages
-
-    def _load(self, objs: _Objects) -> list[bool]:
-        """Loads every object into its segments (direct, or through the staging buffer)."""
-        ok = [False] * len(objs.keys)
-        direct = [i for i, s in enumerate(objs.segs) if len(s) == 1]
-        if direct:
-            got = self.store.load(
-                [objs.keys[i] for i in direct],
-                [objs.segs[i][0][0] for i in direct],
-                [objs.segs[i][0][1] for i in direct],
-            )
-            for i, g in zip(direct, got):
-                ok[i] = g
-        staged = [i for i, s in enumerate(objs.segs) if len(s) > 1]
-        if staged:
-            self._staged(objs, staged, ok, store=False)
-        return ok
-
-    def _save(self, objs: _Objects) -> list[bool]:
-        """Stores the objects not already stored; non-writer ranks skip rank-shared ones."""
-        ok = [False] * len(objs.keys)
-        skip_shared = self.is_mla and not self.is_writer
-        ask = [i for i in range(len(objs.keys)) if not (skip_shared and objs.shared[i])]
-        for i in set(range(len(objs.keys))) - set(ask):
-            ok[i] = True
-        present = self.store.presence([objs.keys[i] for i in ask])
-        todo = []
-        for i, p in zip(ask, present):
-            if p:
-                ok[i] = True
-            else:
-                todo.append(i)
-        direct = [i for i in todo if len(objs.segs[i]) == 1]
-        if direct:
-            got = self.store.save(
-                [objs.keys[i] for i in direct],
-                [objs.segs[i][0][0] for i in direct],
-                [objs.segs[i][0][1] for i in direct],
-            )
-            for i, g in zip(direct, got):
-                ok[i] = g
-        staged = [i for i in todo if len(objs.segs[i]) > 1]
-        if staged:
-            self._staged(objs, staged, ok, store=True)
-        return ok
-
-    def _staged(
-        self, objs: _Objects, which: list[int], ok: list[bool], store: bool
-    ) -> None:
-        """Moves multi-segment objects through the registered staging buffer, as many at a
-        time as it holds: gather then store, or load then scatter."""
-        sizes = {i: sum(sz for _, sz in objs.segs[i]) for i in which}
-        # The anchor's batch of 128 pages, or (sidecars only) this call's objects.
-        need = max(max(sizes.values()), self._staging_bytes or sum(sizes.values()))
-        with self._staging_lock:
-            staging = self._ensure_staging(need)
-            if staging is None:
-                return
-            base, cap = staging.data_ptr(), staging.numel()
-            pos = 0
-            while pos < len(which):
-                chunk, used = [], 0
-                while pos < len(which) and used + sizes[which[pos]] <= cap:
-                    chunk.append((which[pos], base + used))
-                    used += sizes[which[pos]]
-                    pos += 1
-                keys = [objs.keys[i] for i, _ in chunk]
-                dsts = [d for _, d in chunk]
-                lens = [sizes[i] for i, _ in chunk]
-                if store:
-                    for i, dst in chunk:
-                        for ptr, sz in objs.segs[i]:
-                            _memmove(dst, ptr, sz)
-                            dst += sz
-                    done = self.store.save(keys, dsts, lens)
-                else:
-                    done = self.store.load(keys, dsts, lens)
-                    for (i, src), d in zip(chunk, done):
-                        if d:
-                            for ptr, sz in objs.segs[i]:
-                                _memmove(ptr, src, sz)
-                                src += sz
-                for (i, _), d in zip(chunk, done):
-                    ok[i] = d
-
-    def _ensure_staging(self, need: int) -> torch.Tensor | None:
-        """The staging buffer, at least ``need`` bytes, allocated and registered on first
-        use and grown (never shrunk) when a call needs more; caller holds the staging lock."""
-        if self._staging is not None and self._staging.numel() >= need:
-            return self._staging
-        if self._staging is not None:
-            self.store.unregister(self._staging.data_ptr())
-            self._staging = None
-        buf = torch.empty(need, dtype=torch.uint8)
-        if not self.store.register(buf.data_ptr(), need):
-            return None
-        self._staging = buf
-        log.info(
-            "kvpool: %.1f MiB staging buffer for non-contiguous pages", need / 2**20
-        )
-        return buf
 
     # ----- helpers -----
 
@@ -929,7 +798,7 @@ class KvpoolStore(HiCacheStorage):
         self,
         pgs: list[int],
         bw: list[float],
-        objs: _Objects,
+        objs: PageObjects,
         ok: list[bool],
         pages: list[bool],
         start: float,

@@ -385,7 +385,7 @@ def test_prefix_longer_than_one_batch_goes_in_batches_of_128_pages(kvpoold):
     assert same_pages(pool, src, pool, dst, n, page)
     # The staging buffer holds one batch of 128 pages of this pool, no more.
     per_page = pool.get_size_per_token() * page
-    assert backend._staging.numel() == STORAGE_BATCH_SIZE * per_page
+    assert backend.io.staging.numel() == STORAGE_BATCH_SIZE * per_page
     backend.close()
 
 
