@@ -404,6 +404,25 @@ class EngineStore:
             self.counters.add(hits=1, bytes_read=got)
         return got
 
+    def get_many_into(
+        self, keys: Sequence[Key], buffers: Sequence[Any]
+    ) -> list[int | None]:
+        """Copies ``keys[i]`` into the writable buffer ``buffers[i]`` (one round trip per node,
+        no registration needed): per key its length, or None (missing, too large for its
+        buffer, or any failure of the call)."""
+        n = len(keys)
+        if n == 0:
+            return []
+        start = time.perf_counter()
+        got = self._call(1, lambda c: c.read_many_into(keys, buffers), None)
+        if got is None:
+            self.counters.add(misses=n)
+            return [None] * n
+        hits = [g for g in got if g is not None]
+        self.counters.add(hits=len(hits), misses=n - len(hits), bytes_read=sum(hits))
+        self.counters.observe_load(time.perf_counter() - start)
+        return got
+
     def put(self, key: Key, value: Any) -> bool:
         """Stores ``value`` (any buffer); whether it was stored."""
 

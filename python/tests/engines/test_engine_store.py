@@ -133,3 +133,15 @@ def test_layout_salt_separates_layouts():
         layout_salt(model="m", dtype="bf16", page=16, tp=2),
     }
     assert a not in others and len(others) == 4
+
+
+def test_get_many_into_fills_unregistered_buffers(kvpoold):
+    st = EngineStore(kvpoold.url, lookup_timeout=2.0, io_timeout=5.0)
+    assert st.put("a", b"x" * 64) and st.put("b", b"y" * 32)
+    bufs = [bytearray(64), bytearray(64), bytearray(64)]
+    assert st.get_many_into(["a", "b", "absent"], bufs) == [64, 32, None]
+    assert bytes(bufs[0]) == b"x" * 64 and bytes(bufs[1][:32]) == b"y" * 32
+    s = st.stats()
+    assert (s["hits"], s["misses"], s["bytes_read"]) == (2, 1, 96)
+    st.close()
+    assert st.get_many_into(["a"], [bytearray(64)]) == [None]  # closed: a miss
