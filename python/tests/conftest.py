@@ -21,6 +21,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+# vLLM picks its platform once per process, when first imported (by its own tests or through
+# another engine's modules): on a GPU-less machine it must be told the CPU before that, or its
+# config objects fail with "Failed to infer device type".
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 
 def in_ci() -> bool:
     """Whether this run is CI's (the ``CI`` variable that CI services and ``.ci/run`` set)."""
