@@ -402,3 +402,32 @@ def test_the_plugin_class_alone_is_a_connector_too(kvpoold, engines, loop):
     assert isinstance(c.getWrappedConnector(), KvpoolRemoteConnector)
     assert c.batched_contains([e.key(1)]) == 0
     asyncio.run_coroutine_threadsafe(c.close(), loop).result(10)
+
+
+def test_blocking_calls_never_run_on_lmcaches_event_loop(kvpoold, engines):
+    e = engines(kvpoold.tcp, cpu_gb=0.1)
+    store = e.connector.store
+    threads: list[str] = []
+
+    def spy(name):
+        real = getattr(store, name)
+
+        def call(*a, **kw):
+            threads.append(threading.current_thread().name)
+            return real(*a, **kw)
+
+        return call
+
+    for name in ("match_prefix", "load_lengths", "save"):
+        setattr(store, name, spy(name))
+    k = e.key(0x7000)
+    obj, raw = e.chunk(7)
+    e.put([k], [obj])  # batched_put, a coroutine on LMCache's loop
+    release([obj])
+    assert e.run(e.remote.batched_async_contains("r", [k])) == 1
+    got = e.run(e.remote.batched_get_non_blocking("r", [k]))
+    assert same_bytes(got[0], raw)
+    release(got)
+    assert e.run(e.remote.connection.exists(k))
+    assert len(threads) == 4
+    assert all(t.startswith("kvpool-lmcache") for t in threads), threads
