@@ -335,6 +335,24 @@ class EngineStore:
         """Copies ``keys[i]`` into ``sizes[i]`` registered bytes at ``ptrs[i]`` (one round trip
         per node). True for a key whose value filled exactly its size; a miss, a value of
         another size or any failure is False."""
+        got = self._load(keys, ptrs, sizes, exact=True)
+        return [g > 0 for g in got]
+
+    def load_lengths(
+        self, keys: Sequence[Key], ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[int]:
+        """Like :meth:`load`, for slots that may hold a shorter value (LMCache's partial last
+        chunk): per key the length copied into the start of its slot, or 0 for a miss, a value
+        longer than its slot or any failure."""
+        return self._load(keys, ptrs, sizes, exact=False)
+
+    def _load(
+        self,
+        keys: Sequence[Key],
+        ptrs: Sequence[int],
+        sizes: Sequence[int],
+        exact: bool,
+    ) -> list[int]:
         n = len(keys)
         if n == 0:
             return []
@@ -347,16 +365,14 @@ class EngineStore:
         )
         if got is None:
             self.counters.add(misses=n)
-            return [False] * n
-        ok = [g == s for g, s in zip(got, sizes)]
-        hits = sum(ok)
-        self.counters.add(
-            hits=hits,
-            misses=n - hits,
-            bytes_read=sum(s for s, o in zip(sizes, ok) if o),
-        )
+            return [0] * n
+        out = [
+            g if (g == s if exact else 0 < g <= s) else 0 for g, s in zip(got, sizes)
+        ]
+        hits = sum(1 for g in out if g > 0)
+        self.counters.add(hits=hits, misses=n - hits, bytes_read=sum(out))
         self.counters.observe_load(time.perf_counter() - start)
-        return ok
+        return out
 
     def save(
         self, keys: Sequence[Key], ptrs: Sequence[int], sizes: Sequence[int]

@@ -145,3 +145,24 @@ def test_get_many_into_fills_unregistered_buffers(kvpoold):
     assert (s["hits"], s["misses"], s["bytes_read"]) == (2, 1, 96)
     st.close()
     assert st.get_many_into(["a"], [bytearray(64)]) == [None]  # closed: a miss
+
+
+def test_load_lengths_accepts_a_shorter_value_only(kvpoold):
+    st = EngineStore(kvpoold.url, lookup_timeout=2.0, io_timeout=5.0)
+    src = np.arange(3000, dtype=np.uint16).view(np.uint8)[:3000]
+    dst = np.zeros(3 * 4096, dtype=np.uint8)
+    assert st.register(src.ctypes.data, src.nbytes)
+    assert st.register(dst.ctypes.data, dst.nbytes)
+    assert st.save(["short", "long"], [src.ctypes.data] * 2, [1000, 3000]) == [True] * 2
+    ptrs = [dst.ctypes.data + i * 4096 for i in range(3)]
+    # A shorter value fills the start of its slot; a longer one and a miss are 0.
+    assert st.load_lengths(["short", "long", "absent"], ptrs, [4096, 2048, 4096]) == [
+        1000,
+        0,
+        0,
+    ]
+    assert (dst[:1000] == src[:1000]).all() and not dst[4096:].any()
+    assert st.load(["short"], ptrs[:1], [4096]) == [False]  # load wants the exact size
+    s = st.stats()
+    assert (s["hits"], s["misses"], s["bytes_read"]) == (1, 3, 1000)
+    st.close()
