@@ -57,7 +57,9 @@ class PrefillResult:
     the last ``logits_to_keep`` of them); ``tokens_loaded`` + ``tokens_computed`` is the prompt's
     length; ``cache``: the ``DynamicCache`` holding the whole prompt's KV (to decode on from);
     ``blocks_saved``: blocks newly stored; ``seconds``: wall time of ``lookup``, ``load`` (pool
-    to staging tensor to ``DynamicCache``), ``compute`` (the model on the suffix) and ``save``.
+    to staging tensor to ``DynamicCache``), ``compute`` (the model on the suffix) and ``save``;
+    ``cpu_seconds``: the same phases in this process's CPU time (on a machine whose cores other
+    work shares, the measure of work done that the others' load does not inflate).
     """
 
     logits: torch.Tensor
@@ -66,6 +68,7 @@ class PrefillResult:
     cache: DynamicCache
     blocks_saved: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -176,23 +179,20 @@ class PrefixCache:
         self, tokens: list[int], cache_salt: str | None, logits_to_keep: int, save: bool
     ) -> PrefillResult:
         bt, n_tokens = self.block_tokens, len(tokens)
-        seconds: dict[str, float] = {}
-        t0 = time.perf_counter()
+        clock = _PhaseClock()
         keys = self.keys(tokens, cache_salt)
         matched = self.store.match_prefix(keys)
         # Keep at least one token to compute: the logits of the last one are the answer.
         usable = min(matched, (n_tokens - 1) // bt)
-        seconds["lookup"] = time.perf_counter() - t0
+        clock.end("lookup")
 
-        t0 = time.perf_counter()
         cache = DynamicCache(config=self.model.config)
         loaded = self._load(keys[:usable], cache) if usable else 0
-        seconds["load"] = time.perf_counter() - t0
+        clock.end("load")
         # hits + misses = full blocks per request: load() counted its hits and failed loads,
         # these are the blocks the lookup did not offer (or that the last token needs).
         self.store.counters.add(misses=len(keys) - usable)
 
-        t0 = time.perf_counter()
         start = loaded * bt
         suffix = torch.tensor([tokens[start:]], dtype=torch.long)
         out = self.model(
@@ -201,19 +201,19 @@ class PrefixCache:
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
-        seconds["compute"] = time.perf_counter() - t0
+        clock.end("compute")
 
-        t0 = time.perf_counter()
         first_new = max(matched, loaded)
         saved = self._save(keys, first_new, cache) if save else 0
-        seconds["save"] = time.perf_counter() - t0
+        clock.end("save")
         return PrefillResult(
             logits=out.logits,
             tokens_loaded=start,
             tokens_computed=n_tokens - start,
             cache=cache,
             blocks_saved=saved,
-            seconds=seconds,
+            seconds=clock.wall,
+            cpu_seconds=clock.cpu,
         )
 
     # ----- loads and saves -----
@@ -272,6 +272,21 @@ class PrefixCache:
             if self._staging is not None:
                 self.store.unregister(self._staging.data_ptr())
                 self._staging = None
+
+
+class _PhaseClock:
+    """Wall and process CPU time of consecutive phases."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._t = (time.perf_counter(), time.process_time())
+
+    def end(self, phase: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.wall[phase] = now[0] - self._t[0]
+        self.cpu[phase] = now[1] - self._t[1]
+        self._t = now
 
 
 def _token_list(input_ids: Any) -> list[int]:
