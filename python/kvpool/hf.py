@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from . import block_hashes
 from .engine import EngineStore, layout_salt
@@ -108,6 +109,14 @@ class PrefixCache:
         if block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
         cfg = model.config.get_text_config(decoder=True)
+        kinds = {type(layer) for layer in DynamicCache(config=model.config).layers}
+        if kinds - {DynamicLayer}:
+            # A sliding-window or linear-attention layer keeps only part of the context (or a
+            # state): blocks of full K and V are not what it holds.
+            names = ", ".join(sorted(k.__name__ for k in kinds))
+            raise ValueError(
+                f"PrefixCache needs full-attention cache layers, not {names}"
+            )
         self.store = store
         self.model = model
         self.block_tokens = block_tokens

@@ -152,3 +152,19 @@ def test_another_model_never_hits(hf, kvpoold):
     assert a.prefill(p1).tokens_loaded == 5 * BLOCK
     assert st.match_prefix(kvhf.PrefixCache(st, a.model, 2 * BLOCK).keys(p1)) == 0
     st.close()
+
+
+def test_a_sliding_window_model_is_refused(hf, kvpoold):
+    _, transformers, kvhf = hf
+    cfg = transformers.MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=8,
+    )
+    model = transformers.MistralForCausalLM(cfg).eval()
+    with pytest.raises(ValueError, match="full-attention"):
+        kvhf.PrefixCache(store(kvpoold.url), model, BLOCK)
