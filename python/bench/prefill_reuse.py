@@ -1,0 +1,272 @@
+"""Prefill with a cached prefix vs without, on a transformers Llama on the CPU (issue 14).
+
+The headline of the system we follow: prefill throughput with context caching is 1.42x at 50 %
+prefix reuse and 2.28x at 90 % (TTFT -59 % at 90 %). This measures the same with
+:class:`kvpool.hf.PrefixCache`: prompts of ``--tokens`` tokens whose first 50 % / 90 % (rounded
+down to whole blocks) are a prefix an earlier request saved, served by a kvpoold on this host
+(``same_host=True``: one copy out of the mapped pool) and over loopback TCP (``same_host=False``).
+
+Per reuse level and transport it prints the time to first token (lookup + load + compute of the
+rest; the save of the new blocks comes after the first token and is shown apart), the speedup
+over no cache, and that speedup as a share of the ideal ``1 / (1 - reuse)`` (goal: >= 80 %):
+medians over ``--repeats`` interleaved rounds, each in two views. ``CPU``: the model's compute in
+this process's CPU seconds (torch on one thread by default, so CPU time is the work done, which
+other jobs on a shared machine do not inflate) plus lookup and load in wall time; ``wall``: all
+wall time. Where the rest goes: ``lookup``, ``load`` (pool -> registered tensor ->
+DynamicCache), and the suffix's compute, which attends over the whole context; ``alone`` is the
+same suffix computed with no prefix in front, so ``compute - alone`` is what attention over the
+cached prefix costs (the ideal counts it as free).
+
+The default model (2 layers, hidden 2048, 32 heads of 64, 8 KV heads) spends about a fifth of a
+4 096-token prefill in attention; a smaller hidden size makes attention a larger share and the
+ideal further out of reach (``--layers 4 --hidden 1024``: over a third).
+
+Usage: python python/bench/prefill_reuse.py --kvpoold target/release/kvpoold [--tokens 4096]
+[--repeats 3] [--layers 2] [--hidden 2048] [--threads 1] [--out bench-out/prefill-reuse.json]
+
+The model is a random-weight LlamaForCausalLM built from a config (seed 0, fp32, nothing
+downloaded). It starts its own kvpoold (free loopback ports, data under /dev/shm), stopped at
+the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import torch
+from kvpool.engine import EngineStore
+from kvpool.hf import PrefixCache
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+BLOCK = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_kvpoold(binary: str, memory: str) -> tuple[subprocess.Popen, str, str]:
+    d = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+    tcp = f"127.0.0.1:{free_port()}"
+    cmd = [binary, "--data-dir", d, "--memory", memory, "--tcp", tcp]
+    cmd += [
+        "--quic",
+        f"127.0.0.1:{free_port()}",
+        "--metrics",
+        f"127.0.0.1:{free_port()}",
+    ]
+    env = dict(os.environ, KVPOOL_LOG="warn")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+    line = p.stdout.readline().decode()
+    if "kvpoold ready" not in line:
+        p.kill()
+        sys.exit(f"kvpoold did not start: {line!r}")
+    return p, tcp, d
+
+
+def build_model(layers: int, hidden: int) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=8192,
+    )
+    return LlamaForCausalLM(cfg).to(torch.float32).eval()
+
+
+@torch.no_grad()
+def no_cache(model: LlamaForCausalLM, tokens: list[int]) -> dict[str, float]:
+    """Wall and CPU seconds of a plain prefill (the logits of the last token only, as for a
+    first token)."""
+    t, c = time.perf_counter(), time.process_time()
+    model(
+        input_ids=torch.tensor([tokens]),
+        past_key_values=DynamicCache(config=model.config),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return {"wall": time.perf_counter() - t, "cpu": time.process_time() - c}
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--kvpoold", default=os.environ.get("KVPOOLD", "target/release/kvpoold")
+    )
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--reuse", default="0.5,0.9")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    ap.add_argument("--memory", default="1GiB")
+    ap.add_argument("--out", default="bench-out/prefill-reuse.json")
+    a = ap.parse_args()
+
+    proc, tcp, data = start_kvpoold(a.kvpoold, a.memory)
+    try:
+        result = run(a, f"tcp://{tcp}")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        subprocess.run(["rm", "-rf", data], check=False)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwritten to {a.out}")
+
+
+def run(a: argparse.Namespace, url: str) -> dict:
+    torch.set_num_threads(a.threads)
+    model = build_model(a.layers, a.hidden)
+    params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(1)
+
+    def fresh(n: int) -> list[int]:
+        return torch.randint(0, 32000, (n,), generator=gen).tolist()
+
+    caches = {}
+    for transport, same_host in (("same-host", True), ("tcp", False)):
+        st = EngineStore(url, lookup_timeout=1.0, io_timeout=30.0, same_host=same_host)
+        if st.is_local != same_host:
+            sys.exit(f"{transport}: is_local is {st.is_local}")
+        caches[transport] = PrefixCache(
+            st, model, BLOCK, model_id="prefill-reuse-bench"
+        )
+    kv_per_token = caches["tcp"].block_bytes // BLOCK
+    print(
+        f"model: {a.layers} layers, hidden {a.hidden}, {params / 1e6:.0f} M parameters, "
+        f"fp32, {kv_per_token // 1024} KiB of KV per token; prompts of {a.tokens} tokens; "
+        f"torch {torch.__version__} on {torch.get_num_threads()} threads; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    no_cache(model, fresh(256))  # warm up the kernels
+    levels = []
+    for reuse in (float(r) for r in a.reuse.split(",")):
+        prefix_len = int(a.tokens * reuse) // BLOCK * BLOCK
+        prefix = fresh(prefix_len)
+        # The request that leaves the prefix in the pool.
+        seed = caches["same-host"].prefill(prefix, logits_to_keep=1)
+        assert seed.blocks_saved == prefix_len // BLOCK, seed.blocks_saved
+        levels.append((prefix_len, prefix, [], {t: [] for t in caches}))
+    # Rounds interleave every configuration, so that the other load on a shared machine falls
+    # on all of them alike; each figure is the median over the rounds.
+    base: list[dict[str, float]] = []
+    for _ in range(a.repeats):
+        base.append(no_cache(model, fresh(a.tokens)))
+        for prefix_len, prefix, alone, runs in levels:
+            alone.append(no_cache(model, fresh(a.tokens - prefix_len)))
+            for transport, pc in caches.items():
+                r = pc.prefill(prefix + fresh(a.tokens - prefix_len), logits_to_keep=1)
+                if r.tokens_loaded != prefix_len:
+                    sys.exit(f"{transport}: loaded {r.tokens_loaded}, not {prefix_len}")
+                runs[transport].append((r.seconds, r.cpu_seconds))
+    base_wall, base_cpu = med([b["wall"] for b in base]), med([b["cpu"] for b in base])
+    print(
+        f"no cache: {base_wall:.3f} s wall, {base_cpu:.3f} s CPU "
+        f"({a.tokens / base_wall:.0f} tokens/s); load average after: "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+
+    rows = []
+    for prefix_len, _, alone, by_transport in levels:
+        for transport, runs in by_transport.items():
+            wall = {k: med([w[k] for w, _ in runs]) for k in runs[0][0]}
+            cpu = {k: med([c[k] for _, c in runs]) for k in runs[0][1]}
+            ttft_walls = [w["lookup"] + w["load"] + w["compute"] for w, _ in runs]
+            # The CPU-time view: the model's work in CPU seconds, lookup and load in wall
+            # time (their waits on kvpoold are not this process's CPU time).
+            ttft_cpus = [w["lookup"] + w["load"] + c["compute"] for w, c in runs]
+            ttft_wall, ttft_cpu = med(ttft_walls), med(ttft_cpus)
+            ideal = 1 / (1 - prefix_len / a.tokens)
+            rows.append(
+                {
+                    "reuse": prefix_len / a.tokens,
+                    "transport": transport,
+                    "tokens": a.tokens,
+                    "cached_tokens": prefix_len,
+                    "ideal": ideal,
+                    "no_cache_wall_s": base_wall,
+                    "ttft_wall_s": ttft_wall,
+                    "speedup_wall": base_wall / ttft_wall,
+                    "share_of_ideal_wall": base_wall / ttft_wall / ideal,
+                    "no_cache_cpu_s": base_cpu,
+                    "ttft_cpu_s": ttft_cpu,
+                    "speedup_cpu": base_cpu / ttft_cpu,
+                    "share_of_ideal_cpu": base_cpu / ttft_cpu / ideal,
+                    "ttft_reduction_cpu": 1 - ttft_cpu / base_cpu,
+                    "throughput_tokens_per_cpu_s": a.tokens / ttft_cpu,
+                    "lookup_s": wall["lookup"],
+                    "load_s": wall["load"],
+                    "load_gbps": prefix_len * kv_per_token / wall["load"] / 1e9,
+                    "compute_cpu_s": cpu["compute"],
+                    "compute_wall_s": wall["compute"],
+                    "suffix_alone_cpu_s": med([x["cpu"] for x in alone]),
+                    "suffix_alone_wall_s": med([x["wall"] for x in alone]),
+                    "save_s": wall["save"],
+                    "ttft_wall_runs_s": ttft_walls,
+                    "ttft_cpu_runs_s": ttft_cpus,
+                }
+            )
+    print_table(rows)
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "model": {"layers": a.layers, "hidden": a.hidden, "parameters": params},
+        "kv_bytes_per_token": kv_per_token,
+        "no_cache_runs": base,
+        "rows": rows,
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "\nreuse  transport   ideal | CPU: no-cache s  TTFT s  speedup  share  TTFT- "
+        "| wall: no-cache s  TTFT s  speedup  share"
+    )
+    for r in rows:
+        print(
+            f"{r['reuse']:4.0%}   {r['transport']:<10} {r['ideal']:5.1f}x |"
+            f"{r['no_cache_cpu_s']:15.3f}  {r['ttft_cpu_s']:6.3f}  "
+            f"{r['speedup_cpu']:6.2f}x  {r['share_of_ideal_cpu']:4.0%}  "
+            f"{r['ttft_reduction_cpu']:4.0%} |{r['no_cache_wall_s']:16.3f}  "
+            f"{r['ttft_wall_s']:6.3f}  {r['speedup_wall']:6.2f}x  "
+            f"{r['share_of_ideal_wall']:4.0%}"
+        )
+    print(
+        "\nreuse  transport   lookup ms  load ms  load GB/s  compute CPU s  "
+        "same suffix alone CPU s  attention over the prefix s  save ms"
+    )
+    for r in rows:
+        print(
+            f"{r['reuse']:4.0%}   {r['transport']:<10} {r['lookup_s'] * 1e3:9.2f}  "
+            f"{r['load_s'] * 1e3:7.1f}  {r['load_gbps']:9.2f}  {r['compute_cpu_s']:13.3f}  "
+            f"{r['suffix_alone_cpu_s']:23.3f}  "
+            f"{r['compute_cpu_s'] - r['suffix_alone_cpu_s']:27.3f}  {r['save_s'] * 1e3:7.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
