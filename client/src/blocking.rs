@@ -80,6 +80,11 @@ impl Client {
         self.rt.block_on(self.inner.batch_exists(keys))
     }
 
+    /// See [`crate::Client::unreachable_events`].
+    pub fn unreachable_events(&self) -> u64 {
+        self.inner.unreachable_events()
+    }
+
     /// See [`crate::Client::present`].
     pub fn present(&self, keys: &[&[u8]]) -> Result<Vec<bool>, ClientError> {
         self.rt.block_on(self.inner.present(keys))

@@ -48,6 +48,8 @@ struct Inner {
     /// (so a dead host costs one connect timeout, not one per request).
     backoff: Mutex<HashMap<u32, Instant>>,
     routing: RwLock<Arc<Routing>>,
+    /// Times a node could not be reached and its keys were counted as misses.
+    unreachable: std::sync::atomic::AtomicU64,
 }
 
 /// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
@@ -120,6 +122,7 @@ impl Client {
                     view,
                     prev: None,
                 })),
+                unreachable: Default::default(),
             }),
             ns,
             repl,
@@ -134,6 +137,16 @@ impl Client {
             ns: name.into(),
             repl: replication(&self.inner.first, name),
         })
+    }
+
+    /// How many times, since the client (or the one it was cloned or derived from) was created,
+    /// a node could not be reached and the keys a request had on it were answered as misses
+    /// (lookups, gets and prefix matches do that rather than fail). A caller that must tell an
+    /// unreachable node from a miss, such as a circuit breaker, compares it before and after.
+    pub fn unreachable_events(&self) -> u64 {
+        self.inner
+            .unreachable
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// True when the same-host fast path is in use for the node the client connected to.

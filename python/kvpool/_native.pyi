@@ -53,6 +53,10 @@ class Client:
     def is_local(self) -> bool:
         """True when the node runs on this host and its memory is mapped into this process:
         a get into a caller's buffer is then one copy, with no socket round trip per value."""
+    def unreachable_events(self) -> int:
+        """How many times a node could not be reached and a request's keys on it were answered
+        as misses (lookups, gets and ``match_prefix`` do that rather than raise). Compare it
+        before and after a call to tell an unreachable node from a miss."""
     def health_check(self) -> int:
         """0 when the node answers, 1 when the client is closed, 2 when the node can't be
         reached within the timeout."""

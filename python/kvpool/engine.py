@@ -243,22 +243,28 @@ class EngineStore:
         miss: Any,
         unreachable: Callable[[Any], bool] | None = None,
     ) -> Any:
-        """Runs ``op`` on the lookup (0) or io (1) client through the breaker. ``unreachable``
-        tells a result that reports a node it could not reach (the Mooncake-style batch calls
-        return per-key statuses instead of raising): it counts as a failure, but the result,
-        with its partial successes, is still returned."""
+        """Runs ``op`` on the lookup (0) or io (1) client through the breaker.
+
+        A node that could not be reached counts as a failure even when the call answered
+        misses for its keys (lookups, gets and prefix matches do that rather than raise): the
+        client's count of unreachable nodes moved during the call. ``unreachable`` tells a
+        result that reports one in its statuses (the Mooncake-style batch puts return -900 per
+        key). Either way the result, with its partial successes, is still returned."""
         if self._closed or not self._breaker.admit():
             self.counters.add(skipped=1)
             return miss
         clients = self._clients or self._connect()
         if clients is None:
             return miss
+        c = clients[which]
         try:
-            out = op(clients[which])
+            before = c.unreachable_events()
+            out = op(c)
+            lost = c.unreachable_events() != before
         except Exception as e:  # noqa: BLE001 (the engine must only ever see a miss)
             self._failed(e)
             return miss
-        if unreachable is not None and unreachable(out):
+        if lost or (unreachable is not None and unreachable(out)):
             self._failed(ConnectionError("a node could not be reached"))
         else:
             self._succeeded()

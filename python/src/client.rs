@@ -99,6 +99,13 @@ impl NativeClient {
         Ok(self.client()?.is_local())
     }
 
+    /// How many times a node could not be reached and a request's keys on it were answered as
+    /// misses (lookups, gets and prefix matches do that rather than raise). Compare it before
+    /// and after a call to tell an unreachable node from a miss.
+    fn unreachable_events(&self) -> PyResult<u64> {
+        Ok(self.client()?.unreachable_events())
+    }
+
     /// Closes the client: its connections are dropped and its registrations forgotten. Calls
     /// after it fail (`ClosedError`, or status -600). Closing twice is harmless.
     fn _close(&self, py: Python<'_>) {

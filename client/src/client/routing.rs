@@ -166,6 +166,9 @@ impl Client {
     /// A node failed: its keys are misses for now. Logged, and the link dropped.
     pub(super) fn lost(&self, node: u32, e: &ClientError) {
         tracing::warn!(node, error = %e, "node unreachable: its keys are misses");
+        self.inner
+            .unreachable
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.forget(node);
     }
 

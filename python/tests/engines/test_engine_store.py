@@ -10,6 +10,7 @@ import logging
 import socket
 
 import numpy as np
+import pytest
 from kvpool.engine import EngineStore, layout_salt
 
 
@@ -95,6 +96,35 @@ def test_dead_daemon_opens_the_breaker_once_and_a_probe_closes_it(kvpoold, caplo
     dst = np.zeros(256, dtype=np.uint8)
     assert st.register(dst.ctypes.data, dst.nbytes)
     assert st.load(["c"], [dst.ctypes.data], [256]) == [True] and dst.all()
+    assert st.stats()["breaker_opened"] == 1
+
+
+@pytest.mark.parametrize("op", ["match_prefix", "presence", "load"])
+def test_lookups_and_loads_alone_open_the_breaker(kvpoold, op):
+    # The client answers an unreachable node's keys as misses rather than raising; the store
+    # still tells that from a miss, so an engine that only reads stops asking a dead daemon.
+    clock = FakeClock()
+    st = EngineStore(
+        kvpoold.url,
+        lookup_timeout=0.5,
+        io_timeout=0.5,
+        failure_threshold=2,
+        probe_interval=10.0,
+        clock=clock,
+    )
+    buf = np.zeros(64, dtype=np.uint8)
+    assert st.register(buf.ctypes.data, buf.nbytes)
+    calls = {
+        "match_prefix": lambda: st.match_prefix(["a", "b"]),
+        "presence": lambda: st.presence(["a"]),
+        "load": lambda: st.load(["a"], [buf.ctypes.data], [64]),
+    }
+    calls[op]()  # a genuine miss on a live daemon is not a failure
+    assert st.available and st.stats()["errors"] == 0
+    kvpoold.kill()
+    for _ in range(2):
+        calls[op]()
+    assert not st.available
     assert st.stats()["breaker_opened"] == 1
 
 
