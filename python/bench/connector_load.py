@@ -50,7 +50,7 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402 (after the environment above)
+import torch
 
 LAYERS, HEADS, HEAD_DIM = 32, 8, 128
 TOKENS = 4096
