@@ -44,6 +44,7 @@ sequence; Mamba/SSM models refuse to start with this connector). See docs/ENGINE
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -76,6 +77,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("kvpool.vllm")
+
+_memmove = ctypes.memmove
 
 #: ``kv_connector_extra_config`` keys and their defaults (docs/ENGINES.md repeats them).
 DEFAULTS: dict[str, Any] = {
@@ -694,10 +697,35 @@ class KvpoolConnector(KVConnectorBase_V1):
         assert self._staging is not None
         return self._staging.data_ptr() + slot * self._obj_bytes
 
+    def _host_pages(self, block_ids: list[int]) -> bool:
+        """Whether the cache is in host memory with each block's page of a layer contiguous,
+        so that a page is one ``memmove``; raises IndexError for a block id out of range."""
+        if self._device.type != "cpu" or not all(
+            lay.cache[0].is_contiguous() for lay in self._layers
+        ):
+            return False
+        num_blocks = self._layers[0].cache.shape[0]
+        if any(not 0 <= b < num_blocks for b in block_ids):
+            raise IndexError(f"a block id outside 0..{num_blocks}")
+        return True
+
     def _gather(self, block_ids: list[int], slots: list[int]) -> None:
         """Copies the blocks (every layer) into the staging slots. It runs on the step's
-        stream after the forward, and ``.cpu()`` waits for the device copy."""
+        stream after the forward, and ``.cpu()`` waits for the device copy. A host-memory cache
+        takes one ``memmove`` per page and layer (torch's byte-wise indexed assignment into
+        the slots took 2.2 s per 512 MiB on one core, the memmoves 0.06 s)."""
         assert self._staging is not None
+        if self._host_pages(block_ids):  # see _scatter
+            dsts = [self._slot_ptr(s) for s in slots]
+            for lay in self._layers:
+                base, stride, size = (
+                    lay.cache.data_ptr(),
+                    lay.block_stride,
+                    lay.page_bytes,
+                )
+                for b, dst_ptr in zip(block_ids, dsts):
+                    _memmove(dst_ptr + lay.offset, base + b * stride, size)
+            return
         idx = torch.tensor(block_ids, dtype=torch.long, device=self._device)
         dst = torch.tensor(slots, dtype=torch.long)
         for lay in self._layers:
@@ -706,8 +734,22 @@ class KvpoolConnector(KVConnectorBase_V1):
             self._staging[dst, lay.offset : lay.offset + lay.page_bytes] = flat.cpu()
 
     def _scatter(self, block_ids: list[int], slots: list[int]) -> None:
-        """Copies the staging slots into the blocks (every layer)."""
+        """Copies the staging slots into the blocks (every layer). A cache in host memory
+        whose pages are contiguous takes one ``memmove`` per page and layer: torch's
+        byte-wise gather of the slots (``staging[slots, range]``) and ``index_copy_`` move
+        512 MiB in about 0.6 s on one core, the memmoves in 0.06-0.09 s."""
         assert self._staging is not None
+        if self._host_pages(block_ids):
+            srcs = [self._slot_ptr(s) for s in slots]
+            for lay in self._layers:
+                base, stride, size = (
+                    lay.cache.data_ptr(),
+                    lay.block_stride,
+                    lay.page_bytes,
+                )
+                for b, src in zip(block_ids, srcs):
+                    _memmove(base + b * stride, src + lay.offset, size)
+            return
         idx = torch.tensor(block_ids, dtype=torch.long, device=self._device)
         src = torch.tensor(slots, dtype=torch.long)
         for lay in self._layers:
