@@ -19,8 +19,7 @@ path, as its engine calls it, into that engine's real host memory:
   from its real ``LocalCPUBackend``.
 
 Each connector twice: same host (the default) and over loopback TCP (vLLM's and LMCache's
-``same_host: false``; SGLang's backend has no such option, so its ``EngineStore`` is replaced by
-one with ``same_host=False`` before the host pool is registered). Every round measures, in this
+``same_host: false``, SGLang's ``kvpool_same_host: false``). Every round measures, in this
 order, a single-thread memcpy of 512 MiB (``ctypes.memmove`` between two preallocated,
 pre-touched buffers; also, as context, the same bytes in 4 MiB memmoves), a raw TCP stream of 512 MiB over loopback (a server subprocess
 ``sendall``-ing one preallocated buffer in reply to an 8-byte request; the client
@@ -238,8 +237,6 @@ class SGLang:
         }
 
     def _store(self, tcp: str, same_host: bool):
-        from kvpool.engine import EngineStore
-        from kvpool.page_io import PageIO
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
         from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
@@ -262,21 +259,10 @@ class SGLang:
                 "kvpool_url": f"tcp://{tcp}",
                 "lookup_timeout_ms": 5000,
                 "io_timeout_ms": 60000,
+                "kvpool_same_host": same_host,
             },
         )
         store = StorageBackendFactory.create_backend("dynamic", cfg, self.pool)
-        if not same_host:
-            # KvpoolStore has no same_host option: its client is swapped for one with the
-            # same settings and the same-host path off, before any memory is registered.
-            store.store.close()
-            store.store = EngineStore(
-                f"tcp://{tcp}",
-                lookup_timeout=5.0,
-                io_timeout=60.0,
-                same_host=False,
-                name="kvpool (sglang, TCP)",
-            )
-            store.io = PageIO(store.store)
         store.register_mem_pool_host(self.pool)
         store.on_host_pools_registered()
         assert store.store.is_local == same_host

@@ -75,6 +75,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "io_timeout_ms": 2000.0,
     "failure_threshold": 3,
     "probe_interval_s": 5.0,
+    "kvpool_same_host": True,  # False: every byte over the socket, as from another host
 }
 
 #: Host layouts by the byte order of their objects (the salt's ``order`` field).
@@ -122,6 +123,8 @@ def _parse_config(extra: dict[str, Any]) -> dict[str, Any]:
     for k in ("kvpool_namespace", "kvpool_token"):
         if cfg[k] is not None and not isinstance(cfg[k], str):
             raise ValueError(f"kvpool: {k} must be a string")
+    if type(cfg["kvpool_same_host"]) is not bool:  # ValueError, as for every bad key
+        raise ValueError("kvpool: kvpool_same_host must be true or false")
     return cfg
 
 
@@ -241,6 +244,7 @@ class KvpoolStore(HiCacheStorage):
             io_timeout=self.config["io_timeout_ms"] / 1000.0,
             failure_threshold=self.config["failure_threshold"],
             probe_interval=self.config["probe_interval_s"],
+            same_host=self.config["kvpool_same_host"],
             name="kvpool (sglang)",
         )
         self.io = PageIO(self.store)  # its staging buffer is sized at registration

@@ -291,6 +291,16 @@ def test_bad_extra_config_fails_the_attach_loudly(kvpoold, monkeypatch):
                 kvpoold.url, extra=launch_config(kvpoold.url, lookup_timeout_ms=0)
             )
         )
+    with pytest.raises(ValueError, match="kvpool_same_host"):
+        KvpoolStore(
+            storage_config(
+                kvpoold.url, extra=launch_config(kvpoold.url, kvpool_same_host="no")
+            )
+        )
+    # The same-host path is on by default and can be turned off.
+    assert KvpoolStore(storage_config(kvpoold.url)).store.is_local
+    remote = launch_config(kvpoold.url, kvpool_same_host=False)
+    assert not KvpoolStore(storage_config(kvpoold.url, extra=remote)).store.is_local
     # A store made while kvpoold is unreachable is not a misconfiguration: it answers misses.
     dead = KvpoolStore(storage_config("tcp://127.0.0.1:1"))
     assert dead.batch_exists(page_hashes(2)) == 0
