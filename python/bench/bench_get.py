@@ -22,11 +22,9 @@ import json
 import os
 import platform
 import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import time
+
+from _daemons import Kvpoold, start_redis
 
 # numpy's OpenBLAS starts one spinning thread per core on import; on a small machine they steal
 # the cores the client and kvpoold run on. Nothing here uses BLAS.
@@ -36,56 +34,6 @@ import kvpool
 import numpy as np
 
 VALUE = 2 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_kvpoold(binary: str, memory: str) -> tuple[subprocess.Popen, str, str]:
-    d = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
-    tcp = f"127.0.0.1:{free_port()}"
-    cmd = [binary, "--data-dir", d, "--memory", memory, "--tcp", tcp]
-    cmd += [
-        "--quic",
-        f"127.0.0.1:{free_port()}",
-        "--metrics",
-        f"127.0.0.1:{free_port()}",
-    ]
-    env = dict(os.environ, KVPOOL_LOG="warn")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-    line = p.stdout.readline().decode()
-    if "kvpoold ready" not in line:
-        p.kill()
-        sys.exit(f"kvpoold did not start: {line!r}")
-    return p, tcp, d
-
-
-def start_redis(binary: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    cmd = [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-    ]
-    cmd += ["no", "--daemonize", "no", "--loglevel", "warning"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return p, port
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    sys.exit("redis-server did not start")
 
 
 def rate(fn, n_values: int, rounds: int) -> dict:
@@ -126,7 +74,8 @@ def main() -> None:
     keys = [f"bench-{i}" for i in range(n)]
     dst = np.empty(VALUE, dtype=np.uint8)
 
-    kvp, tcp, data_dir = start_kvpoold(a.kvpoold, "1GiB")
+    kvp = Kvpoold(a.kvpoold, "1GiB")
+    tcp = kvp.tcp
     rp, rport = start_redis(a.redis_server)
     out: dict = {
         "value_bytes": VALUE,
@@ -192,11 +141,9 @@ def main() -> None:
         remote.close()
         local.close()
     finally:
-        kvp.terminate()
+        kvp.stop()
         rp.terminate()
-        kvp.wait(10)
         rp.wait(10)
-        shutil.rmtree(data_dir, ignore_errors=True)
 
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

@@ -46,6 +46,8 @@ import tempfile
 import threading
 import time
 
+from _daemons import Kvpoold
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -58,29 +60,6 @@ GIB = 1 << 30
 
 
 # ----- kvpoold -----
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_kvpoold(binary: str, memory: str) -> tuple[subprocess.Popen, str, str]:
-    d = tempfile.mkdtemp(prefix="kvpool-load-", dir="/dev/shm")
-    cmd = [binary, "--data-dir", d, "--memory", memory, "--tcp", "127.0.0.1:0"]
-    cmd += ["--quic", "127.0.0.1:0", "--metrics", "127.0.0.1:0"]
-    p = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, env=dict(os.environ, KVPOOL_LOG="warn")
-    )
-    assert p.stdout is not None
-    line = p.stdout.readline().decode()
-    if "kvpoold ready" not in line:
-        p.kill()
-        shutil.rmtree(d, ignore_errors=True)
-        sys.exit(f"kvpoold did not start: {line!r}")
-    tcp = next(w[4:] for w in line.split() if w.startswith("tcp="))
-    return p, tcp, d
 
 
 # ----- baselines -----
@@ -762,7 +741,8 @@ def main() -> None:
 
     logging_quiet()
     tmp = tempfile.mkdtemp(prefix="kvpool-load-")
-    daemon, tcp, data = start_kvpoold(a.kvpoold, a.memory)
+    daemon = Kvpoold(a.kvpoold, a.memory, prefix="kvpool-load-")
+    tcp = daemon.tcp
     made: list = []
     raw_tcp = None
     try:
@@ -828,9 +808,7 @@ def main() -> None:
                 print(f"closing {type(c).__name__}: {e!r}", file=sys.stderr)
         if raw_tcp is not None:
             raw_tcp.close()
-        daemon.terminate()
-        daemon.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
+        daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     res = {k: summary(v, nbytes) for k, v in times.items()}

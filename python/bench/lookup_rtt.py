@@ -27,48 +27,31 @@ import os
 import platform
 import re
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import kvpool
 import redis
+from _daemons import Kvpoold, start_redis
 
 TOKENS = 32768
 PAGE = 16
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    """One kvpoold of the cluster: its process, data directory and addresses."""
+class Daemon(Kvpoold):
+    """One kvpoold of the cluster, joined through ``seed`` (the first one)."""
 
     def __init__(self, binary: str, node_id: int, seed: Daemon | None):
-        self.dir = tempfile.mkdtemp(prefix=f"kvpool-rtt-{node_id}-", dir="/dev/shm")
-        self.tcp = f"127.0.0.1:{free_port()}"
-        self.metrics = f"127.0.0.1:{free_port()}"
-        cmd = [binary, "--node-id", str(node_id), "--data-dir", self.dir]
-        cmd += ["--memory", "64MiB", "--tcp", self.tcp, "--metrics", self.metrics]
-        cmd += ["--quic", f"127.0.0.1:{free_port()}"]
-        cmd += ["--heartbeat-ms", "100", "--down-after-ms", "1000"]
+        extra = ["--node-id", str(node_id)]
+        extra += ["--heartbeat-ms", "100", "--down-after-ms", "1000"]
         if seed is not None:
             secret = os.path.join(seed.dir, "cluster.secret")
-            cmd += ["--peer", seed.tcp, "--cluster-secret-file", secret]
-        env = dict(os.environ, KVPOOL_LOG="warn")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-        line = self.proc.stdout.readline().decode()
-        if "kvpoold ready" not in line:
-            self.proc.kill()
-            sys.exit(f"kvpoold {node_id} did not start: {line!r}")
+            extra += ["--peer", seed.tcp, "--cluster-secret-file", secret]
+        super().__init__(binary, "64MiB", extra, prefix=f"kvpool-rtt-{node_id}-")
+        self.metrics = self.addrs["metrics"]
 
     def counter(self, name: str, **labels: str) -> float:
         """The value of one sample of ``/metrics`` (0 when absent)."""
@@ -81,30 +64,6 @@ class Daemon:
             if m and m.group(1) == name and all(w in (m.group(2) or "") for w in want):
                 return float(m.group(3))
         return 0.0
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def start_redis(binary: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    cmd += ["--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return p, port
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    sys.exit("redis-server did not start")
 
 
 def summary(ns: list[int]) -> dict:

@@ -35,13 +35,12 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from _daemons import Kvpoold
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -51,31 +50,6 @@ from kvpool.hf import PrefixCache
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 BLOCK = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_kvpoold(binary: str, memory: str) -> tuple[subprocess.Popen, str, str]:
-    d = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
-    tcp = f"127.0.0.1:{free_port()}"
-    cmd = [binary, "--data-dir", d, "--memory", memory, "--tcp", tcp]
-    cmd += [
-        "--quic",
-        f"127.0.0.1:{free_port()}",
-        "--metrics",
-        f"127.0.0.1:{free_port()}",
-    ]
-    env = dict(os.environ, KVPOOL_LOG="warn")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-    line = p.stdout.readline().decode()
-    if "kvpoold ready" not in line:
-        p.kill()
-        sys.exit(f"kvpoold did not start: {line!r}")
-    return p, tcp, d
 
 
 def build_model(layers: int, hidden: int) -> LlamaForCausalLM:
@@ -125,13 +99,11 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out/prefill-reuse.json")
     a = ap.parse_args()
 
-    proc, tcp, data = start_kvpoold(a.kvpoold, a.memory)
+    daemon = Kvpoold(a.kvpoold, a.memory)
     try:
-        result = run(a, f"tcp://{tcp}")
+        result = run(a, f"tcp://{daemon.tcp}")
     finally:
-        proc.terminate()
-        proc.wait(10)
-        subprocess.run(["rm", "-rf", data], check=False)
+        daemon.stop()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwritten to {a.out}")
