@@ -61,7 +61,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.outputs import KVConnectorOutput
 
@@ -206,6 +209,78 @@ class KvpoolConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.get(k, 0) for k in _STAT_FIELDS)
+
+
+#: The Prometheus counters the connector adds to vLLM's ``/metrics`` (``vllm:kvpool_<field>``),
+#: from the fields of ``_STAT_FIELDS``: (field, name suffix, help).
+_PROM_COUNTERS = (
+    ("lookups", "lookups", "kvpool prefix lookups (one match_prefix call each)"),
+    ("hits", "hit_blocks", "blocks (objects) loaded from kvpool"),
+    ("misses", "missed_blocks", "blocks asked of kvpool and not loaded"),
+    ("errors", "errors", "failed kvpool calls (each a miss or a dropped save)"),
+    ("skipped", "skipped_calls", "calls answered as misses while the breaker was open"),
+    ("stores", "stored_blocks", "blocks stored in kvpool"),
+    ("store_failures", "store_failed_blocks", "blocks kvpool did not store"),
+    ("bytes_read", "read_bytes", "bytes loaded from kvpool"),
+    ("bytes_written", "written_bytes", "bytes stored in kvpool"),
+    (
+        "load_failed_blocks",
+        "load_failed_blocks",
+        "blocks vLLM recomputes after a failed load",
+    ),
+    (
+        "save_dropped_blocks",
+        "save_dropped_blocks",
+        "saves dropped (no staging slot in time)",
+    ),
+)
+
+
+class KvpoolPromMetrics(KVConnectorPromMetrics):
+    """kvpool's counters in vLLM's own Prometheus registry: one ``vllm:kvpool_*_total`` counter
+    per field, and the load latency as ``vllm:kvpool_load_seconds`` (its sum and count: vLLM
+    hands the logger summed stats, not the single loads)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {
+            f: self._counter_cls(
+                name=f"vllm:kvpool_{suffix}",
+                documentation=doc,
+                labelnames=labelnames,
+            )
+            for f, suffix, doc in _PROM_COUNTERS
+        }
+        self._load_seconds = self._counter_cls(
+            name="vllm:kvpool_load_seconds",
+            documentation="seconds spent loading from kvpool (sum over loads)",
+            labelnames=labelnames,
+        )
+        self._loads = self._counter_cls(
+            name="vllm:kvpool_loads",
+            documentation="loads from kvpool (batches of blocks)",
+            labelnames=labelnames,
+        )
+
+    def observe(self, transfer_stats_data: dict[str, Any] | None, engine_idx: int = 0):
+        if not transfer_stats_data:
+            return
+        labels = self.per_engine_labelvalues[engine_idx]
+        for f, counter in self._counters.items():
+            v = transfer_stats_data.get(f, 0)
+            if v:
+                counter.labels(*labels).inc(v)
+        if transfer_stats_data.get("load_count", 0):
+            self._loads.labels(*labels).inc(transfer_stats_data["load_count"])
+            self._load_seconds.labels(*labels).inc(
+                transfer_stats_data.get("load_seconds", 0.0)
+            )
 
 
 # ----- the connector -----
@@ -370,6 +445,18 @@ class KvpoolConnector(KVConnectorBase_V1):
         cls, data: dict[str, Any] | None = None
     ) -> KVConnectorStats | None:
         return KvpoolConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return KvpoolPromMetrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -605,6 +605,24 @@ def test_stats_aggregate_and_reduce_through_vllms_logger(kvpoold, models):
     logging_.log(lambda fmt, s: lines.append(fmt % s))
     assert lines and "hits=3" in lines[0]
     assert KvpoolConnector.build_kv_connector_stats({}).is_empty()
+    # And vLLM's Prometheus logger, through the connector's build_prom_metrics, exports them.
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+    prom = KVConnectorProm(
+        b.conn._vllm_config, ["model_name", "engine"], {0: ["llama", "0"]}
+    )
+    prom.observe(dict(total.data), 0)
+    labels = {"model_name": "llama", "engine": "0"}
+
+    def sample(name: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    assert sample("vllm:kvpool_hit_blocks_total") == 3
+    assert sample("vllm:kvpool_stored_blocks_total") == 3
+    assert sample("vllm:kvpool_read_bytes_total") == 3 * b.worker.object_bytes
+    assert sample("vllm:kvpool_loads_total") == 1
+    assert sample("vllm:kvpool_load_seconds_total") > 0
     a.close()
     b.close()
 
