@@ -427,7 +427,8 @@ impl Pool {
         checksum_given: u64,
         now: Millis,
     ) -> Result<(), PoolError> {
-        self.commit_if(addr, checksum_given, now, None).map(|_| ())
+        let _ = now;
+        self.commit_if(addr, checksum_given, None).map(|_| ())
     }
 
     /// [`Pool::commit`], only when the key's presence is `present` (`Some(false)`: only if
@@ -439,7 +440,6 @@ impl Pool {
         &self,
         addr: &GlobalAddr,
         checksum_given: u64,
-        now: Millis,
         present: Option<bool>,
     ) -> Result<bool, PoolError> {
         let p = self.take_checked(addr, checksum_given)?;
@@ -453,7 +453,6 @@ impl Pool {
         }
         self.publish(&mut shard, p, addr, checksum_given);
         drop(shard);
-        let _ = now;
         Ok(true)
     }
 
@@ -463,13 +462,14 @@ impl Pool {
     /// order, so two of these never deadlock), so a reader of any key sees either none of the
     /// batch or, from then on, all of it. `items`: (address, checksum); a key given twice keeps
     /// its last value.
-    pub fn commit_all(&self, items: &[(GlobalAddr, u64)], now: Millis) -> Result<(), PoolError> {
+    pub fn commit_all(&self, items: &[(GlobalAddr, u64)]) -> Result<(), PoolError> {
+        // (shard of the key, pending object, address, checksum)
         let mut taken = Vec::with_capacity(items.len());
         for (i, (addr, sum)) in items.iter().enumerate() {
             match self.take_checked(addr, *sum) {
-                Ok(p) => taken.push((p, addr, *sum)),
+                Ok(p) => taken.push((self.shard_of(&p.key), p, addr, *sum)),
                 Err(e) => {
-                    for (p, addr, _) in taken {
+                    for (_, p, addr, _) in taken {
                         self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
                     }
                     // The ones not reached are still pending: give them back too.
@@ -480,19 +480,17 @@ impl Pool {
                 }
             }
         }
-        let mut order: Vec<usize> = taken.iter().map(|(p, ..)| self.shard_of(&p.key)).collect();
+        let mut order: Vec<usize> = taken.iter().map(|(shard, ..)| *shard).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&i| lock(&self.shards[i])).collect();
-        for (p, addr, sum) in taken {
+        for (shard, p, addr, sum) in taken {
             let g = order
-                .binary_search(&self.shard_of(&p.key))
+                .binary_search(&shard)
                 .expect("every key's shard is locked");
             self.publish(&mut guards[g], p, addr, sum);
         }
-        drop(guards);
-        let _ = now;
         Ok(())
     }
 

@@ -166,17 +166,17 @@ fn conditional_commits_check_presence_and_release_what_they_refuse() {
     let used = p.stats().used_bytes();
     // Only if present: refused for a missing key, and its memory is given back.
     let a = staged(b"k", b"xx");
-    assert_eq!(p.commit_if(&a, checksum(b"xx"), 0, Some(true)), Ok(false));
+    assert_eq!(p.commit_if(&a, checksum(b"xx"), Some(true)), Ok(false));
     assert_eq!(p.stats().used_bytes(), used);
     assert_eq!(p.get(0, b"k", 0), Err(PoolError::NotFound));
     // Only if absent: the first wins, the second is refused and the first value stays.
     let a = staged(b"k", b"v1");
     let b = staged(b"k", b"v2");
-    assert_eq!(p.commit_if(&a, checksum(b"v1"), 0, Some(false)), Ok(true));
-    assert_eq!(p.commit_if(&b, checksum(b"v2"), 0, Some(false)), Ok(false));
+    assert_eq!(p.commit_if(&a, checksum(b"v1"), Some(false)), Ok(true));
+    assert_eq!(p.commit_if(&b, checksum(b"v2"), Some(false)), Ok(false));
     assert_eq!(p.get(0, b"k", 0).unwrap(), b"v1");
     let a = staged(b"k", b"v3");
-    assert_eq!(p.commit_if(&a, checksum(b"v3"), 0, Some(true)), Ok(true));
+    assert_eq!(p.commit_if(&a, checksum(b"v3"), Some(true)), Ok(true));
     assert_eq!(p.get(0, b"k", 0).unwrap(), b"v3");
     assert_eq!(p.stats().objects, 1);
 }
@@ -194,7 +194,7 @@ fn commit_all_is_all_or_nothing() {
     // One bad checksum in the middle: nothing is committed, every allocation is released.
     let mut items = vec![stage(b"a", b"1"), stage(b"b", b"2"), stage(b"c", b"3")];
     items[1].1 ^= 1;
-    assert_eq!(p.commit_all(&items, 0), Err(PoolError::ChecksumMismatch));
+    assert_eq!(p.commit_all(&items), Err(PoolError::ChecksumMismatch));
     assert_eq!(p.stats().used_bytes(), used);
     assert_eq!(p.get(0, b"a", 0), Err(PoolError::NotFound));
     assert_eq!(p.get(0, b"b", 0).unwrap(), b"old");
@@ -203,7 +203,7 @@ fn commit_all_is_all_or_nothing() {
     let items: Vec<_> = (0..32u32)
         .map(|i| stage(format!("k{}", i % 30).as_bytes(), &value(i, 100)))
         .collect();
-    p.commit_all(&items, 0).unwrap();
+    p.commit_all(&items).unwrap();
     for i in 0..30u32 {
         let last = if i < 2 { i + 30 } else { i };
         assert_eq!(

@@ -503,7 +503,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return Err(self.pool_error_text(e));
         }
         let stored = pool
-            .commit_if(&addr, kvpool::checksum(value), s.now(), present)
+            .commit_if(&addr, kvpool::checksum(value), present)
             .map_err(|e| self.pool_error_text(e))?;
         if let (true, Some(ttl)) = (stored, ttl_ms) {
             let at = s.now().saturating_add(ttl);
@@ -691,7 +691,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 }
                 Err(e)
             }
-            None => s.pool.commit_all(&staged, s.now()),
+            None => s.pool.commit_all(&staged),
         };
         match done {
             Ok(()) => encode::ok(&mut self.out),
