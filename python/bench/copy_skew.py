@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import shutil
-import subprocess
 import tempfile
 import time
+
+from _daemons import Kvpoold
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -63,17 +63,9 @@ def chunked_copies(values: int = 30) -> None:
 
 
 def kvpool_gets(kvpoold: str, values: int = 32, rounds: int = 10) -> None:
-    data = tempfile.mkdtemp(prefix="kvpool-skew-", dir="/dev/shm")
-    cmd = [kvpoold, "--data-dir", data, "--memory", "1GiB", "--tcp", "127.0.0.1:0"]
-    cmd += ["--quic", "127.0.0.1:0", "--metrics", "127.0.0.1:0"]
-    daemon = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, env=dict(os.environ, KVPOOL_LOG="warn")
-    )
+    daemon = Kvpoold(kvpoold, "1GiB", prefix="kvpool-skew-")
     try:
-        assert daemon.stdout is not None
-        ready = daemon.stdout.readline().decode()
-        tcp = next(w[4:] for w in ready.split() if w.startswith("tcp="))
-        c = kvpool.Client(f"tcp://{tcp}")
+        c = kvpool.Client(f"tcp://{daemon.tcp}")
         keys = [f"k{i}" for i in range(values)]
         for k in keys:
             c.write(k, np.random.randint(0, 255, VALUE, dtype=np.uint8))
@@ -93,9 +85,7 @@ def kvpool_gets(kvpoold: str, values: int = 32, rounds: int = 10) -> None:
             print(f"  skew {skew:>4}: {per:.0f}")
         c.close()
     finally:
-        daemon.terminate()
-        daemon.wait()
-        shutil.rmtree(data, ignore_errors=True)
+        daemon.stop()
 
 
 def main() -> None:

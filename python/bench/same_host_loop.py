@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
-import tempfile
 import time
+
+from _daemons import Kvpoold
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -34,16 +33,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--hold", action="store_true", help="keep the stored values alive")
     a = ap.parse_args()
-    data = tempfile.mkdtemp(prefix="kvpool-loop-", dir="/dev/shm")
-    cmd = [a.kvpoold, "--data-dir", data, "--memory", "1GiB", "--tcp", "127.0.0.1:0"]
-    cmd += ["--quic", "127.0.0.1:0", "--metrics", "127.0.0.1:0"]
-    env = dict(os.environ, KVPOOL_LOG="warn")
-    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+    daemon = Kvpoold(a.kvpoold, "1GiB", prefix="kvpool-loop-")
     try:
-        assert daemon.stdout is not None
-        ready = daemon.stdout.readline().decode()
-        tcp = next(w[4:] for w in ready.split() if w.startswith("tcp="))
-        c = kvpool.Client(f"tcp://{tcp}")
+        c = kvpool.Client(f"tcp://{daemon.tcp}")
         keys = [f"k{i}" for i in range(a.values)]
         held = []
         for k in keys:
@@ -64,9 +56,7 @@ def main() -> None:
         )
         c.close()
     finally:
-        daemon.terminate()
-        daemon.wait()
-        shutil.rmtree(data, ignore_errors=True)
+        daemon.stop()
 
 
 if __name__ == "__main__":
