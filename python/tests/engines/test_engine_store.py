@@ -22,6 +22,20 @@ class FakeClock:
         return self.t
 
 
+def clocked_store(url: str, threshold: int = 2, interval: float = 10.0):
+    """A store with short deadlines on a clock the test moves; (store, clock)."""
+    clock = FakeClock()
+    st = EngineStore(
+        url,
+        lookup_timeout=0.5,
+        io_timeout=0.5,
+        failure_threshold=threshold,
+        probe_interval=interval,
+        clock=clock,
+    )
+    return st, clock
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,15 +71,7 @@ def test_round_trip_and_counters(kvpoold):
 
 
 def test_dead_daemon_opens_the_breaker_once_and_a_probe_closes_it(kvpoold, caplog):
-    clock = FakeClock()
-    st = EngineStore(
-        kvpoold.url,
-        lookup_timeout=0.5,
-        io_timeout=0.5,
-        failure_threshold=2,
-        probe_interval=10.0,
-        clock=clock,
-    )
+    st, clock = clocked_store(kvpoold.url)
     buf = np.ones(256, dtype=np.uint8)
     assert st.register(buf.ctypes.data, buf.nbytes)
     assert st.save(["a"], [buf.ctypes.data], [256]) == [True]
@@ -103,15 +109,7 @@ def test_dead_daemon_opens_the_breaker_once_and_a_probe_closes_it(kvpoold, caplo
 def test_lookups_and_loads_alone_open_the_breaker(kvpoold, op):
     # The client answers an unreachable node's keys as misses rather than raising; the store
     # still tells that from a miss, so an engine that only reads stops asking a dead daemon.
-    clock = FakeClock()
-    st = EngineStore(
-        kvpoold.url,
-        lookup_timeout=0.5,
-        io_timeout=0.5,
-        failure_threshold=2,
-        probe_interval=10.0,
-        clock=clock,
-    )
+    st, _ = clocked_store(kvpoold.url)
     buf = np.zeros(64, dtype=np.uint8)
     assert st.register(buf.ctypes.data, buf.nbytes)
     calls = {
@@ -130,15 +128,7 @@ def test_lookups_and_loads_alone_open_the_breaker(kvpoold, op):
 
 def test_store_created_while_daemon_is_down_connects_later(start_kvpoold):
     port = free_port()
-    clock = FakeClock()
-    st = EngineStore(
-        f"tcp://127.0.0.1:{port}",
-        lookup_timeout=0.5,
-        io_timeout=0.5,
-        failure_threshold=1,
-        probe_interval=1.0,
-        clock=clock,
-    )
+    st, clock = clocked_store(f"tcp://127.0.0.1:{port}", threshold=1, interval=1.0)
     buf = np.full(64, 7, dtype=np.uint8)
     assert st.register(buf.ctypes.data, buf.nbytes)  # remembered for the connect
     assert not st.available
