@@ -4,6 +4,9 @@ chunk size) and by kvpool's same-host ``get_into``.
 
 Usage: python copy_skew.py --kvpoold target/release/kvpoold
 
+It also times what a same-host get pays besides the copy: the lookup round trip and the xxh3
+check of the value.
+
 glibc copies blocks between a few KiB and its non-temporal threshold with ``rep movsb``, which is
 several times slower when the skew is 1 to 63 bytes (4K aliasing); a large numpy array or torch
 tensor starts 16 bytes past a page, and kvpool's objects are page-aligned. docs/BENCHMARKS.md
@@ -83,9 +86,27 @@ def kvpool_gets(kvpoold: str, values: int = 32, rounds: int = 10) -> None:
             per = (time.perf_counter() - t) / (rounds * values) * 1e6
             c.unregister_buffer(dst.ctypes.data)
             print(f"  skew {skew:>4}: {per:.0f}")
+        parts(c, keys[0])
         c.close()
     finally:
         daemon.stop()
+
+
+def parts(c: kvpool.Client, key: str, n: int = 2000) -> None:
+    """What a same-host get pays besides the copy: its lookup round trip (``exists`` takes
+    the same one over the Unix socket) and the xxh3 check of 2 MiB (the ``xxhash`` package,
+    the hash the client verifies with)."""
+    t = time.perf_counter()
+    for _ in range(n):
+        c.exists(key)
+    print(f"lookup round trip (exists): {(time.perf_counter() - t) / n * 1e6:.0f} µs")
+    import xxhash
+
+    a = np.random.randint(0, 255, VALUE, dtype=np.uint8)
+    t = time.perf_counter()
+    for _ in range(300):
+        xxhash.xxh3_64(a)
+    print(f"xxh3 of 2 MiB: {(time.perf_counter() - t) / 300 * 1e6:.0f} µs")
 
 
 def main() -> None:
