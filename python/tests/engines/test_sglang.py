@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 
 import pytest
+from conftest import in_ci
 
 try:
     import torch
@@ -41,7 +41,7 @@ try:
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
     from sglang.srt.observability.metrics_collector import StorageMetrics
 except ImportError as e:  # pragma: no cover (CI installs sglang: scripts/python-env)
-    if os.environ.get("CI", "") not in ("", "0", "false"):
+    if in_ci():
         raise
     pytest.skip(f"sglang is not installed ({e})", allow_module_level=True)
 
