@@ -182,13 +182,27 @@ impl Shared {
         checksum: Option<u64>,
         pin: bool,
     ) -> Result<(), PoolError> {
+        let addr = self.stage_value(ns, key, value, pin)?;
+        let checksum = checksum.unwrap_or_else(|| kvpool::checksum(value));
+        self.pool.commit(&addr, checksum, self.now())
+    }
+
+    /// The first half of [`Shared::put_value`]: `value` copied into a fresh allocation of
+    /// `key` (given back if the copy fails), not yet committed. For a front door that commits
+    /// on its own terms (`Pool::commit_if`, `Pool::commit_all`).
+    pub(crate) fn stage_value(
+        &self,
+        ns: u32,
+        key: &[u8],
+        value: &[u8],
+        pin: bool,
+    ) -> Result<GlobalAddr, PoolError> {
         let addr = self.begin_put(ns, key, value.len() as u64, pin, 0)?;
         if let Err(e) = self.pool.write(&addr, 0, value) {
             let _ = self.pool.abort(&addr);
             return Err(e);
         }
-        let checksum = checksum.unwrap_or_else(|| kvpool::checksum(value));
-        self.pool.commit(&addr, checksum, self.now())
+        Ok(addr)
     }
 
     /// The object of `key`, held for reading until the reference is dropped (stream its bytes,

@@ -496,12 +496,8 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         // never removed by it.
         let (s, pool) = (self.s, &*self.s.pool);
         let addr = s
-            .begin_put(ns, key, value.len() as u64, false, 0)
+            .stage_value(ns, key, value, false)
             .map_err(|e| self.pool_error_text(e))?;
-        if let Err(e) = pool.write(&addr, 0, value) {
-            let _ = pool.abort(&addr);
-            return Err(self.pool_error_text(e));
-        }
         let stored = pool
             .commit_if(&addr, kvpool::checksum(value), present)
             .map_err(|e| self.pool_error_text(e))?;
@@ -670,19 +666,13 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         let mut failed = None;
         while let (Some(key), Some(value)) = (it.next(), it.next()) {
             s.metrics.bytes(value.len() as u64, 0);
-            let addr = match s.begin_put(ns, key, value.len() as u64, false, 0) {
-                Ok(addr) => addr,
+            match s.stage_value(ns, key, value, false) {
+                Ok(addr) => staged.push((addr, kvpool::checksum(value))),
                 Err(e) => {
                     failed = Some(e);
                     break;
                 }
-            };
-            if let Err(e) = s.pool.write(&addr, 0, value) {
-                let _ = s.pool.abort(&addr);
-                failed = Some(e);
-                break;
             }
-            staged.push((addr, kvpool::checksum(value)));
         }
         let done = match failed {
             Some(e) => {
