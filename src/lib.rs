@@ -24,6 +24,8 @@
 //!   carries messages and clock readings in.
 //! - [`resp`]: the Redis protocol (RESP2/RESP3) of the daemon's second front door: a bounded,
 //!   incremental command parser and the reply encoder.
+//! - [`weights`]: model weights in the pool: safetensors headers, the manifest of a published
+//!   model, its keys, and the byte ranges of a tensor-parallel slice.
 
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
@@ -56,6 +58,8 @@ pub mod seqlock;
 mod sync;
 #[cfg(not(loom))]
 pub mod units;
+#[cfg(not(loom))]
+pub mod weights;
 
 #[cfg(not(loom))]
 pub use addr::{GlobalAddr, NodeId};

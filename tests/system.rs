@@ -898,7 +898,7 @@ async fn namespace_tokens_isolate_tenants() {
         .collect();
     assert_eq!(
         names,
-        ["default", "a", "shared"],
+        ["default", "a", "shared", "weights"],
         "a client sees only what it may use"
     );
     // b can't even name a's namespace...

@@ -493,6 +493,16 @@ impl Config {
                 NamespaceConfig::unlimited(kvpool::pool::DEFAULT_NAMESPACE),
             );
         }
+        // Model weights (docs/WEIGHTS.md) have a namespace of their own on every node, so
+        // `kvpool weights put` works on a default daemon; configure it to give it a quota.
+        if !namespaces
+            .iter()
+            .any(|n| n.name == kvpool::weights::DEFAULT_NAMESPACE)
+        {
+            namespaces.push(NamespaceConfig::unlimited(
+                kvpool::weights::DEFAULT_NAMESPACE,
+            ));
+        }
         Ok(kvpool::PoolConfig {
             node: kvpool::NodeId(self.node_id),
             segment_size: m.size,
@@ -604,7 +614,12 @@ mod tests {
         assert_eq!(c.namespaces[0].quota, Some(64 << 20));
         assert_eq!(c.unix_path(), PathBuf::from("/tmp/x/kvpool.sock"));
         let p = c.pool_config().unwrap();
-        assert_eq!(p.namespaces.len(), 2);
+        let names: Vec<&str> = p.namespaces.iter().map(|n| &n.name[..]).collect();
+        assert_eq!(
+            names,
+            ["default", "tenant-a", "weights"],
+            "default and weights always exist"
+        );
         assert_eq!(p.namespaces[1].eviction, kvpool::eviction::PolicyKind::Lru);
         assert_eq!(
             p.namespaces[0].eviction,
