@@ -446,14 +446,14 @@ pub fn index_files(index_json: &[u8]) -> Result<Vec<String>, FormatError> {
     Ok(files)
 }
 
-/// The byte ranges (in the tensor) of slice `rank` of `world` along dimension `dim` of a
-/// row-major tensor, and the slice's shape. The dimension must divide evenly.
+/// Slice `rank` of `world` along dimension `dim` of a row-major tensor: its byte ranges in the
+/// tensor and its shape. The dimension must divide evenly.
 pub fn shard_ranges(
     t: &TensorEntry,
     dim: usize,
     rank: u64,
     world: u64,
-) -> Result<(Vec<(u64, u64)>, Vec<u64>), FormatError> {
+) -> Result<Slice, FormatError> {
     let err = |why: String| FormatError::Shard {
         tensor: t.name.clone(),
         why,
@@ -487,7 +487,16 @@ pub fn shard_ranges(
     }
     let mut shape = t.shape.clone();
     shape[dim] = part;
-    Ok((ranges, shape))
+    Ok(Slice { ranges, shape })
+}
+
+/// A tensor-parallel slice of a tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// (first byte in the tensor, length), in order, adjacent ones merged.
+    pub ranges: Vec<(u64, u64)>,
+    /// The slice's shape.
+    pub shape: Vec<u64>,
 }
 
 #[cfg(test)]

@@ -153,7 +153,7 @@ proptest! {
         };
         let esz = bits / 8;
         for rank in 0..world {
-            let (ranges, sub) = shard_ranges(&t, dim, rank, world).unwrap();
+            let Slice { ranges, shape: sub } = shard_ranges(&t, dim, rank, world).unwrap();
             let part = shape[dim] / world;
             // Naive: every element whose index along `dim` falls in the rank's part.
             let mut want = Vec::new();
