@@ -45,7 +45,13 @@ impl Client {
         })
     }
 
-    /// See [`crate::Client::is_local`].
+    /// Runs one of the async client's futures (or one built on it, such as
+    /// [`crate::weights::Weights`]'s) on this client's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// True when the same-host fast path is in use (see [`crate::Client::is_local`]).
     pub fn is_local(&self) -> bool {
         self.inner.is_local()
     }

@@ -185,6 +185,20 @@ impl Client {
         code_result(self.put_many(&[(key, value)], true, Vec::new()).await?[0])
     }
 
+    /// Stores many values pinned (see [`Client::put_pinned`]), one round trip per owner, in
+    /// parallel; one code per item as [`Client::batch_put_from`] returns them.
+    pub async fn batch_put_pinned(
+        &self,
+        items: &[(&[u8], &[u8])],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        self.put_many(items, true, Vec::new()).await
+    }
+
+    /// Nodes that hold each pinned object of the namespace (its `pinned_replicas`).
+    pub fn pinned_replicas(&self) -> usize {
+        self.repl.1.max(1)
+    }
+
     /// The value of `key`, or None on a miss (including a key whose node can't be reached).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         let cfg = &self.inner.cfg;
@@ -280,6 +294,14 @@ impl Client {
             }
             Ok(run)
         }, wrong_view_miss => 0)
+    }
+
+    /// Removes many keys from every node that may hold them (pinned replicas included); returns
+    /// how many the keys' owners held. One round trip per node.
+    pub async fn batch_remove(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
+        let r = self.read_replicas();
+        self.keys_op(keys, r, |ns, keys| Op::Remove { ns, keys })
+            .await
     }
 
     /// Removes `key` from every node that may hold it; true when one did.
@@ -519,9 +541,22 @@ impl Client {
         keys: &[&[u8]],
         lease_ms: u64,
     ) -> Result<Vec<Option<Located>>, ClientError> {
+        self.lease_replica(keys, lease_ms, 0).await
+    }
+
+    /// [`Client::lease`] asked of each key's `replica`-th owner (0: the owner; up to the
+    /// namespace's `pinned_replicas` for pinned objects): a reader that found a copy missing
+    /// or failing its checksum goes on to the next one. Keys without such an owner, and keys
+    /// on a node that can't be reached, are None.
+    pub async fn lease_replica(
+        &self,
+        keys: &[&[u8]],
+        lease_ms: u64,
+        replica: usize,
+    ) -> Result<Vec<Option<Located>>, ClientError> {
         let cfg = &self.inner.cfg;
         routed!(self, r => {
-            let mut batches = self.by_owner(&r, keys, 0..keys.len(), 0);
+            let mut batches = self.by_owner(&r, keys, 0..keys.len(), replica);
             let answers = self
                 .fan_out(&r, &mut batches, |l, ns, b| {
                     let sub = pick(keys, &b.idx);

@@ -39,6 +39,7 @@ mod endpoint;
 mod error;
 mod link;
 mod local;
+pub mod weights;
 
 pub use client::{Client, Prefix};
 pub use config::{ClientConfig, SameHost};

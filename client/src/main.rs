@@ -10,6 +10,8 @@ use kvpool_client::blocking::Client;
 use kvpool_client::{ClientConfig, SameHost};
 use serde_json::json;
 
+mod weights_cli;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "kvpool",
@@ -111,6 +113,9 @@ enum Cmd {
     /// The cluster: its view, and draining nodes out of it.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Model weights: publish safetensors checkpoints into the pool and load them back
+    /// (docs/WEIGHTS.md).
+    Weights(weights_cli::WeightsArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -268,6 +273,7 @@ fn run() -> anyhow::Result<i32> {
             };
             drain(&cli.endpoint, cfg, &client, &path, *node, *wait)
         }
+        Cmd::Weights(args) => weights_cli::run(&client, args),
         Cmd::Stats { json } => {
             let s = client.stats()?;
             if *json {
