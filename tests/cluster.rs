@@ -687,3 +687,142 @@ fn scopeguard_cont(node: &Node) -> impl Drop + '_ {
     }
     Cont(node)
 }
+
+/// `keys_with_prefix` (`Op::Scan` on every serving node) lists exactly the keys with the
+/// prefix, each once though pinned ones live on two nodes, and nothing of another namespace;
+/// a namespace the connection may not use is refused; a node that can't be reached is skipped
+/// while the replicas of its pinned keys still list them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_a_prefix_are_listed_once_across_the_cluster() {
+    let dir = temp_dir("scan-config");
+    let conf = dir.join("kvpoold.toml");
+    std::fs::write(
+        &conf,
+        "[[namespace]]\nname = \"weights\"\n\n[[namespace]]\nname = \"secret\"\ntokens = [\"s-token\"]\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let extra = ["--config", conf];
+    let n0 = start(0, "64MiB", None, &extra);
+    let n1 = start(1, "64MiB", Some(&n0), &extra);
+    let mut n2 = start(2, "64MiB", Some(&n0), &extra);
+    let weights = kvpool_client::ClientConfig {
+        namespace: "weights".into(),
+        ..cfg(SameHost::Off)
+    };
+    let c = Client::connect(&n0.tcp_url(), weights).await.unwrap();
+    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
+    let mut pinned: Vec<Vec<u8>> = (0..40)
+        .map(|i| format!("manifest/p{i:02}").into_bytes())
+        .collect();
+    let unpinned: Vec<Vec<u8>> = (0..40)
+        .map(|i| format!("manifest/u{i:02}").into_bytes())
+        .collect();
+    for (i, k) in pinned.iter().enumerate() {
+        c.put_pinned(k, &value(i as u64, 512)).await.unwrap();
+    }
+    for (i, k) in unpinned.iter().enumerate() {
+        c.put(k, &value(i as u64, 512)).await.unwrap();
+    }
+    for i in 0..60u64 {
+        c.put(format!("chunk/{i}").as_bytes(), &value(i, 512))
+            .await
+            .unwrap();
+    }
+    let other = c.namespace("default").unwrap();
+    other.put(b"manifest/elsewhere", b"v").await.unwrap();
+    // Pinned objects are on two nodes each: the listing still has each key once.
+    let mut objects = 0;
+    for n in 0..3 {
+        objects += c.node_stats(n).await.unwrap().objects;
+    }
+    assert_eq!(
+        objects,
+        40 * 2 + 40 + 60 + 1,
+        "pinned objects have 2 replicas"
+    );
+    let mut want: Vec<Vec<u8>> = pinned.iter().chain(&unpinned).cloned().collect();
+    want.sort();
+    assert_eq!(c.keys_with_prefix(b"manifest/").await.unwrap(), want);
+    assert_eq!(c.keys_with_prefix(b"manifest/p").await.unwrap(), pinned);
+    assert_eq!(c.keys_with_prefix(b"").await.unwrap().len(), 140);
+    assert!(c.keys_with_prefix(b"nothing/").await.unwrap().is_empty());
+    assert_eq!(
+        other.keys_with_prefix(b"manifest/").await.unwrap(),
+        vec![b"manifest/elsewhere".to_vec()]
+    );
+    let long = c.keys_with_prefix(&[b'm'; 257]).await.unwrap_err();
+    assert_eq!(long.code(), Some(ErrorCode::BadKey));
+    // The blocking client gives the same list.
+    let url = n1.tcp_url();
+    let blocking = tokio::task::spawn_blocking(move || {
+        let b = kvpool_client::blocking::Client::connect(
+            &url,
+            kvpool_client::ClientConfig {
+                namespace: "weights".into(),
+                ..cfg(SameHost::Off)
+            },
+        )
+        .unwrap();
+        b.keys_with_prefix(b"manifest/p").unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(blocking, pinned);
+
+    // A namespace with a token this client lacks is not even visible to it, and a Scan naming
+    // its id is refused on the wire.
+    assert!(c.namespace("secret").is_err());
+    let secret = kvpool_client::ClientConfig {
+        namespace: "secret".into(),
+        token: "s-token".into(),
+        ..cfg(SameHost::Off)
+    };
+    let s = Client::connect(&n1.tcp_url(), secret).await.unwrap();
+    s.put(b"manifest/hidden", b"v").await.unwrap();
+    assert_eq!(
+        s.keys_with_prefix(b"manifest/").await.unwrap(),
+        vec![b"manifest/hidden".to_vec()]
+    );
+    let secret_id = s
+        .hello()
+        .namespaces
+        .iter()
+        .find(|(n, _)| n == "secret")
+        .unwrap()
+        .1;
+    let scan = |ns| kvpool::protocol::Op::Scan {
+        ns,
+        cursor: 0,
+        count: 100,
+        prefix: b"manifest/".to_vec(),
+    };
+    for n in [&n0, &n1, &n2] {
+        assert_eq!(
+            raw_with_view(&n.tcp, 0, scan(secret_id)).await,
+            ErrorCode::Unauthorized as u16
+        );
+    }
+    // A Scan routed by another view is refused like every keyed request.
+    let stamp = c.view().await.unwrap().stamp();
+    assert_eq!(
+        raw_with_view(&n0.tcp, stamp ^ 1, scan(0)).await,
+        ErrorCode::WrongView as u16
+    );
+    assert_eq!(raw_with_view(&n0.tcp, stamp, scan(0)).await, 0);
+
+    // Node 2 gone: it is skipped as unreachable; every pinned key is still listed by its
+    // other replica, and nothing is listed that was never written.
+    n2.child.take().unwrap().kill().unwrap();
+    let before = c.unreachable_events();
+    let got = c.keys_with_prefix(b"manifest/").await.unwrap();
+    pinned.retain(|k| got.contains(k));
+    assert_eq!(pinned.len(), 40, "every pinned key survives on a replica");
+    assert!(got.iter().all(|k| want.contains(k)), "{got:?}");
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "sorted, once each");
+    assert!(
+        c.unreachable_events() > before,
+        "node 2 counted unreachable"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -106,6 +106,11 @@ impl Client {
         self.rt.block_on(self.inner.remove_all())
     }
 
+    /// See [`crate::Client::keys_with_prefix`].
+    pub fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, ClientError> {
+        self.rt.block_on(self.inner.keys_with_prefix(prefix))
+    }
+
     /// See [`crate::Client::batch_put_from`].
     pub fn batch_put_from(&self, items: &[(&[u8], &[u8])]) -> Result<Vec<ErrorCode>, ClientError> {
         self.rt.block_on(self.inner.batch_put_from(items))

@@ -12,7 +12,8 @@
 //!
 //! The public API lives here; its parts are `client::routing` (the view, owners, links, node
 //! failures, the `WrongView` retry), `client::fanout` (the one fan-out: keys cut into per-node
-//! batches sent at once) and `client::batch_ops` (the operations over many keys built on it).
+//! batches sent at once), `client::batch_ops` (the operations over many keys built on it) and
+//! `client::scan` (listing keys by prefix across the nodes).
 //! Uses `link` for everything that goes to one node, and `local`, `config`, `endpoint` and
 //! `error`; nothing in the crate uses `client` but `lib` and `blocking`.
 
@@ -35,6 +36,7 @@ use crate::local::{LocalMap, LocalReadError};
 mod routing;
 mod batch_ops;
 mod fanout;
+mod scan;
 
 use fanout::{add_key, pick};
 use routing::{Routing, Scheme};
@@ -718,6 +720,7 @@ mod tests {
             send(c.pin(keys));
             send(c.unpin(keys));
             send(c.stats());
+            send(c.keys_with_prefix(b"k"));
             send(c.view());
             send(c.drain_node(0));
             send(c.read(a, 0, dst));

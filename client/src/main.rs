@@ -101,6 +101,14 @@ enum Cmd {
         #[arg(long)]
         all: bool,
     },
+    /// List the keys that start with PREFIX, on every node of the cluster, one per line,
+    /// sorted (bytes that are not printable UTF-8 are escaped as \xNN; with --hex, keys are
+    /// printed in hex).
+    Keys {
+        /// Key prefix (empty or absent: every key).
+        #[arg(default_value = "")]
+        prefix: String,
+    },
     /// Context caching: block keys of token prefixes (docs/HASHING.md).
     #[command(subcommand)]
     Prefix(PrefixCmd),
@@ -258,6 +266,7 @@ fn run() -> anyhow::Result<i32> {
             exists(&client, &keys)
         }
         Cmd::Rm { keys, all } => rm(&cli, &client, keys, *all),
+        Cmd::Keys { prefix } => keys(&cli, &client, &cli.key(prefix)?),
         Cmd::Prefix(PrefixCmd::Hash { .. }) => unreachable!("handled before connecting"),
         Cmd::Prefix(PrefixCmd::Match { seed, tokens }) => prefix_match(&client, seed, tokens),
         Cmd::Prefix(PrefixCmd::Stats) => prefix_stats(&client),
@@ -380,6 +389,39 @@ fn rm(cli: &Cli, client: &Client, keys: &[String], all: bool) -> anyhow::Result<
     }
     println!("{n}");
     Ok(0)
+}
+
+/// `kvpool keys`: one key per line, sorted.
+fn keys(cli: &Cli, client: &Client, prefix: &[u8]) -> anyhow::Result<i32> {
+    let mut out = std::io::stdout().lock();
+    for k in client.keys_with_prefix(prefix)? {
+        let line = if cli.hex {
+            k.iter().map(|b| format!("{b:02x}")).collect()
+        } else {
+            printable(&k)
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(0)
+}
+
+/// A key as one line of text: UTF-8 as it is, but a backslash, control characters (a newline
+/// would split the line) and bytes that are not UTF-8 escaped.
+fn printable(key: &[u8]) -> String {
+    let mut s = String::with_capacity(key.len());
+    for chunk in key.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' || c.is_control() {
+                s.extend(c.escape_default());
+            } else {
+                s.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            s.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    s
 }
 
 /// `kvpool prefix match`: exits 1 when the first block is missing.

@@ -192,3 +192,29 @@ fn json_outputs_parse() {
     assert!(view["version"].is_u64(), "{view}");
     let _ = std::fs::remove_file(cfg);
 }
+
+/// `kvpool keys PREFIX` lists the keys with the prefix, sorted, one per line; a key that is not
+/// printable text is escaped, and `--hex` lists hex.
+#[test]
+fn keys_lists_a_prefix_one_per_line() {
+    let (_d, ep) = start();
+    for k in ["manifest/b", "manifest/a", "chunk/a"] {
+        assert_eq!(kvpool(&ep, &["put", k], b"v").0, 0);
+    }
+    assert_eq!(kvpool(&ep, &["--hex", "put", "6d0a5c"], b"v").0, 0);
+    let (code, out, err) = kvpool(&ep, &["keys", "manifest/"], b"");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(String::from_utf8(out).unwrap(), "manifest/a\nmanifest/b\n");
+    let (_, out, _) = kvpool(&ep, &["keys", "m"], b"");
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "m\\n\\\\\nmanifest/a\nmanifest/b\n",
+        "a newline and a backslash are escaped"
+    );
+    let (_, out, _) = kvpool(&ep, &["--hex", "keys", "6d0a"], b"");
+    assert_eq!(String::from_utf8(out).unwrap(), "6d0a5c\n");
+    let (code, out, _) = kvpool(&ep, &["keys", "nothing/"], b"");
+    assert_eq!((code, out), (0, Vec::new()));
+    let (_, out, _) = kvpool(&ep, &["keys"], b"");
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 4);
+}

@@ -56,11 +56,13 @@ pub enum OpKind {
     Release,
     /// Pin / unpin.
     Pin,
+    /// Prefix scan (one page).
+    Scan,
     /// Stats, view, map info.
     Admin,
 }
 
-const OPS: [(OpKind, &str); 16] = [
+const OPS: [(OpKind, &str); 17] = [
     (OpKind::Hello, "hello"),
     (OpKind::Put, "put"),
     (OpKind::Get, "get"),
@@ -76,6 +78,7 @@ const OPS: [(OpKind, &str); 16] = [
     (OpKind::Lookup, "lookup"),
     (OpKind::Release, "release"),
     (OpKind::Pin, "pin"),
+    (OpKind::Scan, "scan"),
     (OpKind::Admin, "admin"),
 ];
 

@@ -10,12 +10,13 @@
 //!   [`Shared::put_value`] (a value already in memory), both noting the write for the cluster;
 //! - reads: [`Shared::get`] and [`Shared::exists_run`], which serve a read routed by a cluster
 //!   view only from an object continuous since it was written ([`Routing`], [`kvpool::placement::history`]);
-//! - [`Shared::remove`] and [`Shared::count`].
+//! - [`Shared::remove`] and [`Shared::count`];
+//! - listing: [`Shared::scan`], one bounded page of a namespace's keys with a prefix.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvpool::pool::ObjectRef;
+use kvpool::pool::{ObjectRef, ScanPage};
 use kvpool::protocol::auth::ClusterSecret;
 use kvpool::protocol::{ErrorCode, HelloInfo, Limits, Replication};
 use kvpool::{GlobalAddr, Millis, Pool, PoolError};
@@ -271,6 +272,38 @@ impl Shared {
         }
     }
 
+    /// One page of the keys of namespace `ns` here that start with `prefix` (see
+    /// [`Pool::scan`] for the cursor): committed objects only, at most `count` index slots
+    /// looked at (at least 1, at most `max_batch`, so the page is bounded too). Under
+    /// [`Routing::ByView`] a key is listed only when this node would serve it to a routed read
+    /// (it held the object as one of its first owners in every view since it was written), so
+    /// a copy kept for another owner is not listed; unlike a routed read, the listing removes
+    /// nothing. A prefix longer than a key can be is `BadKey`.
+    pub(crate) fn scan(
+        &self,
+        ns: u32,
+        cursor: u64,
+        count: u32,
+        prefix: &[u8],
+        routing: Routing,
+    ) -> Result<ScanPage, PoolError> {
+        if prefix.len() > kvpool::MAX_KEY_LEN {
+            return Err(PoolError::BadKey);
+        }
+        let budget = count.clamp(1, self.limits.max_batch.max(1)) as usize;
+        let mut page = self
+            .pool
+            .scan(ns, cursor, budget, &mut |k| k.starts_with(prefix))?;
+        if routing == Routing::ByView {
+            // Outside the scan's shard lock: provenance takes the key's own shard lock.
+            page.keys.retain(|k| {
+                matches!(self.pool.provenance(ns, k), Ok(Some((generation, pinned)))
+                    if self.continuous(ns, k, generation, pinned, routing))
+            });
+        }
+        Ok(page)
+    }
+
     /// How many committed objects namespace `ns` holds (its keys are walked a page at a time
     /// with `pool.scan`).
     pub(crate) fn count(&self, ns: u32) -> Result<u64, PoolError> {
@@ -472,6 +505,71 @@ mod tests {
             s.put_value(0, b"", b"x", None, false),
             Err(PoolError::BadKey)
         );
+    }
+
+    /// Every page of a prefix scan, in order, until the cursor comes back 0.
+    fn scan_all(s: &Shared, ns: u32, count: u32, prefix: &[u8], routing: Routing) -> Vec<Vec<u8>> {
+        let mut cursor = 0;
+        let mut keys = Vec::new();
+        for _ in 0..10_000 {
+            let page = s.scan(ns, cursor, count, prefix, routing).unwrap();
+            assert!(page.keys.len() <= count.max(1) as usize);
+            keys.extend(page.keys);
+            cursor = page.cursor;
+            if cursor == 0 {
+                keys.sort();
+                return keys;
+            }
+        }
+        panic!("the scan never ended");
+    }
+
+    #[test]
+    fn a_prefix_scan_lists_committed_keys_with_the_prefix_once() {
+        let s = shared();
+        let mut want = Vec::new();
+        for i in 0..40 {
+            let k = format!("manifest/m{i:02}").into_bytes();
+            s.put_value(1, &k, b"v", None, i % 2 == 0).unwrap();
+            want.push(k);
+            s.put_value(1, format!("chunk/{i}").as_bytes(), b"v", None, false)
+                .unwrap();
+        }
+        s.put_value(0, b"manifest/other-ns", b"v", None, false)
+            .unwrap();
+        // A pending allocation is not an object yet.
+        let pending = s.begin_put(1, b"manifest/pending", 1, false, 0).unwrap();
+        for routing in [Routing::Direct, Routing::ByView] {
+            for count in [0, 1, 7, 100_000] {
+                let got = scan_all(&s, 1, count, b"manifest/", routing);
+                assert_eq!(got, want, "count {count}, {routing:?}");
+            }
+        }
+        assert_eq!(scan_all(&s, 1, 1000, b"", Routing::Direct).len(), 80);
+        assert!(scan_all(&s, 1, 1000, b"nothing/", Routing::Direct).is_empty());
+        // A page never looks at more than max_batch slots, whatever the count asks.
+        let mut small = shared();
+        small.limits.max_batch = 3;
+        for i in 0..20 {
+            small
+                .put_value(0, format!("k{i}").as_bytes(), b"v", None, false)
+                .unwrap();
+        }
+        let page = small.scan(0, 0, u32::MAX, b"", Routing::Direct).unwrap();
+        assert!(page.keys.len() <= 3 && page.cursor != 0, "{page:?}");
+        assert_eq!(
+            scan_all(&small, 0, u32::MAX, b"k", Routing::Direct).len(),
+            20
+        );
+        assert_eq!(
+            s.scan(1, 0, 10, &[b'm'; kvpool::MAX_KEY_LEN + 1], Routing::Direct),
+            Err(PoolError::BadKey)
+        );
+        assert_eq!(
+            s.scan(9, 0, 10, b"", Routing::Direct),
+            Err(PoolError::UnknownNamespace)
+        );
+        s.pool.abort(&pending).unwrap();
     }
 
     #[test]

@@ -263,6 +263,27 @@ mod tests {
         assert!(MAX_HELLO_HEADER < l.max_header);
     }
 
+    /// The largest `Scan` page a node sends (`max_batch` keys of the longest length) fits the
+    /// default header limit too, so a reader with the node's own limits can take it.
+    #[test]
+    fn a_full_scan_page_of_longest_keys_fits_the_header_limit() {
+        use crate::protocol::{Reply, Response};
+        let l = Limits::default();
+        let keys = vec![vec![0xa5u8; crate::MAX_KEY_LEN]; l.max_batch as usize];
+        let bytes = encode(&Response {
+            id: u64::MAX,
+            reply: Reply::Keys {
+                keys,
+                cursor: u64::MAX,
+            },
+        });
+        assert!(
+            bytes.len() <= l.max_header as usize,
+            "{} bytes",
+            bytes.len()
+        );
+    }
+
     fn sample_requests() -> Vec<Request> {
         use crate::protocol::{CommitItem, PutItem};
         let place = crate::addr::Place {

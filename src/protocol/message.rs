@@ -194,6 +194,21 @@ pub enum Op {
         /// Namespace id.
         ns: u32,
     },
+    /// One page of the keys of a namespace on this node that start with `prefix`: committed
+    /// objects only, walked like Redis's `SCAN` (every key present from the first page to the
+    /// last is listed exactly once; one written or removed meanwhile may or may not be). Reply:
+    /// `Keys`. Routed by a view (`view` not 0), only the keys this node would serve to a routed
+    /// read are listed; with `view` 0, every key it holds.
+    Scan {
+        /// Namespace id.
+        ns: u32,
+        /// 0 to start, then the cursor of the previous page's reply.
+        cursor: u64,
+        /// Index slots to look at (at most `max_batch`; 0 counts as 1): bounds the page.
+        count: u32,
+        /// Keys listed start with these bytes (at most 256; empty: every key).
+        prefix: Vec<u8>,
+    },
 }
 
 /// One value of a `BatchPut`.
@@ -283,6 +298,13 @@ pub enum Reply {
         code: u16,
         /// Human-readable detail.
         message: String,
+    },
+    /// One page of a `Scan`.
+    Keys {
+        /// The keys of this page (possibly none while the walk goes on).
+        keys: Vec<Key>,
+        /// Where the next page starts; 0 when the walk is complete.
+        cursor: u64,
     },
 }
 

@@ -1,5 +1,5 @@
 //! The data family: `Put`, `Get`, `BatchPut`, `BatchGet` (with its prefix mode), `Exists`,
-//! `Remove`. What they do to the pool is [`crate::service`]'s; here is their native framing:
+//! `Remove`, `Clear`, `Scan`. What they do to the pool is [`crate::service`]'s; here is their native framing:
 //! values stream between the socket and pool memory without a copy.
 
 use std::io;
@@ -165,6 +165,26 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// `Clear`: every object of `ns` here, removed.
     pub(super) async fn clear(&mut self, id: u64, ns: u32) -> Next {
         let r = self.s.clear(ns).map(Reply::Count).map_err(ErrorCode::from);
+        self.answer(id, r).await
+    }
+
+    /// `Scan`: one page of the keys of `ns` here that start with `prefix`.
+    pub(super) async fn scan(
+        &mut self,
+        id: u64,
+        ns: u32,
+        cursor: u64,
+        count: u32,
+        prefix: &[u8],
+    ) -> Next {
+        let r = self
+            .s
+            .scan(ns, cursor, count, prefix, self.routing)
+            .map(|p| Reply::Keys {
+                keys: p.keys,
+                cursor: p.cursor,
+            })
+            .map_err(ErrorCode::from);
         self.answer(id, r).await
     }
 

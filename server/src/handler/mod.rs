@@ -13,7 +13,7 @@
 //!
 //! - `admin`: `Hello` (the handshake), `Stats`;
 //! - `data`: `Put`, `Get`, `BatchPut`, `BatchGet` (its prefix mode included), `Exists`,
-//!   `Remove`, over the transport-independent operations of [`crate::service`];
+//!   `Remove`, `Clear`, `Scan`, over the transport-independent operations of [`crate::service`];
 //! - `one_sided`: `Alloc`, `Write`, `Commit`, `Abort`, `Read`, `MapInfo` (access by address);
 //! - `prefix`: `Lookup`, `Release`, `Pin` (finding, leasing and pinning objects by key);
 //! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch` (node to node).
@@ -242,6 +242,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::Exists { ns, keys } => self.exists(id, ns.to_native(), keys).await,
             ArchivedOp::Remove { ns, keys } => self.remove(id, ns.to_native(), keys).await,
             ArchivedOp::Clear { ns } => self.clear(id, ns.to_native()).await,
+            ArchivedOp::Scan {
+                ns,
+                cursor,
+                count,
+                prefix,
+            } => {
+                let (ns, cursor, count) = (ns.to_native(), cursor.to_native(), count.to_native());
+                self.scan(id, ns, cursor, count, prefix.as_slice()).await
+            }
             ArchivedOp::Alloc {
                 ns,
                 items,
@@ -357,6 +366,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Lookup { .. } | ArchivedOp::Vouch { .. } => OpKind::Lookup,
         ArchivedOp::Release { .. } => OpKind::Release,
         ArchivedOp::Pin { .. } => OpKind::Pin,
+        ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
         | ArchivedOp::View
         | ArchivedOp::MapInfo
@@ -376,6 +386,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Exists { ns, .. }
         | ArchivedOp::Remove { ns, .. }
         | ArchivedOp::Clear { ns }
+        | ArchivedOp::Scan { ns, .. }
         | ArchivedOp::Alloc { ns, .. }
         | ArchivedOp::Lookup { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
