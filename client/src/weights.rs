@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use futures_util::future::join_all;
 use kvpool::protocol::ErrorCode;
 use kvpool::weights::{
-    chunk_key, check_name, extra_key, manifest_key, shard_ranges, ChunkRef, FormatError,
-    Manifest, Slice,
+    check_name, chunk_key, extra_key, manifest_key, shard_ranges, ChunkRef, FormatError, Manifest,
+    Slice,
 };
 use thiserror::Error;
 
@@ -235,6 +235,21 @@ impl Weights {
         self.manifest(name)
             .await?
             .ok_or_else(|| WeightsError::NotFound(name.to_owned()))
+    }
+
+    /// The names of the published models, sorted.
+    pub async fn list(&self) -> Result<Vec<String>, WeightsError> {
+        let keys = self
+            .kv
+            .keys_with_prefix(kvpool::weights::MANIFEST_PREFIX.as_bytes())
+            .await?;
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| {
+                let name = k.strip_prefix(kvpool::weights::MANIFEST_PREFIX.as_bytes())?;
+                String::from_utf8(name.to_vec()).ok()
+            })
+            .collect())
     }
 
     /// Removes model `name`: its manifest first (so no new load starts), then its pieces.
@@ -486,7 +501,9 @@ impl Weights {
             while ti < f.tensors.len() {
                 let mut end = ti;
                 let mut bytes = 0;
-                while end < f.tensors.len() && (end == ti || bytes + f.tensors[end].len <= WRITE_GROUP) {
+                while end < f.tensors.len()
+                    && (end == ti || bytes + f.tensors[end].len <= WRITE_GROUP)
+                {
                     bytes += f.tensors[end].len;
                     end += 1;
                 }
@@ -525,7 +542,11 @@ impl Weights {
     pub async fn stats(&self, m: &Manifest) -> Result<WeightStats, WeightsError> {
         let chunks: Vec<ChunkRef> = m.chunks().collect();
         let keys: Vec<Vec<u8>> = chunks.iter().map(|c| chunk_key(&m.name, c)).collect();
-        let replicas = self.kv.pinned_replicas();
+        // A cluster of fewer nodes keeps fewer copies.
+        let replicas = keys.first().map_or(self.kv.pinned_replicas(), |k| {
+            let view = self.kv.routing_view();
+            view.owners(k, self.kv.pinned_replicas()).len().max(1)
+        });
         let mut copies = vec![0usize; keys.len()];
         let mut nodes: HashMap<u32, (usize, u64)> = HashMap::new();
         for replica in 0..replicas {
@@ -663,7 +684,7 @@ impl Weights {
         let mut work: Vec<(usize, &mut Sink<'_>, Located)> = sinks
             .iter_mut()
             .enumerate()
-            .filter_map(|(i, s)| by_index.get(&i).map(|l| (i, s, l.clone())))
+            .filter_map(|(i, s)| by_index.get(&i).map(|l| (i, s, *l)))
             .collect();
         while !work.is_empty() {
             let take = work.len().min(READS_IN_FLIGHT);
@@ -722,7 +743,7 @@ fn read_source(
     let path = sources
         .paths
         .get(&f.name)
-        .ok_or_else(|| WeightsError::Missing {
+        .ok_or(WeightsError::Missing {
             missing: 1,
             wanted: 1,
         })?;
@@ -737,9 +758,11 @@ fn read_source(
     if u64::from_le_bytes(head) != f.header.len() as u64 {
         return Err(changed("another header".into()));
     }
-    file.seek(SeekFrom::Start(8 + f.header.len() as u64 + t.offset + c.begin))
-        .and_then(|_| file.read_exact(dst))
-        .map_err(io_err(path))?;
+    file.seek(SeekFrom::Start(
+        8 + f.header.len() as u64 + t.offset + c.begin,
+    ))
+    .and_then(|_| file.read_exact(dst))
+    .map_err(io_err(path))?;
     if kvpool::checksum::checksum(dst) != c.xxh3 {
         return Err(changed(format!("bytes of {} differ", t.name)));
     }

@@ -10,7 +10,7 @@ use kvpool_client::weights::{PublishOptions, Sources, Weights};
 
 /// `kvpool weights ...`.
 #[derive(clap::Args, Debug)]
-pub struct WeightsArgs {
+pub(crate) struct WeightsArgs {
     /// Namespace the weights live in.
     #[arg(long, default_value = kvpool::weights::DEFAULT_NAMESPACE)]
     weights_namespace: String,
@@ -66,10 +66,9 @@ enum WeightsCmd {
 }
 
 /// Runs a `kvpool weights` command.
-pub fn run(client: &Client, args: &WeightsArgs) -> anyhow::Result<i32> {
+pub(crate) fn run(client: &Client, args: &WeightsArgs) -> anyhow::Result<i32> {
     let (ns, cmd) = (&args.weights_namespace, &args.cmd);
-    let w = Weights::new(client.async_client(), ns)
-        .with_context(|| format!("namespace {ns:?}"))?;
+    let w = Weights::new(client.async_client(), ns).with_context(|| format!("namespace {ns:?}"))?;
     match cmd {
         WeightsCmd::Put {
             name,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use kvpool::protocol::ErrorCode;
 use kvpool::weights::{
-    chunk_key, check_name, extra_key, header_len, index_files, manifest_key, parse_header,
+    check_name, chunk_key, extra_key, header_len, index_files, manifest_key, parse_header,
     rank_of_file, ChunkRef, ExtraFile, FileEntry, Header, Manifest, TensorEntry,
     DEFAULT_CHUNK_SIZE, MANIFEST_FORMAT,
 };
@@ -173,11 +173,16 @@ impl Weights {
                 .send(vec![0u8; batch_bytes])
                 .expect("the receiver is alive");
         }
-        let reader = std::thread::spawn(move || read_all(sources, chunk_size, batch_bytes, &full_tx, &empty_rx));
+        let reader = std::thread::spawn(move || {
+            read_all(sources, chunk_size, batch_bytes, &full_tx, &empty_rx)
+        });
         let mut failure = None;
         while let Some(batch) = full_rx.recv().await {
             let res = match batch {
-                Ok(b) => self.store_batch(name, &b, &mut files, written).await.map(|()| b.buf),
+                Ok(b) => self
+                    .store_batch(name, &b, &mut files, written)
+                    .await
+                    .map(|()| b.buf),
                 Err(e) => Err(e),
             };
             match res {
@@ -329,9 +334,11 @@ fn expand(paths: &[PathBuf]) -> Result<(Vec<Source>, Vec<PathBuf>), WeightsError
         }
     }
     if sources.is_empty() {
-        return Err(WeightsError::Format(kvpool::weights::FormatError::Safetensors(
-            "no .safetensors file (or shard index) given".into(),
-        )));
+        return Err(WeightsError::Format(
+            kvpool::weights::FormatError::Safetensors(
+                "no .safetensors file (or shard index) given".into(),
+            ),
+        ));
     }
     Ok((sources, extra))
 }
@@ -354,9 +361,12 @@ pub(super) fn read_header(p: &Path) -> Result<Header, WeightsError> {
     f.read_exact(&mut first).map_err(io_err(p))?;
     let n = header_len(first)?;
     if 8 + n > file_len {
-        return Err(WeightsError::Format(kvpool::weights::FormatError::Safetensors(
-            format!("{}: header of {n} bytes in a file of {file_len}", p.display()),
-        )));
+        return Err(WeightsError::Format(
+            kvpool::weights::FormatError::Safetensors(format!(
+                "{}: header of {n} bytes in a file of {file_len}",
+                p.display()
+            )),
+        ));
     }
     let mut text = vec![0u8; n as usize];
     f.read_exact(&mut text).map_err(io_err(p))?;
