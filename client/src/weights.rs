@@ -489,7 +489,7 @@ impl Weights {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let mut report = LoadReport::default();
         for (fi, f) in m.files.iter().enumerate() {
-            let path = dir.join(&f.name);
+            let path = inside(dir, &f.name)?;
             let mut out = std::io::BufWriter::with_capacity(
                 1 << 20,
                 std::fs::File::create(&path).map_err(io_err(&path))?,
@@ -531,7 +531,7 @@ impl Weights {
             out.flush().map_err(io_err(&path))?;
         }
         for i in 0..m.extra.len() {
-            let path = dir.join(&m.extra[i].name);
+            let path = inside(dir, &m.extra[i].name)?;
             let bytes = self.extra(m, i).await?;
             std::fs::write(&path, bytes).map_err(io_err(&path))?;
         }
@@ -710,6 +710,27 @@ impl Weights {
     }
 }
 
+/// `dir/name` for a file name of a manifest, its directories created; a name that would
+/// leave `dir` is refused.
+fn inside(dir: &Path, name: &str) -> Result<PathBuf, WeightsError> {
+    let ok = !name.is_empty()
+        && !name.starts_with('/')
+        && !name.contains('\\')
+        && name
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if !ok {
+        return Err(WeightsError::Format(FormatError::Manifest(format!(
+            "file name {name:?} leaves the output directory"
+        ))));
+    }
+    let path = dir.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+    }
+    Ok(path)
+}
+
 fn add_report(total: &mut LoadReport, r: &LoadReport) {
     total.chunks_from_pool += r.chunks_from_pool;
     total.bytes_from_pool += r.bytes_from_pool;
@@ -740,13 +761,10 @@ fn read_source(
 ) -> Result<(), WeightsError> {
     let f = &m.files[c.file];
     let t = &f.tensors[c.tensor];
-    let path = sources
-        .paths
-        .get(&f.name)
-        .ok_or(WeightsError::Missing {
-            missing: 1,
-            wanted: 1,
-        })?;
+    let path = sources.paths.get(&f.name).ok_or(WeightsError::Missing {
+        missing: 1,
+        wanted: 1,
+    })?;
     let changed = |why: String| WeightsError::SourceChanged {
         path: path.clone(),
         file: f.name.clone(),

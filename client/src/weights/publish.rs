@@ -139,7 +139,7 @@ impl Weights {
         &self,
         name: &str,
         sources: Vec<Source>,
-        extra_paths: &[PathBuf],
+        extra_paths: &[Named],
         chunk_size: u64,
         written: &mut Vec<Vec<u8>>,
     ) -> Result<Manifest, WeightsError> {
@@ -204,7 +204,7 @@ impl Weights {
             return Err(e);
         }
         let mut extra = Vec::with_capacity(extra_paths.len());
-        for (i, p) in extra_paths.iter().enumerate() {
+        for (i, (p, rel)) in extra_paths.iter().enumerate() {
             let len = std::fs::metadata(p).map_err(io_err(p))?.len();
             if len > MAX_EXTRA {
                 return Err(WeightsError::Io {
@@ -217,7 +217,7 @@ impl Weights {
             }
             let bytes = std::fs::read(p).map_err(io_err(p))?;
             let e = ExtraFile {
-                name: file_name(p)?,
+                name: rel.clone(),
                 len: bytes.len() as u64,
                 xxh3: kvpool::checksum::checksum(&bytes),
             };
@@ -294,27 +294,46 @@ impl Weights {
     }
 }
 
-/// The safetensors files (with their headers) and the companion files of `paths`.
-fn expand(paths: &[PathBuf]) -> Result<(Vec<Source>, Vec<PathBuf>), WeightsError> {
-    let mut tensors = Vec::new();
-    let mut extra = Vec::new();
+/// A file of the model: where it is, and its name in the model (relative, `/`-separated).
+type Named = (PathBuf, String);
+
+/// The safetensors files (with their headers) and the companion files of `paths`. A
+/// directory brings every file under it (hidden ones aside), named relative to it.
+fn expand(paths: &[PathBuf]) -> Result<(Vec<Source>, Vec<Named>), WeightsError> {
+    let mut named: Vec<Named> = Vec::new();
     for p in paths {
-        let name = file_name(p)?;
-        if name.ends_with(".safetensors") {
-            tensors.push(p.clone());
-        } else if name.ends_with(".index.json") {
-            let bytes = std::fs::read(p).map_err(io_err(p))?;
-            let dir = p.parent().unwrap_or(Path::new("."));
-            tensors.extend(index_files(&bytes)?.into_iter().map(|f| dir.join(f)));
-            extra.push(p.clone());
+        if p.is_dir() {
+            walk(p, "", &mut named)?;
         } else {
-            extra.push(p.clone());
+            named.push((p.clone(), file_name(p)?));
+        }
+    }
+    let mut tensors: Vec<Named> = Vec::new();
+    let mut extra: Vec<Named> = Vec::new();
+    for (p, name) in named {
+        if name.ends_with(".safetensors") {
+            tensors.push((p, name));
+        } else if name.ends_with(".index.json") {
+            let bytes = std::fs::read(&p).map_err(io_err(&p))?;
+            let dir = p.parent().unwrap_or(Path::new("."));
+            let base = name.rsplit_once('/').map_or("", |(d, _)| d);
+            for f in index_files(&bytes)? {
+                let rel = if base.is_empty() {
+                    f.clone()
+                } else {
+                    format!("{base}/{f}")
+                };
+                tensors.push((dir.join(f), rel));
+            }
+            extra.push((p, name));
+        } else {
+            extra.push((p, name));
         }
     }
     let mut seen = HashSet::new();
     let mut sources = Vec::with_capacity(tensors.len());
-    for p in tensors {
-        let name = file_name(&p)?;
+    for (p, name) in tensors {
+        // A file named by the index and given (or found in the directory) too.
         if !seen.insert(name.clone()) {
             continue;
         }
@@ -325,11 +344,11 @@ fn expand(paths: &[PathBuf]) -> Result<(Vec<Source>, Vec<PathBuf>), WeightsError
             header,
         });
     }
-    for p in &extra {
-        if !seen.insert(file_name(p)?) {
+    for (p, name) in &extra {
+        if !seen.insert(name.clone()) {
             return Err(WeightsError::Io {
                 path: p.clone(),
-                source: std::io::Error::other("two files of the model have this name"),
+                source: std::io::Error::other(format!("two files of the model are named {name:?}")),
             });
         }
     }
@@ -341,6 +360,29 @@ fn expand(paths: &[PathBuf]) -> Result<(Vec<Source>, Vec<PathBuf>), WeightsError
         ));
     }
     Ok((sources, extra))
+}
+
+/// Every file under `dir`, hidden ones (`.git`, `.gitattributes`) aside, in name order.
+fn walk(dir: &Path, prefix: &str, out: &mut Vec<Named>) -> Result<(), WeightsError> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io_err(dir))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        let name = file_name(&p)?;
+        if name.starts_with('.') {
+            continue;
+        }
+        let rel = format!("{prefix}{name}");
+        if p.is_dir() {
+            walk(&p, &format!("{rel}/"), out)?;
+        } else {
+            out.push((p, rel));
+        }
+    }
+    Ok(())
 }
 
 fn file_name(p: &Path) -> Result<String, WeightsError> {
