@@ -20,7 +20,13 @@ use kvpool::weights::{chunk_key, Manifest};
 use kvpool_client::weights::{PublishOptions, Sources, Weights, WeightsError};
 use kvpool_client::{Client, ErrorCode, SameHost};
 
-const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
+/// Gossip fast enough for short tests, and a down-detection slow enough that a busy 2-core
+/// machine does not mark live nodes down (which moves pinned objects around for nothing).
+const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "2000"];
+
+/// At most one multi-node cluster of this file runs at a time: six daemons on two cores
+/// stall each other's heartbeats.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 // ---------------------------------------------------------------------------------------------
 // Safetensors files, written by hand.
@@ -177,8 +183,14 @@ fn weights_config(section: &str) -> String {
     p.to_str().unwrap().to_string()
 }
 
-/// `n` nodes, node ids 0.., every one serving in the first node's view.
-async fn cluster(n: u32, memory: &str, conf: &str) -> Vec<Node> {
+/// `n` nodes, node ids 0.., every one serving in every node's view; held with the file's
+/// one-cluster-at-a-time guard.
+async fn cluster(
+    n: u32,
+    memory: &str,
+    conf: &str,
+) -> (Vec<Node>, tokio::sync::MutexGuard<'static, ()>) {
+    let serial = SERIAL.lock().await;
     let extra = ["--config", conf];
     let first = start(0, memory, None, &extra);
     let mut nodes = vec![];
@@ -186,12 +198,14 @@ async fn cluster(n: u32, memory: &str, conf: &str) -> Vec<Node> {
         nodes.push(start(id, memory, Some(&first), &extra));
     }
     nodes.insert(0, first);
-    let c = connect(&nodes[0], SameHost::Off).await;
-    wait_view(c.client(), "every node serving", |v| {
-        serving(v) == n as usize
-    })
-    .await;
-    nodes
+    for node in &nodes {
+        let c = connect(node, SameHost::Off).await;
+        wait_view(c.client(), "every node serving", |v| {
+            serving(v) == n as usize
+        })
+        .await;
+    }
+    (nodes, serial)
 }
 
 async fn connect(n: &Node, same_host: SameHost) -> Weights {
@@ -334,7 +348,7 @@ async fn a_model_round_trips_on_one_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_round_trips_on_three_nodes_from_any_node() {
-    let nodes = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
+    let (nodes, _serial) = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     round_trip(&connect(&nodes[0], SameHost::Auto).await).await;
     round_trip(&connect(&nodes[2], SameHost::Off).await).await;
 }
@@ -427,7 +441,7 @@ fn segment_place(nodes: &[Node], addr: &kvpool::GlobalAddr) -> (PathBuf, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_copy_is_detected_and_read_from_the_replica() {
-    let nodes = cluster(2, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
+    let (nodes, _serial) = cluster(2, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect(&nodes[0], SameHost::Off).await;
     let dir = temp_dir("weights-corrupt");
     let src = dir.join("model.safetensors");
@@ -542,7 +556,7 @@ fn big_specs(mib: u64) -> Vec<Spec> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_mid_load_leaves_the_load_complete_and_its_chunks_re_replicated() {
-    let mut nodes = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
+    let (mut nodes, _serial) = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect_with(&nodes[0], patient()).await;
     let dir = temp_dir("weights-kill");
     let src = dir.join("model.safetensors");
@@ -654,7 +668,7 @@ async fn a_node_killed_mid_load_leaves_the_load_complete_and_its_chunks_re_repli
 /// a third to most of the chunks were in no copy (none with 8 MiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_model_keeps_every_chunk_in_two_copies() {
-    let nodes = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
+    let (nodes, _serial) = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect_with(&nodes[0], patient()).await;
     let dir = temp_dir("weights-large");
     let src = dir.join("model.safetensors");
@@ -674,7 +688,7 @@ async fn a_large_model_keeps_every_chunk_in_two_copies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_after_a_node_was_killed_completes_from_replicas() {
-    let mut nodes = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
+    let (mut nodes, _serial) = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect(&nodes[0], SameHost::Off).await;
     let dir = temp_dir("weights-killed");
     let src = dir.join("model.safetensors");
@@ -781,7 +795,7 @@ async fn a_partial_hit_reads_only_the_missing_chunks_from_the_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_node_leaves_every_chunk_with_its_copies() {
-    let mut nodes = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
+    let (mut nodes, _serial) = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect(&nodes[0], SameHost::Off).await;
     let dir = temp_dir("weights-drain");
     let src = dir.join("model.safetensors");

@@ -29,6 +29,9 @@ use crate::{Client, ClientError, Located};
 
 pub use publish::PublishOptions;
 
+/// Rounds of a fetch: one, and more while the view changes under it.
+const FETCH_ROUNDS: usize = 3;
+
 /// One-sided reads of one loader in flight at once, over all nodes.
 const READS_IN_FLIGHT: usize = 16;
 
@@ -599,6 +602,31 @@ impl Weights {
         report: &mut LoadReport,
     ) -> Result<Vec<usize>, WeightsError> {
         let mut todo: Vec<usize> = (0..sinks.len()).collect();
+        // A view change while the replicas are asked in turn (a node lost mid-load) can make a
+        // later replica one that has no copy yet, while the new first owner has one: the
+        // chunks still missing are asked again, under the new view, a few times.
+        for _ in 0..FETCH_ROUNDS {
+            let stamp = self.kv.routing_view().stamp();
+            todo = self.fetch_round(sinks, todo, report).await?;
+            if todo.is_empty() {
+                break;
+            }
+            // Best effort: the node asked may be the one that went away.
+            let _ = self.kv.view().await;
+            if self.kv.routing_view().stamp() == stamp {
+                break;
+            }
+        }
+        Ok(todo)
+    }
+
+    /// One round of [`Weights::fetch`]: the chunks `todo` from each replica in turn.
+    async fn fetch_round(
+        &self,
+        sinks: &mut [Sink<'_>],
+        mut todo: Vec<usize>,
+        report: &mut LoadReport,
+    ) -> Result<Vec<usize>, WeightsError> {
         for replica in 0..self.kv.pinned_replicas() {
             if todo.is_empty() {
                 break;
@@ -691,17 +719,22 @@ impl Weights {
             let batch: Vec<_> = work.drain(..take).collect();
             let answers = join_all(batch.into_iter().map(|(i, s, l)| async move {
                 if l.addr.len != s.dst.len() as u64 {
-                    return Ok((i, false));
+                    return (i, Ok(false));
                 }
-                let ok = self.kv.read(&l.addr, 0, s.dst).await?;
-                Ok::<_, ClientError>((i, ok && kvpool::checksum::checksum(s.dst) == s.xxh3))
+                let read = self.kv.read(&l.addr, 0, s.dst).await;
+                (
+                    i,
+                    read.map(|ok| ok && kvpool::checksum::checksum(s.dst) == s.xxh3),
+                )
             }))
             .await;
-            for a in answers {
+            for (i, a) in answers {
                 match a {
-                    Ok((_, true)) => {}
-                    Ok((i, false)) => failed.push(i),
-                    Err(e) if e.is_unreachable() => {}
+                    Ok(true) => {}
+                    // A copy gone, replaced, failing its check, or on a node that went away:
+                    // the next replica.
+                    Ok(false) => failed.push(i),
+                    Err(e) if e.is_unreachable() => failed.push(i),
                     Err(e) => return Err(e.into()),
                 }
             }

@@ -402,6 +402,9 @@ pub(crate) struct MovePass {
     pub(crate) handed_off: usize,
     /// Pinned objects still here that this node does not own (an owner was unreachable).
     pub(crate) stranded: usize,
+    /// Pinned objects this node owns that an owner lacking them could not be given (it was
+    /// unreachable, slow or full): the next pass tries again, as for stranded ones.
+    pub(crate) short: usize,
 }
 
 /// Most keys per `Lookup` a pass sends.
@@ -454,6 +457,7 @@ pub(crate) async fn move_pass(
         }
         for (i, k) in keys.iter().enumerate() {
             match plan.outcome(i, confirmed[i], failed[i]) {
+                Outcome::Keep if failed[i] => out.short += 1,
                 Outcome::Keep => {}
                 Outcome::Stranded => out.stranded += 1,
                 Outcome::HandOff => {
@@ -578,7 +582,7 @@ impl Mover {
 }
 
 /// Runs the mover: a pass after every view change (and every few seconds while objects are
-/// stranded), and the drain when asked for. Returns when `stop` fires or the node has left.
+/// stranded or short of copies), and the drain when asked for. Returns when `stop` fires or the node has left.
 pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
     let mut changed = mv.m.subscribe();
     let mut drain = mv.m.drain.subscribe();
@@ -605,10 +609,12 @@ pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
                 copied = pass.copied,
                 handed_off = pass.handed_off,
                 stranded = pass.stranded,
+                short = pass.short,
                 "moved pinned objects"
             );
         }
-        pending = pass.stranded > 0;
+        // Until every pinned object here is where it belongs, a pass every few seconds.
+        pending = pass.stranded > 0 || pass.short > 0;
     }
 }
 
