@@ -193,15 +193,16 @@ impl Budget {
         bytes: u64,
         within: std::time::Duration,
     ) -> Result<tokio::sync::SemaphorePermit<'_>, String> {
-        let kib = bytes.div_ceil(1024);
-        if kib * 1024 > self.limit {
+        // Sizes come from a manifest: compared before any arithmetic on them.
+        if bytes > self.limit {
             return Err(format!(
                 "ERR kvpool: {bytes} bytes is more than the weights view serves at once \
                  ([resp] weights_memory = {})",
                 self.limit
             ));
         }
-        let kib = u32::try_from(kib).map_err(|_| "ERR kvpool: tensor too large".to_string())?;
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .map_err(|_| "ERR kvpool: tensor too large".to_string())?;
         match tokio::time::timeout(within, self.permits.acquire_many(kib)).await {
             Ok(Ok(p)) => Ok(p),
             _ => Err(
@@ -255,7 +256,10 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
                 let door = self.door;
                 let room = match door
                     .weights_memory
-                    .reserve(prefix.len() as u64 + t.len, door.forward.timeout())
+                    .reserve(
+                        (prefix.len() as u64).saturating_add(t.len),
+                        door.forward.timeout(),
+                    )
                     .await
                 {
                     Ok(p) => p,

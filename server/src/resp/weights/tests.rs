@@ -186,5 +186,10 @@ async fn the_budget_refuses_what_can_never_fit_and_waits_for_room() {
     let held = b.reserve(6 << 10, d).await.unwrap();
     assert!(b.reserve(4 << 10, d).await.unwrap_err().contains("busy"));
     drop(held);
+    assert!(b
+        .reserve(u64::MAX, d)
+        .await
+        .unwrap_err()
+        .contains("weights_memory"));
     assert!(b.reserve(8 << 10, d).await.is_ok());
 }
