@@ -225,6 +225,11 @@ pub struct RespConfig {
     /// Most keys with a TTL (`SET ... EX|PX`) pending at once; a SET with a TTL beyond it is
     /// refused. Default 1 048 576.
     pub max_expiring_keys: u64,
+    /// Most bytes the weights view (SGLang's remote loader, docs/WEIGHTS.md) holds at once for
+    /// tensors being assembled, across the door's connections; also the largest tensor it
+    /// serves. Default 2 GiB.
+    #[serde(deserialize_with = "de_size")]
+    pub weights_memory: u64,
 }
 
 impl Default for RespConfig {
@@ -237,6 +242,7 @@ impl Default for RespConfig {
             max_command: l.max_command,
             max_scan_count: 10_000,
             max_expiring_keys: 1 << 20,
+            weights_memory: 2 << 30,
         }
     }
 }

@@ -482,6 +482,7 @@ fn serve_resp(l: TcpListener, addr: SocketAddr, ctx: &Ctx, config: &Config) -> [
             config.auth.token.clone(),
             std::time::Duration::from_millis(config.limits.write_timeout_ms),
         ),
+        weights_memory: crate::resp::WeightsBudget::new(config.resp.weights_memory),
     });
     let (clock, at) = (ctx.shared.clone(), ctx.shared.clone());
     [

@@ -10,7 +10,7 @@ use kvpool::resp::{encode, Parser, Proto};
 use kvpool::{NodeId, PoolError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{admin, forward, glob, Next, RespShared, Session, DIRECT_WRITE};
+use super::{admin, forward, glob, weights, Next, RespShared, Session, DIRECT_WRITE};
 use crate::deadline::StallLimit;
 use crate::metrics::RespCommand;
 use crate::service::{Routing, Shared};
@@ -31,7 +31,9 @@ pub(crate) struct Conn<'a, W> {
     /// How reads are served, set by [`Conn::check_key`]: as the owner's copy by the view
     /// (only objects held as their owner since written, as the native client's routed reads
     /// are), or directly on a node that never had a peer, where every object is.
-    routing: Routing,
+    pub(super) routing: Routing,
+    /// The weights view's last manifest (`weights`).
+    pub(super) manifests: weights::ManifestCache,
 }
 
 /// A command's arguments.
@@ -57,7 +59,7 @@ impl<'b> Args<'b> {
 
 /// Where a key is served.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Place {
+pub(super) enum Place {
     /// From this node's pool: it is the key's only owner (or has never had a peer).
     Local,
     /// By its owners, through the door's forwarding client.
@@ -65,9 +67,17 @@ enum Place {
 }
 
 /// Why a keyed command was refused before it touched the pool.
-enum Refused {
+pub(super) enum Refused {
     /// An error reply, ready to send.
     Reply(String),
+}
+
+impl Refused {
+    /// The error reply.
+    pub(super) fn text(self) -> String {
+        let Refused::Reply(msg) = self;
+        msg
+    }
 }
 
 impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
@@ -78,6 +88,9 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             Some(Session {
                 ns,
                 ns_name: kvpool::pool::DEFAULT_NAMESPACE.to_string(),
+                weights: s
+                    .namespace(&access, kvpool::weights::DEFAULT_NAMESPACE)
+                    .ok(),
             })
         });
         Conn {
@@ -91,6 +104,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             name: None,
             view: (s.cluster.stamp(), s.cluster.view()),
             routing: Routing::ByView,
+            manifests: None,
         }
     }
 
@@ -193,7 +207,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             C::Exists => self.exists(a).await,
             C::Del | C::Unlink => self.del(a).await,
             C::Strlen => self.strlen(a.get(1)).await,
-            C::Scan => self.scan(a),
+            C::Scan => self.scan(a).await,
             C::Dbsize => match self.s.count(self.ns()) {
                 Ok(c) => encode::integer(&mut self.out, c as i64),
                 Err(e) => self.pool_error(e),
@@ -225,6 +239,10 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         self.session = Some(Session {
             ns,
             ns_name: ns_name.to_string(),
+            weights: self
+                .s
+                .namespace(&access, kvpool::weights::DEFAULT_NAMESPACE)
+                .ok(),
         });
         Ok(())
     }
@@ -233,11 +251,23 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         self.session.as_ref().map_or(0, |s| s.ns)
     }
 
+    /// The `weights` namespace's id when the connection's token admits to it (the weights
+    /// view is shown only then).
+    pub(super) fn weights_ns(&self) -> Option<u32> {
+        self.session.as_ref().and_then(|s| s.weights)
+    }
+
     /// Where `key` is served, or why it is refused: a key of a size the pool never stores, or,
     /// in a cluster with no node serving, any key. In a cluster of several nodes a key whose
     /// owners are not exactly this node is forwarded to them (a copy stored here would shadow,
     /// or be shadowed by, the owner's).
     fn check_key(&mut self, key: &[u8]) -> Result<Place, Refused> {
+        self.check_key_in(self.ns(), key)
+    }
+
+    /// [`Conn::check_key`] for a key of namespace `ns` (the connection's, or `weights` for the
+    /// weights view).
+    pub(super) fn check_key_in(&mut self, ns: u32, key: &[u8]) -> Result<Place, Refused> {
         if key.is_empty() || key.len() > kvpool::MAX_KEY_LEN {
             return Err(Refused::Reply(format!(
                 "ERR kvpool keys are 1 to {} bytes",
@@ -255,7 +285,6 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return Ok(Place::Local);
         }
         self.routing = Routing::ByView;
-        let ns = self.ns();
         let replicas = self.s.replication(ns).map_or(1, |r| r.replicas.max(1)) as usize;
         let me = self.s.cluster.me();
         let owners = view.owners(key, replicas);
@@ -273,6 +302,15 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     /// Where this connection's keys owned elsewhere are forwarded, or the error line to
     /// answer when this node can't forward.
     fn forward(&self) -> Result<forward::Target<'a>, String> {
+        let ns = self
+            .session
+            .as_ref()
+            .map_or(kvpool::pool::DEFAULT_NAMESPACE, |s| s.ns_name.as_str());
+        self.forward_in(ns)
+    }
+
+    /// [`Conn::forward`] in namespace `ns` (which the caller checked the connection may use).
+    pub(super) fn forward_in(&self, ns: &str) -> Result<forward::Target<'a>, String> {
         let me = NodeId(self.s.cluster.me());
         let endpoint = match self.view.1.node(me) {
             Some(n) if !n.tcp.is_empty() => n.tcp.clone(),
@@ -284,10 +322,6 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 )
             }
         };
-        let ns = self
-            .session
-            .as_ref()
-            .map_or(kvpool::pool::DEFAULT_NAMESPACE, |s| s.ns_name.as_str());
         Ok(forward::Target {
             forwarder: &self.door.forward,
             endpoint,
@@ -318,7 +352,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         encode::error(&mut self.out, &msg);
     }
 
-    fn pool_error_text(&self, e: PoolError) -> String {
+    pub(super) fn pool_error_text(&self, e: PoolError) -> String {
         match e {
             PoolError::PoolFull | PoolError::QuotaExceeded => {
                 format!("OOM kvpool: {e} (every object is pinned, leased or being read)")
@@ -331,7 +365,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         }
     }
 
-    async fn write_value(&mut self, bytes: &[u8]) -> io::Result<()> {
+    pub(super) async fn write_value(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.s.metrics.bytes(0, bytes.len() as u64);
         if bytes.len() < DIRECT_WRITE {
             encode::bulk(&mut self.out, bytes);
@@ -345,6 +379,9 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     }
 
     async fn get(&mut self, key: &[u8]) -> io::Result<()> {
+        if self.weights_get(key).await? {
+            return Ok(());
+        }
         match self.check_key(key) {
             Err(r) => {
                 self.refuse(r);
@@ -822,8 +859,10 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         }
     }
 
-    /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE string]`.
-    fn scan(&mut self, a: &Args<'_>) {
+    /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE string]`. A walk (cursor 0) whose pattern
+    /// names a directory of the weights view of a published model answers the view's names in
+    /// one step, with the next cursor 0 (`weights`).
+    async fn scan(&mut self, a: &Args<'_>) {
         let Some(cursor) = std::str::from_utf8(a.get(1))
             .ok()
             .and_then(|c| c.parse::<u64>().ok())
@@ -857,6 +896,17 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 _ => return encode::error(&mut self.out, "ERR syntax error"),
             }
             i += 2;
+        }
+        if let (0, Some(p), true) = (cursor, pattern, only_strings) {
+            if let Some(keys) = self.weights_scan(p).await {
+                encode::array(&mut self.out, 2);
+                encode::bulk(&mut self.out, b"0");
+                encode::array(&mut self.out, keys.len());
+                for k in &keys {
+                    encode::bulk(&mut self.out, k);
+                }
+                return;
+            }
         }
         let budget = count.min(self.door.config.max_scan_count.max(1)) as usize;
         let ns = self.ns();

@@ -12,16 +12,19 @@
 //!
 //! - `commands`: the command table;
 //! - `admin`: the replies of `INFO`, `COMMAND`, `CONFIG GET` and `HELLO`;
-//! - `glob`: `SCAN ... MATCH` patterns.
+//! - `glob`: `SCAN ... MATCH` patterns;
+//! - `weights`: the weights view that SGLang's remote loader reads a published model through.
 
 mod admin;
 mod commands;
 mod expiry;
 mod forward;
 mod glob;
+mod weights;
 
 pub(crate) use expiry::{sweeper, Expiry};
 pub(crate) use forward::Forwarder;
+pub(crate) use weights::Budget as WeightsBudget;
 
 use std::sync::Arc;
 
@@ -70,6 +73,8 @@ pub(crate) struct RespShared {
     pub(crate) expiry: Arc<Expiry>,
     /// The client that serves keys owned by other nodes.
     pub(crate) forward: forward::Forwarder,
+    /// Bytes the weights view may hold at once for tensors being assembled.
+    pub(crate) weights_memory: weights::Budget,
 }
 
 /// What the connection does after a command.
@@ -263,6 +268,8 @@ impl Input {
 pub(crate) struct Session {
     pub(crate) ns: u32,
     pub(crate) ns_name: String,
+    /// The `weights` namespace's id, when the token admits to it (the weights view).
+    pub(crate) weights: Option<u32>,
 }
 
 /// The protocol a connection speaks (RESP2 until `HELLO 3`).
