@@ -449,6 +449,7 @@ pub(crate) async fn move_pass(
                 ns,
                 keys: &keys,
                 started,
+                view: view.stamp(),
             };
             for chunk in idx.chunks(MOVE_BATCH) {
                 copy.to(p, chunk, &mut confirmed, &mut failed, &mut out)
@@ -502,6 +503,8 @@ struct Copy<'a> {
     ns: u32,
     keys: &'a [Vec<u8>],
     started: Instant,
+    /// Stamp of the view the pass plans by.
+    view: u64,
 }
 
 impl Copy<'_> {
@@ -520,7 +523,11 @@ impl Copy<'_> {
             keys: chunk.iter().map(|&i| self.keys[i].clone()).collect(),
             lease_ms: 0,
         };
-        let present: Vec<Option<LocatedWire>> = match p.call(lookup, &[]).await {
+        // Routed by the pass's view: an owner whose view differs answers `WrongView` (a copy
+        // sent now could be dated by a view in which it is no owner, and dropped as not
+        // continuous at its first routed read: the next pass tries again), and a copy the
+        // owner may not serve as the owner's is not counted as there.
+        let present: Vec<Option<LocatedWire>> = match p.call_in_view(self.view, lookup, &[]).await {
             Ok(Reply::Located(l)) if l.len() == chunk.len() => l,
             _ => {
                 chunk.iter().for_each(|&i| failed[i] = true);

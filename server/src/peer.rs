@@ -127,16 +127,28 @@ impl Peer {
     /// One request. Replies carrying a payload are refused (nothing the daemon asks a peer for
     /// has one), so a peer can't make us buffer anything.
     pub(crate) async fn call(&mut self, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
+        self.call_in_view(0, op, payload).await
+    }
+
+    /// [`Peer::call`] stamped with view `view` (0: none), so the peer answers a routed read as
+    /// it answers a client's: `WrongView` when its view differs, and only copies it may serve
+    /// as their owner's.
+    pub(crate) async fn call_in_view(
+        &mut self,
+        view: u64,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<Reply, PeerError> {
         let timeout = self.timeout;
-        tokio::time::timeout(timeout, self.exchange(op, payload))
+        tokio::time::timeout(timeout, self.exchange(view, op, payload))
             .await
             .map_err(|_| PeerError::Timeout)?
     }
 
-    async fn exchange(&mut self, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
+    async fn exchange(&mut self, view: u64, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
         let id = self.next_id;
         self.next_id += 1;
-        let hdr = encode(&Request { id, view: 0, op });
+        let hdr = encode(&Request { id, view, op });
         write_frame(&mut self.w, &hdr, payload).await?;
         self.w.flush().await?;
         let prefix = read_prefix(&mut self.r, &self.limits)
