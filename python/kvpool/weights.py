@@ -743,7 +743,9 @@ def ensure(
     if m is None:
         lock = _lock_path(namespace, name, lock_directory)
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "a+b") as f:
+        # Read-only suffices for flock, so a lock file another user created works too.
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o666)
+        with os.fdopen(fd, "rb") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
                 m = manifest(client, name, namespace=namespace)

@@ -261,7 +261,33 @@ def test_bad_input_raises(kvpoold: Kvpoold, tmp_path: Path) -> None:
         kw.publish(kv, "bad name", path)
     with pytest.raises(kvpool.InvalidArgumentError):
         kw.publish(kv, "x", path, chunk_size=0)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kw.publish(kv, "x", path, replicas=5)
     assert kw.ls(kv) == []
+    # The native load checks the addresses it is given before writing anything.
+    m = kw.publish(kv, "x", path)
+    t = m.tensor("a.f32")
+    buf = np.empty(2 * t.nbytes, np.uint8)
+    addr = buf.ctypes.data
+    load = kvpool._native._weights_load_into_unchecked
+    for targets, exc in [
+        ([(t.file, t.index, 0, t.nbytes)], kvpool.InvalidArgumentError),  # null
+        (
+            [(t.file, t.index, 2**64 - 8, t.nbytes)],
+            kvpool.InvalidArgumentError,
+        ),  # wraps
+        ([(t.file, t.index, addr, t.nbytes - 1)], kvpool.BufferTooSmallError),
+        ([(t.file, 99, addr, t.nbytes)], kvpool.NotFoundError),
+        ([(7, 0, addr, t.nbytes)], kvpool.NotFoundError),
+        (
+            [(t.file, t.index, addr, t.nbytes), (t.file, t.index, addr + 4, t.nbytes)],
+            kvpool.InvalidArgumentError,  # overlapping
+        ),
+    ]:
+        with pytest.raises(exc):
+            load(kv, "weights", m._native, targets)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool._native.WeightsModel.from_json('{"format": 1}')
     kv.close()
     with pytest.raises(kvpool.ClosedError):
         kw.ls(kv)
