@@ -499,9 +499,19 @@ def _load_raw(
         del holders
 
 
+def _check_unique(m: Manifest, tensors: Sequence[Tensor]) -> None:
+    """Refuses to key tensors by name when names repeat (a per-rank checkpoint's files loaded
+    for every rank at once)."""
+    if len({t.name for t in tensors}) != len(tensors):
+        raise InvalidArgumentError(
+            f"tensor names of model {m.name!r} repeat across its per-rank files: pass rank="
+        )
+
+
 def _load_arrays(
     client: Client, m: Manifest, tensors: Sequence[Tensor], source: Any = None
 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    _check_unique(m, tensors)
     raws = [np.empty(t.nbytes, dtype=np.uint8) for t in tensors]
     report = _load_raw(client, m, tensors, raws, source)
     return {t.name: _shaped(r, t) for t, r in zip(tensors, raws)}, report
@@ -560,6 +570,7 @@ def load_torch(
     memory it was loaded into (no further copy), writable. Feed it to ``load_state_dict``."""
     m = _require(client, name, namespace)
     tensors = m.tensors_of_rank(rank)
+    _check_unique(m, tensors)
     raws = [np.empty(t.nbytes, dtype=np.uint8) for t in tensors]
     _load_raw(client, m, tensors, raws)
     return {t.name: _to_torch(r, t) for t, r in zip(tensors, raws)}

@@ -447,3 +447,25 @@ def test_real_model_same_embeddings(kvpoold: Kvpoold, tmp_path: Path) -> None:
     kw.write_files(kv, m, out)
     for f in [*m.files, *m.extra]:
         assert (out / f.name).read_bytes() == (model_dir / f.name).read_bytes(), f.name
+
+
+def test_per_rank_checkpoint_loads_its_rank(kvpoold: Kvpoold, tmp_path: Path) -> None:
+    ranks = [
+        {"w": np.full((4, 4), r, np.float32), "b": np.arange(3, dtype=np.int32) + r}
+        for r in range(2)
+    ]
+    paths = [
+        save_numpy(tmp_path / f"model-rank-{r}-part-0.safetensors", t)
+        for r, t in enumerate(ranks)
+    ]
+    kv = kvpool.Client(kvpoold.url)
+    m = kw.publish(kv, "per-rank", paths)
+    assert [f.rank for f in m.files] == [0, 1]
+    for r in range(2):
+        got = kw.load(kv, "per-rank", rank=r)
+        for k, v in ranks[r].items():
+            same(got[k], v)
+        for k, a in kw.weight_iterator(kv, "per-rank", rank=r):
+            same(a, ranks[r][k])
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kw.load(kv, "per-rank")
