@@ -63,6 +63,7 @@ __all__ = [
     "load",
     "load_into",
     "load_torch",
+    "lock_dir",
     "ls",
     "manifest",
     "numpy_dtype",
