@@ -115,3 +115,66 @@ class Client:
         self, keys: Sequence[Key], addresses: Sequence[int], lengths: Sequence[int]
     ) -> None: ...
     def _presence(self, keys: Sequence[Key]) -> list[bool]: ...
+
+# ----- model weights: the engine of kvpool.weights (see there and docs/WEIGHTS.md) -----
+
+class WeightsModel:
+    """A published model's manifest, parsed once (``kvpool.weights.Manifest`` wraps it)."""
+
+    @staticmethod
+    def from_json(json: str) -> WeightsModel:
+        """Parses a manifest as stored in the pool. Raises ``kvpool.InvalidArgumentError``."""
+    def json(self) -> str:
+        """The manifest's JSON, as stored in the pool."""
+    @property
+    def name(self) -> str:
+        """The model's name."""
+    def chunk_keys(self) -> list[tuple[int, int, int, bytes]]:
+        """(file index, tensor index, chunk index, key) of every chunk."""
+
+def _weights_publish(
+    client: Client,
+    namespace: str,
+    name: str,
+    paths: Sequence[str],
+    chunk_size: int | None = None,
+    replicas: int | None = None,
+) -> WeightsModel: ...
+def _weights_manifest(
+    client: Client, namespace: str, name: str
+) -> WeightsModel | None: ...
+def _weights_list(client: Client, namespace: str) -> list[str]: ...
+def _weights_remove(client: Client, namespace: str, name: str) -> bool: ...
+def _weights_load_into_unchecked(
+    client: Client,
+    namespace: str,
+    model: WeightsModel,
+    targets: Sequence[tuple[int, int, int, int]],
+    source_dir: str | None = None,
+    source_files: Sequence[str] | None = None,
+) -> dict[str, int]:
+    """Loads whole tensors into (file index, tensor index, address, length) targets. Private:
+    the caller holds every buffer exported for the call."""
+
+def _weights_slice(
+    client: Client,
+    namespace: str,
+    model: WeightsModel,
+    tensor: str,
+    dim: int,
+    rank: int,
+    world: int,
+) -> tuple[bytearray, list[int]]: ...
+def _weights_extra(
+    client: Client, namespace: str, model: WeightsModel, index: int
+) -> bytes: ...
+def _weights_write_files(
+    client: Client,
+    namespace: str,
+    model: WeightsModel,
+    dir: str,
+    source_dir: str | None = None,
+) -> dict[str, int]: ...
+def _weights_stats(
+    client: Client, namespace: str, model: WeightsModel
+) -> dict[str, Any]: ...

@@ -479,7 +479,7 @@ impl NativeClient {
     }
 
     /// A handle on the client (shared connections), or `Closed`.
-    fn client(&self) -> Result<blocking::Client, Failure> {
+    pub(crate) fn client(&self) -> Result<blocking::Client, Failure> {
         self.inner
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -530,7 +530,7 @@ unsafe fn get_many(
 }
 
 /// For each range, whether it overlaps another one (empty ranges overlap nothing).
-fn overlaps(ranges: &[Range]) -> Vec<bool> {
+pub(crate) fn overlaps(ranges: &[Range]) -> Vec<bool> {
     let mut order: Vec<usize> = (0..ranges.len()).filter(|&i| ranges[i].1 > 0).collect();
     order.sort_unstable_by_key(|&i| ranges[i].0);
     let mut out = vec![false; ranges.len()];
@@ -594,7 +594,7 @@ fn checked_keys(obs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Vec<u8>>> {
 /// # Safety
 /// For `len > 0`, `addr..addr + len` must be valid, writable memory that nothing else accesses
 /// while the slice lives, and `len <= isize::MAX`.
-unsafe fn slice_mut<'a>(addr: usize, len: usize) -> &'a mut [u8] {
+pub(crate) unsafe fn slice_mut<'a>(addr: usize, len: usize) -> &'a mut [u8] {
     if len == 0 {
         return &mut [];
     }

@@ -125,7 +125,7 @@ pub(crate) fn item_exception(c: ErrorCode) -> PyErr {
     })
 }
 
-fn client_exception(e: ClientError) -> PyErr {
+pub(crate) fn client_exception(e: ClientError) -> PyErr {
     let msg = e.to_string();
     match &e {
         ClientError::Timeout => TimeoutError::new_err(msg),

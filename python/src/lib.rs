@@ -7,7 +7,8 @@
 //!
 //! Components: `client` (the `Client` class: Mooncake-compatible calls on registered memory,
 //! and the engine of the Pythonic calls of `kvpool/__init__.py`), `registry` (the buffers
-//! registered for pointer-based calls), `errors` (client errors as `kvpool` exceptions and
+//! registered for pointer-based calls), `weights` (model weights: `kvpool/weights.py`'s
+//! engine), `errors` (client errors as `kvpool` exceptions and
 //! Mooncake status codes), and [`block_hashes`] (docs/HASHING.md's keys, by the core's code).
 
 use kvpool::prefix::PrefixSeed;
@@ -17,6 +18,7 @@ use pyo3::types::PyBytes;
 mod client;
 mod errors;
 mod registry;
+mod weights;
 
 /// The keys of the full `block_tokens`-token blocks of `token_ids`, as docs/HASHING.md
 /// specifies (16 bytes each; key `i` covers blocks 0 to `i`). The seed fields are the model,
@@ -71,5 +73,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
     m.add_function(wrap_pyfunction!(block_hashes, m)?)?;
     m.add("MAX_KEY_LEN", kvpool::MAX_KEY_LEN)?;
+    weights::register(m)?;
     Ok(())
 }
