@@ -5,12 +5,15 @@
 //!   memcached, redis, bare quinn) measured in the same run with the same parameters.
 //! - `replay`: cache hit rates on real request traces, simulated policies and a real kvpool
 //!   side by side, bounded by Belady's optimum and an unbounded cache (`kvpool_bench::replay`).
+//! - `weights`: publishing and loading model weights (a generated safetensors checkpoint)
+//!   next to reading the file, memcpy and a raw TCP stream of the same bytes, in the same run.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
 
 mod heap;
 mod perf;
+mod weights;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +41,9 @@ enum Command {
     /// Writes a deterministic synthetic prefix workload (chat, rag, agent, scan) as JSONL in the
     /// bundled trace's format.
     GenTrace(kvpool_bench::replay::cli::GenTraceArgs),
+    /// Model weights: publish and load a generated safetensors checkpoint against reading the
+    /// file, memcpy and a raw TCP stream of the same bytes, all measured in the same run.
+    Weights(weights::WeightsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +51,6 @@ fn main() -> anyhow::Result<()> {
         Command::Perf(args) => perf::run(args),
         Command::Replay(args) => kvpool_bench::replay::cli::run(&args).map(|_| ()),
         Command::GenTrace(args) => kvpool_bench::replay::cli::gen_trace(&args),
+        Command::Weights(args) => weights::run(args),
     }
 }
