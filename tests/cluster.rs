@@ -18,17 +18,7 @@ const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
 /// Starts node `id` with `memory`, joining through `seed` (none for the first node, which
 /// generates the cluster secret the others are given).
 fn start(id: u32, memory: &str, seed: Option<&Node>, extra: &[&str]) -> Node {
-    let id = id.to_string();
-    let mut args: Vec<&str> = vec!["--node-id", &id];
-    args.extend_from_slice(HEARTBEAT);
-    let (peer, secret);
-    if let Some(s) = seed {
-        peer = s.tcp.clone();
-        secret = s.secret_file().to_str().unwrap().to_string();
-        args.extend_from_slice(&["--peer", &peer, "--cluster-secret-file", &secret]);
-    }
-    args.extend_from_slice(extra);
-    Node::start(memory, &args)
+    common::cluster::start_node(id, memory, seed, &[HEARTBEAT, extra].concat())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

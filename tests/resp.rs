@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::cluster::{cfg, serving, wait_view};
+use common::cluster::{cfg, serving, start_node, wait_view};
 use common::{value, Node};
 use kvpool_client::{Client, ClientConfig, SameHost};
 
@@ -214,20 +214,8 @@ async fn pipelining_inline_commands_and_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_forwards_keys_owned_elsewhere() {
     let hb = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
-    let mut a_args = vec!["--node-id", "0"];
-    a_args.extend_from_slice(&hb);
-    let a = resp_node("64MiB", &a_args);
-    let secret = a.secret_file().to_str().unwrap().to_string();
-    let mut b_args = vec![
-        "--node-id",
-        "1",
-        "--peer",
-        &a.tcp,
-        "--cluster-secret-file",
-        &secret,
-    ];
-    b_args.extend_from_slice(&hb);
-    let _b = Node::start("64MiB", &b_args);
+    let a = resp_node("64MiB", &[&["--node-id", "0"][..], &hb].concat());
+    let _b = start_node(1, "64MiB", Some(&a), &hb);
     let c = Client::connect(&a.tcp_url(), cfg(SameHost::Off))
         .await
         .unwrap();

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::cluster::{cfg, serving, wait_view};
+use common::cluster::{cfg, serving, start_node, wait_view};
 use common::Node;
 use kvpool::weights::{chunk_key, Manifest};
 use kvpool_client::weights::{PublishOptions, Weights};
@@ -113,20 +113,13 @@ fn tensor_data(value: &[u8], dtype: &str, shape: &[u64]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_reads_a_published_model_through_any_nodes_door() {
     let hb = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
-    let mut a_args = vec!["--resp", "127.0.0.1:0", "--node-id", "0"];
-    a_args.extend_from_slice(&hb);
-    let a = Node::start("64MiB", &a_args);
-    let secret = a.secret_file().to_str().unwrap().to_string();
-    let mut b_args = vec![
-        "--node-id",
-        "1",
-        "--peer",
-        &a.tcp,
-        "--cluster-secret-file",
-        &secret,
-    ];
-    b_args.extend_from_slice(&hb);
-    let _b = Node::start("64MiB", &b_args);
+    let a = start_node(
+        0,
+        "64MiB",
+        None,
+        &[&["--resp", "127.0.0.1:0"][..], &hb].concat(),
+    );
+    let _b = start_node(1, "64MiB", Some(&a), &hb);
     let c = Client::connect(&a.tcp_url(), cfg(SameHost::Off))
         .await
         .unwrap();

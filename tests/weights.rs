@@ -163,17 +163,7 @@ fn assert_same_file(a: &Path, b: &Path) {
 
 /// Starts node `id` of a cluster with `memory`, joining through `seed`.
 fn start(id: u32, memory: &str, seed: Option<&Node>, extra: &[&str]) -> Node {
-    let id = id.to_string();
-    let mut args: Vec<&str> = vec!["--node-id", &id];
-    args.extend_from_slice(HEARTBEAT);
-    let (peer, secret);
-    if let Some(s) = seed {
-        peer = s.tcp.clone();
-        secret = s.secret_file().to_str().unwrap().to_string();
-        args.extend_from_slice(&["--peer", &peer, "--cluster-secret-file", &secret]);
-    }
-    args.extend_from_slice(extra);
-    Node::start(memory, &args)
+    common::cluster::start_node(id, memory, seed, &[HEARTBEAT, extra].concat())
 }
 
 /// A config file with a `weights` namespace section (`pinned_replicas`, `quota`).
@@ -256,6 +246,22 @@ fn opts(chunk_size: u64) -> PublishOptions {
         chunk_size,
         replicas: None,
     }
+}
+
+/// Writes a model of `specs` (bytes from `seed`) into a fresh directory and publishes it as
+/// `name` in chunks of `chunk_size`: the directory, the tensors written and the manifest.
+async fn publish_generated(
+    w: &Weights,
+    name: &str,
+    specs: &[Spec],
+    seed: u64,
+    chunk_size: u64,
+) -> (PathBuf, Vec<Tensor>, Manifest) {
+    let dir = temp_dir(&format!("weights-{name}"));
+    let src = dir.join("model.safetensors");
+    let tensors = write_safetensors(&src, specs, seed);
+    let m = w.publish(name, &[src], &opts(chunk_size)).await.unwrap();
+    (dir, tensors, m)
 }
 
 /// Every key of the weights namespace under `prefix`.
@@ -467,10 +473,7 @@ fn segment_place(nodes: &[Node], addr: &kvpool::GlobalAddr) -> (PathBuf, u64) {
 async fn a_corrupted_copy_is_detected_and_read_from_the_replica() {
     let (nodes, _serial) = cluster(2, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect(&nodes[0], SameHost::Off).await;
-    let dir = temp_dir("weights-corrupt");
-    let src = dir.join("model.safetensors");
-    let tensors = write_safetensors(&src, &small_specs(), 4);
-    let m = w.publish("corrupt", &[src], &opts(4096)).await.unwrap();
+    let (dir, tensors, m) = publish_generated(&w, "corrupt", &small_specs(), 4, 4096).await;
 
     // The first copy of one chunk of the first tensor, and where its bytes lie on its node.
     let key = chunk_key(&m.name, &m.chunks().nth(1).unwrap());
@@ -582,12 +585,9 @@ fn big_specs(mib: u64) -> Vec<Spec> {
 async fn a_node_killed_mid_load_leaves_the_load_complete_and_its_chunks_re_replicated() {
     let (mut nodes, _serial) = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect_with(&nodes[0], patient()).await;
-    let dir = temp_dir("weights-kill");
-    let src = dir.join("model.safetensors");
     // 8 MiB in 256 KiB chunks: see `a_large_model_keeps_every_chunk_in_two_copies` for why
     // not the 64 MiB in 1 MiB chunks the load is meant to have.
-    let tensors = write_safetensors(&src, &big_specs(8), 5);
-    let m = w.publish("big", &[src], &opts(256 << 10)).await.unwrap();
+    let (dir, tensors, m) = publish_generated(&w, "big", &big_specs(8), 5, 256 << 10).await;
     assert_eq!(m.chunks().count(), 32);
     let s = w.stats(&m).await.unwrap();
     assert_eq!(
@@ -696,10 +696,7 @@ async fn a_node_killed_mid_load_leaves_the_load_complete_and_its_chunks_re_repli
 async fn a_large_model_keeps_every_chunk_in_two_copies() {
     let (nodes, _serial) = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect_with(&nodes[0], patient()).await;
-    let dir = temp_dir("weights-large");
-    let src = dir.join("model.safetensors");
-    let tensors = write_safetensors(&src, &big_specs(16), 13);
-    let m = w.publish("large", &[src], &opts(256 << 10)).await.unwrap();
+    let (dir, tensors, m) = publish_generated(&w, "large", &big_specs(16), 13, 256 << 10).await;
     assert_eq!(m.chunks().count(), 64);
     let listed = keys(&w, b"w/").await.len();
     let s = w.stats(&m).await.unwrap();
@@ -719,10 +716,7 @@ async fn a_large_model_keeps_every_chunk_in_two_copies() {
 async fn a_load_after_a_node_was_killed_completes_from_replicas() {
     let (mut nodes, _serial) = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect(&nodes[0], SameHost::Off).await;
-    let dir = temp_dir("weights-killed");
-    let src = dir.join("model.safetensors");
-    let tensors = write_safetensors(&src, &big_specs(8), 6);
-    let m = w.publish("killed", &[src], &opts(256 << 10)).await.unwrap();
+    let (dir, tensors, m) = publish_generated(&w, "killed", &big_specs(8), 6, 256 << 10).await;
     // Killed before the load, before the others notice: the first copies there are unreachable.
     let mut child = nodes[1].child.take().unwrap();
     child.kill().unwrap();
@@ -826,10 +820,7 @@ async fn a_partial_hit_reads_only_the_missing_chunks_from_the_files() {
 async fn a_drained_node_leaves_every_chunk_with_its_copies() {
     let (mut nodes, _serial) = cluster(3, "64MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect(&nodes[0], SameHost::Off).await;
-    let dir = temp_dir("weights-drain");
-    let src = dir.join("model.safetensors");
-    let tensors = write_safetensors(&src, &small_specs(), 11);
-    let m = w.publish("drained", &[src], &opts(512)).await.unwrap();
+    let (dir, tensors, m) = publish_generated(&w, "drained", &small_specs(), 11, 512).await;
     let s = w.stats(&m).await.unwrap();
     assert!(s.nodes.iter().any(|n| n.0 == 1 && n.1 > 5), "{s:?}");
 

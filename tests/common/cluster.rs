@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
 
-use super::value;
+use super::{value, Node};
 
 pub fn cfg(same_host: SameHost) -> ClientConfig {
     ClientConfig {
@@ -14,6 +14,22 @@ pub fn cfg(same_host: SameHost) -> ClientConfig {
         timeout: Duration::from_secs(5),
         ..Default::default()
     }
+}
+
+/// Starts node `id` with `memory`, joining through `seed` (none for the first node, which
+/// generates the cluster secret the others are given); `extra` goes on its command line after
+/// the cluster flags (timing flags such as `--heartbeat-ms` among them).
+pub fn start_node(id: u32, memory: &str, seed: Option<&Node>, extra: &[&str]) -> Node {
+    let id = id.to_string();
+    let mut args: Vec<&str> = vec!["--node-id", &id];
+    let (peer, secret);
+    if let Some(s) = seed {
+        peer = s.tcp.clone();
+        secret = s.secret_file().to_str().unwrap().to_string();
+        args.extend_from_slice(&["--peer", &peer, "--cluster-secret-file", &secret]);
+    }
+    args.extend_from_slice(extra);
+    Node::start(memory, &args)
 }
 
 /// Polls `node`'s view until `want` holds (at most 20 s).
