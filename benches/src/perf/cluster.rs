@@ -33,6 +33,18 @@ fn start_cluster(ctx: &Ctx, n: usize, memory: u64) -> anyhow::Result<(Vec<Daemon
         .kvpoold
         .clone()
         .unwrap_or_else(daemon::default_binary);
+    start_daemons(&ctx.rt, &bin, n, memory)
+}
+
+/// Starts `n` daemons of binary `bin` as one cluster with `memory` bytes each (node 0 first,
+/// the others joining through it) and waits until node 0 sees all of them serving; returns
+/// them and node 0's endpoint.
+pub(crate) fn start_daemons(
+    rt: &tokio::runtime::Runtime,
+    bin: &std::path::Path,
+    n: usize,
+    memory: u64,
+) -> anyhow::Result<(Vec<Daemon>, String)> {
     let mut nodes: Vec<Daemon> = Vec::new();
     for id in 0..n {
         let mut extra = vec![
@@ -47,10 +59,10 @@ fn start_cluster(ctx: &Ctx, n: usize, memory: u64) -> anyhow::Result<(Vec<Daemon
             extra.push("--cluster-secret-file".into());
             extra.push(seed.secret_file().display().to_string());
         }
-        nodes.push(Daemon::start_with(&bin, memory, &extra)?);
+        nodes.push(Daemon::start_with(bin, memory, &extra)?);
     }
     let endpoint = format!("tcp://{}", nodes[0].tcp);
-    ctx.rt.block_on(wait_serving(&endpoint, n))?;
+    rt.block_on(wait_serving(&endpoint, n))?;
     Ok((nodes, endpoint))
 }
 

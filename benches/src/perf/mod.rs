@@ -15,7 +15,7 @@
 mod alloc;
 mod baseline_client;
 mod baselines;
-mod cluster;
+pub(crate) mod cluster;
 mod compare;
 pub(crate) mod daemon;
 mod driver;

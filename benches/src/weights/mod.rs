@@ -779,55 +779,6 @@ fn publish_breakdown(
     Ok(())
 }
 
-/// Starts `n` daemons as one pool over loopback TCP and waits until node 0 sees all serving.
-fn cluster(
-    rt: &tokio::runtime::Runtime,
-    bin: &Path,
-    n: usize,
-    memory: u64,
-) -> anyhow::Result<Vec<Daemon>> {
-    let mut nodes: Vec<Daemon> = Vec::new();
-    for id in 0..n {
-        let mut extra = vec![
-            "--node-id".to_string(),
-            id.to_string(),
-            "--heartbeat-ms".into(),
-            "100".into(),
-        ];
-        if let Some(seed) = nodes.first() {
-            extra.extend([
-                "--peer".into(),
-                seed.tcp.clone(),
-                "--cluster-secret-file".into(),
-                seed.secret_file().display().to_string(),
-            ]);
-        }
-        nodes.push(Daemon::start_with(bin, memory, &extra)?);
-    }
-    let endpoint = format!("tcp://{}", nodes[0].tcp);
-    rt.block_on(async {
-        let c = Client::connect(&endpoint, ClientConfig::default()).await?;
-        let t = Instant::now();
-        loop {
-            let v = c.view().await?;
-            let serving = v
-                .nodes
-                .iter()
-                .filter(|x| x.state == kvpool::placement::NodeState::Serving)
-                .count();
-            if serving == n {
-                return Ok::<_, anyhow::Error>(());
-            }
-            ensure!(
-                t.elapsed() < Duration::from_secs(20),
-                "the pool did not reach {n} serving nodes: {v:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })?;
-    Ok(nodes)
-}
-
 /// Phase 2: two daemons over loopback TCP.
 fn over_tcp(
     args: &WeightsArgs,
@@ -840,7 +791,8 @@ fn over_tcp(
     const PHASE: &str = "loopback TCP: 2 kvpoolds as one pool, same-host path off";
     eprintln!("== {PHASE} ==");
     // Each node holds a copy of every chunk (pinned_replicas = 2).
-    let nodes = cluster(rt, bin, 2, daemon::memory_for(model.bytes))?;
+    let (nodes, _) =
+        crate::perf::cluster::start_daemons(rt, bin, 2, daemon::memory_for(model.bytes))?;
     let cfg = ClientConfig {
         same_host: SameHost::Off,
         ..ClientConfig::default()
