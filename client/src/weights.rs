@@ -14,7 +14,7 @@
 mod publish;
 
 use std::collections::HashMap;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use futures_util::future::join_all;
@@ -321,9 +321,10 @@ impl Weights {
                 wanted: sinks.len(),
             });
         };
+        let mut files = SourceFiles::new(m, sources);
         for &i in &missing {
             let c = refs[i];
-            read_source(m, sources, &c, sinks[i].dst)?;
+            files.read(&c, sinks[i].dst)?;
             report.chunks_from_files += 1;
             report.bytes_from_files += c.len;
         }
@@ -658,12 +659,8 @@ impl Weights {
             if replica > 0 {
                 report.chunks_from_replicas += ok;
             }
-            let failed_set: std::collections::HashSet<usize> = failed.iter().copied().collect();
-            report.bytes_from_pool += todo
-                .iter()
-                .filter(|i| !failed_set.contains(i))
-                .map(|&i| sinks[i].dst.len() as u64)
-                .sum::<u64>();
+            let bytes = |idx: &[usize]| idx.iter().map(|&i| sinks[i].dst.len() as u64).sum::<u64>();
+            report.bytes_from_pool += bytes(&todo) - bytes(&failed);
             failed.sort_unstable();
             todo = failed;
         }
@@ -785,37 +782,58 @@ fn piece_keys(m: &Manifest) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Reads chunk `c` from its source file into `dst`, checked against the manifest.
-fn read_source(
-    m: &Manifest,
-    sources: &Sources,
-    c: &ChunkRef,
-    dst: &mut [u8],
-) -> Result<(), WeightsError> {
-    let f = &m.files[c.file];
-    let t = &f.tensors[c.tensor];
-    let path = sources.paths.get(&f.name).ok_or(WeightsError::Missing {
-        missing: 1,
-        wanted: 1,
-    })?;
-    let changed = |why: String| WeightsError::SourceChanged {
-        path: path.clone(),
-        file: f.name.clone(),
-        why,
-    };
-    let mut file = std::fs::File::open(path).map_err(io_err(path))?;
-    let mut head = [0u8; 8];
-    file.read_exact(&mut head).map_err(io_err(path))?;
-    if u64::from_le_bytes(head) != f.header.len() as u64 {
-        return Err(changed("another header".into()));
+/// The source files of a load's missing chunks, each opened (and its header length checked)
+/// once however many of its chunks are read.
+struct SourceFiles<'a> {
+    m: &'a Manifest,
+    sources: &'a Sources,
+    open: HashMap<usize, std::fs::File>,
+}
+
+impl<'a> SourceFiles<'a> {
+    fn new(m: &'a Manifest, sources: &'a Sources) -> Self {
+        SourceFiles {
+            m,
+            sources,
+            open: HashMap::new(),
+        }
     }
-    file.seek(SeekFrom::Start(
-        8 + f.header.len() as u64 + t.offset + c.begin,
-    ))
-    .and_then(|_| file.read_exact(dst))
-    .map_err(io_err(path))?;
-    if kvpool::checksum::checksum(dst) != c.xxh3 {
-        return Err(changed(format!("bytes of {} differ", t.name)));
+
+    /// Reads chunk `c` from its source file into `dst`, checked against the manifest.
+    fn read(&mut self, c: &ChunkRef, dst: &mut [u8]) -> Result<(), WeightsError> {
+        use std::os::unix::fs::FileExt;
+        let f = &self.m.files[c.file];
+        let t = &f.tensors[c.tensor];
+        let path = self
+            .sources
+            .paths
+            .get(&f.name)
+            .ok_or(WeightsError::Missing {
+                missing: 1,
+                wanted: 1,
+            })?;
+        let changed = |why: String| WeightsError::SourceChanged {
+            path: path.clone(),
+            file: f.name.clone(),
+            why,
+        };
+        let file = match self.open.entry(c.file) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let mut file = std::fs::File::open(path).map_err(io_err(path))?;
+                let mut head = [0u8; 8];
+                file.read_exact(&mut head).map_err(io_err(path))?;
+                if u64::from_le_bytes(head) != f.header.len() as u64 {
+                    return Err(changed("another header".into()));
+                }
+                v.insert(file)
+            }
+        };
+        file.read_exact_at(dst, 8 + f.header.len() as u64 + t.offset + c.begin)
+            .map_err(io_err(path))?;
+        if kvpool::checksum::checksum(dst) != c.xxh3 {
+            return Err(changed(format!("bytes of {} differ", t.name)));
+        }
+        Ok(())
     }
-    Ok(())
 }
