@@ -1015,3 +1015,136 @@ async fn the_cli_puts_lists_inspects_gets_and_removes_a_model() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------------------------------------
+// 8. Zero-copy views on the same host.
+
+/// Bytes the weights namespace takes on the node `w` reaches.
+async fn weights_used(w: &Weights) -> u64 {
+    let s = w.client().stats().await.unwrap();
+    s.namespaces
+        .iter()
+        .find(|n| n.name == kvpool::weights::DEFAULT_NAMESPACE)
+        .map_or(0, |n| n.used_bytes)
+}
+
+fn every_tensor(m: &Manifest) -> Vec<(usize, usize)> {
+    m.files
+        .iter()
+        .enumerate()
+        .flat_map(|(f, file)| (0..file.tensors.len()).map(move |t| (f, t)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_read_the_pool_memory_in_place_and_outlive_a_removal() {
+    // Idle connections are closed after 500 ms, but not one that holds objects.
+    let conf = weights_config("[limits]\nidle_timeout_ms = 500\n");
+    let (nodes, _serial) = cluster(1, "64MiB", &conf).await;
+    let w = connect(&nodes[0], SameHost::Auto).await;
+    // 64 KiB chunks (a whole allocator page each: page aligned), so the 1 MiB tensor is 16
+    // chunks stitched into one view; the others are one chunk each.
+    let mut specs = small_specs();
+    specs.push(spec("layers.0.mlp.down", "F32", &[256, 1024]));
+    let (dir, tensors, m) = publish_generated(&w, "views", &specs, 8, 64 << 10).await;
+    let which = every_tensor(&m);
+
+    let views = w.view(&m, &which).await.unwrap();
+    assert_eq!(views.len(), tensors.len());
+    assert_eq!(
+        views.viewed(),
+        tensors.len(),
+        "every tensor is on this host"
+    );
+    assert_eq!(views.connections(), 1);
+    for (i, t) in tensors.iter().enumerate() {
+        assert!(views.get(i).unwrap() == &t.bytes[..], "tensor {}", t.name);
+    }
+
+    // Idle past the timeout, removed, and the pool filled over and over with other objects:
+    // the held chunks keep their memory, the views their bytes.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let used = weights_used(&w).await;
+    assert!(used > 0);
+    assert!(w.remove("views").await.unwrap());
+    let other = Client::connect(&nodes[0].tcp_url(), cfg(SameHost::Auto))
+        .await
+        .unwrap();
+    let value = noise(99, 1 << 20);
+    for i in 0..160u32 {
+        let _ = other.put(format!("filler-{i}").as_bytes(), &value).await;
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        assert!(
+            views.get(i).unwrap() == &t.bytes[..],
+            "tensor {} after removal",
+            t.name
+        );
+    }
+    let data: u64 = tensors.iter().map(|t| t.bytes.len() as u64).sum();
+    let held = weights_used(&w).await;
+    assert!(
+        held >= data && held < used,
+        "only the held chunks still take memory (the manifest went): {held} of {used}, {data} of tensors"
+    );
+
+    // Dropping the views ends the holds (the daemon sees their connection close).
+    drop(views);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while weights_used(&w).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the held chunks were never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Over a socket there is nothing to view: every tensor is left to a copy (but the empty
+    // one, which has no chunk to fetch).
+    let m = w
+        .publish("views", &[dir.join("model.safetensors")], &opts(64 << 10))
+        .await
+        .unwrap();
+    let remote = connect(&nodes[0], SameHost::Off).await;
+    let none = remote.view(&m, &which).await.unwrap();
+    let empty = tensors.iter().filter(|t| t.bytes.is_empty()).count();
+    assert_eq!(none.viewed(), empty);
+    assert_eq!(none.connections(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_of_a_corrupted_chunk_is_refused_and_holds_are_bounded() {
+    let conf = weights_config("[limits]\nmax_holds_per_connection = 40\n");
+    let (nodes, _serial) = cluster(1, "64MiB", &conf).await;
+    let w = connect(&nodes[0], SameHost::Auto).await;
+    let (dir, tensors, m) = publish_generated(&w, "bad-view", &small_specs(), 5, 64 << 10).await;
+    let which = every_tensor(&m);
+    let key = chunk_key(&m.name, &m.chunks().next().unwrap());
+    let l = w.client().lease(&[&key], 0).await.unwrap()[0].expect("the first chunk");
+    let (path, at) = segment_place(&nodes, &l.addr);
+    let seg = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    seg.write_all_at(&[0xff ^ tensors[0].bytes[7]], at + 7)
+        .unwrap();
+
+    let views = w.view(&m, &which).await.unwrap();
+    assert!(views.get(0).is_none(), "the corrupted tensor is not viewed");
+    assert_eq!(views.viewed(), tensors.len() - 1);
+    for (i, t) in tensors.iter().enumerate().skip(1) {
+        assert!(views.get(i).unwrap() == &t.bytes[..], "tensor {}", t.name);
+    }
+
+    // A connection may hold 40 objects: a view of more chunks than that is refused whole.
+    let big = vec![spec("big", "U8", &[41 << 12])];
+    let (dir2, _, m2) = publish_generated(&w, "too-many", &big, 6, 4096).await;
+    match w.view(&m2, &every_tensor(&m2)).await {
+        Err(WeightsError::Client(e)) => {
+            assert_eq!(e.code(), Some(ErrorCode::BatchTooLarge), "{e}")
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("41 holds on one connection were granted"),
+    }
+    drop(views);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir2);
+}

@@ -36,9 +36,11 @@ use crate::local::{LocalMap, LocalReadError};
 mod routing;
 mod batch_ops;
 mod fanout;
+mod hold;
 mod scan;
 
 use fanout::{add_key, pick};
+pub use hold::LocalHold;
 use routing::{Routing, Scheme};
 
 struct Inner {

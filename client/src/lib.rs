@@ -41,7 +41,7 @@ mod link;
 mod local;
 pub mod weights;
 
-pub use client::{Client, Prefix};
+pub use client::{Client, LocalHold, Prefix};
 pub use config::{ClientConfig, SameHost};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
@@ -49,3 +49,4 @@ pub use kvpool::prefix::PrefixSeed;
 pub use kvpool::protocol::ErrorCode;
 pub use kvpool::GlobalAddr;
 pub use link::Located;
+pub use local::{ReadView, ViewError};

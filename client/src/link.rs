@@ -320,6 +320,45 @@ impl Link {
         }
     }
 
+    /// Holds `keys` for reading in place (`Op::Hold`) on a connection of their own, which the
+    /// caller keeps for as long as it reads the objects' memory: the holds end when it is
+    /// dropped. Only on a same-host link; the mapping returned is of the incarnation that
+    /// connection reached (a restart in between is refused as `WrongIncarnation`).
+    pub(crate) async fn hold(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        keys: &[&[u8]],
+    ) -> Result<(Conn, Arc<LocalMap>, Vec<Option<Located>>), ClientError> {
+        let local = self.local().ok_or(ClientError::Server {
+            code: ErrorCode::NotLocal,
+            message: "the node is not mapped by this client".into(),
+        })?;
+        let work = async {
+            let (mut conn, hello) = Conn::open(&self.endpoint, cfg, None).await?;
+            if hello.incarnation != local.incarnation() {
+                return Err(fault(AddrFault::WrongIncarnation));
+            }
+            conn.view = view;
+            let op = Op::Hold {
+                ns,
+                keys: owned(keys),
+            };
+            match conn.call_simple(op, &[]).await? {
+                Reply::Located(v) if v.len() == keys.len() => Ok((
+                    conn,
+                    local,
+                    v.into_iter().map(|l| l.map(Located::from)).collect(),
+                )),
+                r => Err(unexpected(&r)),
+            }
+        };
+        tokio::time::timeout(cfg.timeout, work)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+
     /// A keys operation answered with a count (remove, release, pin).
     pub(crate) async fn count(
         &self,

@@ -63,6 +63,8 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
 struct Mapped {
     map: MmapRaw,
     layout: SegmentLayout,
+    /// The segment file, for read-only mappings of parts of it ([`ReadView`]).
+    file: std::fs::File,
 }
 
 impl Mapped {
@@ -112,7 +114,7 @@ impl LocalMap {
                     "segment header names another node or segment",
                 ));
             }
-            let mapped = Mapped { map, layout };
+            let mapped = Mapped { map, layout, file };
             if incarnation == 0 || mapped.incarnation_word().load(Ordering::Acquire) != incarnation
             {
                 // The file was replaced (the daemon restarted) between MapInfo and the open.
@@ -310,4 +312,152 @@ mod tests {
             }
         }
     }
+}
+
+/// Committed objects of this host's nodes mapped read-only and end to end into one range of
+/// this process's memory: the bytes of several objects (a tensor's chunks) seen as one slice,
+/// without a copy. The objects must be held (`Op::Hold`) for as long as the view is read: the
+/// view maps the segment files themselves, so memory the daemon reused would show through.
+/// Unmapped on drop.
+pub struct ReadView {
+    /// The reserved range (page aligned) and its length.
+    base: *mut libc::c_void,
+    reserved: usize,
+    /// Where the first object's first byte landed, and the total length of the objects.
+    data: *const u8,
+    len: usize,
+}
+
+// SAFETY: the view is a read-only mapping that this value alone unmaps (on drop); nothing
+// else refers to its range, so it may move to and be read from any thread.
+unsafe impl Send for ReadView {}
+// SAFETY: as above; reads through `&ReadView` never write the mapping.
+unsafe impl Sync for ReadView {}
+
+impl ReadView {
+    /// The objects' bytes, end to end.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `data..data+len` lies inside the reserved range, every page of which is
+        // mapped readable (stitch) until drop; the holds keep the daemon from rewriting it.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
+impl Drop for ReadView {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+reserved` is the range this view reserved and mapped; no slice
+        // of it outlives `self` (as_slice borrows self).
+        unsafe { libc::munmap(self.base, self.reserved) };
+    }
+}
+
+fn os_page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// Why objects could not be stitched into one [`ReadView`] (the caller copies them instead).
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// An address was refused (stale, another incarnation, out of bounds, ...).
+    #[error("{0}")]
+    Fault(AddrFault),
+    /// The objects do not meet at page boundaries (only a view of one object, or of objects
+    /// whose inner boundaries fall on pages, is possible).
+    #[error("the objects are not page aligned end to end")]
+    Unaligned,
+    /// The kernel refused a mapping.
+    #[error("mapping the objects failed: {0}")]
+    Map(std::io::Error),
+}
+
+impl LocalMap {
+    /// The segment file and file offset of the whole committed object at `addr`, checked like
+    /// a read: node, incarnation, bounds, and a version word that says it is committed at the
+    /// address's generation.
+    fn file_range(&self, addr: &GlobalAddr) -> Result<(&Mapped, u64), AddrFault> {
+        let (seg, at) = self.locate(addr, 0, addr.len)?;
+        let word =
+            version_word(&seg.map, &seg.layout, addr.offset).ok_or(AddrFault::OutOfBounds)?;
+        if !seqlock::read_begin(word, addr.generation) {
+            return Err(AddrFault::Stale);
+        }
+        Ok((seg, at))
+    }
+}
+
+/// [`LocalMap::stitch`] over objects of several mappings (a tensor's chunks may live on
+/// different nodes of this host).
+pub(crate) fn stitch(parts: &[(&LocalMap, GlobalAddr)]) -> Result<ReadView, ViewError> {
+    let page = os_page();
+    let mut pieces = Vec::with_capacity(parts.len());
+    for (i, (map, addr)) in parts.iter().enumerate() {
+        let (seg, at) = map.file_range(addr).map_err(ViewError::Fault)?;
+        let at = at as usize;
+        let lead = at % page;
+        let end = at + addr.len as usize;
+        let last = i + 1 == parts.len();
+        if (i > 0 && lead != 0) || (!last && end % page != 0) {
+            return Err(ViewError::Unaligned);
+        }
+        let span = (end - (at - lead)).next_multiple_of(page);
+        if (at - lead) + span > seg.map.len() {
+            return Err(ViewError::Unaligned);
+        }
+        pieces.push((seg, at - lead, span, lead));
+    }
+    let len: usize = parts.iter().map(|(_, a)| a.len as usize).sum();
+    let reserved: usize = pieces.iter().map(|p| p.2).sum::<usize>().max(page);
+    // SAFETY: a fresh anonymous reservation, placed by the kernel; nothing else uses it.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserved,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(ViewError::Map(std::io::Error::last_os_error()));
+    }
+    let view = ReadView {
+        base,
+        reserved,
+        data: (base as *const u8).wrapping_add(pieces.first().map_or(0, |p| p.3)),
+        len,
+    };
+    let mut cursor = 0usize;
+    for (seg, file_at, span, _) in pieces {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `base+cursor .. +span` lies inside the reservation (the spans sum to
+        // `reserved`), which this function owns, so MAP_FIXED replaces only our own pages;
+        // `file_at .. +span` lies inside the segment file (checked above), at a page-aligned
+        // offset. The mapping is read-only and shared, so it sees the daemon's bytes.
+        let got = unsafe {
+            libc::mmap(
+                (base as *mut u8).add(cursor).cast(),
+                span,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+                seg.file.as_raw_fd(),
+                file_at as libc::off_t,
+            )
+        };
+        if got == libc::MAP_FAILED {
+            // `view` unmaps the whole reservation on the way out.
+            return Err(ViewError::Map(std::io::Error::last_os_error()));
+        }
+        cursor += span;
+    }
+    Ok(view)
 }

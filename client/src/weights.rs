@@ -12,6 +12,7 @@
 //! [`kvpool::weights`] format.
 
 mod publish;
+mod view;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -28,6 +29,7 @@ use thiserror::Error;
 use crate::{Client, ClientError, Located};
 
 pub use publish::PublishOptions;
+pub use view::TensorViews;
 
 /// Rounds of a fetch: one, and more while the view changes under it.
 const FETCH_ROUNDS: usize = 3;

@@ -156,6 +156,23 @@ def _weights_load_into_unchecked(
     """Loads whole tensors into (file index, tensor index, address, length) targets. Private:
     the caller holds every buffer exported for the call."""
 
+class WeightsViews:
+    """Owner of same-host zero-copy views of tensors: the pool's memory mapped read-only, the
+    chunks held on their nodes until the last reference goes."""
+
+    @property
+    def connections(self) -> int:
+        """Connections keeping the holds (one per node of this host asked)."""
+
+def _weights_view(
+    client: Client,
+    namespace: str,
+    model: WeightsModel,
+    targets: Sequence[tuple[int, int]],
+) -> tuple[WeightsViews, list[tuple[int, int] | None]]:
+    """Views of (file index, tensor index) targets: the owner, and per target its (address,
+    length), read-only and valid while the owner lives, or None where it must be copied."""
+
 def _weights_slice(
     client: Client,
     namespace: str,

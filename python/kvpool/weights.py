@@ -33,6 +33,7 @@ import ctypes
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,8 @@ import numpy as np
 
 from . import _native
 from ._errors import BufferTooSmallError, InvalidArgumentError, NotFoundError
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -518,23 +521,77 @@ def _load_arrays(
     return {t.name: _shaped(r, t) for t, r in zip(tensors, raws)}, report
 
 
+class _PoolRegion:
+    """Bytes of the pool mapped into this process, for ``numpy.asarray``: an array made from
+    it keeps it (its ``base``), and it keeps the owner of the mapping and of the holds alive."""
+
+    __slots__ = ("__array_interface__", "_owner")
+
+    def __init__(self, owner: Any, address: int, length: int) -> None:
+        self._owner = owner
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (length,),
+            "typestr": "|u1",
+            "data": (address, True),  # read-only
+        }
+
+
+def _view_arrays(
+    client: Client, m: Manifest, tensors: Sequence[Tensor]
+) -> tuple[dict[str, np.ndarray], list[Tensor]]:
+    """Read-only arrays over the pool's own memory for the tensors whose chunks all have a
+    copy on this host (checked against the manifest once, while they are made), and the
+    tensors left to copy. Nothing is viewed (everything left to copy) when the views can't be
+    made at all: another host, a daemon without holds, a view of more chunks than a
+    connection may hold."""
+    try:
+        owner, places = _native._weights_view(
+            client, m.namespace, m._native, [(t.file, t.index) for t in tensors]
+        )
+    except Exception as e:  # noqa: BLE001 - any failure to view falls back to a copy
+        _log.debug("zero-copy views of %r not made (%s); copying", m.name, e)
+        return {}, list(tensors)
+    viewed: dict[str, np.ndarray] = {}
+    rest: list[Tensor] = []
+    for t, place in zip(tensors, places):
+        if place is None:
+            rest.append(t)
+            continue
+        raw = np.asarray(_PoolRegion(owner, place[0], place[1]))
+        viewed[t.name] = _shaped(raw, t)
+    return viewed, rest
+
+
 def load(
     client: Client,
     name: str | Manifest,
     *,
     rank: Optional[int] = None,  # noqa: UP045
+    copy: bool = False,
     namespace: str = DEFAULT_NAMESPACE,
 ) -> dict[str, np.ndarray]:
     """Every tensor of model ``name`` (of ``rank``'s files in a per-rank checkpoint; all files
-    for None) as numpy arrays of their dtype and shape, in file order, fetched in parallel from
-    every node and verified against the manifest. See :func:`numpy_dtype` for ``BF16`` and
-    ``F8_*`` (``ml_dtypes`` types when installed, else the raw bits as ``uint16``/``uint8``:
-    ``load_torch`` gives real ``bfloat16`` tensors). Raises :class:`kvpool.NotFoundError` when
-    the model is not published or a chunk is in no copy (use :func:`ensure` to read those from
-    the files)."""
+    for None) as numpy arrays of their dtype and shape, in file order, verified against the
+    manifest. See :func:`numpy_dtype` for ``BF16`` and ``F8_*`` (``ml_dtypes`` types when
+    installed, else the raw bits as ``uint16``/``uint8``: ``load_torch`` gives real
+    ``bfloat16`` tensors).
+
+    On the same host as the pool's nodes, each array is a **read-only view of the pool's
+    memory**: no copy at all; the chunks are held where they are (not evicted, moved or reused,
+    a removal waiting) until the last array over them is gone, and are checked against the
+    manifest once, when the views are made. Tensors not on this host, or all with
+    ``copy=True``, are fetched in parallel from every node into fresh writable arrays. Raises
+    :class:`kvpool.NotFoundError` when the model is not published or a chunk is in no copy
+    (use :func:`ensure` to read those from the files)."""
     m = _require(client, name, namespace)
-    arrays, _ = _load_arrays(client, m, m.tensors_of_rank(rank))
-    return arrays
+    tensors = m.tensors_of_rank(rank)
+    _check_unique(m, tensors)
+    viewed, rest = ({}, list(tensors)) if copy else _view_arrays(client, m, tensors)
+    copied = _load_arrays(client, m, rest)[0] if rest else {}
+    return {
+        t.name: viewed[t.name] if t.name in viewed else copied[t.name] for t in tensors
+    }
 
 
 def load_into(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use kvpool::weights::{chunk_key, Manifest};
 use kvpool_client::blocking;
 use kvpool_client::weights::{
-    LoadReport, PublishOptions, Sources, Target, WeightStats, Weights, WeightsError,
+    LoadReport, PublishOptions, Sources, Target, TensorViews, WeightStats, Weights, WeightsError,
 };
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError};
 use pyo3::prelude::*;
@@ -213,6 +213,54 @@ pub(crate) fn _weights_load_into_unchecked<'py>(
     report_dict(py, &report)
 }
 
+/// Same-host zero-copy views of tensors (`kvpool.weights.load`'s arrays are read-only numpy
+/// arrays over them): the pool's memory mapped read-only into this process, each tensor's
+/// chunks held on their nodes, so the bytes neither move nor change while any array over them
+/// lives. The holds end, and the mappings go, when the last reference to this object does.
+#[pyclass(name = "WeightsViews", module = "kvpool._native", frozen)]
+pub(crate) struct Views {
+    // Field order is drop order: the views (and their holds' connections) go while the
+    // client, whose runtime drives those connections, is still alive.
+    views: TensorViews,
+    _client: blocking::Client,
+}
+
+#[pymethods]
+impl Views {
+    /// Connections keeping the holds (one per node of this host asked).
+    #[getter]
+    fn connections(&self) -> usize {
+        self.views.connections()
+    }
+}
+
+/// Where a viewed tensor's bytes lie in this process: (address, length).
+type Place = (usize, usize);
+
+/// Views of tensors `targets` (file index, tensor index) of the model, where all their chunks
+/// have a copy on this host: the owner of the views, and per target its (address, length) in
+/// this process's memory, read-only and valid while the owner lives, or None when the tensor
+/// must be copied instead (see `kvpool_client::weights::TensorViews`).
+#[pyfunction]
+pub(crate) fn _weights_view<'py>(
+    py: Python<'py>,
+    client: PyRef<'_, NativeClient>,
+    namespace: &str,
+    model: PyRef<'_, Model>,
+    targets: Vec<(usize, usize)>,
+) -> PyResult<(Py<Views>, Vec<Option<Place>>)> {
+    let m = model.m.clone();
+    let (c, w) = weights(&client, namespace)?;
+    let views = py
+        .detach(|| c.block_on(w.view(&m, &targets)))
+        .map_err(into_py)?;
+    let places = (0..views.len())
+        .map(|i| views.get(i).map(|b| (b.as_ptr() as usize, b.len())))
+        .collect();
+    let owner = Py::new(py, Views { views, _client: c })?;
+    Ok((owner, places))
+}
+
 /// Slice `rank` of `world` of tensor `tensor` along dimension `dim`, fetching only the chunks
 /// it touches: (its bytes, its shape).
 #[pyfunction]
@@ -340,12 +388,14 @@ fn into_py(e: WeightsError) -> PyErr {
 /// Adds the weights functions and class to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Model>()?;
+    m.add_class::<Views>()?;
     m.add_function(wrap_pyfunction!(_weights_publish, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_list, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_remove, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_load_into_unchecked, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_slice, m)?)?;
+    m.add_function(wrap_pyfunction!(_weights_view, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_extra, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_write_files, m)?)?;
     m.add_function(wrap_pyfunction!(_weights_stats, m)?)?;

@@ -76,8 +76,11 @@ def test_publish_and_load_are_byte_identical(kvpoold: Kvpoold, tmp_path: Path) -
     assert list(got) == file_order(path)
     for k, v in want.items():
         same(got[k], v)
-    # The arrays are the caller's own, writable.
-    got["a.f32"][0, 0] = 1.0
+    # With copy=True the arrays are the caller's own, writable.
+    mine = kw.load(kv, "tiny", copy=True)
+    for k, v in want.items():
+        same(mine[k], v)
+    mine["a.f32"][0, 0] = 1.0
     assert kw.load(kv, "tiny")["a.f32"][0, 0] == want["a.f32"][0, 0]
     s = kw.stats(kv, "tiny")
     assert s["tensors"] == len(want) and s["missing"] == 0
@@ -85,6 +88,40 @@ def test_publish_and_load_are_byte_identical(kvpoold: Kvpoold, tmp_path: Path) -
     # Written back as files, byte for byte.
     kw.write_files(kv, "tiny", tmp_path / "out")
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_same_host_load_views_the_pool_memory(kvpoold: Kvpoold, tmp_path: Path) -> None:
+    st = require_module("safetensors.numpy", SAFETENSORS)
+    rng = np.random.default_rng(11)
+    tensors = dict(numpy_tensors())
+    # 1 MiB in 64 KiB chunks (whole allocator pages): one view stitched from 16 chunks.
+    tensors["z.big"] = rng.standard_normal((256, 1024)).astype(np.float32)
+    path = save_numpy(tmp_path / "model.safetensors", tensors)
+    want = st.numpy.load_file(str(path))
+    kv = kvpool.Client(kvpoold.url)
+    kw.publish(kv, "viewed", path, chunk_size=64 << 10)
+    got = kw.load(kv, "viewed")
+    assert list(got) == file_order(path)
+    for k, v in want.items():
+        same(got[k], v)
+    # Every tensor is a read-only view of the pool's memory: no copy was made.
+    for k, a in got.items():
+        assert not a.flags.writeable, k
+        assert not a.flags.owndata, k
+    with pytest.raises(ValueError):
+        got["z.big"][0, 0] = 1.0
+    # Removed and the pool written over: the held chunks keep their bytes.
+    assert kw.rm(kv, "viewed")
+    filler = bytes(rng.integers(0, 255, size=1 << 20, dtype=np.uint8))
+    for i in range(64):
+        kv.put(f"filler-{i}", filler)
+    for k, v in want.items():
+        same(got[k], v)
+    # Another process's load of a republished model sees the same bytes.
+    kw.publish(kv, "viewed", path, chunk_size=64 << 10)
+    again = kw.load(kv, "viewed")
+    same(again["z.big"], want["z.big"])
+    del got, again
 
 
 def test_bf16_through_torch(kvpoold: Kvpoold, tmp_path: Path) -> None:

@@ -181,6 +181,9 @@ pub struct LimitsConfig {
     /// An authenticated connection idle between requests this long is closed, ms; 0 for never.
     /// Default 0.
     pub idle_timeout_ms: u64,
+    /// Objects one connection may hold for reading in place (`Hold`, the same-host zero-copy
+    /// views of model weights) at once; a `Hold` beyond it is refused whole. Default 65 536.
+    pub max_holds_per_connection: u32,
     /// A reply the peer does not read for this long (no progress writing it) is dropped with
     /// its connection, releasing the objects it referenced, ms. Default 30 000.
     pub write_timeout_ms: u64,
@@ -354,6 +357,7 @@ impl Default for LimitsConfig {
             max_header_unauthenticated: kvpool::protocol::MAX_HELLO_HEADER as u64,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 0,
+            max_holds_per_connection: 65_536,
             write_timeout_ms: 30_000,
         }
     }

@@ -23,6 +23,8 @@ pub(crate) struct ConnPolicy {
     pub(crate) idle: Option<Duration>,
     /// Longest a write may make no progress (the peer is not reading).
     pub(crate) write: Duration,
+    /// Most objects one connection may hold (`Hold`) at once.
+    pub(crate) max_holds: usize,
 }
 
 /// Runs `f`, failing with `TimedOut` if it has not finished by `deadline` (`None`: no deadline).

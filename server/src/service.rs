@@ -421,6 +421,7 @@ mod tests {
                 handshake: Duration::from_secs(1),
                 idle: None,
                 write: Duration::from_secs(1),
+                max_holds: 8,
             },
         }
     }

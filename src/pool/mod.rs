@@ -639,6 +639,42 @@ impl Pool {
         })
     }
 
+    /// Finds a committed object and holds it for a reader outside the daemon (a same-host
+    /// process that maps its memory): until [`Pool::unhold`] with the generation of the
+    /// returned address, the object is neither evicted nor its memory reused; a removal or an
+    /// overwrite takes it out of the index at once but parks its memory (see
+    /// [`Pool::get_ref`]). None when absent, or held by `u16::MAX` readers already.
+    pub fn hold(&self, ns: u32, key: &[u8]) -> Result<Option<Located>, PoolError> {
+        self.ns(ns)?;
+        check_key(key)?;
+        let mut shard = self.shard_lock(key);
+        let Some(e) = shard.ns[ns as usize].get(key, self.tick()) else {
+            self.count_read(ns, false);
+            return Ok(None);
+        };
+        if e.readers == u16::MAX {
+            self.count_read(ns, false);
+            return Ok(None);
+        }
+        e.readers += 1;
+        let e = *e;
+        drop(shard);
+        self.count_read(ns, true);
+        Ok(Some(Located {
+            addr: self.address(e.segment, e.offset, e.len, e.generation),
+            checksum: e.checksum,
+        }))
+    }
+
+    /// Ends one [`Pool::hold`] of generation `generation` of `key`: frees the memory when the
+    /// object was removed meanwhile and this was its last reader.
+    pub fn unhold(&self, ns: u32, key: &[u8], generation: u64) -> Result<(), PoolError> {
+        self.ns(ns)?;
+        check_key(key)?;
+        self.release_reader(ns, key, generation);
+        Ok(())
+    }
+
     /// Copies an object's bytes into `dst` (which must be at least as long); returns its length.
     pub fn get_into(
         &self,

@@ -356,6 +356,35 @@ fn removed_objects_stay_readable_until_their_readers_leave() {
 }
 
 #[test]
+fn held_objects_keep_their_memory_until_every_hold_ends() {
+    let p = pool(1 << 20);
+    let v = value(7, 300 << 10);
+    p.put(0, b"k", &v, false, 0).unwrap();
+    let a = p.hold(0, b"k").unwrap().expect("present").addr;
+    let b = p.hold(0, b"k").unwrap().expect("present").addr;
+    assert_eq!(a.generation, b.generation);
+    assert_eq!(p.hold(0, b"absent").unwrap(), None);
+    // Eviction passes it by, a removal parks it: its bytes stay where the holder maps them.
+    for i in 0..8u32 {
+        let _ = p.put(0, &i.to_le_bytes(), &value(i, 300 << 10), false, 0);
+    }
+    assert!(p.remove(0, b"k").unwrap());
+    for i in 8..16u32 {
+        let _ = p.put(0, &i.to_le_bytes(), &value(i, 300 << 10), false, 0);
+    }
+    let mut buf = vec![0u8; v.len()];
+    p.read(&a, 0, &mut buf).unwrap();
+    assert_eq!(buf, v);
+    let used = p.stats().used_bytes();
+    p.unhold(0, b"k", a.generation).unwrap();
+    p.read(&a, 0, &mut buf).unwrap();
+    assert_eq!(p.stats().used_bytes(), used, "one hold is left");
+    p.unhold(0, b"k", a.generation).unwrap();
+    assert!(p.stats().used_bytes() < used, "the last hold frees it");
+    assert!(p.read(&a, 0, &mut buf).is_err(), "and its address is stale");
+}
+
+#[test]
 fn one_sided_reads_check_key_bounds_and_generation() {
     let p = pool(4 << 20);
     let v = value(9, 4096);

@@ -209,6 +209,17 @@ pub enum Op {
         /// Keys listed start with these bytes (at most 256; empty: every key).
         prefix: Vec<u8>,
     },
+    /// Find objects and hold them for reading in place, for a same-host reader that maps
+    /// their memory (a zero-copy view): every object found stays exactly as it is — not
+    /// evicted, its memory not reused, a removal or overwrite deferred until the hold ends —
+    /// for as long as this connection stays open. Holds end only when the connection closes
+    /// (a connection holding objects is exempt from the idle timeout). Reply: `Located`.
+    Hold {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
 }
 
 /// One value of a `BatchPut`.

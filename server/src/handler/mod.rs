@@ -68,13 +68,19 @@ pub(crate) async fn serve<R, W>(
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         routing: Routing::Direct,
+        holds: Holds {
+            pool: &shared.pool,
+            held: Vec::new(),
+        },
     };
     let mut hdr = AlignedVec::<16>::new();
     let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
     loop {
         // Until the Hello is accepted: a small header, no payload, one deadline for it all.
         let (limits, deadline) = if conn.access.is_some() {
-            let idle = shared.conn.idle;
+            // A connection holding objects is a same-host reader's lifeline for its views:
+            // closing it for idling would free memory that the reader still maps.
+            let idle = shared.conn.idle.filter(|_| conn.holds.is_empty());
             (
                 &shared.limits,
                 idle.map(|d| tokio::time::Instant::now() + d),
@@ -141,6 +147,39 @@ struct Conn<'a, R, W> {
     /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
     /// are served.
     routing: Routing,
+    /// The objects this connection holds (`Hold`); ended when the connection is dropped.
+    holds: Holds<'a>,
+}
+
+/// The objects one connection holds, one entry per hold (namespace, key, generation); every
+/// hold ends when this is dropped, however the connection ends.
+struct Holds<'a> {
+    pool: &'a kvpool::Pool,
+    held: Vec<(u32, Box<[u8]>, u64)>,
+}
+
+impl Holds<'_> {
+    fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Ends the last `n` holds taken.
+    fn end_last(&mut self, n: usize) {
+        let from = self.held.len().saturating_sub(n);
+        for (ns, key, generation) in self.held.split_off(from) {
+            let _ = self.pool.unhold(ns, &key, generation);
+        }
+    }
+}
+
+impl Drop for Holds<'_> {
+    fn drop(&mut self) {
+        self.end_last(self.held.len());
+    }
 }
 
 /// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
@@ -280,6 +319,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::View => self.view(id).await,
             ArchivedOp::Drain => self.drain(id).await,
             ArchivedOp::Vouch { ns, keys } => self.vouch(id, ns.to_native(), keys).await,
+            ArchivedOp::Hold { ns, keys } => self.hold(id, ns.to_native(), keys).await,
         }
     }
 
@@ -363,7 +403,9 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Commit { .. } => OpKind::Commit,
         ArchivedOp::Abort { .. } => OpKind::Abort,
         ArchivedOp::Read { .. } => OpKind::Read,
-        ArchivedOp::Lookup { .. } | ArchivedOp::Vouch { .. } => OpKind::Lookup,
+        ArchivedOp::Lookup { .. } | ArchivedOp::Vouch { .. } | ArchivedOp::Hold { .. } => {
+            OpKind::Lookup
+        }
         ArchivedOp::Release { .. } => OpKind::Release,
         ArchivedOp::Pin { .. } => OpKind::Pin,
         ArchivedOp::Scan { .. } => OpKind::Scan,
@@ -389,6 +431,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Scan { ns, .. }
         | ArchivedOp::Alloc { ns, .. }
         | ArchivedOp::Lookup { ns, .. }
+        | ArchivedOp::Hold { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
         | ArchivedOp::Release { ns, .. }
         | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
