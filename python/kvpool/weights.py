@@ -585,7 +585,14 @@ def load(
     :class:`kvpool.NotFoundError` when the model is not published or a chunk is in no copy
     (use :func:`ensure` to read those from the files)."""
     m = _require(client, name, namespace)
-    tensors = m.tensors_of_rank(rank)
+    return _fetch_arrays(client, m, m.tensors_of_rank(rank), copy)
+
+
+def _fetch_arrays(
+    client: Client, m: Manifest, tensors: Sequence[Tensor], copy: bool
+) -> dict[str, np.ndarray]:
+    """``tensors`` by name in their order: views where they can be made (unless ``copy``),
+    verified copies for the rest."""
     _check_unique(m, tensors)
     viewed, rest = ({}, list(tensors)) if copy else _view_arrays(client, m, tensors)
     copied = _load_arrays(client, m, rest)[0] if rest else {}
@@ -665,6 +672,7 @@ def weight_iterator(
     rank: Optional[int] = 0,  # noqa: UP045
     *,
     group_bytes: int = _GROUP_BYTES,
+    copy: bool = False,
     namespace: str = DEFAULT_NAMESPACE,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Yields ``(tensor name, array)`` in file order, the shape vLLM's and SGLang's
@@ -672,7 +680,11 @@ def weight_iterator(
     :func:`load_torch` for ``bfloat16``). The first tensor is fetched alone, so it is ready as
     soon as its chunks arrive; the rest come in groups of up to ``group_bytes``, the next group
     fetched in a background thread while the caller consumes the current one. ``rank``: the
-    tensor-parallel rank whose files a per-rank checkpoint loads (every file otherwise)."""
+    tensor-parallel rank whose files a per-rank checkpoint loads (every file otherwise).
+
+    As with :func:`load`, arrays are read-only views of the pool's memory on the same host
+    (``copy=True`` for writable copies; ``torch.from_numpy`` of a read-only array warns that
+    torch can't mark it read-only: the engines' loaders only read it)."""
     m = _require(client, name, namespace)
     tensors = m.tensors_of_rank(rank)
     groups = _groups(tensors, group_bytes, first_alone=True)
@@ -680,7 +692,7 @@ def weight_iterator(
         return
 
     def fetch(g: list[Tensor]) -> dict[str, np.ndarray]:
-        return _load_arrays(client, m, g)[0]
+        return _fetch_arrays(client, m, g, copy)
 
     current = fetch(groups[0])
     with concurrent.futures.ThreadPoolExecutor(
