@@ -1049,7 +1049,7 @@ async fn views_read_the_pool_memory_in_place_and_outlive_a_removal() {
     let (dir, tensors, m) = publish_generated(&w, "views", &specs, 8, 64 << 10).await;
     let which = every_tensor(&m);
 
-    let views = w.view(&m, &which).await.unwrap();
+    let views = w.view(&m, &which, true).await.unwrap();
     assert_eq!(views.len(), tensors.len());
     assert_eq!(
         views.viewed(),
@@ -1106,7 +1106,7 @@ async fn views_read_the_pool_memory_in_place_and_outlive_a_removal() {
         .await
         .unwrap();
     let remote = connect(&nodes[0], SameHost::Off).await;
-    let none = remote.view(&m, &which).await.unwrap();
+    let none = remote.view(&m, &which, true).await.unwrap();
     let empty = tensors.iter().filter(|t| t.bytes.is_empty()).count();
     assert_eq!(none.viewed(), empty);
     assert_eq!(none.connections(), 0);
@@ -1127,7 +1127,7 @@ async fn a_view_of_a_corrupted_chunk_is_refused_and_holds_are_bounded() {
     seg.write_all_at(&[0xff ^ tensors[0].bytes[7]], at + 7)
         .unwrap();
 
-    let views = w.view(&m, &which).await.unwrap();
+    let views = w.view(&m, &which, true).await.unwrap();
     assert!(views.get(0).is_none(), "the corrupted tensor is not viewed");
     assert_eq!(views.viewed(), tensors.len() - 1);
     for (i, t) in tensors.iter().enumerate().skip(1) {
@@ -1137,7 +1137,7 @@ async fn a_view_of_a_corrupted_chunk_is_refused_and_holds_are_bounded() {
     // A connection may hold 40 objects: a view of more chunks than that is refused whole.
     let big = vec![spec("big", "U8", &[41 << 12])];
     let (dir2, _, m2) = publish_generated(&w, "too-many", &big, 6, 4096).await;
-    match w.view(&m2, &every_tensor(&m2)).await {
+    match w.view(&m2, &every_tensor(&m2), true).await {
         Err(WeightsError::Client(e)) => {
             assert_eq!(e.code(), Some(ErrorCode::BatchTooLarge), "{e}")
         }

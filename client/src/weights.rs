@@ -37,6 +37,9 @@ const FETCH_ROUNDS: usize = 3;
 /// One-sided reads of one loader in flight at once, over all nodes.
 const READS_IN_FLIGHT: usize = 16;
 
+/// Bytes of same-host copies from which one load spreads them over every core.
+const PARALLEL_COPY_MIN: u64 = 8 << 20;
+
 /// Keys per request of a removal or a presence probe (well under the node's `max_batch`).
 const KEYS_PER_REQUEST: usize = 4096;
 
@@ -210,6 +213,33 @@ struct Sink<'a> {
     key: Vec<u8>,
     xxh3: u64,
     dst: &'a mut [u8],
+}
+
+/// What became of one chunk's same-host copy (sink index).
+enum Copied {
+    Done(usize),
+    Failed(usize),
+    /// Not mapped by this client: to be read over a socket.
+    Remote(usize, Located),
+}
+
+/// One chunk's same-host verified copy into its sink: Some(true) when copied and checked,
+/// Some(false) when it failed (logged), None when this client does not map its node.
+fn local_copy(kv: &Client, l: &Located, sink: &mut Sink<'_>) -> Option<bool> {
+    if l.addr.len != sink.dst.len() as u64 {
+        return Some(false);
+    }
+    match kv.read_local_verified(l, sink.dst)? {
+        Ok(_) => Some(true),
+        Err(e) => {
+            tracing::warn!(
+                chunk = %String::from_utf8_lossy(&sink.key),
+                error = %e,
+                "a chunk's same-host copy could not be read"
+            );
+            Some(false)
+        }
+    }
 }
 
 impl Weights {
@@ -669,33 +699,78 @@ impl Weights {
         Ok(todo)
     }
 
-    /// Copies the located chunks this process maps (same host), checked in the same pass;
-    /// returns the others.
+    /// Copies the located chunks this process maps (same host), checked in the same pass,
+    /// on every core when there are enough bytes to share; returns the others.
     fn read_local(
         &self,
         sinks: &mut [Sink<'_>],
         located: Vec<(usize, Located)>,
         failed: &mut Vec<usize>,
     ) -> Vec<(usize, Located)> {
-        let mut remote = Vec::new();
+        let sinks_len = sinks.len();
+        let asked: Vec<usize> = located.iter().map(|l| l.0).collect();
+        let mut at: Vec<Option<Located>> = vec![None; sinks_len];
         for (i, l) in located {
-            if l.addr.len != sinks[i].dst.len() as u64 {
-                failed.push(i);
-                continue;
+            at[i] = Some(l);
+        }
+        let mut jobs: Vec<(usize, Located, &mut Sink<'_>)> = sinks
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| at[i].map(|l| (i, l, s)))
+            .collect();
+        let bytes: u64 = jobs.iter().map(|j| j.1.addr.len).sum();
+        let threads = if bytes < PARALLEL_COPY_MIN {
+            1
+        } else {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(jobs.len())
+                .max(1)
+        };
+        let per = jobs.len().div_ceil(threads).max(1);
+        let kv = &self.kv;
+        let copy = |part: &mut [(usize, Located, &mut Sink<'_>)]| {
+            let mut out = Vec::new();
+            for (i, l, sink) in part.iter_mut() {
+                out.push(match local_copy(kv, l, sink) {
+                    Some(true) => Copied::Done(*i),
+                    Some(false) => Copied::Failed(*i),
+                    None => Copied::Remote(*i, *l),
+                });
             }
-            match self.kv.read_local_verified(&l, sinks[i].dst) {
-                None => remote.push((i, l)),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    tracing::warn!(
-                        chunk = %String::from_utf8_lossy(&sinks[i].key),
-                        error = %e,
-                        "a chunk's same-host copy could not be read"
-                    );
+            out
+        };
+        let outcomes: Vec<Copied> = if threads == 1 {
+            copy(&mut jobs)
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = jobs
+                    .chunks_mut(per)
+                    .map(|part| s.spawn(move || copy(part)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            })
+        };
+        let mut reported = vec![false; sinks_len];
+        let mut remote = Vec::new();
+        for o in outcomes {
+            match o {
+                Copied::Done(i) => reported[i] = true,
+                Copied::Failed(i) => {
+                    reported[i] = true;
                     failed.push(i);
+                }
+                Copied::Remote(i, l) => {
+                    reported[i] = true;
+                    remote.push((i, l));
                 }
             }
         }
+        // The chunks of a copying thread that died were not checked: they failed.
+        failed.extend(asked.into_iter().filter(|&i| !reported[i]));
         remote
     }
 

@@ -169,6 +169,7 @@ def _weights_view(
     namespace: str,
     model: WeightsModel,
     targets: Sequence[tuple[int, int]],
+    verify: bool,
 ) -> tuple[WeightsViews, list[tuple[int, int] | None]]:
     """Views of (file index, tensor index) targets: the owner, and per target its (address,
     length), read-only and valid while the owner lives, or None where it must be copied."""

@@ -538,7 +538,7 @@ class _PoolRegion:
 
 
 def _view_arrays(
-    client: Client, m: Manifest, tensors: Sequence[Tensor]
+    client: Client, m: Manifest, tensors: Sequence[Tensor], verify: bool
 ) -> tuple[dict[str, np.ndarray], list[Tensor]]:
     """Read-only arrays over the pool's own memory for the tensors whose chunks all have a
     copy on this host (checked against the manifest once, while they are made), and the
@@ -547,7 +547,11 @@ def _view_arrays(
     connection may hold."""
     try:
         owner, places = _native._weights_view(
-            client, m.namespace, m._native, [(t.file, t.index) for t in tensors]
+            client,
+            m.namespace,
+            m._native,
+            [(t.file, t.index) for t in tensors],
+            verify,
         )
     except Exception as e:  # noqa: BLE001 - any failure to view falls back to a copy
         _log.debug("zero-copy views of %r not made (%s); copying", m.name, e)
@@ -569,6 +573,7 @@ def load(
     *,
     rank: Optional[int] = None,  # noqa: UP045
     copy: bool = False,
+    verify: bool = True,
     namespace: str = DEFAULT_NAMESPACE,
 ) -> dict[str, np.ndarray]:
     """Every tensor of model ``name`` (of ``rank``'s files in a per-rank checkpoint; all files
@@ -580,21 +585,32 @@ def load(
     On the same host as the pool's nodes, each array is a **read-only view of the pool's
     memory**: no copy at all; the chunks are held where they are (not evicted, moved or reused,
     a removal waiting) until the last array over them is gone, and are checked against the
-    manifest once, when the views are made. Tensors not on this host, or all with
-    ``copy=True``, are fetched in parallel from every node into fresh writable arrays. Raises
-    :class:`kvpool.NotFoundError` when the model is not published or a chunk is in no copy
-    (use :func:`ensure` to read those from the files)."""
+    manifest once, when the views are made (hashing every byte on every core).
+    ``verify=False`` makes views without reading them: each chunk's checksum as its node
+    recorded it when it checked the bytes it received is compared with the manifest, and the
+    memory itself is trusted (only another process of this host writing into the pool's
+    segments could have changed it since). Tensors not on this host, or all with
+    ``copy=True``, are fetched in parallel from every node into fresh writable arrays, always
+    verified. Raises :class:`kvpool.NotFoundError` when the model is not published or a chunk
+    is in no copy (use :func:`ensure` to read those from the files)."""
     m = _require(client, name, namespace)
-    return _fetch_arrays(client, m, m.tensors_of_rank(rank), copy)
+    return _fetch_arrays(client, m, m.tensors_of_rank(rank), copy, verify)
 
 
 def _fetch_arrays(
-    client: Client, m: Manifest, tensors: Sequence[Tensor], copy: bool
+    client: Client,
+    m: Manifest,
+    tensors: Sequence[Tensor],
+    copy: bool,
+    verify: bool = True,
 ) -> dict[str, np.ndarray]:
     """``tensors`` by name in their order: views where they can be made (unless ``copy``),
     verified copies for the rest."""
     _check_unique(m, tensors)
-    viewed, rest = ({}, list(tensors)) if copy else _view_arrays(client, m, tensors)
+    if copy:
+        viewed, rest = {}, list(tensors)
+    else:
+        viewed, rest = _view_arrays(client, m, tensors, verify)
     copied = _load_arrays(client, m, rest)[0] if rest else {}
     return {
         t.name: viewed[t.name] if t.name in viewed else copied[t.name] for t in tensors

@@ -240,7 +240,8 @@ type Place = (usize, usize);
 /// Views of tensors `targets` (file index, tensor index) of the model, where all their chunks
 /// have a copy on this host: the owner of the views, and per target its (address, length) in
 /// this process's memory, read-only and valid while the owner lives, or None when the tensor
-/// must be copied instead (see `kvpool_client::weights::TensorViews`).
+/// must be copied instead (see `kvpool_client::weights::TensorViews`). `verify`: hash every
+/// chunk against the manifest (otherwise only the nodes' recorded checksums are compared).
 #[pyfunction]
 pub(crate) fn _weights_view<'py>(
     py: Python<'py>,
@@ -248,11 +249,12 @@ pub(crate) fn _weights_view<'py>(
     namespace: &str,
     model: PyRef<'_, Model>,
     targets: Vec<(usize, usize)>,
+    verify: bool,
 ) -> PyResult<(Py<Views>, Vec<Option<Place>>)> {
     let m = model.m.clone();
     let (c, w) = weights(&client, namespace)?;
     let views = py
-        .detach(|| c.block_on(w.view(&m, &targets)))
+        .detach(|| c.block_on(w.view(&m, &targets, verify)))
         .map_err(into_py)?;
     let places = (0..views.len())
         .map(|i| views.get(i).map(|b| (b.as_ptr() as usize, b.len())))

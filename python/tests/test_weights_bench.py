@@ -49,6 +49,8 @@ def test_weights_bench_reports_every_figure(tmp_path: Path) -> None:
         "reference: file read (page cache)",
         "load(copy=True): verified copies",
         "load: zero-copy views of MiniLM (verified)",
+        "load(verify=False): views, node checksums only",
+        "load(verify=False) of MiniLM",
         "reference: safetensors.numpy.load_file",
     ]
     for what in want:
