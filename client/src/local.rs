@@ -394,9 +394,16 @@ impl LocalMap {
     }
 }
 
-/// [`LocalMap::stitch`] over objects of several mappings (a tensor's chunks may live on
-/// different nodes of this host).
-pub(crate) fn stitch(parts: &[(&LocalMap, GlobalAddr)]) -> Result<ReadView, ViewError> {
+/// Maps the committed objects `parts` (each with the mapping of its node, of that mapping's
+/// incarnation: a tensor's chunks may live on different nodes of this host) read-only, end to
+/// end, into one range: see [`ReadView`]. The first object may start anywhere; every later one
+/// must start on a page of its file and every earlier one end on one, so that the pages line
+/// up. `populate`: fill in the page tables now (worth it when every byte is read at once, as a
+/// verification does); otherwise each page is mapped on its first access.
+pub(crate) fn stitch(
+    parts: &[(&LocalMap, GlobalAddr)],
+    populate: bool,
+) -> Result<ReadView, ViewError> {
     let page = os_page();
     let mut pieces = Vec::with_capacity(parts.len());
     for (i, (map, addr)) in parts.iter().enumerate() {
@@ -448,7 +455,7 @@ pub(crate) fn stitch(parts: &[(&LocalMap, GlobalAddr)]) -> Result<ReadView, View
                 (base as *mut u8).add(cursor).cast(),
                 span,
                 libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+                libc::MAP_SHARED | libc::MAP_FIXED | if populate { libc::MAP_POPULATE } else { 0 },
                 seg.file.as_raw_fd(),
                 file_at as libc::off_t,
             )

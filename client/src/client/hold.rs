@@ -46,7 +46,8 @@ impl LocalHold {
     /// (see [`ReadView`]); the view must be dropped before this hold. The objects must be
     /// page aligned end to end (always true of one object, and of the large blocks weights
     /// chunks are); anything else is an error, and the caller copies instead.
-    pub fn view(&self, addrs: &[GlobalAddr]) -> Result<ReadView, ViewError> {
+    /// `populate` fills in the page tables at once (see `local::stitch`).
+    pub fn view(&self, addrs: &[GlobalAddr], populate: bool) -> Result<ReadView, ViewError> {
         let mut parts = Vec::with_capacity(addrs.len());
         for a in addrs {
             let map = self
@@ -57,7 +58,7 @@ impl LocalHold {
                 .ok_or(ViewError::Fault(AddrFault::WrongNode))?;
             parts.push((&*map.1, *a));
         }
-        stitch(&parts)
+        stitch(&parts, populate)
     }
 }
 

@@ -103,7 +103,9 @@ impl Weights {
             let located = &found[at..at + cs.len()];
             at += cs.len();
             let addrs: Option<Vec<_>> = located.iter().map(|l| l.map(|l| l.addr)).collect();
-            views.push(addrs.and_then(|a| match hold.view(&a) {
+            // Verifying reads every byte at once: map the pages up front. Otherwise each page
+            // is mapped when the caller first reads it, as a mapped file is.
+            views.push(addrs.and_then(|a| match hold.view(&a, verify) {
                 Ok(v) => Some(v),
                 Err(e) => {
                     tracing::debug!(error = %e, "a tensor can't be viewed in place; it is copied");
