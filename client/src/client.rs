@@ -36,10 +36,12 @@ use crate::local::{LocalMap, LocalReadError};
 mod routing;
 mod batch_ops;
 mod fanout;
+mod handoff;
 mod hold;
 mod scan;
 
 use fanout::{add_key, pick};
+pub use handoff::{KeyEvent, Subscription, WaitOutcome};
 pub use hold::LocalHold;
 use routing::{Routing, Scheme};
 
@@ -54,6 +56,8 @@ struct Inner {
     routing: RwLock<Arc<Routing>>,
     /// Times a node could not be reached and its keys were counted as misses.
     unreachable: std::sync::atomic::AtomicU64,
+    /// Handoff waits, subscriptions and watching connections.
+    handoff: Arc<handoff::Hub>,
 }
 
 /// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
@@ -127,6 +131,7 @@ impl Client {
                     prev: None,
                 })),
                 unreachable: Default::default(),
+                handoff: Arc::default(),
             }),
             ns,
             repl,

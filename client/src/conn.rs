@@ -236,6 +236,23 @@ impl Conn {
         Ok(reply)
     }
 
+    /// The two halves of the stream, for a connection whose replies come unasked too (a
+    /// watching connection: its events): one task reads every frame, others send.
+    pub(crate) fn split(self) -> (ConnReader, ConnWriter) {
+        (
+            ConnReader {
+                r: self.r,
+                hdr: self.hdr,
+                limits: self.limits,
+            },
+            ConnWriter {
+                w: self.w,
+                next_id: self.next_id,
+                view: self.view,
+            },
+        )
+    }
+
     pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> Result<(), ClientError> {
         self.r.read_exact(dst).await?;
         Ok(())
@@ -244,6 +261,58 @@ impl Conn {
     pub(crate) async fn skip(&mut self, n: u64) -> Result<(), ClientError> {
         discard(&mut self.r, n).await?;
         Ok(())
+    }
+}
+
+/// The reading half of a split [`Conn`].
+pub(crate) struct ConnReader {
+    r: BufReader<Reader>,
+    hdr: AlignedVec,
+    limits: Limits,
+}
+
+impl ConnReader {
+    /// The next frame, whatever request it answers (or [`kvpool::protocol::EVENT_ID`]): its
+    /// id and reply. A frame with a payload breaks the protocol of a watching connection.
+    pub(crate) async fn next(&mut self) -> Result<(u64, Reply), ClientError> {
+        let prefix = read_prefix(&mut self.r, &self.limits)
+            .await?
+            .ok_or_else(|| ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()))?;
+        read_header(&mut self.r, &prefix, &mut self.hdr).await?;
+        let Response { id, reply } = decode_response_owned(&self.hdr)?;
+        if prefix.payload_len != 0 {
+            return Err(ClientError::Protocol("unexpected payload".into()));
+        }
+        Ok((id, reply))
+    }
+}
+
+/// The sending half of a split [`Conn`].
+pub(crate) struct ConnWriter {
+    w: BufWriter<Writer>,
+    next_id: u64,
+    /// The view stamp requests are routed by.
+    pub(crate) view: u64,
+}
+
+impl ConnWriter {
+    /// The id the next request will get.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Sends one request (no payload) and flushes; returns its id.
+    pub(crate) async fn send(&mut self, op: Op) -> Result<u64, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let hdr = encode(&Request {
+            id,
+            view: self.view,
+            op,
+        });
+        write_frame(&mut self.w, &hdr, &[]).await?;
+        self.w.flush().await?;
+        Ok(id)
     }
 }
 

@@ -41,7 +41,7 @@ mod link;
 mod local;
 pub mod weights;
 
-pub use client::{Client, LocalHold, Prefix};
+pub use client::{Client, KeyEvent, LocalHold, Prefix, Subscription, WaitOutcome};
 pub use config::{ClientConfig, SameHost};
 pub use endpoint::Endpoint;
 pub use error::ClientError;

@@ -177,6 +177,24 @@ impl Link {
         self.hello.node
     }
 
+    /// The name of the node's namespace `id`.
+    pub(crate) fn ns_name(&self, id: u32) -> Option<String> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(_, v)| **v == id)
+            .map(|(k, _)| k.clone())
+    }
+
+    /// A fresh connection of its own, not pooled, for a long-lived exchange (watching).
+    pub(crate) async fn dedicated(&self, cfg: &ClientConfig) -> Result<Conn, ClientError> {
+        let quic = self.quic_connection(cfg).await?;
+        let (mut c, hello) = Conn::open(&self.endpoint, cfg, quic.as_ref()).await?;
+        self.adopt(&mut c, &hello).await?;
+        Ok(c)
+    }
+
     /// The node's id for namespace `name`.
     pub(crate) fn ns(&self, name: &str) -> Result<u32, ClientError> {
         self.namespaces

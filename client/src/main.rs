@@ -109,6 +109,27 @@ enum Cmd {
         #[arg(default_value = "")]
         prefix: String,
     },
+    /// Handoff (docs/HANDOFF.md): wait until every key is written, or failed by its producer
+    /// (`kvpool fail`), for at most --wait-ms. Prints each key not written ("KEY missing",
+    /// "KEY failed: REASON"); exits 0 when all are written, 1 when some are missing at the
+    /// deadline, 3 when some were failed.
+    Wait {
+        /// Keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// How long to wait, in milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        wait_ms: u64,
+    },
+    /// Handoff: a producer gives up on keys; every waiter hears REASON at once.
+    Fail {
+        /// Keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Why (told to the waiters).
+        #[arg(long, default_value = "failed by its producer")]
+        reason: String,
+    },
     /// Context caching: block keys of token prefixes (docs/HASHING.md).
     #[command(subcommand)]
     Prefix(PrefixCmd),
@@ -267,6 +288,23 @@ fn run() -> anyhow::Result<i32> {
         }
         Cmd::Rm { keys, all } => rm(&cli, &client, keys, *all),
         Cmd::Keys { prefix } => keys(&cli, &client, &cli.key(prefix)?),
+        Cmd::Wait { keys, wait_ms } => {
+            let keys = keys
+                .iter()
+                .map(|k| cli.key(k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            wait(&client, &keys, *wait_ms)
+        }
+        Cmd::Fail { keys, reason } => {
+            let keys = keys
+                .iter()
+                .map(|k| cli.key(k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            let n = client.block_on(client.async_client().fail(&refs, reason))?;
+            println!("{n}");
+            Ok(0)
+        }
         Cmd::Prefix(PrefixCmd::Hash { .. }) => unreachable!("handled before connecting"),
         Cmd::Prefix(PrefixCmd::Match { seed, tokens }) => prefix_match(&client, seed, tokens),
         Cmd::Prefix(PrefixCmd::Stats) => prefix_stats(&client),
@@ -392,6 +430,26 @@ fn rm(cli: &Cli, client: &Client, keys: &[String], all: bool) -> anyhow::Result<
 }
 
 /// `kvpool keys`: one key per line, sorted.
+fn wait(client: &Client, keys: &[Vec<u8>], wait_ms: u64) -> anyhow::Result<i32> {
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let timeout = std::time::Duration::from_millis(wait_ms);
+    let got = client.block_on(client.async_client().wait(&refs, timeout))?;
+    let mut out = std::io::stdout().lock();
+    for k in &got.missing {
+        writeln!(out, "{} missing", printable(k))?;
+    }
+    for (k, reason) in &got.failed {
+        writeln!(out, "{} failed: {reason}", printable(k))?;
+    }
+    Ok(if !got.failed.is_empty() {
+        3
+    } else if !got.missing.is_empty() {
+        1
+    } else {
+        0
+    })
+}
+
 fn keys(cli: &Cli, client: &Client, prefix: &[u8]) -> anyhow::Result<i32> {
     let mut out = std::io::stdout().lock();
     for k in client.keys_with_prefix(prefix)? {

@@ -90,6 +90,16 @@ class Client:
         """``put_from`` for many keys in one round trip per node: one status per key."""
     def exists(self, key: Key) -> bool:
         """True when ``key`` is present. Raises ``kvpool.Error`` subclasses."""
+    def wait(
+        self, keys: Sequence[Key], timeout: float
+    ) -> tuple[list[bytes], list[tuple[bytes, str]]]:
+        """Handoff: waits until every key is written, or failed by its producer, for at most
+        ``timeout`` seconds, without polling. Returns ``(missing, failed)``: the keys not
+        written by then, and ``(key, reason)`` for the keys whose producer called
+        :meth:`fail`. Both empty: every key is there."""
+    def fail(self, keys: Sequence[Key], reason: str) -> int:
+        """Handoff: the producer gives up on ``keys``; every :meth:`wait` for them returns at
+        once with ``reason``. Returns how many tombstones were posted."""
     def delete(self, key: Key) -> bool:
         """Removes ``key``; True when an object was removed. Raises ``kvpool.Error``
         subclasses."""

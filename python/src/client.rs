@@ -15,7 +15,7 @@ use kvpool_client::{blocking, ClientConfig, Prefix, SameHost};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use crate::errors::{code, item_code, item_exception, Failure};
+use crate::errors::{code, item_code, item_exception, Failure, InvalidArgumentError};
 use crate::registry::Registry;
 
 /// A kvpool client. Thread-safe: share one per process.
@@ -422,6 +422,44 @@ impl NativeClient {
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         // Previous owners are consulted while the view is changing, as reads do.
         Ok(py.detach(|| c.present(&refs)).map_err(Failure::from)?)
+    }
+
+    /// Handoff: waits until every key is written, or failed by its producer, for at most
+    /// `timeout` seconds; returns (missing keys, [(failed key, reason)]).
+    #[expect(
+        clippy::type_complexity,
+        reason = "the Python return value, as documented"
+    )]
+    fn wait(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        timeout: f64,
+    ) -> PyResult<(Vec<Vec<u8>>, Vec<(Vec<u8>, String)>)> {
+        let keys = checked_keys(&keys)?;
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(InvalidArgumentError::new_err(
+                "timeout must be a finite number of seconds, at least 0",
+            ));
+        }
+        let timeout = Duration::from_secs_f64(timeout.min(1e9));
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let got = py
+            .detach(|| c.block_on(c.async_client().wait(&refs, timeout)))
+            .map_err(Failure::from)?;
+        Ok((got.missing, got.failed))
+    }
+
+    /// Handoff: a producer gives up on `keys`; every waiter hears `reason` at once. Returns
+    /// how many tombstones were posted.
+    fn fail(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, reason: &str) -> PyResult<u64> {
+        let keys = checked_keys(&keys)?;
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        Ok(py
+            .detach(|| c.block_on(c.async_client().fail(&refs, reason)))
+            .map_err(Failure::from)?)
     }
 
     /// Removes `key`; True when an object was removed.

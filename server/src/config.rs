@@ -184,6 +184,11 @@ pub struct LimitsConfig {
     /// Objects one connection may hold for reading in place (`Hold`, the same-host zero-copy
     /// views of model weights) at once; a `Hold` beyond it is refused whole. Default 65 536.
     pub max_holds_per_connection: u32,
+    /// Keys and prefixes one connection may watch at once (`Watch`, `Subscribe`: handoff
+    /// notifications); beyond it a `Watch` is refused whole. Default 65 536.
+    pub max_watches_per_connection: u32,
+    /// How long a producer's tombstone (`Fail`) is kept, ms. Default 60 000.
+    pub tombstone_ms: u64,
     /// A reply the peer does not read for this long (no progress writing it) is dropped with
     /// its connection, releasing the objects it referenced, ms. Default 30 000.
     pub write_timeout_ms: u64,
@@ -358,6 +363,8 @@ impl Default for LimitsConfig {
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 0,
             max_holds_per_connection: 65_536,
+            max_watches_per_connection: 65_536,
+            tombstone_ms: 60_000,
             write_timeout_ms: 30_000,
         }
     }

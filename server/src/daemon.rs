@@ -415,6 +415,11 @@ fn shared(
         cluster: membership.clone(),
         cluster_secret: creds.secret.clone(),
         conn,
+        watches: {
+            let w = Arc::new(crate::watch::Watches::new(config.limits.tombstone_ms));
+            pool.observe(w.clone());
+            w
+        },
     }
 }
 
@@ -429,6 +434,7 @@ fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
         },
         write: Duration::from_millis(config.limits.write_timeout_ms.max(1)),
         max_holds: config.limits.max_holds_per_connection as usize,
+        max_watches: config.limits.max_watches_per_connection as usize,
     })
 }
 

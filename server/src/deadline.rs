@@ -25,6 +25,8 @@ pub(crate) struct ConnPolicy {
     pub(crate) write: Duration,
     /// Most objects one connection may hold (`Hold`) at once.
     pub(crate) max_holds: usize,
+    /// Most keys and prefixes one connection may watch at once.
+    pub(crate) max_watches: usize,
 }
 
 /// Runs `f`, failing with `TimedOut` if it has not finished by `deadline` (`None`: no deadline).

@@ -37,6 +37,7 @@ mod resp;
 pub mod secret;
 mod service;
 pub mod tls;
+mod watch;
 mod written;
 
 pub use config::Config;

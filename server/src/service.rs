@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) cluster_secret: ClusterSecret,
     /// Limits before the handshake and the timeouts of every stage of a connection.
     pub(crate) conn: ConnPolicy,
+    /// Handoff watches and tombstones (told of every commit by the pool).
+    pub(crate) watches: Arc<crate::watch::Watches>,
 }
 
 /// The namespaces one connection may use, decided by the token it authenticated with.
@@ -422,7 +424,9 @@ mod tests {
                 idle: None,
                 write: Duration::from_secs(1),
                 max_holds: 8,
+                max_watches: 8,
             },
+            watches: Arc::new(crate::watch::Watches::new(1000)),
         }
     }
 

@@ -21,7 +21,7 @@ mod stats;
 
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::addr::{GlobalAddr, MacKey, NodeId, Place};
 use crate::alloc::{AllocConfig, Allocator};
@@ -123,6 +123,16 @@ pub struct Pool {
     /// Bytes held by the namespaces without a reservation, which share `unreserved`.
     shared_used: AtomicU64,
     unreserved: u64,
+    /// Told of every commit (see [`Pool::observe`]).
+    observer: std::sync::OnceLock<Arc<dyn CommitObserver>>,
+}
+
+/// Told of every object that becomes visible (see [`Pool::observe`]).
+pub trait CommitObserver: Send + Sync {
+    /// `key` of namespace `ns` was just committed. Called with the key's index shard locked,
+    /// so any reader that looks the key up after this call returns finds the object; it must
+    /// be quick and must never call into the pool.
+    fn committed(&self, ns: u32, key: &[u8]);
 }
 
 struct SegmentSlot {
@@ -241,6 +251,7 @@ impl Pool {
             pending_timeout: cfg.pending_timeout_ms,
             max_lease: cfg.max_lease_ms,
             counters: stats::Counters::default(),
+            observer: std::sync::OnceLock::new(),
             shared_used: AtomicU64::new(0),
             unreserved,
         })
@@ -547,6 +558,10 @@ impl Pool {
         if p.pin {
             space.pinned.fetch_add(p.size, Ordering::Relaxed);
         }
+        if let Some(o) = self.observer.get() {
+            // Still under the shard's lock: a reader told of the commit finds the object.
+            o.committed(p.ns, &p.key);
+        }
         match shard.ns[p.ns as usize].insert(p.key, entry, p.depth, self.tick()) {
             Some(old) => self.retire_entry(shard, p.ns, old),
             None => {
@@ -554,6 +569,12 @@ impl Pool {
             }
         }
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the observer told of every commit (once; a second call is refused and returns
+    /// false).
+    pub fn observe(&self, observer: Arc<dyn CommitObserver>) -> bool {
+        self.observer.set(observer).is_ok()
     }
 
     /// Gives a pending allocation back without committing it.
@@ -1218,7 +1239,8 @@ impl Drop for PendingWrite<'_> {
     }
 }
 
-fn check_key(key: &[u8]) -> Result<(), PoolError> {
+/// Refuses a key the pool would refuse (empty, or longer than [`crate::MAX_KEY_LEN`]).
+pub fn check_key(key: &[u8]) -> Result<(), PoolError> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(PoolError::BadKey);
     }

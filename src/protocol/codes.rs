@@ -63,6 +63,12 @@ pub enum ErrorCode {
     /// (`Vouch`) This node acknowledged a write or remove of the key that a copy on another
     /// node could be older than (or it can't rule one out): don't serve that copy.
     Superseded = 55,
+    /// (Handoff) The key's producer posted a tombstone (`Fail`): it will not be written; the
+    /// reason travels with the event or error.
+    Failed = 56,
+    /// (Handoff) Events for this connection were dropped (it did not read them fast enough):
+    /// what it watches must be checked again.
+    Lagged = 57,
     /// The client timed out (never sent by a node).
     Timeout = 97,
     /// The node is shutting down.
@@ -75,7 +81,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 30] = [
+        const ALL: [ErrorCode; 32] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -103,6 +109,8 @@ impl ErrorCode {
             Unavailable,
             WrongIncarnation,
             Superseded,
+            Failed,
+            Lagged,
             Timeout,
             ShuttingDown,
             Internal,

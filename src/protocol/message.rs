@@ -220,6 +220,43 @@ pub enum Op {
         /// Keys.
         keys: Vec<Key>,
     },
+    /// Watch keys for a handoff: the reply says where each stands now (`Statuses`: `Ok`
+    /// present, `NotFound` not yet, `Failed` tombstoned), and from then on the connection is
+    /// sent an `Event` (request id [`crate::protocol::EVENT_ID`]) whenever one of them is
+    /// committed or failed, until `Unwatch` or the connection closes.
+    Watch {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Stop watching keys. Reply: `Count` of watches ended.
+    Unwatch {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Watch every key of the namespace that starts with `prefix` (at most 256 bytes; empty:
+    /// every key), as `Watch` does, without a status. Reply: `Done`.
+    Subscribe {
+        /// Namespace id.
+        ns: u32,
+        /// Key prefix.
+        prefix: Vec<u8>,
+    },
+    /// A producer's tombstone: the keys will not be written (the request failed). Every
+    /// watcher is told at once (`Event` with `Failed` and the reason) and a later `Watch` finds
+    /// them failed, until a commit of the key or the tombstone's time (`tombstone_ms`) ends it.
+    /// Reply: `Count` of tombstones posted.
+    Fail {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Why (at most 1 KiB; longer is cut).
+        reason: String,
+    },
 }
 
 /// One value of a `BatchPut`.
@@ -309,6 +346,19 @@ pub enum Reply {
         code: u16,
         /// Human-readable detail.
         message: String,
+    },
+    /// A watched key was committed (`code` Ok) or failed (`Failed`, with `reason`), or events
+    /// were dropped (`Lagged`: check every watched key again). Sent unasked, with request id
+    /// [`crate::protocol::EVENT_ID`], on a connection that watches.
+    Event {
+        /// Namespace id.
+        ns: u32,
+        /// The key (empty for `Lagged`).
+        key: Key,
+        /// An [`crate::protocol::ErrorCode`].
+        code: u16,
+        /// The producer's reason (`Failed`).
+        reason: String,
     },
     /// One page of a `Scan`.
     Keys {

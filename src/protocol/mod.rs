@@ -29,3 +29,7 @@ pub use rkyv::util::AlignedVec;
 
 /// Protocol version spoken by this build; the handshake refuses any other.
 pub const PROTOCOL_VERSION: u32 = 3;
+
+/// The request id of an `Event` (sent unasked on a connection that watches keys); never the
+/// id of a request.
+pub const EVENT_ID: u64 = u64::MAX;

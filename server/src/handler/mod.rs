@@ -21,6 +21,7 @@
 mod admin;
 mod cluster;
 mod data;
+mod handoff;
 mod one_sided;
 mod prefix;
 
@@ -35,7 +36,7 @@ use kvpool::protocol::{
     decode_request, encode, ArchivedOp, ErrorCode, FrameError, Reply, Response,
 };
 use kvpool::PoolError;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::watch;
 
 use self::data::Item;
@@ -72,6 +73,7 @@ pub(crate) async fn serve<R, W>(
             pool: &shared.pool,
             held: Vec::new(),
         },
+        watching: None,
     };
     let mut hdr = AlignedVec::<16>::new();
     let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
@@ -80,7 +82,11 @@ pub(crate) async fn serve<R, W>(
         let (limits, deadline) = if conn.access.is_some() {
             // A connection holding objects is a same-host reader's lifeline for its views:
             // closing it for idling would free memory that the reader still maps.
-            let idle = shared.conn.idle.filter(|_| conn.holds.is_empty());
+            // So is a watching one: a consumer waits as long as its producer takes.
+            let idle = shared
+                .conn
+                .idle
+                .filter(|_| conn.holds.is_empty() && conn.watching.is_none());
             (
                 &shared.limits,
                 idle.map(|d| tokio::time::Instant::now() + d),
@@ -88,6 +94,36 @@ pub(crate) async fn serve<R, W>(
         } else {
             (&shared.conn.hello_limits, Some(hello_by))
         };
+        if conn.watching.is_some() && conn.r.buffer().is_empty() {
+            // Between requests of a watching connection: write its events until the next
+            // request's first bytes arrive (filling the read buffer is cancel-safe).
+            let next = loop {
+                let Some(reg) = conn.watching.as_mut() else {
+                    break Ok(());
+                };
+                // (The shutdown's guard is dropped inside: it must not live across an await.)
+                let stop = async {
+                    let _ = shutdown.wait_for(|stop| *stop).await;
+                };
+                tokio::select! {
+                    biased;
+                    () = stop => break Err(()),
+                    ev = reg.rx.recv() => {
+                        let Some(ev) = ev else { break Ok(()) };
+                        if conn.events(ev).await.is_err() {
+                            break Err(());
+                        }
+                    }
+                    r = conn.r.fill_buf() => break match r {
+                        Ok(b) if !b.is_empty() => Ok(()),
+                        _ => Err(()),
+                    },
+                }
+            };
+            if next.is_err() {
+                break;
+            }
+        }
         let prefix = tokio::select! {
             biased;
             _ = shutdown.wait_for(|stop| *stop) => break,
@@ -149,6 +185,8 @@ struct Conn<'a, R, W> {
     routing: Routing,
     /// The objects this connection holds (`Hold`); ended when the connection is dropped.
     holds: Holds<'a>,
+    /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
+    watching: Option<crate::watch::Registration>,
 }
 
 /// The objects one connection holds, one entry per hold (namespace, key, generation); every
@@ -320,6 +358,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::Drain => self.drain(id).await,
             ArchivedOp::Vouch { ns, keys } => self.vouch(id, ns.to_native(), keys).await,
             ArchivedOp::Hold { ns, keys } => self.hold(id, ns.to_native(), keys).await,
+            ArchivedOp::Watch { ns, keys } => self.watch(id, ns.to_native(), keys, now).await,
+            ArchivedOp::Unwatch { ns, keys } => self.unwatch(id, ns.to_native(), keys).await,
+            ArchivedOp::Subscribe { ns, prefix } => {
+                self.subscribe(id, ns.to_native(), prefix.as_slice()).await
+            }
+            ArchivedOp::Fail { ns, keys, reason } => {
+                self.fail_keys(id, ns.to_native(), keys, reason.as_str(), now)
+                    .await
+            }
         }
     }
 
@@ -382,6 +429,32 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         .await
     }
 
+    /// Writes `first` and every other event already queued (and a `Lagged` event when some
+    /// were dropped), then flushes.
+    async fn events(&mut self, first: crate::watch::Event) -> io::Result<()> {
+        let mut next = Some(first);
+        while let Some(ev) = next {
+            let reply = Reply::Event {
+                ns: ev.ns,
+                key: ev.key.into_vec(),
+                code: ev.code as u16,
+                reason: ev.reason,
+            };
+            self.reply(kvpool::protocol::EVENT_ID, reply, &[]).await?;
+            next = self.watching.as_mut().and_then(|r| r.rx.try_recv().ok());
+        }
+        if self.watching.as_ref().is_some_and(|r| r.take_lagged()) {
+            let reply = Reply::Event {
+                ns: 0,
+                key: Vec::new(),
+                code: ErrorCode::Lagged as u16,
+                reason: String::new(),
+            };
+            self.reply(kvpool::protocol::EVENT_ID, reply, &[]).await?;
+        }
+        self.w.flush().await
+    }
+
     async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
         let hdr = encode(&Response { id, reply });
         write_frame(&mut self.w, &hdr, payload).await
@@ -407,6 +480,10 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
             OpKind::Lookup
         }
         ArchivedOp::Release { .. } => OpKind::Release,
+        ArchivedOp::Watch { .. } | ArchivedOp::Unwatch { .. } | ArchivedOp::Subscribe { .. } => {
+            OpKind::Exists
+        }
+        ArchivedOp::Fail { .. } => OpKind::Remove,
         ArchivedOp::Pin { .. } => OpKind::Pin,
         ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
@@ -432,6 +509,10 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Alloc { ns, .. }
         | ArchivedOp::Lookup { ns, .. }
         | ArchivedOp::Hold { ns, .. }
+        | ArchivedOp::Watch { ns, .. }
+        | ArchivedOp::Unwatch { ns, .. }
+        | ArchivedOp::Subscribe { ns, .. }
+        | ArchivedOp::Fail { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
         | ArchivedOp::Release { ns, .. }
         | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),

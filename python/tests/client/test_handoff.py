@@ -1,0 +1,62 @@
+"""Handoffs from Python (docs/HANDOFF.md): a consumer thread waits for keys a producer thread
+writes, against a real kvpoold; a producer's ``fail`` wakes the waiter at once with its reason;
+a silent producer leaves the wait to time out with exactly the missing keys."""
+
+from __future__ import annotations
+
+import threading
+
+import kvpool
+import pytest
+
+
+@pytest.fixture
+def pair(kvpoold):
+    with kvpool.Client(kvpoold.url) as producer, kvpool.Client(kvpoold.url) as consumer:
+        yield producer, consumer
+
+
+def test_a_wait_ends_when_the_producer_writes(pair):
+    producer, consumer = pair
+    keys = [f"req-1/block-{i}".encode() for i in range(8)]
+    started = threading.Event()
+    out = {}
+
+    def consume():
+        started.set()
+        out["got"] = consumer.wait(keys, timeout=60.0)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    started.wait()
+    for i, k in enumerate(keys):
+        producer.put(k, bytes([i]) * 4096)
+    t.join(timeout=90)
+    assert not t.is_alive()
+    assert out["got"] == ([], [])
+    assert consumer.get(keys[5]) == bytes([5]) * 4096
+
+
+def test_fail_wakes_the_waiter_with_the_reason(pair):
+    producer, consumer = pair
+    keys = ["req-2/a", "req-2/b"]
+    producer.put("req-2/a", b"kv")
+    out = {}
+    t = threading.Thread(target=lambda: out.update(got=consumer.wait(keys, 60.0)))
+    t.start()
+    assert producer.fail(["req-2/b"], "decode instance went away") == 1
+    t.join(timeout=90)
+    missing, failed = out["got"]
+    assert missing == []
+    assert failed == [(b"req-2/b", "decode instance went away")]
+
+
+def test_a_silent_producer_times_out_with_the_missing_keys(pair):
+    producer, consumer = pair
+    producer.put("req-3/a", b"kv")
+    missing, failed = consumer.wait(["req-3/a", "req-3/b", "req-3/c"], timeout=0.2)
+    assert missing == [b"req-3/b", b"req-3/c"] and failed == []
+    with pytest.raises(kvpool.InvalidArgumentError):
+        consumer.wait(["x"], timeout=-1)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        consumer.wait(["x"], timeout=float("nan"))

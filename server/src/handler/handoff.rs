@@ -1,0 +1,129 @@
+//! The handoff family (docs/HANDOFF.md): `Watch` and `Unwatch` keys, `Subscribe` to a prefix,
+//! `Fail` keys (a producer's tombstone). A connection that watches is sent an `Event` frame
+//! (request id `EVENT_ID`) for every commit or tombstone of what it watches; the connection
+//! loop writes them between requests.
+
+use kvpool::protocol::{ErrorCode, Key, Reply};
+use kvpool::Millis;
+use rkyv::Archived;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::{Conn, Next};
+use crate::watch::MAX_PREFIX;
+
+impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+    /// Registers the watches first, then says where each key stands: a commit between the two
+    /// is both reported as present and sent as an event (the client takes the first), never
+    /// lost.
+    pub(super) async fn watch(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+        now: Millis,
+    ) -> Next {
+        if let Err(code) = self.s.batch_check(keys.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        if let Err(e) = self.s.pool.exists_prefix(ns, std::iter::empty()) {
+            return self.answer(id, Err(e.into())).await;
+        }
+        let watched = self.watching.as_ref().map_or(0, |r| r.watched);
+        if watched + keys.len() > self.s.conn.max_watches {
+            let max = self.s.conn.max_watches;
+            let msg = format!(
+                "this connection would watch more than {max} keys (limits.max_watches_per_connection)"
+            );
+            self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
+            return Ok(true);
+        }
+        let watches = self.s.watches.clone();
+        let reg = self.watching.get_or_insert_with(|| watches.register());
+        for k in keys.iter() {
+            watches.watch(reg, ns, k.as_slice());
+        }
+        let pool = &*self.s.pool;
+        let mut codes = Vec::with_capacity(keys.len());
+        for k in keys.iter() {
+            let key = k.as_slice();
+            let present = self.s.fresh_key(ns, key, self.routing)
+                && pool.exists_prefix(ns, [key]).unwrap_or(0) == 1;
+            let code = if present {
+                ErrorCode::Ok
+            } else if let Some(reason) = watches.tombstone(ns, key, now) {
+                // Its reason follows as an event, right after this reply.
+                if let Some(reg) = self.watching.as_ref() {
+                    watches.tell_one(reg, ns, key, ErrorCode::Failed, &reason);
+                }
+                ErrorCode::Failed
+            } else {
+                ErrorCode::NotFound
+            };
+            codes.push(code as u16);
+        }
+        self.answer(id, Ok(Reply::Statuses(codes))).await
+    }
+
+    pub(super) async fn unwatch(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
+        if let Err(code) = self.s.batch_check(keys.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        let watches = self.s.watches.clone();
+        let mut n = 0;
+        if let Some(reg) = self.watching.as_mut() {
+            for k in keys.iter() {
+                n += watches.unwatch(reg, ns, k.as_slice()) as u64;
+            }
+        }
+        self.answer(id, Ok(Reply::Count(n))).await
+    }
+
+    pub(super) async fn subscribe(&mut self, id: u64, ns: u32, prefix: &[u8]) -> Next {
+        if prefix.len() > MAX_PREFIX {
+            let msg = format!("a prefix is at most {MAX_PREFIX} bytes");
+            self.fail(id, ErrorCode::BadKey, &msg).await?;
+            return Ok(true);
+        }
+        if let Err(e) = self.s.pool.exists_prefix(ns, std::iter::empty()) {
+            return self.answer(id, Err(e.into())).await;
+        }
+        let watched = self.watching.as_ref().map_or(0, |r| r.watched);
+        if watched + 1 > self.s.conn.max_watches {
+            let max = self.s.conn.max_watches;
+            let msg = format!("this connection already watches {max} keys and prefixes");
+            self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
+            return Ok(true);
+        }
+        let watches = self.s.watches.clone();
+        let reg = self.watching.get_or_insert_with(|| watches.register());
+        watches.subscribe(reg, ns, prefix);
+        self.answer(id, Ok(Reply::Done)).await
+    }
+
+    /// Posts tombstones (the keys' producer gave up on them) and wakes their watchers.
+    pub(super) async fn fail_keys(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+        reason: &str,
+        now: Millis,
+    ) -> Next {
+        if let Err(code) = self.s.batch_check(keys.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        if let Err(e) = self.s.pool.exists_prefix(ns, std::iter::empty()) {
+            return self.answer(id, Err(e.into())).await;
+        }
+        // (A reason over MAX_REASON bytes is cut by the registry.)
+        for k in keys.iter() {
+            if kvpool::pool::check_key(k.as_slice()).is_err() {
+                return self.answer(id, Err(ErrorCode::BadKey)).await;
+            }
+        }
+        for k in keys.iter() {
+            self.s.watches.fail(ns, k.as_slice(), reason, now);
+        }
+        self.answer(id, Ok(Reply::Count(keys.len() as u64))).await
+    }
+}

@@ -1,0 +1,386 @@
+//! Handoff notifications (docs/HANDOFF.md): connections that watch keys (`Watch`) or key
+//! prefixes (`Subscribe`) are sent an event when one is committed, or when its producer posts a
+//! tombstone (`Fail`), so a consumer learns of a handoff's blocks without polling.
+//!
+//! The pool tells [`Watches`] of every commit (it is the pool's [`CommitObserver`]), with the
+//! key's index shard locked: a consumer that reads the key after the event finds it. The
+//! registry's own lock is taken under the shard's and never the other way round (a `Watch`
+//! registers first, then looks the keys up), and with nothing watched or failed a commit costs
+//! two atomic loads.
+//!
+//! Each watching connection has a bounded channel of events. A connection that does not read
+//! them fast enough loses the ones that do not fit and is sent one `Lagged` event instead: it
+//! must check what it watches again. Memory is bounded: keys watched per connection
+//! (`max_watches_per_connection`), prefixes per connection (the same bound), and tombstones
+//! (at most [`MAX_TOMBSTONES`], each kept `tombstone_ms`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kvpool::protocol::ErrorCode;
+use kvpool::{CommitObserver, Millis};
+use tokio::sync::mpsc;
+
+/// Events waiting to be written to one connection before it counts as lagging.
+const EVENTS_PER_CONNECTION: usize = 4096;
+
+/// Tombstones kept at most (the oldest go first).
+pub(crate) const MAX_TOMBSTONES: usize = 1 << 16;
+
+/// Longest reason kept with a tombstone, bytes.
+pub(crate) const MAX_REASON: usize = 1024;
+
+/// Longest prefix a connection may subscribe to, bytes.
+pub(crate) const MAX_PREFIX: usize = 256;
+
+/// What a watching connection is told.
+#[derive(Debug)]
+pub(crate) struct Event {
+    pub(crate) ns: u32,
+    pub(crate) key: Box<[u8]>,
+    pub(crate) code: ErrorCode,
+    pub(crate) reason: String,
+}
+
+type NsKey = (u32, Box<[u8]>);
+
+struct Sink {
+    tx: mpsc::Sender<Event>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Sink {
+    fn send(&self, ns: u32, key: &[u8], code: ErrorCode, reason: &str) {
+        let ev = Event {
+            ns,
+            key: key.into(),
+            code,
+            reason: reason.to_owned(),
+        };
+        if self.tx.try_send(ev).is_err() {
+            self.lagged.store(true, Ordering::Release);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    sinks: HashMap<u64, Sink>,
+    /// Watched keys and the connections watching each.
+    keys: HashMap<NsKey, Vec<u64>>,
+    /// Subscriptions: (connection, namespace, prefix).
+    prefixes: Vec<(u64, u32, Box<[u8]>)>,
+    /// Tombstones: reason and when it lapses.
+    tombstones: HashMap<NsKey, (String, Millis)>,
+    /// Tombstones in the order they were posted, to drop the oldest first.
+    tomb_order: VecDeque<(NsKey, Millis)>,
+}
+
+/// The node's watches and tombstones.
+pub(crate) struct Watches {
+    /// Watched keys plus subscriptions, over every connection.
+    active: AtomicUsize,
+    /// Tombstones held.
+    tombs: AtomicUsize,
+    tombstone_ms: Millis,
+    inner: Mutex<Inner>,
+}
+
+/// One connection's place in the registry: its events, and its watches, all ended on drop.
+pub(crate) struct Registration {
+    watches: Arc<Watches>,
+    id: u64,
+    pub(crate) rx: mpsc::Receiver<Event>,
+    lagged: Arc<AtomicBool>,
+    /// Keys and prefixes this connection watches.
+    pub(crate) watched: usize,
+}
+
+impl Registration {
+    /// Whether events were dropped since the last call (and clears it).
+    pub(crate) fn take_lagged(&self) -> bool {
+        self.lagged.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.watches.forget(self.id);
+    }
+}
+
+impl Watches {
+    pub(crate) fn new(tombstone_ms: Millis) -> Watches {
+        Watches {
+            active: AtomicUsize::new(0),
+            tombs: AtomicUsize::new(0),
+            tombstone_ms,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new connection's registration (made on its first watch).
+    pub(crate) fn register(self: &Arc<Self>) -> Registration {
+        let (tx, rx) = mpsc::channel(EVENTS_PER_CONNECTION);
+        let lagged = Arc::new(AtomicBool::new(false));
+        let mut inner = self.lock();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        inner.sinks.insert(
+            id,
+            Sink {
+                tx,
+                lagged: lagged.clone(),
+            },
+        );
+        Registration {
+            watches: self.clone(),
+            id,
+            rx,
+            lagged,
+            watched: 0,
+        }
+    }
+
+    /// Watches `key` for `r` (no-op when it already does); returns whether it is new.
+    pub(crate) fn watch(&self, r: &mut Registration, ns: u32, key: &[u8]) -> bool {
+        let mut inner = self.lock();
+        let conns = inner.keys.entry((ns, key.into())).or_default();
+        if conns.contains(&r.id) {
+            return false;
+        }
+        conns.push(r.id);
+        r.watched += 1;
+        self.active.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Stops `r` watching `key`; returns whether it did.
+    pub(crate) fn unwatch(&self, r: &mut Registration, ns: u32, key: &[u8]) -> bool {
+        let mut inner = self.lock();
+        let k: NsKey = (ns, key.into());
+        let Some(conns) = inner.keys.get_mut(&k) else {
+            return false;
+        };
+        let Some(i) = conns.iter().position(|c| *c == r.id) else {
+            return false;
+        };
+        conns.swap_remove(i);
+        if conns.is_empty() {
+            inner.keys.remove(&k);
+        }
+        r.watched -= 1;
+        self.active.fetch_sub(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Subscribes `r` to every key of `ns` starting with `prefix`.
+    pub(crate) fn subscribe(&self, r: &mut Registration, ns: u32, prefix: &[u8]) {
+        let mut inner = self.lock();
+        if inner
+            .prefixes
+            .iter()
+            .any(|(c, n, p)| *c == r.id && *n == ns && &**p == prefix)
+        {
+            return;
+        }
+        inner.prefixes.push((r.id, ns, prefix.into()));
+        r.watched += 1;
+        self.active.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Sends one event to `r`'s connection alone (a tombstone found by its `Watch`, with its
+    /// reason).
+    pub(crate) fn tell_one(
+        &self,
+        r: &Registration,
+        ns: u32,
+        key: &[u8],
+        code: ErrorCode,
+        reason: &str,
+    ) {
+        if let Some(s) = self.lock().sinks.get(&r.id) {
+            s.send(ns, key, code, reason);
+        }
+    }
+
+    /// Ends every watch of connection `id`.
+    fn forget(&self, id: u64) {
+        let mut inner = self.lock();
+        inner.sinks.remove(&id);
+        let mut ended = 0;
+        inner.keys.retain(|_, conns| {
+            let before = conns.len();
+            conns.retain(|c| *c != id);
+            ended += before - conns.len();
+            !conns.is_empty()
+        });
+        let before = inner.prefixes.len();
+        inner.prefixes.retain(|(c, ..)| *c != id);
+        ended += before - inner.prefixes.len();
+        self.active.fetch_sub(ended, Ordering::AcqRel);
+    }
+
+    /// The reason of `key`'s tombstone, if it has one still in force at `now`.
+    pub(crate) fn tombstone(&self, ns: u32, key: &[u8], now: Millis) -> Option<String> {
+        if self.tombs.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let inner = self.lock();
+        let (reason, until) = inner.tombstones.get(&(ns, Box::from(key)))?;
+        (*until > now).then(|| reason.clone())
+    }
+
+    /// Posts a tombstone for `key` (replacing an older one) and tells its watchers.
+    pub(crate) fn fail(&self, ns: u32, key: &[u8], reason: &str, now: Millis) {
+        let reason = cut(reason, MAX_REASON);
+        let until = now.saturating_add(self.tombstone_ms);
+        let mut inner = self.lock();
+        let k: NsKey = (ns, key.into());
+        // Lapsed ones first, then the oldest while over the bound.
+        while let Some((old, at)) = inner.tomb_order.front() {
+            let lapsed = *at <= now;
+            let over = inner.tombstones.len() >= MAX_TOMBSTONES
+                || inner.tomb_order.len() >= 2 * MAX_TOMBSTONES;
+            if !lapsed && !over {
+                break;
+            }
+            let old = old.clone();
+            let at = *at;
+            inner.tomb_order.pop_front();
+            if inner.tombstones.get(&old).is_some_and(|(_, u)| *u == at) {
+                inner.tombstones.remove(&old);
+            }
+        }
+        inner
+            .tombstones
+            .insert(k.clone(), (reason.to_owned(), until));
+        inner.tomb_order.push_back((k, until));
+        self.tombs.store(inner.tombstones.len(), Ordering::Release);
+        inner.tell(ns, key, ErrorCode::Failed, reason);
+    }
+}
+
+impl Inner {
+    /// Sends the event to every connection watching `key` or a prefix of it.
+    fn tell(&self, ns: u32, key: &[u8], code: ErrorCode, reason: &str) {
+        if let Some(conns) = self.keys.get(&(ns, Box::from(key))) {
+            for c in conns {
+                if let Some(s) = self.sinks.get(c) {
+                    s.send(ns, key, code, reason);
+                }
+            }
+        }
+        for (c, n, p) in &self.prefixes {
+            if *n == ns && key.starts_with(p) {
+                if let Some(s) = self.sinks.get(c) {
+                    s.send(ns, key, code, reason);
+                }
+            }
+        }
+    }
+}
+
+impl CommitObserver for Watches {
+    fn committed(&self, ns: u32, key: &[u8]) {
+        if self.active.load(Ordering::Acquire) == 0 && self.tombs.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.tombstones.remove(&(ns, Box::from(key))).is_some() {
+            // The producer wrote it after all: the tombstone is over.
+            self.tombs.store(inner.tombstones.len(), Ordering::Release);
+        }
+        inner.tell(ns, key, ErrorCode::Ok, "");
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn watchers_hear_commits_and_tombstones_until_they_go() {
+        let w = Arc::new(Watches::new(1000));
+        let mut a = w.register();
+        let mut b = w.register();
+        assert!(w.watch(&mut a, 0, b"k"));
+        assert!(
+            !w.watch(&mut a, 0, b"k"),
+            "a second watch of a key is the same"
+        );
+        w.subscribe(&mut b, 0, b"k");
+        w.committed(0, b"k");
+        w.committed(1, b"k"); // another namespace
+        w.committed(0, b"other");
+        let ev = a.rx.recv().await.unwrap();
+        assert_eq!((ev.ns, &*ev.key, ev.code), (0, &b"k"[..], ErrorCode::Ok));
+        assert_eq!(b.rx.recv().await.unwrap().code, ErrorCode::Ok);
+        assert!(a.rx.try_recv().is_err() && b.rx.try_recv().is_err());
+
+        w.fail(0, b"k", "prefill died", 10);
+        let ev = a.rx.recv().await.unwrap();
+        assert_eq!(
+            (ev.code, ev.reason.as_str()),
+            (ErrorCode::Failed, "prefill died")
+        );
+        assert_eq!(w.tombstone(0, b"k", 500).as_deref(), Some("prefill died"));
+        assert_eq!(w.tombstone(0, b"k", 1010), None, "lapsed");
+        w.committed(0, b"k");
+        assert_eq!(w.tombstone(0, b"k", 500), None, "a commit ends it");
+        assert_eq!(a.rx.recv().await.unwrap().code, ErrorCode::Ok);
+
+        assert!(w.unwatch(&mut a, 0, b"k"));
+        drop(b);
+        assert_eq!(w.active.load(Ordering::Acquire), 0);
+        w.committed(0, b"k");
+        assert!(a.rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_lags_instead_of_growing_memory() {
+        let w = Arc::new(Watches::new(1000));
+        let mut a = w.register();
+        w.subscribe(&mut a, 0, b"");
+        for i in 0..EVENTS_PER_CONNECTION + 10 {
+            w.committed(0, format!("k{i}").as_bytes());
+        }
+        assert!(a.take_lagged());
+        assert!(!a.take_lagged());
+        let mut n = 0;
+        while a.rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, EVENTS_PER_CONNECTION);
+    }
+
+    #[test]
+    fn tombstones_are_bounded_and_reasons_cut() {
+        let w = Watches::new(1_000_000);
+        for i in 0..MAX_TOMBSTONES + 5 {
+            w.fail(0, format!("k{i}").as_bytes(), &"x".repeat(2000), 1);
+        }
+        assert_eq!(w.lock().tombstones.len(), MAX_TOMBSTONES);
+        assert_eq!(w.tombstone(0, b"k0", 2), None, "the oldest went first");
+        let r = w.tombstone(0, format!("k{}", MAX_TOMBSTONES + 4).as_bytes(), 2);
+        assert_eq!(r.map(|r| r.len()), Some(MAX_REASON));
+    }
+}

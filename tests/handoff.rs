@@ -1,0 +1,270 @@
+//! Handoffs end to end (issue 16, docs/HANDOFF.md): a consumer waits for keys a producer
+//! writes, against real `kvpoold` processes over real sockets: woken by the writes, woken at
+//! once by a producer's tombstone with its reason, timing out with the missing keys when the
+//! producer dies silently, ten thousand waits at once, a prefix subscription, a wait across a
+//! three-node cluster while a node drains, and the `kvpool wait` / `kvpool fail` commands.
+//! Every wait is bounded; nothing asserts on elapsed time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{cfg, serving, start_node, wait_view};
+use common::Node;
+use kvpool::placement::NodeState;
+use kvpool_client::{Client, KeyEvent, SameHost};
+
+async fn connect(n: &Node) -> Client {
+    Client::connect(&n.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap()
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("{prefix}/block-{i:05}").into_bytes())
+        .collect()
+}
+
+fn refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
+    keys.iter().map(|k| &k[..]).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_wakes_when_its_producer_writes_and_a_tombstone_wakes_it_at_once() {
+    let node = Node::start("64MiB", &[]);
+    let producer = connect(&node).await;
+    let consumer = connect(&node).await;
+
+    // Written before the wait: it returns at once.
+    let early = keys("req-early", 3);
+    for k in &early {
+        producer.put(k, b"kv").await.unwrap();
+    }
+    let got = consumer
+        .wait(&refs(&early), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(got.complete(), "{got:?}");
+
+    // Written while the consumer waits.
+    let ks = keys("req-1", 8);
+    let waiting = {
+        let (c, ks) = (consumer.clone(), ks.clone());
+        tokio::spawn(async move { c.wait(&refs(&ks), Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (i, k) in ks.iter().enumerate() {
+        producer
+            .put(k, &common::value(i as u64, 4096))
+            .await
+            .unwrap();
+    }
+    let got = waiting.await.unwrap().unwrap();
+    assert!(got.complete(), "{got:?}");
+    for (i, k) in ks.iter().enumerate() {
+        assert_eq!(
+            consumer.get(k).await.unwrap().unwrap(),
+            common::value(i as u64, 4096)
+        );
+    }
+
+    // The producer writes half and fails the rest: the wait ends with the reason, long before
+    // its 60 s timeout (had it timed out, the failed keys would be reported missing).
+    let ks = keys("req-2", 6);
+    let waiting = {
+        let (c, ks) = (consumer.clone(), ks.clone());
+        tokio::spawn(async move { c.wait(&refs(&ks), Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for k in &ks[..3] {
+        producer.put(k, b"kv").await.unwrap();
+    }
+    assert_eq!(
+        producer
+            .fail(&refs(&ks[3..]), "prefill worker 3 lost its GPU")
+            .await
+            .unwrap(),
+        3
+    );
+    let got = waiting.await.unwrap().unwrap();
+    assert!(got.missing.is_empty(), "{got:?}");
+    let mut failed: Vec<_> = got.failed.iter().map(|(k, _)| k.clone()).collect();
+    failed.sort();
+    assert_eq!(failed, ks[3..].to_vec());
+    assert!(got
+        .failed
+        .iter()
+        .all(|(_, r)| r == "prefill worker 3 lost its GPU"));
+
+    // A wait that starts after the tombstone finds it (the reason comes with it).
+    let got = consumer
+        .wait(&refs(&ks[3..]), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(got.failed.len(), 3, "{got:?}");
+    assert!(got.failed.iter().all(|(_, r)| r.contains("GPU")));
+    // A retry that writes the key ends its tombstone.
+    producer.put(&ks[3], b"retried").await.unwrap();
+    let got = consumer
+        .wait(&refs(&ks[3..4]), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(got.complete(), "{got:?}");
+
+    // A producer that dies without a word: the wait times out with exactly what is missing.
+    let ks = keys("req-3", 4);
+    producer.put(&ks[0], b"kv").await.unwrap();
+    let got = consumer
+        .wait(&refs(&ks), Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(got.missing, ks[1..].to_vec());
+    assert!(got.failed.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_waits_at_once_all_end_when_their_keys_come() {
+    let node = Node::start("256MiB", &[]);
+    let producer = connect(&node).await;
+    let consumer = connect(&node).await;
+    let ks = keys("many", 10_000);
+    let mut tasks = Vec::new();
+    for k in &ks {
+        let (c, k) = (consumer.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            c.wait(&[&k], Duration::from_secs(120)).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for part in ks.chunks(500) {
+        let items: Vec<(&[u8], &[u8])> = part.iter().map(|k| (&k[..], &b"v"[..])).collect();
+        let codes = producer.batch_put_from(&items).await.unwrap();
+        assert!(codes.iter().all(|c| *c == kvpool_client::ErrorCode::Ok));
+    }
+    let mut complete = 0;
+    for t in tasks {
+        complete += t.await.unwrap().unwrap().complete() as usize;
+    }
+    assert_eq!(complete, ks.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_hears_every_key_under_its_prefix() {
+    let node = Node::start("64MiB", &[]);
+    let producer = connect(&node).await;
+    let consumer = connect(&node).await;
+    let mut sub = consumer.subscribe(b"req-9/").await.unwrap();
+    producer.put(b"req-9/a", b"1").await.unwrap();
+    producer.put(b"other/x", b"1").await.unwrap();
+    producer.fail(&[b"req-9/b"], "aborted").await.unwrap();
+    producer.put(b"req-9/c", b"1").await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let ev = tokio::time::timeout(Duration::from_secs(20), sub.recv())
+            .await
+            .expect("an event within 20 s")
+            .unwrap();
+        got.push(ev);
+    }
+    assert_eq!(
+        got,
+        vec![
+            KeyEvent::Written(b"req-9/a".to_vec()),
+            KeyEvent::Failed(b"req-9/b".to_vec(), "aborted".into()),
+            KeyEvent::Written(b"req-9/c".to_vec()),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_across_a_cluster_survives_a_node_draining() {
+    let hb: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "2000"];
+    let first = start_node(0, "64MiB", None, hb);
+    let mut nodes = vec![first];
+    for id in 1..3 {
+        let n = start_node(id, "64MiB", Some(&nodes[0]), hb);
+        nodes.push(n);
+    }
+    let consumer = connect(&nodes[0]).await;
+    wait_view(&consumer, "three serving", |v| serving(v) == 3).await;
+    let producer = connect(&nodes[2]).await;
+    wait_view(&producer, "three serving", |v| serving(v) == 3).await;
+    let ks = keys("spread", 200);
+    let waiting = {
+        let (c, ks) = (consumer.clone(), ks.clone());
+        tokio::spawn(async move { c.wait(&refs(&ks), Duration::from_secs(90)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Half before node 1 drains, half after (those go to the keys' new owners).
+    for k in &ks[..100] {
+        producer.put(k, b"kv").await.unwrap();
+    }
+    let secret = std::fs::read(nodes[0].secret_file()).unwrap();
+    let admin = Client::connect(
+        &nodes[0].tcp_url(),
+        kvpool_client::ClientConfig {
+            cluster_secret: Some(
+                kvpool::protocol::auth::ClusterSecret::from_file_contents(&secret).unwrap(),
+            ),
+            ..cfg(SameHost::Off)
+        },
+    )
+    .await
+    .unwrap();
+    admin.drain_node(1).await.unwrap();
+    let mut child = nodes[1].child.take().unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "drained node did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_view(&producer, "node 1 down", |v| {
+        v.node(kvpool::NodeId(1))
+            .is_some_and(|n| n.state == NodeState::Down)
+    })
+    .await;
+    for k in &ks[100..] {
+        producer.put(k, b"kv").await.unwrap();
+    }
+    let got = waiting.await.unwrap().unwrap();
+    assert!(
+        got.complete(),
+        "missing {} failed {}",
+        got.missing.len(),
+        got.failed.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_waits_and_fails() {
+    let node = Node::start("64MiB", &[]);
+    let c = connect(&node).await;
+    c.put(b"cli/a", b"1").await.unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(common::bin("kvpool"))
+            .args(["-e", &node.tcp_url()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["wait", "cli/a", "--wait-ms", "10000"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = run(&["wait", "cli/a", "cli/b", "--wait-ms", "200"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cli/b missing"),
+        "{out:?}"
+    );
+    let out = run(&["fail", "cli/b", "--reason", "no decode slot"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = run(&["wait", "cli/a", "cli/b", "--wait-ms", "10000"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cli/b failed: no decode slot"),
+        "{out:?}"
+    );
+}
