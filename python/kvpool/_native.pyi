@@ -97,6 +97,9 @@ class Client:
         ``timeout`` seconds, without polling. Returns ``(missing, failed)``: the keys not
         written by then, and ``(key, reason)`` for the keys whose producer called
         :meth:`fail`. Both empty: every key is there."""
+    def subscribe(self, prefix: Key) -> Subscription:
+        """Handoff: events for every key under ``prefix`` (at most 256 bytes; empty: every
+        key), from the nodes serving now."""
     def fail(self, keys: Sequence[Key], reason: str) -> int:
         """Handoff: the producer gives up on ``keys``; every :meth:`wait` for them returns at
         once with ``reason``. Returns how many tombstones were posted."""
@@ -127,6 +130,18 @@ class Client:
     def _presence(self, keys: Sequence[Key]) -> list[bool]: ...
 
 # ----- model weights: the engine of kvpool.weights (see there and docs/WEIGHTS.md) -----
+
+class Subscription:
+    """Keys under a prefix as they are written or failed (``Client.subscribe``)."""
+
+    def next(
+        self, timeout: float
+    ) -> tuple[str] | tuple[str, bytes] | tuple[str, bytes, str] | None:
+        """The next event within ``timeout`` seconds: ``("written", key)``,
+        ``("failed", key, reason)``, ``("lagged",)`` (events were dropped: look the keys up
+        again), or None."""
+    def close(self) -> None:
+        """Ends the subscription."""
 
 class WeightsModel:
     """A published model's manifest, parsed once (``kvpool.weights.Manifest`` wraps it)."""

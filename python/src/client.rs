@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use kvpool_client::{blocking, ClientConfig, Prefix, SameHost};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyString, PyTuple};
 
 use crate::errors::{code, item_code, item_exception, Failure, InvalidArgumentError};
 use crate::registry::Registry;
@@ -462,6 +462,25 @@ impl NativeClient {
             .map_err(Failure::from)?)
     }
 
+    /// Handoff: events for every key of the namespace under `prefix`, from the nodes serving
+    /// now (see `Subscription.next`).
+    fn subscribe(&self, py: Python<'_>, prefix: &Bound<'_, PyAny>) -> PyResult<Subscription> {
+        let prefix = key_of(prefix)?;
+        if prefix.len() > 256 {
+            return Err(InvalidArgumentError::new_err(
+                "a prefix is at most 256 bytes",
+            ));
+        }
+        let c = self.client()?;
+        let sub = py
+            .detach(|| c.block_on(c.async_client().subscribe(&prefix)))
+            .map_err(Failure::from)?;
+        Ok(Subscription {
+            sub: std::sync::Mutex::new(Some(sub)),
+            client: c,
+        })
+    }
+
     /// Removes `key`; True when an object was removed.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let key = checked_key(key)?;
@@ -651,4 +670,61 @@ unsafe fn slice_ref<'a>(addr: usize, len: usize) -> &'a [u8] {
     }
     // SAFETY: the function's contract.
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
+
+/// A handoff subscription (`Client.subscribe`): the keys under a prefix as they are written or
+/// failed.
+#[pyclass(name = "Subscription", module = "kvpool._native", frozen)]
+pub(crate) struct Subscription {
+    // Field order is drop order: the subscription before the client whose runtime it uses.
+    sub: std::sync::Mutex<Option<kvpool_client::Subscription>>,
+    client: blocking::Client,
+}
+
+#[pymethods]
+impl Subscription {
+    /// The next event, waiting at most `timeout` seconds: `("written", key)`,
+    /// `("failed", key, reason)`, `("lagged",)` (events were dropped: look the keys up again),
+    /// or None when none came in time or the subscription is closed.
+    fn next<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(InvalidArgumentError::new_err(
+                "timeout must be a finite number of seconds, at least 0",
+            ));
+        }
+        let timeout = Duration::from_secs_f64(timeout.min(1e9));
+        let c = &self.client;
+        let ev = py.detach(|| {
+            let mut guard = self.sub.lock().unwrap_or_else(|e| e.into_inner());
+            let sub = guard.as_mut()?;
+            c.block_on(sub.recv_within(timeout))
+        });
+        let Some(ev) = ev else {
+            return Ok(None);
+        };
+        let t = match ev {
+            kvpool_client::KeyEvent::Written(k) => PyTuple::new(
+                py,
+                [
+                    PyString::new(py, "written").into_any(),
+                    PyBytes::new(py, &k).into_any(),
+                ],
+            )?,
+            kvpool_client::KeyEvent::Failed(k, reason) => PyTuple::new(
+                py,
+                [
+                    PyString::new(py, "failed").into_any(),
+                    PyBytes::new(py, &k).into_any(),
+                    PyString::new(py, &reason).into_any(),
+                ],
+            )?,
+            kvpool_client::KeyEvent::Lagged => PyTuple::new(py, [PyString::new(py, "lagged")])?,
+        };
+        Ok(Some(t))
+    }
+
+    /// Ends the subscription (as dropping it does).
+    fn close(&self) {
+        self.sub.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
 }

@@ -71,6 +71,7 @@ fn block_hashes<'py>(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
+    m.add_class::<client::Subscription>()?;
     m.add_function(wrap_pyfunction!(block_hashes, m)?)?;
     m.add("MAX_KEY_LEN", kvpool::MAX_KEY_LEN)?;
     weights::register(m)?;

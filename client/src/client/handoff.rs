@@ -82,6 +82,16 @@ impl Subscription {
     }
 }
 
+impl Subscription {
+    /// [`Subscription::recv`], waiting at most `timeout`: None when nothing came in time.
+    pub async fn recv_within(&mut self, timeout: Duration) -> Option<KeyEvent> {
+        tokio::time::timeout(timeout, self.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
 impl Drop for Subscription {
     fn drop(&mut self) {
         lock(&self.hub.subs).retain(|s| s.id != self.id);

@@ -60,3 +60,16 @@ def test_a_silent_producer_times_out_with_the_missing_keys(pair):
         consumer.wait(["x"], timeout=-1)
     with pytest.raises(kvpool.InvalidArgumentError):
         consumer.wait(["x"], timeout=float("nan"))
+
+
+def test_a_subscription_hears_the_prefix(pair):
+    producer, consumer = pair
+    sub = consumer.subscribe("req-4/")
+    producer.put("req-4/a", b"1")
+    producer.put("other", b"1")
+    producer.fail(["req-4/b"], "aborted")
+    got = [sub.next(20.0), sub.next(20.0)]
+    assert got == [("written", b"req-4/a"), ("failed", b"req-4/b", "aborted")]
+    assert sub.next(0.05) is None
+    sub.close()
+    assert sub.next(0.05) is None
