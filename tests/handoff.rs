@@ -268,3 +268,72 @@ async fn the_cli_waits_and_fails() {
         "{out:?}"
     );
 }
+
+/// Polls (at most 20 s) until `key` is absent.
+async fn until_gone(c: &Client, key: &[u8]) {
+    let t = Instant::now();
+    while c.exists(key).await.unwrap() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{key:?} never lapsed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_lease_frees_its_blocks_and_a_renewed_or_ended_one_keeps_them() {
+    let node = Node::start("64MiB", &[]);
+    let c = connect(&node).await;
+    for k in ["lease/a", "lease/b", "lease/c", "lease/d"] {
+        c.put(k.as_bytes(), &common::value(1, 64 << 10))
+            .await
+            .unwrap();
+    }
+    let short = Duration::from_millis(300);
+    let n = c
+        .expire(
+            &[
+                b"lease/a",
+                b"lease/b",
+                b"lease/c",
+                b"lease/d",
+                b"lease/absent",
+            ],
+            short,
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 4, "the absent key is not counted");
+    assert_eq!(
+        c.expire(&[b"lease/b"], Duration::from_secs(600))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(c.expire(&[b"lease/c"], Duration::ZERO).await.unwrap(), 1);
+    c.put(b"lease/d", b"written again after the lease")
+        .await
+        .unwrap();
+    until_gone(&c, b"lease/a").await;
+    // Past a's lapse: b renewed, c's lease ended, d rewritten since its lease was taken.
+    assert!(c.exists(b"lease/b").await.unwrap());
+    assert!(c.exists(b"lease/c").await.unwrap());
+    assert_eq!(
+        c.get(b"lease/d").await.unwrap().as_deref(),
+        Some(&b"written again after the lease"[..])
+    );
+    let out = std::process::Command::new(common::bin("kvpool"))
+        .args([
+            "-e",
+            &node.tcp_url(),
+            "expire",
+            "lease/b",
+            "--ttl-ms",
+            "100",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n", "{out:?}");
+    until_gone(&c, b"lease/b").await;
+}

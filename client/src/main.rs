@@ -130,6 +130,16 @@ enum Cmd {
         #[arg(long, default_value = "failed by its producer")]
         reason: String,
     },
+    /// Handoff lease: remove the keys --ttl-ms from now unless renewed (run again), or end
+    /// their lease (--ttl-ms 0). Prints how many keys are present.
+    Expire {
+        /// Keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Lease length in milliseconds (0: end the lease).
+        #[arg(long)]
+        ttl_ms: u64,
+    },
     /// Context caching: block keys of token prefixes (docs/HASHING.md).
     #[command(subcommand)]
     Prefix(PrefixCmd),
@@ -294,6 +304,17 @@ fn run() -> anyhow::Result<i32> {
                 .map(|k| cli.key(k))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             wait(&client, &keys, *wait_ms)
+        }
+        Cmd::Expire { keys, ttl_ms } => {
+            let keys = keys
+                .iter()
+                .map(|k| cli.key(k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            let ttl = std::time::Duration::from_millis(*ttl_ms);
+            let n = client.block_on(client.async_client().expire(&refs, ttl))?;
+            println!("{n}");
+            Ok(0)
         }
         Cmd::Fail { keys, reason } => {
             let keys = keys

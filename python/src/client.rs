@@ -451,6 +451,23 @@ impl NativeClient {
         Ok((got.missing, got.failed))
     }
 
+    /// Handoff lease: every copy of each key present is removed `ttl` seconds from now unless
+    /// renewed (call again) or ended (`ttl` 0). Returns how many keys are present.
+    fn expire(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, ttl: f64) -> PyResult<u64> {
+        let keys = checked_keys(&keys)?;
+        if !(ttl.is_finite() && ttl >= 0.0) {
+            return Err(InvalidArgumentError::new_err(
+                "ttl must be a finite number of seconds, at least 0",
+            ));
+        }
+        let ttl = Duration::from_secs_f64(ttl.min(1e9));
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        Ok(py
+            .detach(|| c.block_on(c.async_client().expire(&refs, ttl)))
+            .map_err(Failure::from)?)
+    }
+
     /// Handoff: a producer gives up on `keys`; every waiter hears `reason` at once. Returns
     /// how many tombstones were posted.
     fn fail(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, reason: &str) -> PyResult<u64> {

@@ -119,6 +119,7 @@ impl Daemon {
         let mover = (creds.clone(), timing.clone(), cluster_drain_timeout);
         tasks.push(start_mover(&shared, mover, &shutdown));
         tasks.push(start_reaper(pool.clone(), shared.started, &shutdown));
+        tasks.push(start_lease_reaper(shared.clone(), &shutdown));
         Ok(Daemon {
             bound,
             pool,
@@ -567,6 +568,29 @@ fn start_reaper(
                     let n = pool.reap(started.elapsed().as_millis() as u64);
                     if n > 0 {
                         tracing::info!(reclaimed = n, "reclaimed abandoned allocations");
+                    }
+                }
+                _ = stop_rx.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
+/// Removes the objects whose handoff lease (`Expire`) lapsed, ten times a second; a newer write
+/// of a key than the one leased is left alone.
+fn start_lease_reaper(shared: Arc<Shared>, shutdown: &watch::Receiver<bool>) -> JoinHandle<()> {
+    let mut stop_rx = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    for (ns, key, generation) in shared.watches.lapsed(shared.now()) {
+                        // Noted as a remove, as every removal is: a previous owner's copy must
+                        // not be vouched for after it.
+                        shared.cluster.note_write(ns, &key);
+                        let _ = shared.pool.remove_generation(ns, &key, generation);
                     }
                 }
                 _ = stop_rx.wait_for(|s| *s) => return,

@@ -64,8 +64,17 @@ impl Sink {
     }
 }
 
+/// Most objects under a handoff lease at once, per node (an `Expire` beyond it is refused).
+pub(crate) const MAX_LEASES: usize = 1 << 20;
+
 #[derive(Default)]
 struct Inner {
+    /// Handoff leases: per object, when it lapses and the generation it was taken on.
+    leases: HashMap<NsKey, (Millis, u64)>,
+    /// The leases by lapse time (entries of renewed or ended leases stay until they come up,
+    /// and are skipped then).
+    lease_order: std::collections::BTreeMap<(Millis, u64), NsKey>,
+    lease_seq: u64,
     next_id: u64,
     sinks: HashMap<u64, Sink>,
     /// Watched keys and the connections watching each.
@@ -301,6 +310,54 @@ impl CommitObserver for Watches {
     }
 }
 
+impl Watches {
+    /// Leases generation `generation` of `key` until `until` (replacing its lease); `until`
+    /// None ends the lease. False when the node holds [`MAX_LEASES`] already.
+    pub(crate) fn lease(
+        &self,
+        ns: u32,
+        key: &[u8],
+        generation: u64,
+        until: Option<Millis>,
+    ) -> bool {
+        let mut inner = self.lock();
+        let k: NsKey = (ns, key.into());
+        let Some(until) = until else {
+            inner.leases.remove(&k);
+            return true;
+        };
+        if !inner.leases.contains_key(&k)
+            && (inner.leases.len() >= MAX_LEASES || inner.lease_order.len() >= 2 * MAX_LEASES)
+        {
+            return false;
+        }
+        inner.lease_seq += 1;
+        let seq = inner.lease_seq;
+        inner.leases.insert(k.clone(), (until, generation));
+        inner.lease_order.insert((until, seq), k);
+        true
+    }
+
+    /// The leases lapsed by `now`, taken out: (namespace, key, generation) of each object to
+    /// remove.
+    pub(crate) fn lapsed(&self, now: Millis) -> Vec<(u32, Box<[u8]>, u64)> {
+        let mut inner = self.lock();
+        let mut out = Vec::new();
+        while let Some(entry) = inner.lease_order.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((at, _), k) = entry.remove_entry();
+            // Only if this entry is the key's current lease (not one renewed or ended since).
+            if inner.leases.get(&k).is_some_and(|(u, _)| *u == at) {
+                let (_, generation) = inner.leases.remove(&k).expect("checked");
+                out.push((k.0, k.1, generation));
+            }
+        }
+        out
+    }
+}
+
 /// `s` cut to at most `max` bytes, at a character boundary.
 fn cut(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -370,6 +427,21 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, EVENTS_PER_CONNECTION);
+    }
+
+    #[test]
+    fn leases_lapse_once_unless_renewed_or_ended() {
+        let w = Watches::new(1000);
+        assert!(w.lease(0, b"a", 7, Some(100)));
+        assert!(w.lease(0, b"b", 8, Some(100)));
+        assert!(w.lease(0, b"c", 9, Some(100)));
+        assert!(w.lease(0, b"b", 8, Some(300))); // renewed
+        assert!(w.lease(0, b"c", 9, None)); // ended
+        assert!(w.lapsed(99).is_empty());
+        assert_eq!(w.lapsed(100), vec![(0, Box::from(&b"a"[..]), 7)]);
+        assert!(w.lapsed(200).is_empty());
+        assert_eq!(w.lapsed(1000), vec![(0, Box::from(&b"b"[..]), 8)]);
+        assert!(w.lock().lease_order.is_empty() && w.lock().leases.is_empty());
     }
 
     #[test]

@@ -245,6 +245,18 @@ pub enum Op {
         /// Key prefix.
         prefix: Vec<u8>,
     },
+    /// A handoff's lease on objects: each object present is removed `ttl_ms` from now unless
+    /// the lease is renewed (another `Expire`) or ended (`ttl_ms` 0: it is kept). A later write
+    /// of the key is not removed by the lease of the object it replaced. Reply: `Count` of
+    /// objects present (leased, or with their lease ended).
+    Expire {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Lease length in ms (0: end the lease).
+        ttl_ms: u64,
+    },
     /// A producer's tombstone: the keys will not be written (the request failed). Every
     /// watcher is told at once (`Event` with `Failed` and the reason) and a later `Watch` finds
     /// them failed, until a commit of the key or the tombstone's time (`tombstone_ms`) ends it.

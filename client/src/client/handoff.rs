@@ -494,6 +494,21 @@ impl Client {
         Ok(sub)
     }
 
+    /// A handoff's lease: every copy of each key present is removed `ttl` from now unless the
+    /// lease is renewed (call again) or ended (`ttl` zero), so a handoff whose consumer went
+    /// away frees its memory by itself. A write of a key after the call is not removed by it.
+    /// Returns how many keys are present.
+    pub async fn expire(&self, keys: &[&[u8]], ttl: Duration) -> Result<u64, ClientError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl_ms = if ttl.is_zero() { 0 } else { ttl_ms.max(1) };
+        self.keys_op(keys, self.read_replicas(), |ns, keys| Op::Expire {
+            ns,
+            keys,
+            ttl_ms,
+        })
+        .await
+    }
+
     /// A producer gives up on `keys`: their owners post tombstones with `reason`, and every
     /// [`Client::wait`] and [`Subscription`] for them hears it at once (instead of waiting for
     /// its timeout). A later write of a key ends its tombstone. Returns how many were posted.

@@ -5,6 +5,7 @@ a silent producer leaves the wait to time out with exactly the missing keys."""
 from __future__ import annotations
 
 import threading
+import time
 
 import kvpool
 import pytest
@@ -73,3 +74,18 @@ def test_a_subscription_hears_the_prefix(pair):
     assert sub.next(0.05) is None
     sub.close()
     assert sub.next(0.05) is None
+
+
+def test_a_lapsed_lease_frees_the_blocks(pair):
+    producer, consumer = pair
+    producer.put("req-5/a", b"kv")
+    producer.put("req-5/b", b"kv")
+    assert producer.expire(["req-5/a", "req-5/b", "req-5/none"], 0.2) == 2
+    assert consumer.expire(["req-5/b"], 600.0) == 1  # the consumer renews one
+    deadline = time.monotonic() + 20
+    while consumer.exists("req-5/a"):
+        assert time.monotonic() < deadline, "the lease never lapsed"
+        time.sleep(0.05)
+    assert consumer.exists("req-5/b")
+    with pytest.raises(kvpool.InvalidArgumentError):
+        consumer.expire(["req-5/b"], float("inf"))

@@ -100,6 +100,41 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.answer(id, Ok(Reply::Done)).await
     }
 
+    /// Leases the objects present (their removal `ttl_ms` from now, unless renewed), or ends
+    /// their leases (`ttl_ms` 0).
+    pub(super) async fn expire(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+        ttl_ms: u64,
+        now: Millis,
+    ) -> Next {
+        if let Err(code) = self.s.batch_check(keys.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        let mut n = 0;
+        for k in keys.iter() {
+            let key = k.as_slice();
+            let generation = match self.s.pool.provenance(ns, key) {
+                Ok(Some((generation, _))) => generation,
+                Ok(None) => continue,
+                Err(e) => return self.answer(id, Err(e.into())).await,
+            };
+            let until = (ttl_ms > 0).then(|| now.saturating_add(ttl_ms));
+            if !self.s.watches.lease(ns, key, generation, until) {
+                let msg = format!(
+                    "this node holds {} handoff leases already",
+                    crate::watch::MAX_LEASES
+                );
+                self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
+                return Ok(true);
+            }
+            n += 1;
+        }
+        self.answer(id, Ok(Reply::Count(n))).await
+    }
+
     /// Posts tombstones (the keys' producer gave up on them) and wakes their watchers.
     pub(super) async fn fail_keys(
         &mut self,

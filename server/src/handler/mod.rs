@@ -363,6 +363,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::Subscribe { ns, prefix } => {
                 self.subscribe(id, ns.to_native(), prefix.as_slice()).await
             }
+            ArchivedOp::Expire { ns, keys, ttl_ms } => {
+                self.expire(id, ns.to_native(), keys, ttl_ms.to_native(), now)
+                    .await
+            }
             ArchivedOp::Fail { ns, keys, reason } => {
                 self.fail_keys(id, ns.to_native(), keys, reason.as_str(), now)
                     .await
@@ -483,7 +487,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Watch { .. } | ArchivedOp::Unwatch { .. } | ArchivedOp::Subscribe { .. } => {
             OpKind::Exists
         }
-        ArchivedOp::Fail { .. } => OpKind::Remove,
+        ArchivedOp::Fail { .. } | ArchivedOp::Expire { .. } => OpKind::Remove,
         ArchivedOp::Pin { .. } => OpKind::Pin,
         ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
@@ -513,6 +517,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Unwatch { ns, .. }
         | ArchivedOp::Subscribe { ns, .. }
         | ArchivedOp::Fail { ns, .. }
+        | ArchivedOp::Expire { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
         | ArchivedOp::Release { ns, .. }
         | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
