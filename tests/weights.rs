@@ -1148,3 +1148,62 @@ async fn a_view_of_a_corrupted_chunk_is_refused_and_holds_are_bounded() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir2);
 }
+
+// ---------------------------------------------------------------------------------------------
+// 9. Checksums given by the publisher.
+
+/// The checksums a publisher computed once go with its values, and the node still checks
+/// them: a value with a wrong sum is refused (`ChecksumMismatch`) and not stored, the others
+/// are, over the mapping (several items, or one large) and over the socket (a batch, or one
+/// item alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_put_with_their_checksums_are_checked_by_the_node() {
+    let n = Node::start("64MiB", &[]);
+    for same_host in [SameHost::Auto, SameHost::Off] {
+        let w = connect(&n, same_host).await;
+        let kv = w.client();
+        assert_eq!(kv.is_local(), same_host == SameHost::Auto);
+        let tag = format!("{same_host:?}");
+        let keys: Vec<Vec<u8>> = (0..3)
+            .map(|i| format!("sums/{tag}/{i}").into_bytes())
+            .collect();
+        let values: Vec<Vec<u8>> = (0..3).map(|i| noise(40 + i, 64 << 10)).collect();
+        let mut sums: Vec<u64> = values.iter().map(|v| kvpool::checksum(v)).collect();
+        sums[1] ^= 1;
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| (&k[..], &v[..]))
+            .collect();
+        let codes = kv
+            .batch_put_pinned_with_checksums(&items, &sums)
+            .await
+            .unwrap();
+        assert_eq!(
+            codes,
+            [ErrorCode::Ok, ErrorCode::ChecksumMismatch, ErrorCode::Ok],
+            "{tag}"
+        );
+        assert_eq!(kv.get(&keys[0]).await.unwrap().as_ref(), Some(&values[0]));
+        assert_eq!(
+            kv.get(&keys[1]).await.unwrap(),
+            None,
+            "{tag}: refused, not stored"
+        );
+        assert_eq!(kv.get(&keys[2]).await.unwrap().as_ref(), Some(&values[2]));
+        // One item alone (a single put over the socket, a mapped store on the same host).
+        let one = [(&keys[1][..], &values[1][..])];
+        let codes = kv
+            .batch_put_pinned_with_checksums(&one, &[sums[1]])
+            .await
+            .unwrap();
+        assert_eq!(codes, [ErrorCode::ChecksumMismatch], "{tag}");
+        assert_eq!(kv.get(&keys[1]).await.unwrap(), None, "{tag}");
+        let codes = kv
+            .batch_put_pinned_with_checksums(&one, &[sums[1] ^ 1])
+            .await
+            .unwrap();
+        assert_eq!(codes, [ErrorCode::Ok], "{tag}");
+        assert_eq!(kv.get(&keys[1]).await.unwrap().as_ref(), Some(&values[1]));
+    }
+}

@@ -185,13 +185,19 @@ impl Client {
 
     /// Stores `value` under `key` (on every replica the namespace asks for).
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        code_result(self.put_many(&[(key, value)], false, Vec::new()).await?[0])
+        code_result(
+            self.put_many(&[(key, value)], None, false, Vec::new())
+                .await?[0],
+        )
     }
 
     /// Stores `value` under `key`, pinned: it is never evicted (model weights), and it is
     /// kept on `pinned_replicas` nodes.
     pub async fn put_pinned(&self, key: &[u8], value: &[u8]) -> Result<(), ClientError> {
-        code_result(self.put_many(&[(key, value)], true, Vec::new()).await?[0])
+        code_result(
+            self.put_many(&[(key, value)], None, true, Vec::new())
+                .await?[0],
+        )
     }
 
     /// Stores many values pinned (see [`Client::put_pinned`]), one round trip per owner, in
@@ -200,7 +206,25 @@ impl Client {
         &self,
         items: &[(&[u8], &[u8])],
     ) -> Result<Vec<ErrorCode>, ClientError> {
-        self.put_many(items, true, Vec::new()).await
+        self.put_many(items, None, true, Vec::new()).await
+    }
+
+    /// [`Client::batch_put_pinned`] for values whose xxh3-64 ([`kvpool::checksum()`]) the
+    /// caller already computed, `sums[i]` for `items[i]`: the values are not hashed again on
+    /// their way out. The node still checks every value against its sum when it commits it;
+    /// an item whose sum is wrong is refused with [`ErrorCode::ChecksumMismatch`] and not
+    /// stored.
+    ///
+    /// # Panics
+    ///
+    /// When `sums` and `items` differ in length.
+    pub async fn batch_put_pinned_with_checksums(
+        &self,
+        items: &[(&[u8], &[u8])],
+        sums: &[u64],
+    ) -> Result<Vec<ErrorCode>, ClientError> {
+        assert_eq!(items.len(), sums.len(), "one checksum per item");
+        self.put_many(items, Some(sums), true, Vec::new()).await
     }
 
     /// Nodes that hold each pinned object of the namespace (its `pinned_replicas`).
@@ -346,7 +370,7 @@ impl Client {
         &self,
         items: &[(&[u8], &[u8])],
     ) -> Result<Vec<ErrorCode>, ClientError> {
-        self.put_many(items, false, Vec::new()).await
+        self.put_many(items, None, false, Vec::new()).await
     }
 
     /// Fetches many values into caller buffers (`dsts[i]` for `keys[i]`), one round trip per
@@ -397,7 +421,7 @@ impl Client {
             .map(|(k, b)| (*k, *b))
             .collect();
         let depths = (have as u32..blocks.len() as u32).collect();
-        let codes = self.put_many(&items, false, depths).await?;
+        let codes = self.put_many(&items, None, false, depths).await?;
         Ok(have + codes.iter().take_while(|c| **c == ErrorCode::Ok).count())
     }
 
@@ -483,15 +507,43 @@ impl Client {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
+        Ok(self.read_hashing(addr, offset, dst, false).await?.is_some())
+    }
+
+    /// [`Client::read`] of a whole object (`dst` exactly its length) that also returns its
+    /// bytes' xxh3-64, hashed as they arrive over the socket; None as `read`'s false.
+    pub(crate) async fn read_hashed(
+        &self,
+        addr: &GlobalAddr,
+        dst: &mut [u8],
+    ) -> Result<Option<u64>, ClientError> {
+        self.read_hashing(addr, 0, dst, true).await
+    }
+
+    /// The two above: Some(the xxh3-64 with `hash`, else 0) when read, None for a miss.
+    async fn read_hashing(
+        &self,
+        addr: &GlobalAddr,
+        offset: u64,
+        dst: &mut [u8],
+        hash: bool,
+    ) -> Result<Option<u64>, ClientError> {
         let l = match self.link_of(addr).await {
             Ok(l) => l,
-            Err(e) if e.is_unreachable() => return Ok(false),
+            Err(e) if e.is_unreachable() => return Ok(None),
             Err(e) => return Err(e),
         };
-        match l.read(&self.inner.cfg, addr, offset, dst).await {
+        let read = if hash {
+            l.read_hashed(&self.inner.cfg, addr, dst).await
+        } else {
+            l.read(&self.inner.cfg, addr, offset, dst)
+                .await
+                .map(|ok| ok.then_some(0))
+        };
+        match read {
             Err(e) if e.is_unreachable() => {
                 self.lost(addr.node.0, &e);
-                Ok(false)
+                Ok(None)
             }
             r => r,
         }

@@ -30,6 +30,10 @@ type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
 const IO_BUFFER: usize = 64 << 10;
 
+/// Most bytes [`Conn::read_into_hashed`] asks the socket for at once: the piece just received
+/// is hashed while it is still in the cache.
+const HASH_PIECE: usize = 256 << 10;
+
 /// An idle connection used this recently is reused without checking the node closed it.
 const FRESH: Duration = Duration::from_millis(1);
 
@@ -256,6 +260,25 @@ impl Conn {
     pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> Result<(), ClientError> {
         self.r.read_exact(dst).await?;
         Ok(())
+    }
+
+    /// [`Conn::read_into`] that hashes the bytes (xxh3-64) as they arrive, a piece of at most
+    /// [`HASH_PIECE`] bytes at a time: no second pass over memory, and the task reading this
+    /// connection (and others, when it polls several reads) never stops draining sockets for
+    /// longer than one piece's hash.
+    pub(crate) async fn read_into_hashed(&mut self, dst: &mut [u8]) -> Result<u64, ClientError> {
+        let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+        let mut at = 0;
+        while at < dst.len() {
+            let end = dst.len().min(at + HASH_PIECE);
+            let n = self.r.read(&mut dst[at..end]).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+            h.update(&dst[at..at + n]);
+            at += n;
+        }
+        Ok(h.digest())
     }
 
     pub(crate) async fn skip(&mut self, n: u64) -> Result<(), ClientError> {

@@ -391,26 +391,36 @@ impl Link {
     }
 
     /// Stores values (one code per item). On the same host the bytes are copied straight into
-    /// the node's memory.
+    /// the node's memory. `sums`: the values' checksums when the caller has them (the node
+    /// checks them on commit either way); otherwise each value is hashed here.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the routing layer's one call site"
+    )]
     pub(crate) async fn put_many(
         &self,
         cfg: &ClientConfig,
         view: u64,
         ns: u32,
         items: &[(&[u8], &[u8])],
+        sums: Option<&[u64]>,
         pin: bool,
         depths: Vec<u32>,
     ) -> Result<Vec<ErrorCode>, ClientError> {
+        debug_assert!(sums.is_none_or(|s| s.len() == items.len()));
+        let sum = |i: usize| sums.map_or_else(|| checksum(items[i].1), |s| s[i]);
         let local_worth =
             items.len() > 1 || items.first().is_some_and(|i| i.1.len() >= LOCAL_PUT_MIN);
         if self.same_host && local_worth {
-            return self.put_local(cfg, view, ns, items, pin, depths).await;
+            return self
+                .put_local(cfg, view, ns, items, &sum, pin, depths)
+                .await;
         }
         if let ([(key, value)], true) = (items, depths.is_empty()) {
             let op = Op::Put {
                 ns,
                 key: key.to_vec(),
-                checksum: checksum(value),
+                checksum: sum(0),
                 pin,
             };
             return match self.simple(cfg, view, op, &[value]).await {
@@ -426,10 +436,11 @@ impl Link {
             ns,
             items: items
                 .iter()
-                .map(|(k, v)| PutItem {
+                .enumerate()
+                .map(|(i, (k, v))| PutItem {
                     key: k.to_vec(),
                     len: v.len() as u64,
-                    checksum: checksum(v),
+                    checksum: sum(i),
                 })
                 .collect(),
             pin,
@@ -443,12 +454,16 @@ impl Link {
         }
     }
 
+    /// [`Link::put_many`] through the mapping: alloc, store, commit (`sum(i)`: item i's
+    /// checksum).
+    #[expect(clippy::too_many_arguments, reason = "put_many's own parameters")]
     async fn put_local(
         &self,
         cfg: &ClientConfig,
         view: u64,
         ns: u32,
         items: &[(&[u8], &[u8])],
+        sum: &(dyn Fn(usize) -> u64 + Sync),
         pin: bool,
         depths: Vec<u32>,
     ) -> Result<Vec<ErrorCode>, ClientError> {
@@ -465,7 +480,7 @@ impl Link {
                     .await
                 {
                     Ok(()) => {
-                        commits.push((*addr, checksum(v)));
+                        commits.push((*addr, sum(i)));
                         which.push(i);
                     }
                     Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
@@ -713,10 +728,37 @@ impl Link {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
+        let read = self.read_hashing(cfg, addr, offset, dst, false).await?;
+        Ok(read.is_some())
+    }
+
+    /// One-sided read of a whole object that also returns its bytes' xxh3-64, hashed as they
+    /// arrive over a socket (after the copy, from the mapping); None when the object is gone or
+    /// was replaced.
+    pub(crate) async fn read_hashed(
+        &self,
+        cfg: &ClientConfig,
+        addr: &GlobalAddr,
+        dst: &mut [u8],
+    ) -> Result<Option<u64>, ClientError> {
+        self.read_hashing(cfg, addr, 0, dst, true).await
+    }
+
+    /// [`Link::read`], and with `hash` [`Link::read_hashed`]: Some(the bytes' xxh3-64, or 0
+    /// without `hash`) when read, None when the object is gone or was replaced.
+    async fn read_hashing(
+        &self,
+        cfg: &ClientConfig,
+        addr: &GlobalAddr,
+        offset: u64,
+        dst: &mut [u8],
+        hash: bool,
+    ) -> Result<Option<u64>, ClientError> {
+        let sum = |dst: &[u8]| if hash { checksum(dst) } else { 0 };
         if let Some(local) = self.local().filter(|l| l.covers(addr)) {
             match local.read(addr, offset, dst) {
-                Ok(()) => return Ok(true),
-                Err(AddrFault::Stale) => return Ok(false),
+                Ok(()) => return Ok(Some(sum(dst))),
+                Err(AddrFault::Stale) => return Ok(None),
                 // An address of another daemon than the one mapped: the node decides (it
                 // refuses the dead daemon's addresses; the link remaps after a restart).
                 Err(AddrFault::WrongIncarnation) => {}
@@ -731,8 +773,11 @@ impl Link {
         self.run(cfg, 0, async move |c: &mut Conn| {
             match c.call(op, &[]).await {
                 Ok((Reply::Data, len)) if len == dst.len() as u64 => {
+                    if hash {
+                        return c.read_into_hashed(dst).await.map(Some);
+                    }
                     c.read_into(dst).await?;
-                    Ok(true)
+                    Ok(Some(0))
                 }
                 Ok((r, len)) => {
                     c.skip(len).await?;
@@ -741,7 +786,7 @@ impl Link {
                 Err(ClientError::Server {
                     code: ErrorCode::Stale,
                     ..
-                }) => Ok(false),
+                }) => Ok(None),
                 Err(e) => Err(e),
             }
         })

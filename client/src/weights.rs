@@ -365,7 +365,13 @@ impl Weights {
             .iter()
             .map(|&i| (&sinks[i].key[..], &*sinks[i].dst))
             .collect();
-        for (code, &i) in self.kv.batch_put_pinned(&items).await?.iter().zip(&missing) {
+        // Their bytes were just checked against these sums.
+        let sums: Vec<u64> = missing.iter().map(|&i| sinks[i].xxh3).collect();
+        let codes = self
+            .kv
+            .batch_put_pinned_with_checksums(&items, &sums)
+            .await?;
+        for (code, &i) in codes.iter().zip(&missing) {
             if *code != ErrorCode::Ok {
                 tracing::warn!(
                     chunk = %String::from_utf8_lossy(&sinks[i].key),
@@ -775,7 +781,7 @@ impl Weights {
     }
 
     /// One-sided reads of the located chunks over sockets, [`READS_IN_FLIGHT`] at once, each
-    /// hashed and compared with the manifest.
+    /// hashed as it arrives and compared with the manifest.
     async fn read_remote(
         &self,
         sinks: &mut [Sink<'_>],
@@ -795,11 +801,10 @@ impl Weights {
                 if l.addr.len != s.dst.len() as u64 {
                     return (i, Ok(false));
                 }
-                let read = self.kv.read(&l.addr, 0, s.dst).await;
-                (
-                    i,
-                    read.map(|ok| ok && kvpool::checksum::checksum(s.dst) == s.xxh3),
-                )
+                // Hashed as the bytes arrive: this task polls every read in flight, and
+                // hashing a whole chunk here would stop it draining the others' sockets.
+                let read = self.kv.read_hashed(&l.addr, s.dst).await;
+                (i, read.map(|sum| sum == Some(s.xxh3)))
             }))
             .await;
             for (i, a) in answers {

@@ -112,10 +112,12 @@ impl Client {
     }
 
     /// Stores items on their owners (`replicas` of them, `pinned_replicas` when pinned). An
-    /// item counts as stored when one owner stored it.
+    /// item counts as stored when one owner stored it. `sums`: the values' checksums when the
+    /// caller has them (`sums[i]` for `items[i]`); otherwise each value is hashed here.
     pub(super) async fn put_many(
         &self,
         items: &[(&[u8], &[u8])],
+        sums: Option<&[u64]>,
         pin: bool,
         depths: Vec<u32>,
     ) -> Result<Vec<ErrorCode>, ClientError> {
@@ -137,7 +139,11 @@ impl Client {
                     } else {
                         pick(depths, &b.idx)
                     };
-                    async move { l.put_many(cfg, b.stamp, ns, &sub, pin, sub_depths).await }
+                    let sub_sums = sums.map(|s| pick(s, &b.idx));
+                    async move {
+                        l.put_many(cfg, b.stamp, ns, &sub, sub_sums.as_deref(), pin, sub_depths)
+                            .await
+                    }
                 })
                 .await;
             let mut codes: Vec<Option<ErrorCode>> = vec![None; items.len()];

@@ -222,7 +222,7 @@ impl Weights {
                 xxh3: kvpool::checksum::checksum(&bytes),
             };
             let key = extra_key(name, i, &e);
-            self.put_new(&[(key, &bytes[..])], "a companion file", written)
+            self.put_new(&[(key, &bytes[..])], &[e.xxh3], "a companion file", written)
                 .await?;
             extra.push(e);
         }
@@ -249,7 +249,8 @@ impl Weights {
             .iter()
             .map(|(c, from, to)| (chunk_key(name, c), &b.buf[*from..*to]))
             .collect();
-        self.put_new(&items, "a chunk", written).await?;
+        let sums: Vec<u64> = b.pieces.iter().map(|(c, _, _)| c.xxh3).collect();
+        self.put_new(&items, &sums, "a chunk", written).await?;
         for (c, _, _) in &b.pieces {
             let t = &mut files[c.file].tensors[c.tensor];
             debug_assert_eq!(t.chunks.len(), c.chunk, "chunks arrive in order");
@@ -259,25 +260,28 @@ impl Weights {
     }
 
     /// Stores the items whose keys the pool does not hold (their bytes are in the key's
-    /// checksum, so a present key holds these bytes); records the keys it stored.
+    /// checksum, so a present key holds these bytes); records the keys it stored. `sums`:
+    /// the items' xxh3, computed once by the reader (the node checks them on commit).
     async fn put_new(
         &self,
         items: &[(Vec<u8>, &[u8])],
+        sums: &[u64],
         what: &str,
         written: &mut Vec<Vec<u8>>,
     ) -> Result<(), WeightsError> {
         let keys: Vec<&[u8]> = items.iter().map(|(k, _)| &k[..]).collect();
         let present = self.kv.present(&keys).await?;
-        let todo: Vec<(&[u8], &[u8])> = items
-            .iter()
-            .zip(&present)
-            .filter(|(_, &p)| !p)
-            .map(|((k, v), _)| (&k[..], *v))
-            .collect();
+        let new: Vec<usize> = (0..items.len()).filter(|&i| !present[i]).collect();
+        let todo: Vec<(&[u8], &[u8])> =
+            new.iter().map(|&i| (&items[i].0[..], items[i].1)).collect();
+        let todo_sums: Vec<u64> = new.iter().map(|&i| sums[i]).collect();
         if todo.is_empty() {
             return Ok(());
         }
-        let codes = self.kv.batch_put_pinned(&todo).await?;
+        let codes = self
+            .kv
+            .batch_put_pinned_with_checksums(&todo, &todo_sums)
+            .await?;
         // Record first, so a failure below still removes every stored one.
         for ((k, _), c) in todo.iter().zip(&codes) {
             if *c == ErrorCode::Ok {
