@@ -74,6 +74,7 @@ pub(crate) async fn serve<R, W>(
             held: Vec::new(),
         },
         watching: None,
+        read_buf: Vec::new(),
     };
     let mut hdr = AlignedVec::<16>::new();
     let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
@@ -187,6 +188,8 @@ struct Conn<'a, R, W> {
     holds: Holds<'a>,
     /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
     watching: Option<crate::watch::Registration>,
+    /// The buffer one-sided reads are copied into before they are sent (reused).
+    read_buf: Vec<u8>,
 }
 
 /// The objects one connection holds, one entry per hold (namespace, key, generation); every

@@ -14,6 +14,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use super::{payload_failure, Conn, Next};
 use crate::metrics::Transport;
 
+/// Largest one-sided read buffer a connection keeps between reads (larger reads allocate
+/// their own): a weights chunk of the default size fits.
+const READ_BUF_KEEP: usize = 16 << 20;
+
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// `depths` (empty, or one per item) place the values in prefix chains.
     pub(super) async fn alloc(
@@ -121,14 +125,25 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         });
         match checked {
             Ok(()) => {
-                let mut buf = vec![0u8; len as usize];
-                match pool.read(&addr, offset, &mut buf) {
-                    Ok(()) => {
-                        self.reply(id, Reply::Data, &[&buf]).await?;
-                        self.s.metrics.bytes(0, len);
-                    }
-                    Err(e) => self.pool_fail(id, e).await?,
+                // The connection's buffer, grown (and zeroed) only when a read is larger than
+                // any before: no allocation and no zeroing pass per read.
+                let n = len as usize;
+                let mut buf = std::mem::take(&mut self.read_buf);
+                if buf.len() < n {
+                    buf.resize(n, 0);
                 }
+                let sent = match pool.read(&addr, offset, &mut buf[..n]) {
+                    Ok(()) => {
+                        let r = self.reply(id, Reply::Data, &[&buf[..n]]).await;
+                        self.s.metrics.bytes(0, len);
+                        r
+                    }
+                    Err(e) => self.pool_fail(id, e).await,
+                };
+                if buf.len() <= READ_BUF_KEEP {
+                    self.read_buf = buf;
+                }
+                sent?;
             }
             Err(e) => self.pool_fail(id, e).await?,
         }
