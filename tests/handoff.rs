@@ -312,17 +312,15 @@ async fn a_lapsed_lease_frees_its_blocks_and_a_renewed_or_ended_one_keeps_them()
         1
     );
     assert_eq!(c.expire(&[b"lease/c"], Duration::ZERO).await.unwrap(), 1);
-    c.put(b"lease/d", b"written again after the lease")
-        .await
-        .unwrap();
+    // A key leased before it is written goes too.
+    assert_eq!(c.expire(&[b"lease/e"], short).await.unwrap(), 0);
+    c.put(b"lease/e", b"written under the lease").await.unwrap();
     until_gone(&c, b"lease/a").await;
-    // Past a's lapse: b renewed, c's lease ended, d rewritten since its lease was taken.
+    until_gone(&c, b"lease/d").await;
+    until_gone(&c, b"lease/e").await;
+    // Past their lapse: b renewed, c's lease ended.
     assert!(c.exists(b"lease/b").await.unwrap());
     assert!(c.exists(b"lease/c").await.unwrap());
-    assert_eq!(
-        c.get(b"lease/d").await.unwrap().as_deref(),
-        Some(&b"written again after the lease"[..])
-    );
     let out = std::process::Command::new(common::bin("kvpool"))
         .args([
             "-e",
@@ -336,4 +334,125 @@ async fn a_lapsed_lease_frees_its_blocks_and_a_renewed_or_ended_one_keeps_them()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n", "{out:?}");
     until_gone(&c, b"lease/b").await;
+}
+
+/// What happens to handoff `i` (deterministic, varied): 1 its producer gives up and fails the
+/// rest, 2 its producer dies midway, 3 its consumer dies while waiting, 4 its consumer dies
+/// after reading without releasing; otherwise all goes well.
+fn fate(i: u64) -> u64 {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % 10
+}
+
+/// Bytes the `default` namespace takes on `c`'s node.
+async fn used(c: &Client) -> u64 {
+    let s = c.stats().await.unwrap();
+    s.namespaces
+        .iter()
+        .find(|n| n.name == "default")
+        .map_or(0, |n| n.used_bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_handoffs_with_producers_and_consumers_dying_leave_nothing_held() {
+    // Each handoff: a producer writes 4 blocks under a 1 s lease (some producers die midway,
+    // some fail their blocks), a consumer waits for them (some consumers die while waiting or
+    // after reading, without releasing) and releases what it read. Deaths are tasks aborted
+    // mid-call: their connections drop, as a killed process's do. At the end every wait has
+    // answered, and once the leases have lapsed the pool holds nothing.
+    let node = Node::start("256MiB", &[]);
+    let c = connect(&node).await;
+    const HANDOFFS: u64 = 10_000;
+    const AT_ONCE: usize = 200;
+    let block = common::value(7, 4096);
+    let mut answered = 0u64;
+    let mut outcomes = [0u64; 3]; // complete, failed, missing
+    let mut next = 0u64;
+    let mut running = tokio::task::JoinSet::new();
+    while next < HANDOFFS || !running.is_empty() {
+        while next < HANDOFFS && running.len() < AT_ONCE {
+            let (c, block, i) = (c.clone(), block.clone(), next);
+            next += 1;
+            running.spawn(async move {
+                let keys: Vec<Vec<u8>> =
+                    (0..4).map(|b| format!("h{i}/b{b}").into_bytes()).collect();
+                let rk = refs(&keys);
+                let fate = fate(i);
+                let producer = {
+                    let (c, keys, block) = (c.clone(), keys.clone(), block.clone());
+                    tokio::spawn(async move {
+                        // Leased before anything is written: a death at any point below
+                        // leaves nothing behind.
+                        let rk: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                        c.expire(&rk, Duration::from_secs(1)).await.unwrap();
+                        for (n, k) in keys.iter().enumerate() {
+                            if fate == 1 && n == 2 {
+                                // Gives up: fails what it will not write.
+                                let rest: Vec<&[u8]> = keys[2..].iter().map(|k| &k[..]).collect();
+                                let _ = c.fail(&rest, "producer gave up").await;
+                                return;
+                            }
+                            c.put(k, &block).await.unwrap();
+                        }
+                    })
+                };
+                if fate == 2 {
+                    // The producer dies midway (its last calls may or may not have landed).
+                    tokio::task::yield_now().await;
+                    producer.abort();
+                }
+                let wait = c.wait(&rk, Duration::from_millis(1500));
+                let got = if fate == 3 {
+                    // The consumer dies while waiting.
+                    let _ = tokio::time::timeout(Duration::from_millis(5), wait).await;
+                    None
+                } else {
+                    // Every wait answers by its deadline (plus a generous margin for a busy
+                    // machine): a hang fails the test instead of stalling it.
+                    let got = tokio::time::timeout(Duration::from_secs(30), wait)
+                        .await
+                        .expect("a wait answered")
+                        .unwrap();
+                    Some(got)
+                };
+                let _ = producer.await;
+                let got = got?;
+                if got.complete() && fate != 4 {
+                    // Read and released; a fate-4 consumer dies before releasing.
+                    for k in &keys {
+                        assert_eq!(c.get(k).await.unwrap().as_deref(), Some(&block[..]));
+                    }
+                    c.batch_remove(&rk).await.unwrap();
+                }
+                Some(if got.complete() {
+                    0
+                } else if !got.failed.is_empty() {
+                    1
+                } else {
+                    2
+                })
+            });
+        }
+        if let Some(done) = running.join_next().await {
+            if let Some(o) = done.unwrap() {
+                answered += 1;
+                outcomes[o] += 1;
+            }
+        }
+    }
+    let surviving = (0..HANDOFFS).filter(|&i| fate(i) != 3).count() as u64;
+    assert_eq!(
+        answered, surviving,
+        "every surviving consumer got an answer"
+    );
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
+    // Leases lapse 1 s after the last block was written: nothing may stay held.
+    let t = Instant::now();
+    while used(&c).await > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{} bytes still held",
+            used(&c).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -576,8 +576,7 @@ fn start_reaper(
     })
 }
 
-/// Removes the objects whose handoff lease (`Expire`) lapsed, ten times a second; a newer write
-/// of a key than the one leased is left alone.
+/// Removes the objects whose handoff lease (`Expire`) lapsed, ten times a second.
 fn start_lease_reaper(shared: Arc<Shared>, shutdown: &watch::Receiver<bool>) -> JoinHandle<()> {
     let mut stop_rx = shutdown.clone();
     tokio::spawn(async move {
@@ -586,11 +585,10 @@ fn start_lease_reaper(shared: Arc<Shared>, shutdown: &watch::Receiver<bool>) -> 
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    for (ns, key, generation) in shared.watches.lapsed(shared.now()) {
-                        // Noted as a remove, as every removal is: a previous owner's copy must
-                        // not be vouched for after it.
-                        shared.cluster.note_write(ns, &key);
-                        let _ = shared.pool.remove_generation(ns, &key, generation);
+                    for (ns, key) in shared.watches.lapsed(shared.now()) {
+                        // Noted as a remove, as every removal is (Shared::remove): a previous
+                        // owner's copy must not be vouched for after it.
+                        let _ = shared.remove(ns, &key);
                     }
                 }
                 _ = stop_rx.wait_for(|s| *s) => return,

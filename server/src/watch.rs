@@ -69,8 +69,8 @@ pub(crate) const MAX_LEASES: usize = 1 << 20;
 
 #[derive(Default)]
 struct Inner {
-    /// Handoff leases: per object, when it lapses and the generation it was taken on.
-    leases: HashMap<NsKey, (Millis, u64)>,
+    /// Handoff leases: per key, when it lapses.
+    leases: HashMap<NsKey, Millis>,
     /// The leases by lapse time (entries of renewed or ended leases stay until they come up,
     /// and are skipped then).
     lease_order: std::collections::BTreeMap<(Millis, u64), NsKey>,
@@ -311,15 +311,9 @@ impl CommitObserver for Watches {
 }
 
 impl Watches {
-    /// Leases generation `generation` of `key` until `until` (replacing its lease); `until`
-    /// None ends the lease. False when the node holds [`MAX_LEASES`] already.
-    pub(crate) fn lease(
-        &self,
-        ns: u32,
-        key: &[u8],
-        generation: u64,
-        until: Option<Millis>,
-    ) -> bool {
+    /// Leases `key` until `until` (replacing its lease), whether or not it is written yet;
+    /// `until` None ends the lease. False when the node holds [`MAX_LEASES`] already.
+    pub(crate) fn lease(&self, ns: u32, key: &[u8], until: Option<Millis>) -> bool {
         let mut inner = self.lock();
         let k: NsKey = (ns, key.into());
         let Some(until) = until else {
@@ -333,14 +327,13 @@ impl Watches {
         }
         inner.lease_seq += 1;
         let seq = inner.lease_seq;
-        inner.leases.insert(k.clone(), (until, generation));
+        inner.leases.insert(k.clone(), until);
         inner.lease_order.insert((until, seq), k);
         true
     }
 
-    /// The leases lapsed by `now`, taken out: (namespace, key, generation) of each object to
-    /// remove.
-    pub(crate) fn lapsed(&self, now: Millis) -> Vec<(u32, Box<[u8]>, u64)> {
+    /// The leases lapsed by `now`, taken out: (namespace, key) of each object to remove.
+    pub(crate) fn lapsed(&self, now: Millis) -> Vec<(u32, Box<[u8]>)> {
         let mut inner = self.lock();
         let mut out = Vec::new();
         while let Some(entry) = inner.lease_order.first_entry() {
@@ -349,9 +342,9 @@ impl Watches {
             }
             let ((at, _), k) = entry.remove_entry();
             // Only if this entry is the key's current lease (not one renewed or ended since).
-            if inner.leases.get(&k).is_some_and(|(u, _)| *u == at) {
-                let (_, generation) = inner.leases.remove(&k).expect("checked");
-                out.push((k.0, k.1, generation));
+            if inner.leases.get(&k) == Some(&at) {
+                inner.leases.remove(&k);
+                out.push(k);
             }
         }
         out
@@ -432,15 +425,15 @@ mod tests {
     #[test]
     fn leases_lapse_once_unless_renewed_or_ended() {
         let w = Watches::new(1000);
-        assert!(w.lease(0, b"a", 7, Some(100)));
-        assert!(w.lease(0, b"b", 8, Some(100)));
-        assert!(w.lease(0, b"c", 9, Some(100)));
-        assert!(w.lease(0, b"b", 8, Some(300))); // renewed
-        assert!(w.lease(0, b"c", 9, None)); // ended
+        assert!(w.lease(0, b"a", Some(100)));
+        assert!(w.lease(0, b"b", Some(100)));
+        assert!(w.lease(0, b"c", Some(100)));
+        assert!(w.lease(0, b"b", Some(300))); // renewed
+        assert!(w.lease(0, b"c", None)); // ended
         assert!(w.lapsed(99).is_empty());
-        assert_eq!(w.lapsed(100), vec![(0, Box::from(&b"a"[..]), 7)]);
+        assert_eq!(w.lapsed(100), vec![(0, Box::from(&b"a"[..]))]);
         assert!(w.lapsed(200).is_empty());
-        assert_eq!(w.lapsed(1000), vec![(0, Box::from(&b"b"[..]), 8)]);
+        assert_eq!(w.lapsed(1000), vec![(0, Box::from(&b"b"[..]))]);
         assert!(w.lock().lease_order.is_empty() && w.lock().leases.is_empty());
     }
 

@@ -245,10 +245,10 @@ pub enum Op {
         /// Key prefix.
         prefix: Vec<u8>,
     },
-    /// A handoff's lease on objects: each object present is removed `ttl_ms` from now unless
-    /// the lease is renewed (another `Expire`) or ended (`ttl_ms` 0: it is kept). A later write
-    /// of the key is not removed by the lease of the object it replaced. Reply: `Count` of
-    /// objects present (leased, or with their lease ended).
+    /// A handoff's lease on keys, written yet or not (a producer leases its blocks before it
+    /// writes them, so that dying midway leaves nothing behind): each key's object is removed
+    /// `ttl_ms` from now unless the lease is renewed (another `Expire`) or ended (`ttl_ms` 0:
+    /// the object is kept). Reply: `Count` of the keys present.
     Expire {
         /// Namespace id.
         ns: u32,

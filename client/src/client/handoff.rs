@@ -494,10 +494,10 @@ impl Client {
         Ok(sub)
     }
 
-    /// A handoff's lease: every copy of each key present is removed `ttl` from now unless the
-    /// lease is renewed (call again) or ended (`ttl` zero), so a handoff whose consumer went
-    /// away frees its memory by itself. A write of a key after the call is not removed by it.
-    /// Returns how many keys are present.
+    /// A handoff's lease on keys, written yet or not: every copy of each key is removed `ttl`
+    /// from now unless the lease is renewed (call again) or ended (`ttl` zero), so a handoff
+    /// whose producer or consumer went away frees its memory by itself. A producer leases its
+    /// keys before writing them. Returns how many keys are present.
     pub async fn expire(&self, keys: &[&[u8]], ttl: Duration) -> Result<u64, ClientError> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let ttl_ms = if ttl.is_zero() { 0 } else { ttl_ms.max(1) };

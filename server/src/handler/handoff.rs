@@ -100,8 +100,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.answer(id, Ok(Reply::Done)).await
     }
 
-    /// Leases the objects present (their removal `ttl_ms` from now, unless renewed), or ends
-    /// their leases (`ttl_ms` 0).
+    /// Leases the keys, written yet or not (their removal `ttl_ms` from now, unless renewed),
+    /// or ends their leases (`ttl_ms` 0). Counts the keys present.
     pub(super) async fn expire(
         &mut self,
         id: u64,
@@ -116,13 +116,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let mut n = 0;
         for k in keys.iter() {
             let key = k.as_slice();
-            let generation = match self.s.pool.provenance(ns, key) {
-                Ok(Some((generation, _))) => generation,
-                Ok(None) => continue,
+            match self.s.pool.provenance(ns, key) {
+                Ok(found) => n += found.is_some() as u64,
                 Err(e) => return self.answer(id, Err(e.into())).await,
-            };
+            }
             let until = (ttl_ms > 0).then(|| now.saturating_add(ttl_ms));
-            if !self.s.watches.lease(ns, key, generation, until) {
+            if !self.s.watches.lease(ns, key, until) {
                 let msg = format!(
                     "this node holds {} handoff leases already",
                     crate::watch::MAX_LEASES
@@ -130,7 +129,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
                 return Ok(true);
             }
-            n += 1;
         }
         self.answer(id, Ok(Reply::Count(n))).await
     }
