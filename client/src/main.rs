@@ -130,8 +130,8 @@ enum Cmd {
         #[arg(long, default_value = "failed by its producer")]
         reason: String,
     },
-    /// Handoff lease: remove the keys --ttl-ms from now unless renewed (run again), or end
-    /// their lease (--ttl-ms 0). Prints how many keys are present.
+    /// Handoff lease on keys, written yet or not: remove them --ttl-ms from now unless renewed
+    /// (run again), or end their lease (--ttl-ms 0). Prints how many keys are present.
     Expire {
         /// Keys.
         #[arg(required = true)]

@@ -101,8 +101,9 @@ class Client:
         """Handoff: events for every key under ``prefix`` (at most 256 bytes; empty: every
         key), from the nodes serving now."""
     def expire(self, keys: Sequence[Key], ttl: float) -> int:
-        """Handoff lease: every copy of each key present is removed ``ttl`` seconds from now
-        unless renewed (call again) or ended (``ttl`` 0). Returns how many keys are present."""
+        """Handoff lease on ``keys``, written yet or not (a producer leases before it writes):
+        every copy of each is removed ``ttl`` seconds from now unless renewed (call again) or
+        ended (``ttl`` 0). Returns how many keys are present."""
     def fail(self, keys: Sequence[Key], reason: str) -> int:
         """Handoff: the producer gives up on ``keys``; every :meth:`wait` for them returns at
         once with ``reason``. Returns how many tombstones were posted."""

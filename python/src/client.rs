@@ -451,8 +451,8 @@ impl NativeClient {
         Ok((got.missing, got.failed))
     }
 
-    /// Handoff lease: every copy of each key present is removed `ttl` seconds from now unless
-    /// renewed (call again) or ended (`ttl` 0). Returns how many keys are present.
+    /// Handoff lease on `keys`, written yet or not: every copy of each is removed `ttl` seconds
+    /// from now unless renewed (call again) or ended (`ttl` 0). Returns how many are present.
     fn expire(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, ttl: f64) -> PyResult<u64> {
         let keys = checked_keys(&keys)?;
         if !(ttl.is_finite() && ttl >= 0.0) {
