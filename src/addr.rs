@@ -53,6 +53,49 @@ pub struct GlobalAddr {
 }
 
 impl GlobalAddr {
+    /// Bytes of [`GlobalAddr::to_bytes`].
+    pub const BYTES: usize = 48;
+
+    /// The address as bytes (little-endian fields in declaration order), to hand to another
+    /// process: the one-sided handoff's consumer gives its reserved address to the producer.
+    /// Nothing is trusted from it: the node checks the memory key on every access.
+    pub fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let mut out = [0u8; Self::BYTES];
+        let fields: [&[u8]; 7] = [
+            &self.node.0.to_le_bytes(),
+            &self.incarnation.to_le_bytes(),
+            &self.segment.to_le_bytes(),
+            &self.offset.to_le_bytes(),
+            &self.len.to_le_bytes(),
+            &self.generation.to_le_bytes(),
+            &self.key.to_le_bytes(),
+        ];
+        let mut at = 0;
+        for f in fields {
+            out[at..at + f.len()].copy_from_slice(f);
+            at += f.len();
+        }
+        out
+    }
+
+    /// The address [`GlobalAddr::to_bytes`] wrote; None for bytes of another length.
+    pub fn from_bytes(b: &[u8]) -> Option<GlobalAddr> {
+        if b.len() != Self::BYTES {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(GlobalAddr {
+            node: NodeId(u32_at(0)),
+            incarnation: u64_at(4),
+            segment: u32_at(12),
+            offset: u64_at(16),
+            len: u64_at(24),
+            generation: u64_at(32),
+            key: u64_at(40),
+        })
+    }
+
     /// Checks that `[offset, offset + len)` (relative to the object) lies inside the object and
     /// returns the absolute segment offset of its start.
     pub fn sub_range(&self, offset: u64, len: u64) -> Option<u64> {
@@ -162,6 +205,17 @@ impl Place {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_round_trip_through_bytes() {
+        let mac = MacKey::new(*b"0123456789abcdef");
+        let a = mac.address(NodeId(u32::MAX - 3), place(5, 2, 4096, 100, 7));
+        let b = a.to_bytes();
+        assert_eq!(GlobalAddr::from_bytes(&b), Some(a));
+        assert!(mac.verify(&GlobalAddr::from_bytes(&b).unwrap()));
+        assert_eq!(GlobalAddr::from_bytes(&b[1..]), None);
+        assert_eq!(GlobalAddr::from_bytes(&[b.as_slice(), &[0]].concat()), None);
+    }
 
     #[test]
     fn any_changed_field_breaks_the_key() {

@@ -456,3 +456,49 @@ async fn ten_thousand_handoffs_with_producers_and_consumers_dying_leave_nothing_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_sided_form_consumer_reserves_producer_writes_and_commits() {
+    // NIXL's and Mooncake's transfer-engine shape: the consumer reserves a region for the
+    // handoff's key and hands its address (bytes) to the producer, which writes into it
+    // directly and commits: that commit is the completion the consumer's wait returns on.
+    let node = Node::start("64MiB", &[]);
+    let consumer = connect(&node).await;
+    let producer = Client::connect(&node.tcp_url(), cfg(SameHost::Auto))
+        .await
+        .unwrap();
+    let block = common::value(3, 1 << 20);
+    let token = consumer
+        .alloc(b"req-8/kv", block.len() as u64)
+        .await
+        .unwrap()
+        .to_bytes();
+    let waiting = {
+        let c = consumer.clone();
+        tokio::spawn(async move { c.wait(&[b"req-8/kv"], Duration::from_secs(60)).await })
+    };
+    let addr = kvpool::GlobalAddr::from_bytes(&token).unwrap();
+    producer.write(&addr, 0, &block[..4096]).await.unwrap();
+    producer.write(&addr, 4096, &block[4096..]).await.unwrap();
+    producer
+        .commit(&addr, kvpool::checksum(&block))
+        .await
+        .unwrap();
+    assert!(waiting.await.unwrap().unwrap().complete());
+    assert_eq!(consumer.get(b"req-8/kv").await.unwrap().unwrap(), block);
+    // A forged address (another memory key) is refused by the node. (A same-host producer
+    // writes straight into the mapping, which the node's segment files give to every process
+    // of its user: SECURITY.md, "Same host"; the memory key is checked where the node sees
+    // the write.)
+    let fresh = consumer.alloc(b"req-8/next", 4096).await.unwrap();
+    let forged = kvpool::GlobalAddr {
+        key: fresh.key ^ 1,
+        ..fresh
+    };
+    let remote = connect(&node).await;
+    assert!(remote.write(&forged, 0, b"x").await.is_err());
+    assert!(remote
+        .commit(&forged, kvpool::checksum(b"x"))
+        .await
+        .is_err());
+}

@@ -22,7 +22,7 @@ import ctypes
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Union
 
-from . import _errors
+from . import _errors, _native
 from ._errors import (
     AuthError,
     BufferTooSmallError,
@@ -56,6 +56,7 @@ __all__ = [
     "TooLargeError",
     "UnsupportedError",
     "block_hashes",
+    "checksum",
 ]
 
 Key = Union[str, bytes]  # noqa: UP007 (evaluated at import: Python 3.9 has no `str | bytes`)
@@ -106,6 +107,16 @@ def _readable(buf: Any) -> tuple[int, int, Any]:
         return ctypes.cast(holder, ctypes.c_void_p).value or 0, n, (data, holder)
     holder = (ctypes.c_char * n).from_buffer(mv)
     return ctypes.addressof(holder), n, holder
+
+
+def checksum(value: Any) -> int:
+    """xxh3-64 of a buffer's bytes, the checksum a node checks a value against (what
+    :meth:`Client.commit_reserved` takes)."""
+    addr, n, holder = _readable(value)
+    try:
+        return _native._checksum_unchecked(addr, n)
+    finally:
+        del holder
 
 
 class Client(_NativeClient):
@@ -201,6 +212,35 @@ class Client(_NativeClient):
             self._write_unchecked(key, addr, n)
         finally:
             del holder
+
+    # ----- one-sided handoff: the consumer reserves, the producer writes and commits -----
+
+    def reserve(self, key: Key, length: int) -> bytes:
+        """Reserves ``length`` bytes for ``key`` on its owner (invisible until committed, and
+        reclaimed by the node if not committed within its ``pending_timeout_ms``). Returns the
+        address as bytes: hand it to the producer, which writes with :meth:`write_reserved`
+        and commits with :meth:`commit_reserved`; :meth:`wait` on ``key`` returns then."""
+        return self._reserve(key, length)
+
+    def write_reserved(self, address: bytes, value: Any, offset: int = 0) -> None:
+        """Writes ``value`` (any buffer) at ``offset`` of a reserved address: a direct store
+        on the same host, a one-sided write otherwise. Raises :class:`InvalidArgumentError`
+        for bytes that are not an address, and the node's refusal (wrong memory key, out of
+        bounds, already committed) as :class:`Error`."""
+        addr, n, holder = _readable(value)
+        try:
+            self._write_reserved_unchecked(address, offset, addr, n)
+        finally:
+            del holder
+
+    def commit_reserved(self, address: bytes, checksum: int) -> None:
+        """Makes the reserved bytes the value of their key once the node has checked they hash
+        to ``checksum`` (:func:`kvpool.checksum` of the whole value); waiters wake."""
+        self._commit_reserved(address, checksum)
+
+    def abort_reserved(self, address: bytes) -> None:
+        """Gives a reserved address back without committing it."""
+        self._abort_reserved(address)
 
     def read(self, key: Key) -> bytes:
         """The value of ``key``. Raises :class:`NotFoundError` when it is missing."""

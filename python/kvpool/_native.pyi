@@ -9,6 +9,7 @@ Key: TypeAlias = str | bytes
 MAX_KEY_LEN: int
 """The longest key, in bytes (256). A ``str`` key counts its UTF-8 bytes."""
 
+def _checksum_unchecked(ptr: int, len: int) -> int: ...
 def block_hashes(
     token_ids: Sequence[int],
     block_tokens: int = 16,
@@ -104,6 +105,12 @@ class Client:
         """Handoff lease on ``keys``, written yet or not (a producer leases before it writes):
         every copy of each is removed ``ttl`` seconds from now unless renewed (call again) or
         ended (``ttl`` 0). Returns how many keys are present."""
+    def _reserve(self, key: Key, length: int) -> bytes: ...
+    def _write_reserved_unchecked(
+        self, address: bytes, offset: int, ptr: int, len: int
+    ) -> None: ...
+    def _commit_reserved(self, address: bytes, checksum: int) -> None: ...
+    def _abort_reserved(self, address: bytes) -> None: ...
     def fail(self, keys: Sequence[Key], reason: str) -> int:
         """Handoff: the producer gives up on ``keys``; every :meth:`wait` for them returns at
         once with ``reason``. Returns how many tombstones were posted."""

@@ -424,6 +424,64 @@ impl NativeClient {
         Ok(py.detach(|| c.present(&refs)).map_err(Failure::from)?)
     }
 
+    /// One-sided handoff: reserves `length` bytes for `key` on its owner (invisible until
+    /// committed); returns the address as bytes, for the producer.
+    fn _reserve<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let key = checked_key(key)?;
+        let c = self.client()?;
+        let addr = py
+            .detach(|| c.block_on(c.async_client().alloc(&key, length)))
+            .map_err(Failure::from)?;
+        Ok(PyBytes::new(py, &addr.to_bytes()))
+    }
+
+    /// Writes `len` bytes at `ptr` at `offset` of a reserved address. Private: the caller
+    /// (`kvpool.Client.write_reserved`) holds the buffer exported for the call.
+    fn _write_reserved_unchecked(
+        &self,
+        py: Python<'_>,
+        address: &[u8],
+        offset: u64,
+        ptr: usize,
+        len: usize,
+    ) -> PyResult<()> {
+        let addr = reserved(address)?;
+        if len > 0 && (ptr == 0 || len > isize::MAX as usize || ptr.checked_add(len).is_none()) {
+            return Err(InvalidArgumentError::new_err("bad buffer"));
+        }
+        let c = self.client()?;
+        // SAFETY: the caller holds `ptr..ptr+len` exported (readable, not freed or resized)
+        // for the call (this private method's contract); checked not null and not wrapping.
+        let src = unsafe { slice_ref(ptr, len) };
+        py.detach(|| c.block_on(c.async_client().write(&addr, offset, src)))
+            .map_err(Failure::from)?;
+        Ok(())
+    }
+
+    /// Makes a reserved address's bytes the value of its key, after the node checks they hash
+    /// to `checksum` (xxh3-64, `kvpool.checksum`); every waiter is woken.
+    fn _commit_reserved(&self, py: Python<'_>, address: &[u8], checksum: u64) -> PyResult<()> {
+        let addr = reserved(address)?;
+        let c = self.client()?;
+        py.detach(|| c.block_on(c.async_client().commit(&addr, checksum)))
+            .map_err(Failure::from)?;
+        Ok(())
+    }
+
+    /// Gives a reserved address back without committing it.
+    fn _abort_reserved(&self, py: Python<'_>, address: &[u8]) -> PyResult<()> {
+        let addr = reserved(address)?;
+        let c = self.client()?;
+        py.detach(|| c.block_on(c.async_client().abort(&addr)))
+            .map_err(Failure::from)?;
+        Ok(())
+    }
+
     /// Handoff: waits until every key is written, or failed by its producer, for at most
     /// `timeout` seconds; returns (missing keys, [(failed key, reason)]).
     #[expect(
@@ -626,6 +684,24 @@ pub(crate) fn overlaps(ranges: &[Range]) -> Vec<bool> {
         }
     }
     out
+}
+
+/// An address `_reserve` returned.
+fn reserved(address: &[u8]) -> PyResult<kvpool::GlobalAddr> {
+    kvpool::GlobalAddr::from_bytes(address)
+        .ok_or_else(|| InvalidArgumentError::new_err("not an address from reserve()"))
+}
+
+/// xxh3-64 of `len` bytes at `ptr`. Private: the caller (`kvpool.checksum`) holds the buffer
+/// exported for the call.
+#[pyfunction]
+pub(crate) fn _checksum_unchecked(py: Python<'_>, ptr: usize, len: usize) -> PyResult<u64> {
+    if len > 0 && (ptr == 0 || len > isize::MAX as usize || ptr.checked_add(len).is_none()) {
+        return Err(InvalidArgumentError::new_err("bad buffer"));
+    }
+    // SAFETY: the caller holds `ptr..ptr+len` exported for the call; checked above.
+    let data = unsafe { slice_ref(ptr, len) };
+    Ok(py.detach(|| kvpool::checksum(data)))
 }
 
 /// The bytes of a key: a `str` (its UTF-8) or `bytes`.

@@ -73,6 +73,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
     m.add_class::<client::Subscription>()?;
     m.add_function(wrap_pyfunction!(block_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(client::_checksum_unchecked, m)?)?;
     m.add("MAX_KEY_LEN", kvpool::MAX_KEY_LEN)?;
     weights::register(m)?;
     Ok(())

@@ -89,3 +89,29 @@ def test_a_lapsed_lease_frees_the_blocks(pair):
     assert consumer.exists("req-5/b")
     with pytest.raises(kvpool.InvalidArgumentError):
         consumer.expire(["req-5/b"], float("inf"))
+
+
+def test_one_sided_handoff_consumer_reserves_producer_writes_and_commits(pair):
+    producer, consumer = pair
+    block = bytes(range(256)) * 256  # 64 KiB
+    address = consumer.reserve("req-6/kv", len(block))
+    assert isinstance(address, bytes)
+    out = {}
+    t = threading.Thread(
+        target=lambda: out.update(got=consumer.wait(["req-6/kv"], 60.0))
+    )
+    t.start()
+    # The producer (another client: another process in practice) writes in two pieces.
+    producer.write_reserved(address, block[:1000])
+    producer.write_reserved(address, memoryview(block)[1000:], offset=1000)
+    with pytest.raises(kvpool.Error):
+        producer.commit_reserved(address, kvpool.checksum(block) ^ 1)  # wrong: refused
+    address = consumer.reserve("req-6/kv", len(block))  # the refused one was released
+    producer.write_reserved(address, block)
+    producer.commit_reserved(address, kvpool.checksum(block))
+    t.join(timeout=90)
+    assert out["got"] == ([], [])
+    assert consumer.read("req-6/kv") == block
+    with pytest.raises(kvpool.InvalidArgumentError):
+        producer.write_reserved(b"not an address", b"x")
+    # (A forged memory key is refused by the node: tests/handoff.rs.)
