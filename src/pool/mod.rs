@@ -505,9 +505,49 @@ impl Pool {
         Ok(())
     }
 
+    /// [`Pool::commit`] for a writer of this process that hashed the bytes as it wrote them
+    /// into the allocation (the daemon receiving a put from a socket checks each piece while
+    /// it is still in cache): `hashed` is that xxh3, compared with `checksum_given` instead of
+    /// hashing the object again. Only for an allocation whose address was never handed out,
+    /// written whole under one write claim by the caller, so the bytes hashed are the bytes
+    /// committed.
+    pub fn commit_prehashed(
+        &self,
+        addr: &GlobalAddr,
+        checksum_given: u64,
+        hashed: u64,
+    ) -> Result<(), PoolError> {
+        let p = self.take_pending(addr)?.0;
+        if hashed != checksum_given {
+            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            return Err(PoolError::ChecksumMismatch);
+        }
+        let mut shard = self.shard_lock(&p.key);
+        self.publish(&mut shard, p, addr, checksum_given);
+        Ok(())
+    }
+
     /// Takes a pending object out of its pending table for a commit, after checking its bytes
     /// hash to `checksum_given`; on a mismatch its allocation is released.
     fn take_checked(&self, addr: &GlobalAddr, checksum_given: u64) -> Result<Pending, PoolError> {
+        let (p, seg) = self.take_pending(addr)?;
+        // SAFETY: in bounds (check_addr in take_pending, and the pending entry matched the
+        // address). No slice of this process writes it: it had no write claim when we took it
+        // out of the pending table under its lock, and with it gone no `begin_write_range` can
+        // open one; it is not in the index yet, so nothing else frees it. (A same-host client
+        // may still store into its own mapping of these pages; that can only change the
+        // checksum, which is why commit checks it.)
+        let bytes = unsafe { seg.segment.data(p.offset, p.len) };
+        if checksum(bytes) != checksum_given {
+            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            return Err(PoolError::ChecksumMismatch);
+        }
+        Ok(p)
+    }
+
+    /// Takes a pending object out of its pending table for a commit (none of its writes may be
+    /// open), with its segment.
+    fn take_pending(&self, addr: &GlobalAddr) -> Result<(Pending, &SegmentSlot), PoolError> {
         let seg = self.check_addr(addr)?;
         let p = {
             let mut pending = self.pending_lock(addr.generation);
@@ -524,18 +564,7 @@ impl Pool {
                 .remove(&addr.generation)
                 .expect("checked above")
         };
-        // SAFETY: in bounds (check_addr above, and the pending entry matched the address). No
-        // slice of this process writes it: it had no write claim when we took it out of the
-        // pending table under its lock, and with it gone no `begin_write_range` can open one;
-        // it is not in the index yet, so nothing else frees it. (A same-host client may still
-        // store into its own mapping of these pages; that can only change the checksum, which is
-        // why commit checks it.)
-        let bytes = unsafe { seg.segment.data(p.offset, p.len) };
-        if checksum(bytes) != checksum_given {
-            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
-            return Err(PoolError::ChecksumMismatch);
-        }
-        Ok(p)
+        Ok((p, seg))
     }
 
     /// Makes a taken pending object visible: its version word published, then its entry in

@@ -356,6 +356,33 @@ fn removed_objects_stay_readable_until_their_readers_leave() {
 }
 
 #[test]
+fn a_prehashed_commit_compares_the_writer_s_hash_with_the_checksum_given() {
+    let p = pool(1 << 20);
+    let v = value(3, 100 << 10);
+    let used = p.stats().used_bytes();
+    let a = p.alloc(0, b"k", v.len() as u64, false, 0).unwrap();
+    p.write(&a, 0, &v).unwrap();
+    assert_eq!(
+        p.commit_prehashed(&a, checksum(&v), checksum(&v) ^ 1),
+        Err(PoolError::ChecksumMismatch)
+    );
+    assert_eq!(
+        p.stats().used_bytes(),
+        used,
+        "a refused commit releases the allocation"
+    );
+    assert!(p.get(0, b"k", 0).is_err());
+    let a = p.alloc(0, b"k", v.len() as u64, false, 0).unwrap();
+    p.write(&a, 0, &v).unwrap();
+    p.commit_prehashed(&a, checksum(&v), checksum(&v)).unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), v);
+    assert!(
+        p.commit_prehashed(&a, checksum(&v), checksum(&v)).is_err(),
+        "committed once only"
+    );
+}
+
+#[test]
 fn held_objects_keep_their_memory_until_every_hold_ends() {
     let p = pool(1 << 20);
     let v = value(7, 300 << 10);
