@@ -7,10 +7,14 @@
 //!   side by side, bounded by Belady's optimum and an unbounded cache (`kvpool_bench::replay`).
 //! - `weights`: publishing and loading model weights (a generated safetensors checkpoint)
 //!   next to reading the file, memcpy and a raw TCP stream of the same bytes, in the same run.
+//! - `handoff`: issue 16's figures: a 4 KiB get's p50 and p99 idle and under a bulk load (kvpool,
+//!   redis, memcached), a producer-to-consumer handoff against a raw TCP stream, and the latency
+//!   of a wait's notification against one round trip, all in the same run.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
 
+mod handoff;
 mod heap;
 mod perf;
 mod weights;
@@ -44,6 +48,10 @@ enum Command {
     /// Model weights: publish and load a generated safetensors checkpoint against reading the
     /// file, memcpy and a raw TCP stream of the same bytes, all measured in the same run.
     Weights(weights::WeightsArgs),
+    /// Handoffs and interference (issue 16): a 4 KiB get idle and under bulk load against
+    /// redis and memcached, a 64 MiB handoff to a waiting consumer against a raw TCP stream,
+    /// and notification latency against one round trip, all measured in the same run.
+    Handoff(handoff::HandoffArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,5 +60,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(args) => kvpool_bench::replay::cli::run(&args).map(|_| ()),
         Command::GenTrace(args) => kvpool_bench::replay::cli::gen_trace(&args),
         Command::Weights(args) => weights::run(args),
+        Command::Handoff(args) => handoff::run(args),
     }
 }

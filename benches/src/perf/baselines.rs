@@ -38,13 +38,13 @@ impl Drop for Baseline {
 
 /// Memory settings of the baselines, large enough for what a run stores (the defaults unless the
 /// sizes or connection counts call for more).
-struct Limits {
+pub(crate) struct Limits {
     /// memcached `-m`, MiB.
-    memcached_mib: u64,
+    pub(crate) memcached_mib: u64,
     /// memcached `-I`, MiB: room for the largest value and its item header.
-    memcached_item_mib: u64,
+    pub(crate) memcached_item_mib: u64,
     /// redis `--maxmemory`, MiB.
-    redis_mib: u64,
+    pub(crate) redis_mib: u64,
 }
 
 impl Limits {
@@ -136,7 +136,7 @@ pub(crate) fn note(report: &mut Report, sizes: &[u64], conns: &[usize]) {
 }
 
 /// (binary, Debian package) of a baseline.
-fn binary(proto: Proto) -> (&'static str, &'static str) {
+pub(crate) fn binary(proto: Proto) -> (&'static str, &'static str) {
     match proto {
         Proto::Redis => ("redis-server", "redis-server"),
         Proto::Memcached => ("memcached", "memcached"),
@@ -162,7 +162,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// Starts the baseline on a free port and waits until it answers; None when not installed.
-fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Baseline>> {
+pub(crate) fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Baseline>> {
     let (bin, _) = binary(proto);
     let Some(path) = which(bin) else {
         return Ok(None);
@@ -245,24 +245,37 @@ fn start(proto: Proto, limits: &Limits) -> anyhow::Result<Option<Baseline>> {
 
 /// Stores every size's data set and put keys in the baseline, 16 pipelined sets at a time.
 async fn load(proto: Proto, port: u16, sizes: &[u64], conns: &[usize]) -> anyhow::Result<()> {
-    let mut c = BaselineConn::connect(proto, port).await?;
-    c.ping().await?;
     for &size in sizes {
-        let (keys, value) = (workloads::stored_keys(size, conns), workloads::value(size));
+        let keys = workloads::stored_keys(size, conns);
         eprintln!(
             "  loading {} × {} into {}",
             keys.len(),
             fmt_size(size),
             proto.name()
         );
-        for chunk in keys.chunks(16) {
-            for k in chunk {
-                c.send_set(k, &value).await?;
-            }
-            c.flush().await?;
-            for _ in chunk {
-                c.read_set().await?;
-            }
+        store(proto, port, &keys, size).await?;
+    }
+    Ok(())
+}
+
+/// Stores `keys` in the baseline, each with the value of `size` ([`workloads::value`]), 16
+/// pipelined sets at a time.
+pub(crate) async fn store(
+    proto: Proto,
+    port: u16,
+    keys: &[Vec<u8>],
+    size: u64,
+) -> anyhow::Result<()> {
+    let mut c = BaselineConn::connect(proto, port).await?;
+    c.ping().await?;
+    let value = workloads::value(size);
+    for chunk in keys.chunks(16) {
+        for k in chunk {
+            c.send_set(k, &value).await?;
+        }
+        c.flush().await?;
+        for _ in chunk {
+            c.read_set().await?;
         }
     }
     Ok(())

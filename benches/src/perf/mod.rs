@@ -13,24 +13,24 @@
 //! what they are compared with (see `compare`), so drift of the machine does not skew ratios.
 
 mod alloc;
-mod baseline_client;
-mod baselines;
+pub(crate) mod baseline_client;
+pub(crate) mod baselines;
 pub(crate) mod cluster;
-mod compare;
+pub(crate) mod compare;
 pub(crate) mod daemon;
-mod driver;
+pub(crate) mod driver;
 mod index;
 mod json;
 mod local;
 pub(crate) mod machine;
 mod memcpy;
 mod quic;
-mod raw;
+pub(crate) mod raw;
 mod render;
 mod report;
 mod tcp;
 use kvpool_bench::units;
-mod workloads;
+pub(crate) mod workloads;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -17,7 +17,7 @@
 //! their own (read, hash, store; lookup, copy, hash) so the table says where the time goes.
 //! Every run is bounded: a fixed number of passes over a file of a fixed size.
 
-mod limits;
+pub(crate) mod limits;
 mod model;
 
 use std::path::{Path, PathBuf};
@@ -402,7 +402,7 @@ pub(crate) fn run(args: WeightsArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `a` and `b` `reps` times each on `state`, alternating which goes first.
-fn alternate<S: ?Sized>(
+pub(crate) fn alternate<S: ?Sized>(
     reps: usize,
     state: &mut S,
     mut a: impl FnMut(&mut S) -> anyhow::Result<Duration>,
