@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::{cfg, serving, start_node, wait_view};
+use common::cluster::{cfg, drain, serving, start_node, wait_view};
 use common::Node;
 use kvpool::placement::NodeState;
 use kvpool_client::{Client, KeyEvent, SameHost};
@@ -200,28 +200,7 @@ async fn a_wait_across_a_cluster_survives_a_node_draining() {
     for k in &ks[..100] {
         producer.put(k, b"kv").await.unwrap();
     }
-    let secret = std::fs::read(nodes[0].secret_file()).unwrap();
-    let admin = Client::connect(
-        &nodes[0].tcp_url(),
-        kvpool_client::ClientConfig {
-            cluster_secret: Some(
-                kvpool::protocol::auth::ClusterSecret::from_file_contents(&secret).unwrap(),
-            ),
-            ..cfg(SameHost::Off)
-        },
-    )
-    .await
-    .unwrap();
-    admin.drain_node(1).await.unwrap();
-    let mut child = nodes[1].child.take().unwrap();
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "drained node did not exit"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drain(&mut nodes, 1).await;
     wait_view(&producer, "node 1 down", |v| {
         v.node(kvpool::NodeId(1))
             .is_some_and(|n| n.state == NodeState::Down)

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{cfg, serving, wait_view};
+use common::cluster::{cfg, drain, serving, wait_view};
 use common::{temp_dir, Node};
 use kvpool::placement::NodeState;
 use kvpool::weights::{chunk_key, Manifest};
@@ -824,28 +824,7 @@ async fn a_drained_node_leaves_every_chunk_with_its_copies() {
     let s = w.stats(&m).await.unwrap();
     assert!(s.nodes.iter().any(|n| n.0 == 1 && n.1 > 5), "{s:?}");
 
-    let secret = std::fs::read(nodes[0].secret_file()).unwrap();
-    let admin = Client::connect(
-        &nodes[0].tcp_url(),
-        kvpool_client::ClientConfig {
-            cluster_secret: Some(
-                kvpool::protocol::auth::ClusterSecret::from_file_contents(&secret).unwrap(),
-            ),
-            ..cfg(SameHost::Off)
-        },
-    )
-    .await
-    .unwrap();
-    admin.drain_node(1).await.unwrap();
-    let mut child = nodes[1].child.take().unwrap();
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "drained node did not exit"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drain(&mut nodes, 1).await;
     wait_view(w.client(), "node 1 down", |v| {
         v.node(kvpool::NodeId(1))
             .is_some_and(|n| n.state == NodeState::Down)

@@ -695,22 +695,32 @@ impl Pool {
     /// overwrite takes it out of the index at once but parks its memory (see
     /// [`Pool::get_ref`]). None when absent, or held by `u16::MAX` readers already.
     pub fn hold(&self, ns: u32, key: &[u8]) -> Result<Option<Located>, PoolError> {
+        self.locate_with(ns, key, |e| {
+            if e.readers == u16::MAX {
+                return false;
+            }
+            e.readers += 1;
+            true
+        })
+    }
+
+    /// Finds a committed object, counting the read, and lets `take` mark its entry (under the
+    /// shard's lock); an object `take` refuses counts as a miss.
+    fn locate_with(
+        &self,
+        ns: u32,
+        key: &[u8],
+        take: impl FnOnce(&mut index::Entry) -> bool,
+    ) -> Result<Option<Located>, PoolError> {
         self.ns(ns)?;
         check_key(key)?;
         let mut shard = self.shard_lock(key);
-        let Some(e) = shard.ns[ns as usize].get(key, self.tick()) else {
-            self.count_read(ns, false);
-            return Ok(None);
-        };
-        if e.readers == u16::MAX {
-            self.count_read(ns, false);
-            return Ok(None);
-        }
-        e.readers += 1;
-        let e = *e;
+        let found = shard.ns[ns as usize]
+            .get(key, self.tick())
+            .and_then(|e| take(e).then_some(*e));
         drop(shard);
-        self.count_read(ns, true);
-        Ok(Some(Located {
+        self.count_read(ns, found.is_some());
+        Ok(found.map(|e| Located {
             addr: self.address(e.segment, e.offset, e.len, e.generation),
             checksum: e.checksum,
         }))
@@ -780,25 +790,15 @@ impl Pool {
         lease_ms: Millis,
         now: Millis,
     ) -> Result<Option<Located>, PoolError> {
-        self.ns(ns)?;
-        check_key(key)?;
-        let mut shard = self.shard_lock(key);
-        let Some(e) = shard.ns[ns as usize].get(key, self.tick()) else {
-            self.count_read(ns, false);
-            return Ok(None);
-        };
-        if lease_ms > 0 {
-            e.lease_until = e
-                .lease_until
-                .max(now.saturating_add(lease_ms.min(self.max_lease)));
-        }
-        let e = *e;
-        drop(shard);
-        self.count_read(ns, true);
-        Ok(Some(Located {
-            addr: self.address(e.segment, e.offset, e.len, e.generation),
-            checksum: e.checksum,
-        }))
+        let max_lease = self.max_lease;
+        self.locate_with(ns, key, |e| {
+            if lease_ms > 0 {
+                e.lease_until = e
+                    .lease_until
+                    .max(now.saturating_add(lease_ms.min(max_lease)));
+            }
+            true
+        })
     }
 
     /// Ends the lease on an object (leases are per object, not per holder). Returns whether the

@@ -54,6 +54,33 @@ pub async fn wait_view(
     }
 }
 
+/// Drains node `id` of `nodes` (ids are their index) through node 0, as the cluster's admin
+/// (its secret), and waits (at most 30 s) for its process to exit.
+pub async fn drain(nodes: &mut [Node], id: u32) {
+    let secret = std::fs::read(nodes[0].secret_file()).unwrap();
+    let admin = Client::connect(
+        &nodes[0].tcp_url(),
+        ClientConfig {
+            cluster_secret: Some(
+                kvpool::protocol::auth::ClusterSecret::from_file_contents(&secret).unwrap(),
+            ),
+            ..cfg(SameHost::Off)
+        },
+    )
+    .await
+    .unwrap();
+    admin.drain_node(id).await.unwrap();
+    let mut child = nodes[id as usize].child.take().unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "drained node did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn serving(v: &ClusterView) -> usize {
     v.nodes
         .iter()

@@ -280,23 +280,7 @@ pub(crate) fn run(args: HandoffArgs) -> anyhow::Result<()> {
     let began = Instant::now();
     let machine = Machine::detect();
     eprintln!("kvpool-bench handoff — {}", machine.describe());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(machine.nproc)
-        .enable_all()
-        .build()?;
-    rt.spawn(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut term) = signal(SignalKind::terminate()) else {
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!("interrupted: stopping kvpoold and the baselines");
-        daemon::kill_all();
-        std::process::exit(130);
-    });
+    let rt = crate::perf::runtime(&machine)?;
     let mut report = Report {
         machine,
         loadavg: vec![loadavg()],

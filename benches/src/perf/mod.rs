@@ -186,20 +186,9 @@ impl Ctx {
     }
 }
 
-/// Runs the selected sections, prints the tables and writes the JSON.
-pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !args.sizes.is_empty() && !args.conns.is_empty(),
-        "--sizes and --conns need at least one value"
-    );
-    anyhow::ensure!(
-        args.conns.iter().all(|&c| c > 0),
-        "--conns must be positive"
-    );
-    let selected = selection(&args.only);
-    let began = Instant::now();
-    let machine = Machine::detect();
-    eprintln!("kvpool-bench perf — {}", machine.describe());
+/// The benchmarks' runtime (a worker per core), with a task that stops kvpoold and the
+/// baselines this process started when it is interrupted (SIGINT or SIGTERM).
+pub(crate) fn runtime(machine: &Machine) -> anyhow::Result<tokio::runtime::Runtime> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(machine.nproc)
         .enable_all()
@@ -217,6 +206,24 @@ pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
         daemon::kill_all();
         std::process::exit(130);
     });
+    Ok(rt)
+}
+
+/// Runs the selected sections, prints the tables and writes the JSON.
+pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.sizes.is_empty() && !args.conns.is_empty(),
+        "--sizes and --conns need at least one value"
+    );
+    anyhow::ensure!(
+        args.conns.iter().all(|&c| c > 0),
+        "--conns must be positive"
+    );
+    let selected = selection(&args.only);
+    let began = Instant::now();
+    let machine = Machine::detect();
+    eprintln!("kvpool-bench perf — {}", machine.describe());
+    let rt = runtime(&machine)?;
     let mut ctx = Ctx {
         args,
         rt,
