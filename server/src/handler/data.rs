@@ -227,6 +227,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     r.read_exact(piece).await?;
                     h.update(piece);
                     done += piece.len();
+                    if done % super::BULK_CHUNK == 0 && done < total {
+                        // Other connections get the worker between chunks of a large put.
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Ok::<usize, io::Error>(done)
             };

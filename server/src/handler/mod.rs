@@ -46,6 +46,11 @@ use crate::service::{Access, Routing, Shared};
 
 const IO_BUFFER: usize = 64 << 10;
 
+/// Bytes of a large payload sent or received between two yields to the runtime (see
+/// [`Conn::reply`] and the put path): the most a latency request waits behind a bulk transfer
+/// on a worker thread.
+pub(crate) const BULK_CHUNK: usize = 1 << 20;
+
 /// Serves one connection until the peer leaves, the protocol breaks, or shutdown is signalled
 /// while the connection is idle between requests.
 pub(crate) async fn serve<R, W>(
@@ -462,9 +467,28 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.w.flush().await
     }
 
+    /// Writes a response. A large payload goes out [`BULK_CHUNK`] bytes at a time with a
+    /// yield to the runtime between chunks, so a small request on another connection waits
+    /// behind at most one chunk of this one for a worker thread.
     async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
         let hdr = encode(&Response { id, reply });
-        write_frame(&mut self.w, &hdr, payload).await
+        let total: usize = payload.iter().map(|p| p.len()).sum();
+        if total <= BULK_CHUNK {
+            return write_frame(&mut self.w, &hdr, payload).await;
+        }
+        let prefix = kvpool::protocol::FramePrefix {
+            header_len: hdr.len() as u32,
+            payload_len: total as u64,
+        };
+        self.w.write_all(&prefix.encode()).await?;
+        self.w.write_all(&hdr).await?;
+        for p in payload {
+            for chunk in p.chunks(BULK_CHUNK) {
+                self.w.write_all(chunk).await?;
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(())
     }
 }
 
