@@ -481,3 +481,86 @@ async fn the_one_sided_form_consumer_reserves_producer_writes_and_commits() {
         .await
         .is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_handoff_and_hold_requests_get_clear_errors_and_the_node_keeps_serving() {
+    use kvpool::protocol::{ErrorCode, Op, Reply};
+    let node = Node::start("64MiB", &[]);
+    let mut s = tokio::net::TcpStream::connect(&node.tcp).await.unwrap();
+    common::raw::hello(&mut s, "handoff-bad-input").await;
+    let code = |r: Option<kvpool::protocol::Response>| match r.map(|r| r.reply) {
+        Some(Reply::Error { code, .. }) => ErrorCode::from_u16(code),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    let cases: Vec<(Op, ErrorCode)> = vec![
+        (
+            Op::Watch {
+                ns: 999,
+                keys: vec![b"k".to_vec()],
+            },
+            ErrorCode::UnknownNamespace,
+        ),
+        (
+            Op::Subscribe {
+                ns: 0,
+                prefix: vec![b'p'; 257],
+            },
+            ErrorCode::BadKey,
+        ),
+        (
+            Op::Fail {
+                ns: 0,
+                keys: vec![Vec::new()],
+                reason: "empty key".into(),
+            },
+            ErrorCode::BadKey,
+        ),
+        (
+            Op::Watch {
+                ns: 0,
+                keys: vec![b"k".to_vec(); 20_000],
+            },
+            ErrorCode::BatchTooLarge,
+        ),
+        (
+            Op::Expire {
+                ns: 999,
+                keys: vec![b"k".to_vec()],
+                ttl_ms: 10,
+            },
+            ErrorCode::UnknownNamespace,
+        ),
+        // Holds are only for a same-host reader, over the Unix socket.
+        (
+            Op::Hold {
+                ns: 0,
+                keys: vec![b"k".to_vec()],
+            },
+            ErrorCode::NotLocal,
+        ),
+    ];
+    for (i, (op, want)) in cases.into_iter().enumerate() {
+        let what = format!("{op:?}").chars().take(60).collect::<String>();
+        common::raw::send(&mut s, i as u64 + 10, op, &[]).await;
+        assert_eq!(code(common::raw::recv(&mut s).await), want, "{what}");
+    }
+    // The same connection, and the node, still serve.
+    let c = connect(&node).await;
+    c.put(b"after", b"ok").await.unwrap();
+    let got = c.wait(&[b"after"], Duration::from_secs(10)).await.unwrap();
+    assert!(got.complete());
+    common::raw::send(
+        &mut s,
+        99,
+        Op::Watch {
+            ns: 0,
+            keys: vec![b"after".to_vec()],
+        },
+        &[],
+    )
+    .await;
+    match common::raw::recv(&mut s).await.map(|r| r.reply) {
+        Some(Reply::Statuses(codes)) => assert_eq!(codes, vec![ErrorCode::Ok as u16]),
+        other => panic!("{other:?}"),
+    }
+}
