@@ -12,3 +12,21 @@ pub mod cluster;
 pub mod raw;
 
 pub use kvpool_system_tests::*;
+
+/// The `kvpool-bench` binary of this profile, built when a narrow test run has not built it.
+pub fn bench_bin() -> std::path::PathBuf {
+    let kvpoold = bin("kvpoold");
+    let dir = kvpoold.parent().expect("target/<profile>").to_path_buf();
+    let p = dir.join("kvpool-bench");
+    if !p.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "-p", "kvpool-bench", "--bins"]);
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        assert!(ok && p.exists(), "could not build {}", p.display());
+    }
+    p
+}

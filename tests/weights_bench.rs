@@ -6,32 +6,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
-
-/// The bench binary of this profile, built when a narrow test run has not built it.
-fn bench_bin() -> PathBuf {
-    let kvpoold = common::bin("kvpoold");
-    let dir = kvpoold.parent().expect("target/<profile>").to_path_buf();
-    let p = dir.join("kvpool-bench");
-    if !p.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "kvpool-bench", "--bins"]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
-        assert!(ok && p.exists(), "could not build {}", p.display());
-    }
-    p
-}
 
 #[test]
 fn weights_bench_runs_and_reports_every_goal() {
     let dir = common::temp_dir("weights-bench");
     let json = dir.join("weights.json");
-    let out = Command::new(bench_bin())
+    let out = Command::new(common::bench_bin())
         .args([
             "weights",
             "--size",

@@ -600,6 +600,11 @@ impl Pool {
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Refuses a namespace id this pool does not have (`UnknownNamespace`).
+    pub fn check_namespace(&self, ns: u32) -> Result<(), PoolError> {
+        self.ns(ns).map(|_| ())
+    }
+
     /// Sets the observer told of every commit (once; a second call is refused and returns
     /// false).
     pub fn observe(&self, observer: Arc<dyn CommitObserver>) -> bool {

@@ -731,6 +731,19 @@ async fn handoff_once(
     ))
 }
 
+/// A producer's and a consumer's client on `same_host`'s path; None when the same-host path
+/// was asked for and is not in use.
+fn pair(
+    rt: &tokio::runtime::Runtime,
+    d: &Daemon,
+    same_host: SameHost,
+) -> anyhow::Result<Option<(Client, Client)>> {
+    let producer = connect(rt, d, same_host)?;
+    let consumer = connect(rt, d, same_host)?;
+    let local = producer.is_local() && consumer.is_local();
+    Ok((same_host != SameHost::Auto || local).then_some((producer, consumer)))
+}
+
 /// Part 2: handoffs on one path against a raw TCP stream of the same bytes.
 fn handoff(
     args: &HandoffArgs,
@@ -742,11 +755,9 @@ fn handoff(
     const PART: &str = "handoff: producer to a waiting consumer, against a raw TCP stream";
     let path = path_name(same_host);
     eprintln!("== {PART}, {path} ==");
-    let producer = connect(rt, d, same_host)?;
-    let consumer = connect(rt, d, same_host)?;
-    if same_host == SameHost::Auto && !(producer.is_local() && consumer.is_local()) {
+    let Some((producer, consumer)) = pair(rt, d, same_host)? else {
         return Ok(());
-    }
+    };
     let block = args.block_size as usize;
     let blocks = (args.handoff_bytes / args.block_size) as usize;
     let src = workloads::value(args.handoff_bytes);
@@ -885,11 +896,9 @@ fn notification(
     const PART: &str = "notification: put's call to the waiting consumer's wake, one small key";
     let path = path_name(same_host);
     eprintln!("== {PART}, {path} ==");
-    let producer = connect(rt, d, same_host)?;
-    let consumer = connect(rt, d, same_host)?;
-    if same_host == SameHost::Auto && !(producer.is_local() && consumer.is_local()) {
+    let Some((producer, consumer)) = pair(rt, d, same_host)? else {
         return Ok(());
-    }
+    };
     let value = vec![0x5a_u8; 64];
     let probe = b"hbench-notify-probe".to_vec();
     rt.block_on(producer.put(&probe, &workloads::value(PROBE_SIZE)))?;

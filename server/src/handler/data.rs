@@ -23,16 +23,9 @@ pub(super) struct Item<'k> {
 const RECEIVE_PIECE: usize = 256 << 10;
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
-    pub(super) async fn put(
-        &mut self,
-        id: u64,
-        ns: u32,
-        item: Item<'_>,
-        pin: bool,
-        now: Millis,
-    ) -> Next {
+    pub(super) async fn put(&mut self, id: u64, ns: u32, item: Item<'_>, pin: bool) -> Next {
         let len = item.len;
-        let r = self.put_one(ns, item, pin, 0, now).await?;
+        let r = self.put_one(ns, item, pin, 0).await?;
         self.s.metrics.bytes(len, 0);
         self.answer(id, r.map(|()| Reply::Done)).await
     }
@@ -62,7 +55,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         items: &Archived<Vec<PutItem>>,
         (pin, depths): (bool, &Archived<Vec<u32>>),
         payload: u64,
-        now: Millis,
     ) -> Next {
         let max_batch = self.s.limits.max_batch as usize;
         let total: Option<u64> = items
@@ -89,7 +81,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 len: item.len.to_native(),
                 checksum: item.checksum.to_native(),
             };
-            let r = self.put_one(ns, item, pin, depth, now).await?;
+            let r = self.put_one(ns, item, pin, depth).await?;
             statuses.push(r.err().map_or(0, |c| c as u16));
         }
         self.s.metrics.bytes(payload, 0);
@@ -199,7 +191,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         item: Item<'_>,
         pin: bool,
         depth: u32,
-        now: Millis,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
         let addr = match self.s.begin_put(ns, item.key, item.len, pin, depth) {
@@ -242,7 +233,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
             h.digest()
         };
-        let _ = now;
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked.
         Ok(pool

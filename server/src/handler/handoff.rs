@@ -25,7 +25,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(code) = self.s.batch_check(keys.len()) {
             return self.answer(id, Err(code)).await;
         }
-        if let Err(e) = self.s.pool.exists_prefix(ns, std::iter::empty()) {
+        if let Err(e) = self.s.pool.check_namespace(ns) {
             return self.answer(id, Err(e.into())).await;
         }
         let watched = self.watching.as_ref().map_or(0, |r| r.watched);
@@ -84,7 +84,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::BadKey, &msg).await?;
             return Ok(true);
         }
-        if let Err(e) = self.s.pool.exists_prefix(ns, std::iter::empty()) {
+        if let Err(e) = self.s.pool.check_namespace(ns) {
             return self.answer(id, Err(e.into())).await;
         }
         let watched = self.watching.as_ref().map_or(0, |r| r.watched);
@@ -145,7 +145,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(code) = self.s.batch_check(keys.len()) {
             return self.answer(id, Err(code)).await;
         }
-        if let Err(e) = self.s.pool.exists_prefix(ns, std::iter::empty()) {
+        if let Err(e) = self.s.pool.check_namespace(ns) {
             return self.answer(id, Err(e.into())).await;
         }
         // (A reason over MAX_REASON bytes is cut by the registry.)

@@ -308,7 +308,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     len: payload,
                     checksum,
                 };
-                self.put(id, ns.to_native(), item, *pin, now).await
+                self.put(id, ns.to_native(), item, *pin).await
             }
             ArchivedOp::Get { ns, key } => self.get(id, ns.to_native(), key.as_slice(), now).await,
             ArchivedOp::BatchPut {
@@ -318,8 +318,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 depths,
             } => {
                 let ns = ns.to_native();
-                self.batch_put(id, ns, items, (*pin, depths), payload, now)
-                    .await
+                self.batch_put(id, ns, items, (*pin, depths), payload).await
             }
             ArchivedOp::BatchGet { ns, keys, prefix } => {
                 self.batch_get(id, ns.to_native(), keys, *prefix, now).await
