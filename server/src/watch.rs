@@ -43,7 +43,31 @@ pub(crate) struct Event {
     pub(crate) reason: String,
 }
 
-type NsKey = (u32, Box<[u8]>);
+/// A namespace and key as one byte string: the namespace id's 4 little-endian bytes, then the
+/// key. Maps of them are looked up by a slice built on the stack (see [`on_stack`]), so a commit
+/// allocates nothing to find its watchers.
+type NsKey = Box<[u8]>;
+
+/// A leased key: its namespace and its bytes (handed back as they are when the lease lapses).
+type LeaseKey = (u32, Box<[u8]>);
+
+fn ns_key(ns: u32, key: &[u8]) -> NsKey {
+    [&ns.to_le_bytes()[..], key].concat().into_boxed_slice()
+}
+
+/// Runs `f` on `ns` and `key` as one [`NsKey`] slice, built in a stack buffer (keys the pool
+/// accepts fit; a longer one, which no commit has, is built on the heap).
+fn on_stack<R>(ns: u32, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
+    let mut buf = [0u8; 4 + kvpool::MAX_KEY_LEN];
+    match buf.get_mut(4..4 + key.len()) {
+        Some(dst) => {
+            dst.copy_from_slice(key);
+            buf[..4].copy_from_slice(&ns.to_le_bytes());
+            f(&buf[..4 + key.len()])
+        }
+        None => f(&ns_key(ns, key)),
+    }
+}
 
 struct Sink {
     tx: mpsc::Sender<Event>,
@@ -70,10 +94,10 @@ pub(crate) const MAX_LEASES: usize = 1 << 20;
 #[derive(Default)]
 struct Inner {
     /// Handoff leases: per key, when it lapses.
-    leases: HashMap<NsKey, Millis>,
+    leases: HashMap<LeaseKey, Millis>,
     /// The leases by lapse time (entries of renewed or ended leases stay until they come up,
     /// and are skipped then).
-    lease_order: std::collections::BTreeMap<(Millis, u64), NsKey>,
+    lease_order: std::collections::BTreeMap<(Millis, u64), LeaseKey>,
     lease_seq: u64,
     next_id: u64,
     sinks: HashMap<u64, Sink>,
@@ -160,7 +184,7 @@ impl Watches {
     /// Watches `key` for `r` (no-op when it already does); returns whether it is new.
     pub(crate) fn watch(&self, r: &mut Registration, ns: u32, key: &[u8]) -> bool {
         let mut inner = self.lock();
-        let conns = inner.keys.entry((ns, key.into())).or_default();
+        let conns = inner.keys.entry(ns_key(ns, key)).or_default();
         if conns.contains(&r.id) {
             return false;
         }
@@ -173,7 +197,7 @@ impl Watches {
     /// Stops `r` watching `key`; returns whether it did.
     pub(crate) fn unwatch(&self, r: &mut Registration, ns: u32, key: &[u8]) -> bool {
         let mut inner = self.lock();
-        let k: NsKey = (ns, key.into());
+        let k = ns_key(ns, key);
         let Some(conns) = inner.keys.get_mut(&k) else {
             return false;
         };
@@ -242,7 +266,7 @@ impl Watches {
             return None;
         }
         let inner = self.lock();
-        let (reason, until) = inner.tombstones.get(&(ns, Box::from(key)))?;
+        let (reason, until) = on_stack(ns, key, |k| inner.tombstones.get(k))?;
         (*until > now).then(|| reason.clone())
     }
 
@@ -251,7 +275,7 @@ impl Watches {
         let reason = cut(reason, MAX_REASON);
         let until = now.saturating_add(self.tombstone_ms);
         let mut inner = self.lock();
-        let k: NsKey = (ns, key.into());
+        let k = ns_key(ns, key);
         // Lapsed ones first, then the oldest while over the bound.
         while let Some((old, at)) = inner.tomb_order.front() {
             let lapsed = *at <= now;
@@ -279,7 +303,7 @@ impl Watches {
 impl Inner {
     /// Sends the event to every connection watching `key` or a prefix of it.
     fn tell(&self, ns: u32, key: &[u8], code: ErrorCode, reason: &str) {
-        if let Some(conns) = self.keys.get(&(ns, Box::from(key))) {
+        if let Some(conns) = on_stack(ns, key, |k| self.keys.get(k)) {
             for c in conns {
                 if let Some(s) = self.sinks.get(c) {
                     s.send(ns, key, code, reason);
@@ -302,7 +326,9 @@ impl CommitObserver for Watches {
             return;
         }
         let mut inner = self.lock();
-        if inner.tombstones.remove(&(ns, Box::from(key))).is_some() {
+        if self.tombs.load(Ordering::Acquire) > 0
+            && on_stack(ns, key, |k| inner.tombstones.remove(k)).is_some()
+        {
             // The producer wrote it after all: the tombstone is over.
             self.tombs.store(inner.tombstones.len(), Ordering::Release);
         }
@@ -315,7 +341,7 @@ impl Watches {
     /// `until` None ends the lease. False when the node holds [`MAX_LEASES`] already.
     pub(crate) fn lease(&self, ns: u32, key: &[u8], until: Option<Millis>) -> bool {
         let mut inner = self.lock();
-        let k: NsKey = (ns, key.into());
+        let k: LeaseKey = (ns, key.into());
         let Some(until) = until else {
             inner.leases.remove(&k);
             return true;
@@ -403,6 +429,21 @@ mod tests {
         assert_eq!(w.active.load(Ordering::Acquire), 0);
         w.committed(0, b"k");
         assert!(a.rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn keys_of_every_length_are_found_and_namespaces_kept_apart() {
+        let w = Arc::new(Watches::new(1000));
+        let mut a = w.register();
+        let long = vec![b'x'; kvpool::MAX_KEY_LEN + 1]; // looked up on the heap
+        for key in [&b""[..], b"k", &[b'y'; kvpool::MAX_KEY_LEN], &long] {
+            assert!(w.watch(&mut a, 7, key));
+            w.committed(8, key);
+            w.committed(7, key);
+            let ev = a.rx.recv().await.unwrap();
+            assert_eq!((ev.ns, &*ev.key), (7, key));
+            assert!(a.rx.try_recv().is_err());
+        }
     }
 
     #[tokio::test]
