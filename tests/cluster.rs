@@ -143,6 +143,8 @@ async fn raw_with_view(addr: &str, view: u64, op: kvpool::protocol::Op) -> u16 {
         let hdr = encode(&Request {
             id: id as u64,
             view: if id == 0 { 0 } else { view },
+            priority: kvpool::protocol::Priority::Normal as u8,
+            deadline_us: 0,
             op,
         });
         write_frame(&mut s, &hdr, &[]).await.unwrap();

@@ -51,6 +51,8 @@ impl Raw {
         let hdr = encode(&Request {
             id: self.next,
             view: 0,
+            priority: kvpool::protocol::Priority::Normal as u8,
+            deadline_us: 0,
             op,
         });
         self.next += 1;
@@ -239,7 +241,16 @@ async fn frames_of_random_bytes_never_drain_a_node() {
         Op::Stats,
     ]
     .into_iter()
-    .map(|op| encode(&Request { id: 9, view: 0, op }).to_vec())
+    .map(|op| {
+        encode(&Request {
+            id: 9,
+            view: 0,
+            priority: kvpool::protocol::Priority::Normal as u8,
+            deadline_us: 0,
+            op,
+        })
+        .to_vec()
+    })
     .collect();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut rand = move || {

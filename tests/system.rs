@@ -679,6 +679,8 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
     let hdr = encode(&Request {
         id: 2,
         view: 0,
+        priority: kvpool::protocol::Priority::Normal as u8,
+        deadline_us: 0,
         op: Op::Put {
             ns: 0,
             key: b"torn".to_vec(),

@@ -19,11 +19,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
-use kvpool::protocol::{ErrorCode, HelloInfo, Op, Reply};
+use kvpool::protocol::{ErrorCode, HelloInfo, Op, Priority, Reply};
 use kvpool::{AddrFault, GlobalAddr};
 
 use crate::config::ClientConfig;
@@ -46,7 +46,6 @@ pub use hold::LocalHold;
 use routing::{Routing, Scheme};
 
 struct Inner {
-    cfg: ClientConfig,
     scheme: Scheme,
     first: Arc<Link>,
     links: Mutex<HashMap<u32, Arc<Link>>>,
@@ -68,6 +67,9 @@ pub struct Client {
     ns: Arc<str>,
     /// (replicas, pinned replicas) of the namespace.
     repl: (usize, usize),
+    /// This handle's settings: the connection's, with its own priority and deadline
+    /// ([`Client::with_priority`], [`Client::with_deadline`]).
+    cfg: Arc<ClientConfig>,
 }
 
 /// How long `load_prefix` leases blocks while copying them on the same host.
@@ -120,7 +122,6 @@ impl Client {
         let links = HashMap::from([(link.node(), link.clone())]);
         Ok(Client {
             inner: Arc::new(Inner {
-                cfg,
                 scheme,
                 first: link,
                 links: Mutex::new(links),
@@ -135,6 +136,7 @@ impl Client {
             }),
             ns,
             repl,
+            cfg: Arc::new(cfg),
         })
     }
 
@@ -145,7 +147,36 @@ impl Client {
             inner: self.inner.clone(),
             ns: name.into(),
             repl: replication(&self.inner.first, name),
+            cfg: self.cfg.clone(),
         })
+    }
+
+    /// The same client (connections shared), whose bulk transfers have priority `p` on the
+    /// nodes (see [`ClientConfig::priority`]).
+    pub fn with_priority(&self, p: Priority) -> Client {
+        self.with_cfg(|c| c.priority = p)
+    }
+
+    /// The same client (connections shared), whose calls carry deadline `d` (`None`: none):
+    /// a node refuses a bulk transfer it estimates it can't finish in time at once
+    /// ([`ClientError::is_deadline_refused`]), and a call still running at the deadline
+    /// fails with `Timeout` (see [`ClientConfig::deadline`]).
+    pub fn with_deadline(&self, d: Option<Duration>) -> Client {
+        self.with_cfg(|c| c.deadline = d)
+    }
+
+    fn with_cfg(&self, f: impl FnOnce(&mut ClientConfig)) -> Client {
+        let mut cfg = (*self.cfg).clone();
+        f(&mut cfg);
+        Client {
+            cfg: Arc::new(cfg),
+            ..self.clone()
+        }
+    }
+
+    /// This handle's bulk priority and deadline.
+    pub fn class(&self) -> (Priority, Option<Duration>) {
+        (self.cfg.priority, self.cfg.deadline)
     }
 
     /// How many times, since the client (or the one it was cloned or derived from) was created,
@@ -234,7 +265,7 @@ impl Client {
 
     /// The value of `key`, or None on a miss (including a key whose node can't be reached).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let ns = &*self.ns;
         routed!(self, r => {
             for attempt in 0..self.read_replicas() {
@@ -304,7 +335,7 @@ impl Client {
         if keys.is_empty() {
             return Ok(0);
         }
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         routed!(self, r => {
             if self.fallback(&r).is_some() {
                 // Per-key presence, so misses can be looked up on their previous owners.
@@ -339,7 +370,7 @@ impl Client {
 
     /// Removes `key` from every node that may hold it; true when one did.
     pub async fn remove(&self, key: &[u8]) -> Result<bool, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         routed!(self, r => {
             // The owners, routed by the view; the previous owner asked on purpose (stamp 0).
             let mut batches = Vec::new();
@@ -449,7 +480,7 @@ impl Client {
     /// [`Client::write`], then [`Client::commit`]. (One copy: two-phase puts are not
     /// replicated.)
     pub async fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let ns = &*self.ns;
         routed!(self, r => {
             let owner = self.primary(&r, key)?;
@@ -475,13 +506,13 @@ impl Client {
         bytes: &[u8],
     ) -> Result<(), ClientError> {
         let l = self.link_of(addr).await?;
-        l.write(&self.inner.cfg, addr, offset, bytes).await
+        l.write(&self.cfg, addr, offset, bytes).await
     }
 
     /// Makes a pending allocation visible; `checksum` is the xxh3-64 of its bytes.
     pub async fn commit(&self, addr: &GlobalAddr, checksum: u64) -> Result<(), ClientError> {
         let l = self.link_of(addr).await?;
-        let codes = l.commit_many(&self.inner.cfg, &[(*addr, checksum)]).await?;
+        let codes = l.commit_many(&self.cfg, &[(*addr, checksum)]).await?;
         code_result(codes[0])
     }
 
@@ -489,7 +520,7 @@ impl Client {
     pub async fn abort(&self, addr: &GlobalAddr) -> Result<(), ClientError> {
         let l = self.link_of(addr).await?;
         match l
-            .simple(&self.inner.cfg, 0, Op::Abort { addrs: vec![*addr] }, &[])
+            .simple(&self.cfg, 0, Op::Abort { addrs: vec![*addr] }, &[])
             .await?
         {
             Reply::Statuses(s) => code_result(ErrorCode::from_u16(s.first().copied().unwrap_or(0))),
@@ -534,9 +565,9 @@ impl Client {
             Err(e) => return Err(e),
         };
         let read = if hash {
-            l.read_hashed(&self.inner.cfg, addr, dst).await
+            l.read_hashed(&self.cfg, addr, dst).await
         } else {
-            l.read(&self.inner.cfg, addr, offset, dst)
+            l.read(&self.cfg, addr, offset, dst)
                 .await
                 .map(|ok| ok.then_some(0))
         };
@@ -615,7 +646,7 @@ impl Client {
         lease_ms: u64,
         replica: usize,
     ) -> Result<Vec<Option<Located>>, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         routed!(self, r => {
             let mut batches = self.by_owner(&r, keys, 0..keys.len(), replica);
             let answers = self
@@ -672,7 +703,7 @@ impl Client {
     /// parallel. A node that can't be reached fails the call with `Unavailable`, since what it
     /// holds was not removed; objects written meanwhile may or may not be.
     pub async fn remove_all(&self) -> Result<u64, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let r = self.routing();
         let mut batches = Vec::new();
         for n in r.view.nodes.iter().filter(|n| n.state != NodeState::Down) {
@@ -702,7 +733,7 @@ impl Client {
     pub async fn node_stats(&self, node: u32) -> Result<PoolStats, ClientError> {
         let r = self.routing();
         let l = self.link(node, &r).await?;
-        match l.simple(&self.inner.cfg, 0, Op::Stats, &[]).await? {
+        match l.simple(&self.cfg, 0, Op::Stats, &[]).await? {
             Reply::Stats(s) => Ok(s),
             r => Err(unexpected(&r)),
         }
@@ -722,7 +753,7 @@ impl Client {
     pub async fn drain_node(&self, node: u32) -> Result<(), ClientError> {
         let r = self.routing();
         let l = self.link(node, &r).await?;
-        match l.simple(&self.inner.cfg, 0, Op::Drain, &[]).await? {
+        match l.simple(&self.cfg, 0, Op::Drain, &[]).await? {
             Reply::Done => Ok(()),
             r => Err(unexpected(&r)),
         }

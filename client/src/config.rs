@@ -44,6 +44,15 @@ pub struct ClientConfig {
     /// then proves it after the handshake and may send cluster control such as `Drain`.
     /// Applications never hold it. Default none.
     pub cluster_secret: Option<kvpool::protocol::auth::ClusterSecret>,
+    /// Priority of this client's bulk transfers on the nodes (a large get or put, a batch):
+    /// they take turns with other clients' in proportion to its weight. Small requests are
+    /// served at once whatever it says. Default [`Priority::Normal`].
+    pub priority: kvpool::protocol::Priority,
+    /// Every call carries this deadline: a node that estimates it cannot finish a bulk
+    /// transfer in time refuses it at once (`DeadlineUnmeetable`) instead of making the caller
+    /// wait, and the call gives up when it passes (`Timeout`), whichever comes first. Default
+    /// none (calls end at `timeout`).
+    pub deadline: Option<Duration>,
 }
 
 impl Default for ClientConfig {
@@ -60,6 +69,8 @@ impl Default for ClientConfig {
             insecure_skip_verify: false,
             fallback_window: Duration::from_secs(60),
             cluster_secret: None,
+            priority: kvpool::protocol::Priority::Normal,
+            deadline: None,
         }
     }
 }

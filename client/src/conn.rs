@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
-    Response, PROTOCOL_VERSION,
+    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
+    Request, Response, PROTOCOL_VERSION,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -51,6 +51,16 @@ pub(crate) struct Conn {
     pub(crate) last_used: Instant,
     /// The view stamp the next requests are routed by (0: sent to this node on purpose).
     pub(crate) view: u64,
+    /// The bulk priority and deadline the next requests carry (set by the pool per call).
+    pub(crate) class: Class,
+}
+
+/// What a request says about its urgency: its bulk priority and its deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Class {
+    pub(crate) priority: Priority,
+    /// Microseconds; 0: none.
+    pub(crate) deadline_us: u64,
 }
 
 impl Conn {
@@ -93,6 +103,7 @@ impl Conn {
             quic: quic.cloned(),
             last_used: Instant::now(),
             view: 0,
+            class: Class::default(),
             // Generous until the node tells us its limits: responses are bounded by what we ask.
             limits: Limits {
                 max_header: 64 << 20,
@@ -182,6 +193,8 @@ impl Conn {
         let hdr = encode(&Request {
             id,
             view: self.view,
+            priority: self.class.priority as u8,
+            deadline_us: self.class.deadline_us,
             op,
         });
         write_frame(&mut self.w, &hdr, payload).await?;
@@ -331,6 +344,8 @@ impl ConnWriter {
         let hdr = encode(&Request {
             id,
             view: self.view,
+            priority: Priority::Normal as u8,
+            deadline_us: 0,
             op,
         });
         write_frame(&mut self.w, &hdr, &[]).await?;

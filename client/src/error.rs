@@ -66,6 +66,13 @@ impl ClientError {
         ) || self.code() == Some(ErrorCode::Unavailable)
     }
 
+    /// True when a node refused a bulk transfer up front because it estimated it could not
+    /// finish it by the call's deadline ([`crate::ClientConfig::deadline`]): recompute rather
+    /// than retry.
+    pub fn is_deadline_refused(&self) -> bool {
+        self.code() == Some(ErrorCode::DeadlineUnmeetable)
+    }
+
     /// True when the connection is still in sync after this error and can be reused.
     pub(crate) fn keeps_connection(&self) -> bool {
         matches!(

@@ -46,7 +46,7 @@ pub use config::{ClientConfig, SameHost};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use kvpool::prefix::PrefixSeed;
-pub use kvpool::protocol::ErrorCode;
+pub use kvpool::protocol::{ErrorCode, Priority};
 pub use kvpool::GlobalAddr;
 pub use link::Located;
 pub use local::{ReadView, ViewError};

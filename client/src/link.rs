@@ -19,7 +19,7 @@ use kvpool::protocol::{
 use kvpool::{checksum, AddrFault, GlobalAddr};
 
 use crate::config::{ClientConfig, SameHost};
-use crate::conn::{quic_connect, Conn};
+use crate::conn::{quic_connect, Class, Conn};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 use crate::local::{LocalMap, LocalReadError};
@@ -225,6 +225,10 @@ impl Link {
                 }
             };
             conn.view = view;
+            conn.class = Class {
+                priority: cfg.priority,
+                deadline_us: cfg.deadline.map_or(0, |d| d.as_micros().max(1) as u64),
+            };
             let r = f(&mut conn).await;
             match &r {
                 Err(e) if !e.keeps_connection() => {
@@ -244,7 +248,8 @@ impl Link {
             }
             r
         };
-        tokio::time::timeout(cfg.timeout, work)
+        let limit = cfg.deadline.map_or(cfg.timeout, |d| d.min(cfg.timeout));
+        tokio::time::timeout(limit, work)
             .await
             .map_err(|_| ClientError::Timeout)?
     }
@@ -372,7 +377,8 @@ impl Link {
                 r => Err(unexpected(&r)),
             }
         };
-        tokio::time::timeout(cfg.timeout, work)
+        let limit = cfg.deadline.map_or(cfg.timeout, |d| d.min(cfg.timeout));
+        tokio::time::timeout(limit, work)
             .await
             .map_err(|_| ClientError::Timeout)?
     }
@@ -575,24 +581,10 @@ impl Link {
             let located = self.lookup(cfg, view, ns, keys, lease_ms).await?;
             let mut out = vec![None; keys.len()];
             let mut fallback = Vec::new();
-            for (i, l) in located.iter().enumerate() {
-                let Some(l) = l else {
-                    if prefix {
-                        break;
-                    }
-                    continue;
-                };
-                let need = l.addr.len;
-                let have = dsts[i].len() as u64;
-                let dst = dsts[i]
-                    .get_mut(..need as usize)
-                    .ok_or(ClientError::BufferTooSmall { need, have })?;
-                if self.read_local_checked(cfg, l, dst)? {
-                    out[i] = Some(need as usize);
-                } else {
-                    fallback.push(i);
-                }
-            }
+            let bytes = located.iter().flatten().map(|l| l.addr.len).sum();
+            off_runtime(bytes, || {
+                self.copy_located(cfg, &located, dsts, prefix, (&mut out, &mut fallback))
+            })?;
             if lease_ms > 0 {
                 let leased: Vec<Vec<u8>> = located
                     .iter()
@@ -756,7 +748,7 @@ impl Link {
     ) -> Result<Option<u64>, ClientError> {
         let sum = |dst: &[u8]| if hash { checksum(dst) } else { 0 };
         if let Some(local) = self.local().filter(|l| l.covers(addr)) {
-            match local.read(addr, offset, dst) {
+            match off_runtime(dst.len() as u64, || local.read(addr, offset, dst)) {
                 Ok(()) => return Ok(Some(sum(dst))),
                 Err(AddrFault::Stale) => return Ok(None),
                 // An address of another daemon than the one mapped: the node decides (it
@@ -802,7 +794,7 @@ impl Link {
         bytes: &[u8],
     ) -> Result<(), ClientError> {
         if let Some(local) = self.local().filter(|l| l.covers(addr)) {
-            match local.write(addr, offset, bytes) {
+            match off_runtime(bytes.len() as u64, || local.write(addr, offset, bytes)) {
                 Ok(()) => return Ok(()),
                 Err(AddrFault::WrongIncarnation) => {}
                 Err(f) => return Err(fault(f)),
@@ -825,9 +817,41 @@ impl Link {
         bytes: &[u8],
     ) -> Result<(), ClientError> {
         if let Some(local) = local.filter(|l| l.incarnation() == addr.incarnation) {
-            return local.write(addr, 0, bytes).map_err(fault);
+            return off_runtime(bytes.len() as u64, || local.write(addr, 0, bytes)).map_err(fault);
         }
         self.write(cfg, addr, 0, bytes).await
+    }
+
+    /// Copies the `located` objects out of the mapping into `dsts`: `out[i]` their lengths;
+    /// `fallback` the ones replaced meanwhile (to fetch through the socket). With `prefix`, stops
+    /// at the first missing key.
+    fn copy_located(
+        &self,
+        cfg: &ClientConfig,
+        located: &[Option<Located>],
+        dsts: &mut [&mut [u8]],
+        prefix: bool,
+        (out, fallback): (&mut [Option<usize>], &mut Vec<usize>),
+    ) -> Result<(), ClientError> {
+        for (i, l) in located.iter().enumerate() {
+            let Some(l) = l else {
+                if prefix {
+                    break;
+                }
+                continue;
+            };
+            let need = l.addr.len;
+            let have = dsts[i].len() as u64;
+            let dst = dsts[i]
+                .get_mut(..need as usize)
+                .ok_or(ClientError::BufferTooSmall { need, have })?;
+            if self.read_local_checked(cfg, l, dst)? {
+                out[i] = Some(need as usize);
+            } else {
+                fallback.push(i);
+            }
+        }
+        Ok(())
     }
 
     /// Local read plus checksum (in the same pass); Ok(false) when the bytes can't be served
@@ -855,6 +879,25 @@ impl Link {
             Err(LocalReadError::Fault(f)) => Err(fault(f)),
             Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
         }
+    }
+}
+
+/// Same-host copies of at least this many bytes give their worker thread's other tasks to
+/// another thread first.
+const OFF_RUNTIME: u64 = 1 << 20;
+
+/// Runs `copy`, a same-host copy of `bytes`: a large one on a multi-threaded runtime runs in
+/// `block_in_place`, so the runtime moves this worker's other tasks (the client's small
+/// requests) to another thread instead of leaving them behind a copy of milliseconds. On a
+/// current-thread runtime, or outside one, it runs inline.
+fn off_runtime<T>(bytes: u64, copy: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if bytes >= OFF_RUNTIME && multi {
+        tokio::task::block_in_place(copy)
+    } else {
+        copy()
     }
 }
 

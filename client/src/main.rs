@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use kvpool_client::blocking::Client;
-use kvpool_client::{ClientConfig, SameHost};
+use kvpool_client::{ClientConfig, Priority, SameHost};
 use serde_json::json;
 
 mod weights_cli;
@@ -61,6 +61,13 @@ struct Cli {
     /// Timeout per call, in milliseconds.
     #[arg(long, default_value_t = 10_000, global = true)]
     timeout_ms: u64,
+    /// Priority of this command's bulk transfers on the nodes: background, low, normal or high.
+    #[arg(long, default_value = "normal", value_parser = parse_priority, global = true)]
+    priority: Priority,
+    /// Deadline of every request in ms: a node refuses at once a bulk transfer it can't finish
+    /// in time (exit code 2, "DeadlineUnmeetable"); 0 for none.
+    #[arg(long, default_value_t = 0, global = true)]
+    deadline_ms: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -369,6 +376,8 @@ impl Cli {
             } else {
                 SameHost::Auto
             },
+            priority: self.priority,
+            deadline: (self.deadline_ms > 0).then(|| Duration::from_millis(self.deadline_ms)),
             ..ClientConfig::default()
         }
     }
@@ -780,4 +789,8 @@ fn cluster_json(version: u64, rows: &[ClusterRow]) -> serde_json::Value {
         })
         .collect();
     json!({ "version": version, "nodes": nodes })
+}
+
+fn parse_priority(s: &str) -> Result<Priority, String> {
+    Priority::parse(s).ok_or_else(|| format!("{s:?}: one of background, low, normal, high"))
 }

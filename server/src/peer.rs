@@ -9,8 +9,8 @@ use std::time::Duration;
 use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
-    Response, PROTOCOL_VERSION,
+    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
+    Request, Response, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -148,7 +148,15 @@ impl Peer {
     async fn exchange(&mut self, view: u64, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
         let id = self.next_id;
         self.next_id += 1;
-        let hdr = encode(&Request { id, view, op });
+        // Everything a node sends a peer is the cluster's own traffic: its moves and copies are
+        // bulk at the lowest priority on the receiving node (ARCHITECTURE.md, "Scheduling").
+        let hdr = encode(&Request {
+            id,
+            view,
+            priority: Priority::Background as u8,
+            deadline_us: 0,
+            op,
+        });
         write_frame(&mut self.w, &hdr, payload).await?;
         self.w.flush().await?;
         let prefix = read_prefix(&mut self.r, &self.limits)

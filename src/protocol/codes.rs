@@ -69,6 +69,10 @@ pub enum ErrorCode {
     /// (Handoff) Events for this connection were dropped (it did not read them fast enough):
     /// what it watches must be checked again.
     Lagged = 57,
+    /// The request carried a deadline that the node estimates it cannot meet (its bulk
+    /// transfers queued ahead, at the node's and the namespace's bulk rates): refused before any
+    /// work, so the caller can recompute instead of waiting. The message carries the estimate.
+    DeadlineUnmeetable = 58,
     /// The client timed out (never sent by a node).
     Timeout = 97,
     /// The node is shutting down.
@@ -81,7 +85,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 32] = [
+        const ALL: [ErrorCode; 33] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -111,6 +115,7 @@ impl ErrorCode {
             Superseded,
             Failed,
             Lagged,
+            DeadlineUnmeetable,
             Timeout,
             ShuttingDown,
             Internal,

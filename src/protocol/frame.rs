@@ -179,6 +179,8 @@ mod tests {
         let r = Request {
             id: 42,
             view: 0,
+            priority: crate::protocol::Priority::Normal as u8,
+            deadline_us: 0,
             op: Op::Get {
                 ns: 3,
                 key: b"abc".to_vec(),
@@ -246,6 +248,8 @@ mod tests {
             let bytes = encode(&Request {
                 id: u64::MAX,
                 view: u64::MAX,
+                priority: crate::protocol::Priority::Normal as u8,
+                deadline_us: 0,
                 op,
             });
             assert!(
@@ -298,6 +302,8 @@ mod tests {
             Request {
                 id: 1,
                 view: 0,
+                priority: crate::protocol::Priority::Normal as u8,
+                deadline_us: 0,
                 op: Op::Hello {
                     version: 1,
                     token: "t".into(),
@@ -307,6 +313,8 @@ mod tests {
             Request {
                 id: 2,
                 view: 0,
+                priority: crate::protocol::Priority::Normal as u8,
+                deadline_us: 0,
                 op: Op::BatchPut {
                     ns: 0,
                     items: vec![PutItem {
@@ -321,6 +329,8 @@ mod tests {
             Request {
                 id: 3,
                 view: 0,
+                priority: crate::protocol::Priority::Normal as u8,
+                deadline_us: 0,
                 op: Op::Exists {
                     ns: 1,
                     keys: vec![b"a".to_vec(), b"bb".to_vec()],
@@ -329,6 +339,8 @@ mod tests {
             Request {
                 id: 4,
                 view: 0,
+                priority: crate::protocol::Priority::Normal as u8,
+                deadline_us: 0,
                 op: Op::Commit {
                     items: vec![CommitItem { addr, checksum: 1 }],
                 },
@@ -336,6 +348,8 @@ mod tests {
             Request {
                 id: 5,
                 view: 0,
+                priority: crate::protocol::Priority::Normal as u8,
+                deadline_us: 0,
                 op: Op::Read {
                     addr,
                     offset: 0,

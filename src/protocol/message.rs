@@ -17,8 +17,72 @@ pub struct Request {
     /// operations routed by another view with `WrongView`. 0: sent to this node on purpose
     /// (one-sided access by address, a previous-owner lookup, a replica repair, admin tools).
     pub view: u64,
+    /// Priority among bulk transfers ([`Priority`] as a number; a larger one is more
+    /// urgent, anything above `High` counts as `High`). Requests small enough for the latency
+    /// class ignore it.
+    pub priority: u8,
+    /// Microseconds the client will wait for the reply, counted from when the node has read
+    /// the header; 0: no deadline. A bulk request the node estimates it cannot finish in time
+    /// is refused up front with `DeadlineUnmeetable`.
+    pub deadline_us: u64,
     /// What to do.
     pub op: Op,
+}
+
+/// How urgent a bulk transfer is: bulk requests take turns for the node's bulk workers in
+/// proportion to their weight (1, 2, 4 and 8 from `Background` to `High`), per namespace and
+/// priority, so none starves (docs/ARCHITECTURE.md, "Scheduling large and small requests").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Priority {
+    /// The cluster's own moves and re-replication; prefetches.
+    Background = 0,
+    /// Work that can wait (warming a cache).
+    Low = 1,
+    /// Everything else (the default).
+    #[default]
+    Normal = 2,
+    /// Transfers someone is waiting for (a decode engine's handoff).
+    High = 3,
+}
+
+impl Priority {
+    /// The priority a wire value means: anything above `High` is `High`.
+    pub fn from_u8(v: u8) -> Priority {
+        match v {
+            0 => Priority::Background,
+            1 => Priority::Low,
+            2 => Priority::Normal,
+            _ => Priority::High,
+        }
+    }
+
+    /// Its share of the bulk workers relative to the others: 1, 2, 4, 8.
+    pub fn weight(self) -> u64 {
+        1 << (self as u8)
+    }
+
+    /// Its name in configs, flags and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Background => "background",
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+
+    /// The priority named `s` (see [`Priority::name`]).
+    pub fn parse(s: &str) -> Option<Priority> {
+        [
+            Priority::Background,
+            Priority::Low,
+            Priority::Normal,
+            Priority::High,
+        ]
+        .into_iter()
+        .find(|p| p.name().eq_ignore_ascii_case(s))
+    }
 }
 
 /// A key as sent on the wire.

@@ -12,7 +12,13 @@ use tokio::net::TcpStream;
 
 /// Sends a request's prefix and header announcing `payload_len` bytes, and none of them.
 pub async fn send_head(s: &mut TcpStream, id: u64, op: Op, payload_len: u64) {
-    let hdr = encode(&Request { id, view: 0, op });
+    let hdr = encode(&Request {
+        id,
+        view: 0,
+        priority: kvpool::protocol::Priority::Normal as u8,
+        deadline_us: 0,
+        op,
+    });
     let p = FramePrefix {
         header_len: hdr.len() as u32,
         payload_len,

@@ -31,7 +31,7 @@ impl Client {
         keys: &[&[u8]],
         asked: &[(usize, u32)],
     ) -> Vec<bool> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let mut ok = vec![false; keys.len()];
         let mut batches = Vec::new();
         for &(i, prev) in asked {
@@ -73,7 +73,7 @@ impl Client {
         r: &Routing,
         keys: &[&[u8]],
     ) -> Result<Vec<bool>, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let lookup = |l: Arc<Link>, ns, b: &Batch| {
             let sub = pick(keys, &b.idx);
             let stamp = b.stamp;
@@ -121,7 +121,7 @@ impl Client {
         pin: bool,
         depths: Vec<u32>,
     ) -> Result<Vec<ErrorCode>, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let r_count = if pin { self.repl.1 } else { self.repl.0 }.max(1);
         let depths = &depths;
         routed!(self, r => {
@@ -206,7 +206,7 @@ impl Client {
         prefix: bool,
         lease_ms: u64,
     ) -> Result<(Vec<Option<usize>>, Vec<usize>), ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let mut out = vec![None; keys.len()];
         let mut misses = Vec::new();
         let mut todo: Vec<usize> = (0..keys.len()).collect();
@@ -264,7 +264,7 @@ impl Client {
         prefix: bool,
         lease_ms: u64,
     ) {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         misses.sort_unstable();
         if prefix {
             // Blocks before the first miss are loaded; from it on, any may extend the run, and
@@ -306,7 +306,7 @@ impl Client {
         r_count: usize,
         make: impl Fn(u32, Vec<Vec<u8>>) -> Op,
     ) -> Result<u64, ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let make = &make;
         routed!(self, r => {
             // Batches tagged with whether they go to the keys' primary owner.

@@ -297,7 +297,7 @@ impl Client {
             return Ok(nw.clone());
         }
         let link = self.link(node, &self.routing()).await?;
-        let conn = link.dedicated(&self.inner.cfg).await?;
+        let conn = link.dedicated(&self.cfg).await?;
         let (r, w) = conn.split();
         let nw = Arc::new(NodeWatch {
             writer: tokio::sync::Mutex::new(w),

@@ -72,7 +72,7 @@ impl Client {
         keys: &[&[u8]],
         replica: usize,
     ) -> Result<(LocalHold, Vec<Option<Located>>), ClientError> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         routed!(self, r => {
             let mut batches = self.by_owner(&r, keys, 0..keys.len(), replica);
             let answers = self

@@ -75,7 +75,7 @@ impl Client {
     pub(super) fn fallback<'r>(&self, r: &'r Routing) -> Option<&'r ClusterView> {
         r.prev
             .as_ref()
-            .filter(|(_, since)| since.elapsed() < self.inner.cfg.fallback_window)
+            .filter(|(_, since)| since.elapsed() < self.cfg.fallback_window)
             .map(|(v, _)| v)
     }
 
@@ -135,7 +135,7 @@ impl Client {
             Scheme::Quic if !info.quic.is_empty() => Endpoint::Quic(info.quic.clone()),
             _ => Endpoint::Tcp(info.tcp.clone()),
         };
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         let opened = tokio::time::timeout(cfg.timeout, Link::open(endpoint.clone(), cfg))
             .await
             .map_err(|_| ClientError::Timeout)
@@ -189,7 +189,7 @@ impl Client {
     }
 
     pub(super) async fn fetch_view(&self, l: &Link) -> Result<ClusterView, ClientError> {
-        match l.simple(&self.inner.cfg, 0, Op::View, &[]).await? {
+        match l.simple(&self.cfg, 0, Op::View, &[]).await? {
             Reply::View(v) => Ok(v),
             r => Err(unexpected(&r)),
         }

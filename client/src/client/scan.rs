@@ -36,7 +36,7 @@ impl Client {
                 ),
             });
         }
-        let cfg = &self.inner.cfg;
+        let cfg = &self.cfg;
         routed!(self, r => {
             let mut batches = Vec::new();
             for n in r.view.nodes.iter().filter(|n| n.state == NodeState::Serving) {
