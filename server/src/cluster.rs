@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 use kvpool::membership::{self, Step};
 use kvpool::placement::routing::{self, Outcome};
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
-use kvpool::protocol::{LocatedWire, Op, Reply};
+use kvpool::protocol::{LocatedWire, Op, Priority, Reply};
 use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
+use crate::bulk::{Bulk, CLUSTER_NS};
 use crate::peer::{Peer, PeerAuth, PeerError};
 use crate::written::Written;
 
@@ -412,13 +413,14 @@ const MOVE_BATCH: usize = 1024;
 
 /// One pass over the pinned objects: each goes to the serving nodes that own it under the
 /// current view, and is dropped here once every owner holds it and this node is not one of
-/// them ([`kvpool::placement::routing`] decides which). Objects are sent one at a time: low
-/// priority.
+/// them ([`kvpool::placement::routing`] decides which). Objects are sent one at a time, each
+/// in its turn among this node's bulk transfers at background priority (`bulk`), so moves never
+/// crowd out the clients' traffic and count against `--bulk-rate`.
 pub(crate) async fn move_pass(
     pool: &Pool,
     m: &Membership,
     repl: &Replication,
-    creds: &PeerAuth,
+    (creds, bulk): (&PeerAuth, &Bulk),
     timeout: Duration,
     started: Instant,
 ) -> MovePass {
@@ -446,6 +448,7 @@ pub(crate) async fn move_pass(
             };
             let copy = Copy {
                 pool,
+                bulk,
                 ns,
                 keys: &keys,
                 started,
@@ -500,6 +503,7 @@ impl Peers<'_> {
 /// Copies of one namespace's pinned objects to their owners.
 struct Copy<'a> {
     pool: &'a Pool,
+    bulk: &'a Bulk,
     ns: u32,
     keys: &'a [Vec<u8>],
     started: Instant,
@@ -549,7 +553,21 @@ impl Copy<'_> {
                 checksum: obj.checksum(),
                 pin: true,
             };
-            match p.call(put, &[obj.bytes()]).await {
+            let len = obj.bytes().len() as u64;
+            let mut turn = self
+                .bulk
+                .admit(CLUSTER_NS, Priority::Background, len, None)
+                .ok();
+            let payload = [obj.bytes()];
+            let call = p.call(put, &payload);
+            let sent = match turn.as_mut() {
+                Some(t) => {
+                    let grant = t.chunk(len).await;
+                    crate::bulk::under(grant, self.bulk.hold(), call).await
+                }
+                None => call.await,
+            };
+            match sent {
                 Ok(Reply::Done) => {
                     confirmed[i] += 1;
                     out.copied += 1;
@@ -563,6 +581,8 @@ impl Copy<'_> {
 /// What the mover needs.
 pub(crate) struct Mover {
     pub(crate) pool: Arc<Pool>,
+    /// This node's bulk scheduler: moves take their turns in it.
+    pub(crate) bulk: Arc<Bulk>,
     pub(crate) m: Arc<Membership>,
     pub(crate) repl: Replication,
     pub(crate) creds: PeerAuth,
@@ -580,7 +600,7 @@ impl Mover {
             &self.pool,
             &self.m,
             &self.repl,
-            &self.creds,
+            (&self.creds, &self.bulk),
             timeout,
             self.started,
         )

@@ -192,6 +192,21 @@ pub struct LimitsConfig {
     /// A reply the peer does not read for this long (no progress writing it) is dropped with
     /// its connection, releasing the objects it referenced, ms. Default 30 000.
     pub write_timeout_ms: u64,
+    /// A request whose payload (a put's or a reply's) is at least this large is bulk: it moves
+    /// a chunk at a time, taking turns with other bulk transfers (ARCHITECTURE.md,
+    /// "Scheduling large and small requests"). Default 256 KiB.
+    #[serde(deserialize_with = "de_size")]
+    pub bulk_threshold: u64,
+    /// Most bulk chunks moving at once; 0: one fewer than the node's cores (at least 1), so a
+    /// worker is always free for small requests. Default 0.
+    pub bulk_workers: u32,
+    /// Cap on the node's bulk bytes per second (`"500MiB"`, `"2GiB/s"`); 0: none. The
+    /// cluster's own moves count. Default 0 (flag `--bulk-rate`).
+    #[serde(deserialize_with = "de_rate")]
+    pub bulk_rate: u64,
+    /// Longest one bulk chunk holds its turn, ms: a chunk still moving after it (a peer reading
+    /// slowly) carries on without it. Default 2.
+    pub bulk_hold_ms: u64,
 }
 
 /// `[auth]`.
@@ -288,6 +303,10 @@ pub struct NamespaceEntry {
     /// Nodes holding each pinned object (model weights). Default 2.
     #[serde(default = "two")]
     pub pinned_replicas: u32,
+    /// Cap on this namespace's bulk bytes per second on this node (`"200MiB"`); none when
+    /// absent. Over it, its transfers step aside for the other namespaces'.
+    #[serde(default, deserialize_with = "de_opt_rate")]
+    pub bulk_rate: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -366,6 +385,10 @@ impl Default for LimitsConfig {
             max_watches_per_connection: 65_536,
             tombstone_ms: 60_000,
             write_timeout_ms: 30_000,
+            bulk_threshold: 256 << 10,
+            bulk_workers: 0,
+            bulk_rate: 0,
+            bulk_hold_ms: 2,
         }
     }
 }
@@ -415,6 +438,17 @@ impl Config {
         for (name, id) in pool_namespaces {
             if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
                 out[*id as usize] = (n.replicas.max(1), n.pinned_replicas.max(1));
+            }
+        }
+        out
+    }
+
+    /// Per namespace (in the pool's id order): its bulk rate cap, bytes per second.
+    pub fn bulk_rates(&self, pool_namespaces: &[(String, u32)]) -> Vec<Option<u64>> {
+        let mut out = vec![None; pool_namespaces.len()];
+        for (name, id) in pool_namespaces {
+            if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
+                out[*id as usize] = n.bulk_rate.filter(|&r| r > 0);
             }
         }
         out
@@ -585,6 +619,23 @@ fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
     de_size(d).map(Some)
 }
 
+/// Parses a rate in bytes per second: a size (`"500MiB"`), optionally followed by `/s`.
+pub fn parse_rate(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    parse_size(t.strip_suffix("/s").unwrap_or(t).trim_end())
+}
+
+fn de_rate<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match SizeRepr::deserialize(d)? {
+        SizeRepr::Num(n) => Ok(n),
+        SizeRepr::Text(s) => parse_rate(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_opt_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    de_rate(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,6 +648,9 @@ mod tests {
         assert_eq!(parse_size("123").unwrap(), 123);
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_rate("2GiB/s").unwrap(), 2 << 30);
+        assert_eq!(parse_rate("500MiB").unwrap(), 500 << 20);
+        assert!(parse_rate("fast").is_err());
     }
 
     #[test]

@@ -421,6 +421,24 @@ fn shared(
             pool.observe(w.clone());
             w
         },
+        bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
+    }
+}
+
+/// How bulk transfers are scheduled (`[limits] bulk_*`, `[[namespace]] bulk_rate`).
+fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::BulkConfig {
+    let l = &config.limits;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    crate::bulk::BulkConfig {
+        workers: match l.bulk_workers {
+            0 => cores.saturating_sub(1).max(1),
+            n => n as usize,
+        },
+        rate: Some(l.bulk_rate).filter(|&r| r > 0),
+        ns_rates: config.bulk_rates(namespaces),
+        threshold: l.bulk_threshold.max(1),
+        hold: Duration::from_millis(l.bulk_hold_ms.max(1)),
+        chunk: crate::handler::BULK_CHUNK as u64,
     }
 }
 
@@ -541,6 +559,7 @@ fn start_mover(
     let pinned = shared.hello.replication.iter();
     let mover = Mover {
         pool: shared.pool.clone(),
+        bulk: shared.bulk.clone(),
         m: shared.cluster.clone(),
         repl: Replication {
             pinned: pinned.map(|r| r.pinned_replicas).collect(),
@@ -713,6 +732,7 @@ mod tests {
             eviction: "lru".into(),
             replicas: 1,
             pinned_replicas: 3,
+            bulk_rate: None,
         }];
         let pool = open_pool(&c).unwrap();
         let bound = Bound {

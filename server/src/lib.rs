@@ -23,6 +23,7 @@
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md).
 
 mod admission;
+mod bulk;
 mod cluster;
 pub mod config;
 mod daemon;

@@ -249,6 +249,11 @@ struct Daemon {
     resp_protocol_errors: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
+    /// Bulk chunks and their bytes by priority (Background .. High).
+    bulk_chunks: [Counter; 4],
+    bulk_bytes: [Counter; 4],
+    /// Bulk requests refused because their deadline could not be met.
+    bulk_refused: Counter,
 }
 
 /// The daemon's counters.
@@ -258,6 +263,18 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// One bulk chunk of `bytes` moved in its turn at `priority`.
+    pub fn bulk_chunk(&self, priority: kvpool::protocol::Priority, bytes: u64) {
+        let i = priority as usize;
+        self.daemon.bulk_chunks[i].inc();
+        self.daemon.bulk_bytes[i].inc_by(bytes);
+    }
+
+    /// A bulk request refused up front: its deadline could not be met.
+    pub fn bulk_refused(&self) {
+        self.daemon.bulk_refused.inc();
+    }
+
     /// Records one operation.
     pub fn record(&self, op: OpKind, elapsed: Duration, ok: bool) {
         let s = &self.daemon.ops[OPS
@@ -534,6 +551,35 @@ impl Scrape {
                 ([("direction", "out")], d.bytes_out.clone()),
             ],
         )?;
+        let prios = [
+            kvpool::protocol::Priority::Background,
+            kvpool::protocol::Priority::Low,
+            kvpool::protocol::Priority::Normal,
+            kvpool::protocol::Priority::High,
+        ];
+        family(
+            e,
+            "kvpool_bulk_chunks",
+            "Bulk chunks moved in their turn, by priority.",
+            None,
+            counter_t,
+            prios.map(|p| ([("priority", p.name())], d.bulk_chunks[p as usize].clone())),
+        )?;
+        family(
+            e,
+            "kvpool_bulk",
+            "Bulk bytes moved in their turn, by priority.",
+            bytes,
+            counter_t,
+            prios.map(|p| ([("priority", p.name())], d.bulk_bytes[p as usize].clone())),
+        )?;
+        let refused = e.encode_descriptor(
+            "kvpool_bulk_deadline_refusals",
+            "Bulk requests refused up front because their deadline could not be met.",
+            None,
+            counter_t,
+        )?;
+        d.bulk_refused.encode(refused)?;
         family(
             e,
             "kvpool_operations",

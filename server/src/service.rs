@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) conn: ConnPolicy,
     /// Handoff watches and tombstones (told of every commit by the pool).
     pub(crate) watches: Arc<crate::watch::Watches>,
+    /// Turns of the bulk transfers (docs/ARCHITECTURE.md, "Scheduling").
+    pub(crate) bulk: Arc<crate::bulk::Bulk>,
 }
 
 /// The namespaces one connection may use, decided by the token it authenticated with.
@@ -427,6 +429,7 @@ mod tests {
                 max_watches: 8,
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
+            bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
         }
     }
 

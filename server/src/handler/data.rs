@@ -209,23 +209,32 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             // over the bytes instead of a second one at commit, and no long stretch of hashing
             // that holds a worker thread from every other connection.
             let mut h = xxhash_rust::xxh3::Xxh3::new();
-            let r = &mut self.r;
+            let mut ticket = self.bulk_in.take();
+            let (s, class, r) = (self.s, self.class, &mut self.r);
             let dst = w.bytes_mut();
             let receive = async {
-                let (mut done, total) = (0, dst.len());
-                while done < total {
-                    let piece = &mut dst[done..(done + RECEIVE_PIECE).min(total)];
-                    r.read_exact(piece).await?;
-                    h.update(piece);
-                    done += piece.len();
-                    if done % super::BULK_CHUNK == 0 && done < total {
-                        // Other connections get the worker between chunks of a large put.
+                let total = dst.len();
+                let mut done = 0;
+                for chunk in dst.chunks_mut(super::BULK_CHUNK) {
+                    let n = chunk.len();
+                    let pieces = async {
+                        for piece in chunk.chunks_mut(RECEIVE_PIECE) {
+                            r.read_exact(piece).await?;
+                            h.update(piece);
+                        }
+                        Ok::<(), io::Error>(())
+                    };
+                    // A bulk put takes its turn per chunk; another yields between chunks.
+                    super::in_turn(s, class, ticket.as_mut(), n, pieces).await?;
+                    done += n;
+                    if ticket.is_none() && done < total {
                         tokio::task::yield_now().await;
                     }
                 }
                 Ok::<usize, io::Error>(done)
             };
             let read = tokio::time::timeout_at(deadline, receive).await;
+            self.bulk_in = ticket;
             if let Some(e) = payload_failure(read) {
                 drop(w);
                 let _ = pool.abort(&addr);

@@ -33,13 +33,14 @@ use kvpool::protocol::auth::{self, AuthBytes};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, WireError};
 use kvpool::protocol::AlignedVec;
 use kvpool::protocol::{
-    decode_request, encode, ArchivedOp, ErrorCode, FrameError, Reply, Response,
+    decode_request, encode, ArchivedOp, ErrorCode, FrameError, Priority, Reply, Response,
 };
 use kvpool::PoolError;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::watch;
 
 use self::data::Item;
+use crate::bulk::{Bulk, Ticket};
 use crate::deadline::{within, StallLimit};
 use crate::metrics::{OpKind, Transport};
 use crate::service::{Access, Routing, Shared};
@@ -80,6 +81,12 @@ pub(crate) async fn serve<R, W>(
         },
         watching: None,
         read_buf: Vec::new(),
+        class: ReqClass {
+            ns: ONE_SIDED_NS,
+            priority: Priority::Normal,
+            deadline: None,
+        },
+        bulk_in: None,
     };
     let mut hdr = AlignedVec::<16>::new();
     let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
@@ -195,6 +202,30 @@ struct Conn<'a, R, W> {
     watching: Option<crate::watch::Registration>,
     /// The buffer one-sided reads are copied into before they are sent (reused).
     read_buf: Vec<u8>,
+    /// The request being served: its flow and deadline, for the bulk scheduler.
+    class: ReqClass,
+    /// The request's incoming payload's turns, when it is bulk.
+    bulk_in: Option<Ticket<'a>>,
+}
+
+/// What the bulk scheduler needs to know of the request being served.
+#[derive(Clone, Copy, Debug)]
+struct ReqClass {
+    /// Its namespace ([`ONE_SIDED_NS`] for access by address).
+    ns: u32,
+    priority: Priority,
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// The flow one-sided transfers (by address, no namespace named) are scheduled in.
+const ONE_SIDED_NS: u32 = u32::MAX - 1;
+
+impl ReqClass {
+    /// What is left of its deadline.
+    fn budget(&self) -> Option<std::time::Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(tokio::time::Instant::now()))
+    }
 }
 
 /// The objects one connection holds, one entry per hold (namespace, key, generation); every
@@ -231,7 +262,7 @@ impl Drop for Holds<'_> {
 /// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
 type Next = io::Result<bool>;
 
-impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
+impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, W> {
     async fn request(&mut self, hdr: &[u8], payload: u64) -> Next {
         let req = match decode_request(hdr) {
             Ok(r) => r,
@@ -274,16 +305,61 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             Routing::Direct
         };
         let start = Instant::now();
+        let deadline_us = req.deadline_us.to_native();
+        self.class = ReqClass {
+            ns: op_namespace(&req.op).unwrap_or(ONE_SIDED_NS),
+            // Whatever a peer asks, the cluster's own traffic is background.
+            priority: match self.peer {
+                true => Priority::Background,
+                false => Priority::from_u8(req.priority),
+            },
+            deadline: (deadline_us > 0).then(|| {
+                tokio::time::Instant::now() + std::time::Duration::from_micros(deadline_us)
+            }),
+        };
         let (kind, carry_on) = match self.refusal(&req.op, payload) {
             Some((code, message)) => {
                 discard(&mut self.r, payload).await?;
                 self.fail(id, code, message).await?;
                 (OpKind::Admin, true)
             }
-            None => (op_kind(&req.op), self.dispatch(id, &req.op, payload).await?),
+            None => match self.admit_payload(payload) {
+                Err(message) => {
+                    discard(&mut self.r, payload).await?;
+                    self.fail(id, ErrorCode::DeadlineUnmeetable, &message)
+                        .await?;
+                    (op_kind(&req.op), true)
+                }
+                Ok(ticket) => {
+                    self.bulk_in = ticket;
+                    let r = self.dispatch(id, &req.op, payload).await;
+                    self.bulk_in = None;
+                    (op_kind(&req.op), r?)
+                }
+            },
         };
         self.s.metrics.record(kind, start.elapsed(), carry_on);
         Ok(carry_on)
+    }
+
+    /// Admits a bulk payload of `bytes` of the request being served (`None`: not bulk), or
+    /// says why its deadline can't be met.
+    fn admit_payload(&self, bytes: u64) -> Result<Option<Ticket<'a>>, String> {
+        let bulk: &'a Bulk = &self.s.bulk;
+        if !bulk.is_bulk(bytes) {
+            return Ok(None);
+        }
+        let c = self.class;
+        match bulk.admit(c.ns, c.priority, bytes, c.budget()) {
+            Ok(t) => Ok(Some(t)),
+            Err(u) => {
+                self.s.metrics.bulk_refused();
+                Err(format!(
+                    "{bytes} bytes would take about {:?} here, over the {:?} allowed",
+                    u.estimate, u.budget
+                ))
+            }
+        }
     }
 
     /// Hands the operation to its family's method (see the module docs).
@@ -466,13 +542,21 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.w.flush().await
     }
 
-    /// Writes a response. A large payload goes out [`BULK_CHUNK`] bytes at a time with a
-    /// yield to the runtime between chunks, so a small request on another connection waits
-    /// behind at most one chunk of this one for a worker thread.
+    /// Writes a response. A bulk payload (`[limits] bulk_threshold` and up) is admitted by the
+    /// bulk scheduler first — refused with `DeadlineUnmeetable` instead when its deadline can't
+    /// be met — then goes out [`BULK_CHUNK`] bytes at a time, each chunk in its turn; any other
+    /// payload over a chunk goes out a chunk at a time with a yield between, so a small request
+    /// on another connection waits behind at most one chunk of this one for a worker thread.
     async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
-        let hdr = encode(&Response { id, reply });
         let total: usize = payload.iter().map(|p| p.len()).sum();
-        if total <= BULK_CHUNK {
+        let mut ticket = match self.admit_payload(total as u64) {
+            Ok(t) => t,
+            Err(message) => {
+                return Box::pin(self.fail(id, ErrorCode::DeadlineUnmeetable, &message)).await
+            }
+        };
+        let hdr = encode(&Response { id, reply });
+        if total <= BULK_CHUNK && ticket.is_none() {
             return write_frame(&mut self.w, &hdr, payload).await;
         }
         let prefix = kvpool::protocol::FramePrefix {
@@ -483,11 +567,33 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.w.write_all(&hdr).await?;
         for p in payload {
             for chunk in p.chunks(BULK_CHUNK) {
-                self.w.write_all(chunk).await?;
-                tokio::task::yield_now().await;
+                let write = self.w.write_all(chunk);
+                in_turn(self.s, self.class, ticket.as_mut(), chunk.len(), write).await?;
+                if ticket.is_none() {
+                    tokio::task::yield_now().await;
+                }
             }
         }
         Ok(())
+    }
+}
+
+/// Moves one chunk of `bytes` (`io`) of the request of `class`: in its bulk turn when it has
+/// a `ticket`, otherwise at once (the caller yields between chunks).
+async fn in_turn<'a, T>(
+    s: &'a Shared,
+    class: ReqClass,
+    ticket: Option<&mut Ticket<'a>>,
+    bytes: usize,
+    io: impl std::future::Future<Output = T>,
+) -> T {
+    match ticket {
+        Some(t) => {
+            let grant = t.chunk(bytes as u64).await;
+            s.metrics.bulk_chunk(class.priority, bytes as u64);
+            crate::bulk::under(grant, s.bulk.hold(), io).await
+        }
+        None => io.await,
     }
 }
 
