@@ -39,10 +39,15 @@ class Client:
         token: str | None = None,
         timeout: float = 10.0,
         same_host: bool = True,
+        priority: str = "normal",
+        deadline: float | None = None,
     ) -> None:
         """Connects to ``endpoint`` (``tcp://host:port``, ``quic://host:port``,
         ``unix:///path`` or ``host:port``). Every call fails within ``timeout`` seconds when
-        the node does not answer. ``same_host=False`` turns the same-host path off. Raises ``kvpool.ConnectionError`` (unreachable),
+        the node does not answer. ``same_host=False`` turns the same-host path off.
+        ``priority``: the client's share of bulk transfers (``"background"``, ``"low"``,
+        ``"normal"``, ``"high"``); ``deadline``: seconds every call carries, a bulk transfer
+        that can't be done in time being refused at once (``kvpool.TimeoutError``). Raises ``kvpool.ConnectionError`` (unreachable),
         ``kvpool.AuthError`` (token or namespace refused), ``kvpool.InvalidArgumentError``
         (bad endpoint or timeout)."""
     @property

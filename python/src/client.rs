@@ -36,8 +36,12 @@ impl NativeClient {
     /// `unix:///path` or `host:port`) in `namespace` (default `"default"`) with `token`.
     /// Every call must finish within `timeout` seconds. `same_host=False` turns the same-host
     /// path off (every byte through the endpoint's transport, as from another host).
+    /// `priority` (`"background"`, `"low"`, `"normal"`, `"high"`) is this client's share of the
+    /// nodes' bulk transfers; with `deadline` (seconds) every call carries a deadline, and a
+    /// node refuses at once a bulk transfer it can't finish in time (`TimeoutError`).
     #[new]
-    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0, same_host=true))]
+    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0, same_host=true, priority="normal", deadline=None))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
         endpoint: String,
@@ -45,10 +49,23 @@ impl NativeClient {
         token: Option<String>,
         timeout: f64,
         same_host: bool,
+        priority: &str,
+        deadline: Option<f64>,
     ) -> PyResult<Self> {
         if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
             return Err(Failure::BadArgument(format!(
                 "timeout must be a positive number of seconds, not {timeout}"
+            ))
+            .into());
+        }
+        let priority = kvpool_client::Priority::parse(priority).ok_or_else(|| {
+            Failure::BadArgument(format!(
+                "priority must be background, low, normal or high, not {priority:?}"
+            ))
+        })?;
+        if let Some(d) = deadline.filter(|d| !(d.is_finite() && *d > 0.0 && *d < 1e9)) {
+            return Err(Failure::BadArgument(format!(
+                "deadline must be a positive number of seconds, not {d}"
             ))
             .into());
         }
@@ -60,6 +77,8 @@ impl NativeClient {
             } else {
                 SameHost::Off
             },
+            priority,
+            deadline: deadline.map(Duration::from_secs_f64),
             ..ClientConfig::default()
         };
         if let Some(ns) = namespace {

@@ -107,7 +107,10 @@ fn server_code(c: ErrorCode) -> i64 {
         }
         ErrorCode::Unauthorized | ErrorCode::UnknownNamespace => code::ILLEGAL_CLIENT,
         ErrorCode::ChecksumMismatch => code::TRANSFER_FAIL,
-        ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::ShuttingDown => code::RPC_FAIL,
+        ErrorCode::Unavailable
+        | ErrorCode::Timeout
+        | ErrorCode::ShuttingDown
+        | ErrorCode::DeadlineUnmeetable => code::RPC_FAIL,
         _ => code::INTERNAL_ERROR,
     }
 }
@@ -143,7 +146,7 @@ pub(crate) fn client_exception(e: ClientError) -> PyErr {
             }
             ErrorCode::Unauthorized | ErrorCode::UnknownNamespace => AuthError::new_err(msg),
             ErrorCode::Unavailable | ErrorCode::ShuttingDown => ConnectionError::new_err(msg),
-            ErrorCode::Timeout => TimeoutError::new_err(msg),
+            ErrorCode::Timeout | ErrorCode::DeadlineUnmeetable => TimeoutError::new_err(msg),
             _ => Error::new_err(msg),
         },
     }
