@@ -22,6 +22,12 @@ pub(crate) struct Pending {
     /// Ranges that open writes are copying into right now; the reaper, commit and abort leave
     /// the block alone meanwhile.
     pub(crate) claims: WriteClaims,
+    /// A commit has sealed it (no write may open) and is checking its bytes; it leaves the
+    /// table only under its key's index-shard lock (see `Pool::seal`).
+    pub(crate) committing: bool,
+    /// Its key was cancelled (`Pool::cancel`) while a write or a commit held it: it can never
+    /// be committed, and whoever touches it next (its commit, an abort, the reaper) frees it.
+    pub(crate) cancelled: bool,
 }
 
 /// Pending allocations of one shard, by generation.
@@ -31,12 +37,12 @@ pub(crate) struct PendingShard {
 }
 
 impl PendingShard {
-    /// Takes out every allocation past its deadline that no write is using.
+    /// Takes out every allocation past its deadline that no write or commit is using.
     pub(crate) fn take_expired(&mut self, now: Millis, out: &mut Vec<(u64, Pending)>) {
         let expired: Vec<u64> = self
             .by_generation
             .iter()
-            .filter(|(_, p)| p.deadline <= now && p.claims.is_empty())
+            .filter(|(_, p)| p.deadline <= now && p.claims.is_empty() && !p.committing)
             .map(|(&g, _)| g)
             .collect();
         for g in expired {
