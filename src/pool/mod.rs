@@ -6,7 +6,8 @@
 //!
 //! Locks, always taken in this order and never the other way: an index shard, then a
 //! segment's allocator. The pending tables are never held while taking another lock (they are
-//! taken under an index shard's lock by commits and cancels).
+//! taken under an index shard's lock by commits and cancels, and under the recent cancels'
+//! lock by cancels).
 //!
 //! An object's life: [`Pool::alloc`] reserves memory and quota and returns a signed address of a
 //! *pending* object (invisible to readers); the bytes are written (by the daemon from a socket,
@@ -33,7 +34,7 @@ use crate::seqlock;
 use index::{Entry, Shard, Zombie};
 use namespace::Namespace;
 pub use namespace::{NamespaceConfig, DEFAULT_NAMESPACE};
-use pending::{Pending, PendingShard};
+use pending::{Pending, PendingShard, RecentCancels};
 pub use scan::ScanPage;
 pub use stats::{NamespaceStats, PoolStats, SegmentStats};
 
@@ -112,6 +113,8 @@ pub struct Pool {
     segments: Vec<SegmentSlot>,
     shards: Box<[Mutex<Shard>]>,
     pending: Box<[Mutex<PendingShard>]>,
+    /// Allocations cancelled lately, for a clear error to their late commits.
+    cancelled: Mutex<RecentCancels>,
     namespaces: Vec<Namespace>,
     next_generation: AtomicU64,
     segment_cursor: AtomicUsize,
@@ -241,6 +244,7 @@ impl Pool {
             pending: (0..nshards)
                 .map(|_| Mutex::new(PendingShard::default()))
                 .collect(),
+            cancelled: Mutex::default(),
             namespaces,
             // Generations start at a point drawn with the incarnation (below 2^40, leaving 2^62
             // for this life), so even the version words of a dead daemon's segment file would
@@ -405,10 +409,10 @@ impl Pool {
             .filter(|&end| end <= addr.len)
             .ok_or(AddrFault::OutOfBounds)?;
         let mut p = self.pending_lock(addr.generation);
-        let entry = p
-            .by_generation
-            .get_mut(&addr.generation)
-            .ok_or(AddrFault::NotWritable)?;
+        let Some(entry) = p.by_generation.get_mut(&addr.generation) else {
+            drop(p);
+            return Err(self.gone(addr));
+        };
         if entry.offset != addr.offset || entry.len != addr.len || entry.committing {
             return Err(AddrFault::NotWritable.into());
         }
@@ -567,7 +571,11 @@ impl Pool {
             Some(p) if p.offset == addr.offset && p.len == addr.len => {
                 return Err(AddrFault::Busy.into())
             }
-            _ => return Err(AddrFault::NotWritable.into()),
+            Some(_) => return Err(AddrFault::NotWritable.into()),
+            None => {
+                drop(pending);
+                return Err(self.gone(addr));
+            }
         };
         if p.cancelled {
             // Doomed by a cancel while a write held it: released now, unless one still does.
@@ -585,6 +593,16 @@ impl Pool {
         }
         p.committing = true;
         Ok((self.shard_of(&p.key), seg))
+    }
+
+    /// Why an address has no pending allocation: [`PoolError::Cancelled`] when a cancel took
+    /// it lately, else not writable (committed, aborted or reclaimed).
+    fn gone(&self, addr: &GlobalAddr) -> PoolError {
+        if lock(&self.cancelled).contains(addr.generation) {
+            PoolError::Cancelled
+        } else {
+            AddrFault::NotWritable.into()
+        }
     }
 
     /// Checks that a sealed allocation's bytes hash to `checksum_given`; on a mismatch it is
@@ -729,6 +747,8 @@ impl Pool {
         let wanted: std::collections::HashSet<&[u8]> = keys.iter().copied().collect();
         let mut n = 0u64;
         let mut freed = Vec::new();
+        // Held across the walk, so a commit that finds its allocation gone finds why.
+        let mut recent = lock(&self.cancelled);
         for table in self.pending.iter() {
             let mut table = lock(table);
             table.by_generation.retain(|&generation, p| {
@@ -736,6 +756,7 @@ impl Pool {
                     return true;
                 }
                 n += 1;
+                recent.note(generation);
                 if p.claims.is_empty() && !p.committing {
                     freed.push((generation, p.segment, p.offset, p.pin));
                     return false;
@@ -745,6 +766,7 @@ impl Pool {
                 true
             });
         }
+        drop(recent);
         for (generation, segment, offset, pin) in freed {
             self.free_block(ns, segment, offset, generation, pin);
         }

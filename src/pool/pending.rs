@@ -1,7 +1,7 @@
 //! Allocations that are being written and not yet committed: invisible to readers, reclaimed
 //! when abandoned past their deadline.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::claims::WriteClaims;
 use crate::pool::Millis;
@@ -50,5 +50,35 @@ impl PendingShard {
                 out.push((g, p));
             }
         }
+    }
+}
+
+/// Generations of the allocations cancelled lately, so that a commit or write arriving after
+/// its allocation was cancelled and freed is told why ([`crate::PoolError::Cancelled`]) rather
+/// than that the address is not writable. The last [`RECENT_CANCELS`] only.
+#[derive(Default)]
+pub(crate) struct RecentCancels {
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+/// How many cancelled generations [`RecentCancels`] remembers (8 bytes each, twice).
+pub(crate) const RECENT_CANCELS: usize = 1 << 14;
+
+impl RecentCancels {
+    pub(crate) fn note(&mut self, generation: u64) {
+        if !self.set.insert(generation) {
+            return;
+        }
+        self.order.push_back(generation);
+        while self.order.len() > RECENT_CANCELS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, generation: u64) -> bool {
+        self.set.contains(&generation)
     }
 }

@@ -56,8 +56,12 @@ fn cancel_frees_reservations_and_objects_and_their_commits_fail() {
     );
     assert_eq!(p.get(0, b"keep", 0).unwrap(), v);
     for a in [reserved, in_flight, second] {
-        assert_eq!(p.commit(&a, 0, 0), Err(AddrFault::NotWritable.into()));
-        assert_eq!(p.write(&a, 0, &[1]), Err(AddrFault::NotWritable.into()));
+        assert_eq!(
+            p.commit(&a, 0, 0),
+            Err(PoolError::Cancelled),
+            "a clear error"
+        );
+        assert_eq!(p.write(&a, 0, &[1]), Err(PoolError::Cancelled));
     }
     assert_eq!(p.cancel(0, &keys), Ok(0), "nothing is left to cancel");
     // A later write of the key is a new request.
@@ -95,11 +99,18 @@ fn an_allocation_being_written_is_released_by_whoever_comes_next() {
         Err(PoolError::Cancelled),
         "a clear error"
     );
-    assert_eq!(p.commit(&a, 0, 0), Err(AddrFault::NotWritable.into()));
+    assert_eq!(p.commit(&a, 0, 0), Err(PoolError::Cancelled), "and again");
     p.abort(&b).unwrap();
     assert_eq!(p.reap(0), 1, "the reaper takes the last one at once");
     assert_eq!(used(&p), before);
     assert!(p.get(0, b"a", 0).is_err());
+    let fresh = p.alloc(0, b"a", 16, false, 0).unwrap();
+    p.abort(&fresh).unwrap();
+    assert_eq!(
+        p.commit(&fresh, 0, 0),
+        Err(AddrFault::NotWritable.into()),
+        "an allocation aborted, not cancelled"
+    );
 }
 
 /// Commits and cancels of one key race; whichever comes first, once both are done the key is
@@ -133,10 +144,7 @@ fn a_commit_racing_a_cancel_never_resurrects_the_key() {
         match committed {
             Ok(()) => landed += 1,
             Err(e) => {
-                assert!(
-                    e == PoolError::Cancelled || e == AddrFault::NotWritable.into(),
-                    "{e}"
-                );
+                assert_eq!(e, PoolError::Cancelled);
                 refused += 1;
             }
         }

@@ -378,6 +378,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.fail_keys(id, ns.to_native(), keys, reason.as_str(), now)
                     .await
             }
+            ArchivedOp::Cancel { ns, keys, reason } => {
+                self.cancel(id, ns.to_native(), keys, reason.as_str(), now)
+                    .await
+            }
         }
     }
 
@@ -513,7 +517,9 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Watch { .. } | ArchivedOp::Unwatch { .. } | ArchivedOp::Subscribe { .. } => {
             OpKind::Exists
         }
-        ArchivedOp::Fail { .. } | ArchivedOp::Expire { .. } => OpKind::Remove,
+        ArchivedOp::Fail { .. } | ArchivedOp::Expire { .. } | ArchivedOp::Cancel { .. } => {
+            OpKind::Remove
+        }
         ArchivedOp::Pin { .. } => OpKind::Pin,
         ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
@@ -543,6 +549,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Unwatch { ns, .. }
         | ArchivedOp::Subscribe { ns, .. }
         | ArchivedOp::Fail { ns, .. }
+        | ArchivedOp::Cancel { ns, .. }
         | ArchivedOp::Expire { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
         | ArchivedOp::Release { ns, .. }
