@@ -64,4 +64,8 @@ pub enum PoolError {
     /// The bytes do not match the checksum given with them.
     #[error("checksum mismatch")]
     ChecksumMismatch,
+    /// The allocation's key was cancelled (`Cancel`) before the allocation was committed: it
+    /// was released and will never be committed.
+    #[error("the allocation was cancelled (a Cancel of its key) before its commit")]
+    Cancelled,
 }

@@ -2,7 +2,8 @@
 //! writes, against real `kvpoold` processes over real sockets: woken by the writes, woken at
 //! once by a producer's tombstone with its reason, timing out with the missing keys when the
 //! producer dies silently, ten thousand waits at once, a prefix subscription, a wait across a
-//! three-node cluster while a node drains, and the `kvpool wait` / `kvpool fail` commands.
+//! three-node cluster while a node drains, one `cancel` freeing a request on both sides, and the
+//! `kvpool wait` / `kvpool fail` / `kvpool cancel` commands.
 //! Every wait is bounded; nothing asserts on elapsed time.
 
 mod common;
@@ -246,6 +247,17 @@ async fn the_cli_waits_and_fails() {
         String::from_utf8_lossy(&out.stdout).contains("cli/b failed: no decode slot"),
         "{out:?}"
     );
+    // `cancel` removes what was written and fails it too.
+    let out = run(&["cancel", "cli/a", "--reason", "request aborted"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1", "{out:?}");
+    assert!(!c.exists(b"cli/a").await.unwrap());
+    let out = run(&["wait", "cli/a", "--wait-ms", "10000"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cli/a failed: request aborted"),
+        "{out:?}"
+    );
 }
 
 /// Polls (at most 20 s) until `key` is absent.
@@ -482,6 +494,86 @@ async fn the_one_sided_form_consumer_reserves_producer_writes_and_commits() {
         .is_err());
 }
 
+/// Issue 16's "an aborted request frees its blocks on both sides", in one call: a consumer's
+/// reservation, a producer's written block and its allocation still being written all go with
+/// one `cancel`, every waiter hears the reason at once, the pool holds what it held before,
+/// and a late commit of either allocation fails with `Failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cancel_frees_a_request_on_both_sides_and_wakes_its_waiters() {
+    use kvpool::protocol::ErrorCode;
+    let node = Node::start("64MiB", &[]);
+    let producer = connect(&node).await;
+    let consumer = connect(&node).await;
+    let (k1, k2, k3): (&[u8], &[u8], &[u8]) = (b"req-c/k1", b"req-c/k2", b"req-c/k3");
+    let mut sub = consumer.subscribe(b"req-c/").await.unwrap();
+    let before = used(&producer).await;
+
+    // The consumer reserves K1's region; the producer leases and writes K2 and is midway
+    // through writing K3 into its own allocation.
+    let reserved = consumer.alloc(k1, 64 << 10).await.unwrap();
+    let block = common::value(2, 64 << 10);
+    producer
+        .expire(&[k2], Duration::from_millis(300))
+        .await
+        .unwrap();
+    producer.put(k2, &block).await.unwrap();
+    let in_flight = producer.alloc(k3, 64 << 10).await.unwrap();
+    producer.write(&in_flight, 0, &block[..4096]).await.unwrap();
+    assert!(used(&producer).await >= before + 3 * (64 << 10));
+    let waiting = {
+        let c = consumer.clone();
+        tokio::spawn(async move { c.wait(&[k1, k3], Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let freed = producer.cancel(&[k1, k2, k3], "decode gone").await.unwrap();
+    assert_eq!(freed, 3, "one reservation, one object, one allocation");
+    let mut got = waiting.await.unwrap().unwrap();
+    let reason = |k: &[u8]| (k.to_vec(), "decode gone".to_string());
+    assert!(got.missing.is_empty(), "woken by the cancel: {got:?}");
+    got.failed.sort();
+    assert_eq!(got.failed, vec![reason(k1), reason(k3)]);
+    // A wait that comes later finds all three failed, K2 included.
+    let mut got = consumer
+        .wait(&[k1, k2, k3], Duration::from_secs(10))
+        .await
+        .unwrap();
+    got.failed.sort();
+    assert_eq!(got.failed, vec![reason(k1), reason(k2), reason(k3)]);
+    // The subscription hears K2 written, then each key failed (a key's tombstone found by a
+    // later wait on the same connection may be heard twice).
+    let failed = |k: &[u8]| KeyEvent::Failed(k.to_vec(), "decode gone".into());
+    let mut heard = Vec::new();
+    while ![k1, k2, k3].iter().all(|k| heard.contains(&failed(k))) {
+        let ev = tokio::time::timeout(Duration::from_secs(20), sub.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no event within 20 s after {heard:?}"))
+            .unwrap();
+        heard.push(ev);
+    }
+    assert_eq!(heard[0], KeyEvent::Written(k2.to_vec()), "{heard:?}");
+
+    assert_eq!(used(&producer).await, before, "every byte is back");
+    assert_eq!(consumer.get(k2).await.unwrap(), None);
+    for addr in [&reserved, &in_flight] {
+        let e = producer
+            .commit(addr, kvpool::checksum(&block))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
+        let e = producer.write(addr, 0, b"late").await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
+    }
+    assert_eq!(producer.cancel(&[k1, k2, k3], "again").await.unwrap(), 0);
+
+    // A retry of the request is a new one: written, and kept (K2's lease went with the cancel).
+    producer.put(k2, &block).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(consumer.get(k2).await.unwrap(), Some(block.clone()));
+    let got = consumer.wait(&[k2], Duration::from_secs(10)).await.unwrap();
+    assert!(got.complete(), "{got:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_handoff_and_hold_requests_get_clear_errors_and_the_node_keeps_serving() {
     use kvpool::protocol::{ErrorCode, Op, Reply};
@@ -529,6 +621,38 @@ async fn bad_handoff_and_hold_requests_get_clear_errors_and_the_node_keeps_servi
                 ttl_ms: 10,
             },
             ErrorCode::UnknownNamespace,
+        ),
+        (
+            Op::Cancel {
+                ns: 999,
+                keys: vec![b"k".to_vec()],
+                reason: "gone".into(),
+            },
+            ErrorCode::UnknownNamespace,
+        ),
+        (
+            Op::Cancel {
+                ns: 0,
+                keys: vec![b"k".to_vec(); 20_000],
+                reason: "gone".into(),
+            },
+            ErrorCode::BatchTooLarge,
+        ),
+        (
+            Op::Cancel {
+                ns: 0,
+                keys: vec![b"k".to_vec()],
+                reason: "x".repeat(1025),
+            },
+            ErrorCode::TooLarge,
+        ),
+        (
+            Op::Cancel {
+                ns: 0,
+                keys: vec![b"k".to_vec(), Vec::new()],
+                reason: "empty key".into(),
+            },
+            ErrorCode::BadKey,
         ),
         // Holds are only for a same-host reader, over the Unix socket.
         (

@@ -774,6 +774,11 @@ fn replication(link: &Link, ns: &str) -> (usize, usize) {
 fn code_result(code: ErrorCode) -> Result<(), ClientError> {
     match code {
         ErrorCode::Ok => Ok(()),
+        // The only way a write or commit fails so: a `cancel` of its key came first.
+        ErrorCode::Failed => Err(ClientError::Server {
+            code: ErrorCode::Failed,
+            message: "its key was cancelled (a `cancel` of the request) before the commit".into(),
+        }),
         code => Err(ClientError::Server {
             code,
             message: format!("{code:?}"),

@@ -137,6 +137,17 @@ enum Cmd {
         #[arg(long, default_value = "failed by its producer")]
         reason: String,
     },
+    /// Handoff: abort a request on both sides: its objects removed, its pending allocations
+    /// (reservations, puts in flight) released, its waiters told REASON at once. Prints how many
+    /// objects and allocations were freed.
+    Cancel {
+        /// Keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Why (told to the waiters).
+        #[arg(long, default_value = "cancelled")]
+        reason: String,
+    },
     /// Handoff lease on keys, written yet or not: remove them --ttl-ms from now unless renewed
     /// (run again), or end their lease (--ttl-ms 0). Prints how many keys are present.
     Expire {
@@ -330,6 +341,16 @@ fn run() -> anyhow::Result<i32> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
             let n = client.block_on(client.async_client().fail(&refs, reason))?;
+            println!("{n}");
+            Ok(0)
+        }
+        Cmd::Cancel { keys, reason } => {
+            let keys = keys
+                .iter()
+                .map(|k| cli.key(k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            let n = client.block_on(client.async_client().cancel(&refs, reason))?;
             println!("{n}");
             Ok(0)
         }

@@ -119,6 +119,12 @@ class Client:
     def fail(self, keys: Sequence[Key], reason: str) -> int:
         """Handoff: the producer gives up on ``keys``; every :meth:`wait` for them returns at
         once with ``reason``. Returns how many tombstones were posted."""
+    def cancel(self, keys: Sequence[Key], reason: str) -> int:
+        """Handoff: aborts a request on both sides in one call: each key's objects are removed
+        (pinned too), its pending reservations and writes released (a later
+        :meth:`commit_reserved` fails), its lease dropped, and every :meth:`wait` for it returns
+        at once with ``reason`` (at most 1 KiB). Returns how many objects and reservations were
+        freed."""
     def delete(self, key: Key) -> bool:
         """Removes ``key``; True when an object was removed. Raises ``kvpool.Error``
         subclasses."""

@@ -556,6 +556,19 @@ impl NativeClient {
             .map_err(Failure::from)?)
     }
 
+    /// Handoff: aborts a request on both sides in one call: each key's objects are removed
+    /// (pinned too), its pending reservations and writes released (their commits fail), its
+    /// lease dropped, and every waiter hears `reason` (at most 1 KiB) at once. Returns how many
+    /// objects and reservations were freed.
+    fn cancel(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, reason: &str) -> PyResult<u64> {
+        let keys = checked_keys(&keys)?;
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        Ok(py
+            .detach(|| c.block_on(c.async_client().cancel(&refs, reason)))
+            .map_err(Failure::from)?)
+    }
+
     /// Handoff: events for every key of the namespace under `prefix`, from the nodes serving
     /// now (see `Subscription.next`).
     fn subscribe(&self, py: Python<'_>, prefix: &Bound<'_, PyAny>) -> PyResult<Subscription> {

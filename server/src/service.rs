@@ -256,6 +256,18 @@ impl Shared {
         self.pool.remove(ns, key)
     }
 
+    /// Aborts `keys` of namespace `ns` here (`Cancel`): their objects removed and their pending
+    /// allocations released ([`Pool::cancel`]), each noted as a write for the cluster first like
+    /// [`Shared::remove`]'s. Returns how many objects and allocations it freed.
+    pub(crate) fn cancel(&self, ns: u32, keys: &[&[u8]]) -> Result<u64, PoolError> {
+        self.pool.check_namespace(ns)?;
+        for key in keys {
+            kvpool::pool::check_key(key)?;
+            self.cluster.note_write(ns, key);
+        }
+        self.pool.cancel(ns, keys)
+    }
+
     /// Removes every object of namespace `ns` here, pinned ones too; returns how many it
     /// removed. The keys are walked a bounded page at a time (`pool.scan`), each removal noted
     /// as a write for the cluster like [`Shared::remove`]'s. Objects written meanwhile may or

@@ -5,7 +5,9 @@
 //! between all connections.
 //!
 //! Locks, always taken in this order and never the other way: an index shard, then a
-//! segment's allocator. The pending tables are never held while taking another lock.
+//! segment's allocator. The pending tables are never held while taking another lock (they are
+//! taken under an index shard's lock by commits and cancels, and under the recent cancels'
+//! lock by cancels).
 //!
 //! An object's life: [`Pool::alloc`] reserves memory and quota and returns a signed address of a
 //! *pending* object (invisible to readers); the bytes are written (by the daemon from a socket,
@@ -32,7 +34,7 @@ use crate::seqlock;
 use index::{Entry, Shard, Zombie};
 use namespace::Namespace;
 pub use namespace::{NamespaceConfig, DEFAULT_NAMESPACE};
-use pending::{Pending, PendingShard};
+use pending::{Pending, PendingShard, RecentCancels};
 pub use scan::ScanPage;
 pub use stats::{NamespaceStats, PoolStats, SegmentStats};
 
@@ -111,6 +113,8 @@ pub struct Pool {
     segments: Vec<SegmentSlot>,
     shards: Box<[Mutex<Shard>]>,
     pending: Box<[Mutex<PendingShard>]>,
+    /// Allocations cancelled lately, for a clear error to their late commits.
+    cancelled: Mutex<RecentCancels>,
     namespaces: Vec<Namespace>,
     next_generation: AtomicU64,
     segment_cursor: AtomicUsize,
@@ -240,6 +244,7 @@ impl Pool {
             pending: (0..nshards)
                 .map(|_| Mutex::new(PendingShard::default()))
                 .collect(),
+            cancelled: Mutex::default(),
             namespaces,
             // Generations start at a point drawn with the incarnation (below 2^40, leaving 2^62
             // for this life), so even the version words of a dead daemon's segment file would
@@ -376,6 +381,8 @@ impl Pool {
                 pin,
                 depth,
                 claims: Default::default(),
+                committing: false,
+                cancelled: false,
             },
         );
         Ok(self.address(segment as u16, block.offset, len, generation))
@@ -402,12 +409,15 @@ impl Pool {
             .filter(|&end| end <= addr.len)
             .ok_or(AddrFault::OutOfBounds)?;
         let mut p = self.pending_lock(addr.generation);
-        let entry = p
-            .by_generation
-            .get_mut(&addr.generation)
-            .ok_or(AddrFault::NotWritable)?;
-        if entry.offset != addr.offset || entry.len != addr.len {
+        let Some(entry) = p.by_generation.get_mut(&addr.generation) else {
+            drop(p);
+            return Err(self.gone(addr));
+        };
+        if entry.offset != addr.offset || entry.len != addr.len || entry.committing {
             return Err(AddrFault::NotWritable.into());
+        }
+        if entry.cancelled {
+            return Err(PoolError::Cancelled);
         }
         if !entry.claims.try_claim(offset, end) {
             return Err(AddrFault::Busy.into());
@@ -453,8 +463,10 @@ impl Pool {
         checksum_given: u64,
         present: Option<bool>,
     ) -> Result<bool, PoolError> {
-        let p = self.take_checked(addr, checksum_given)?;
-        let mut shard = self.shard_lock(&p.key);
+        let (near, seg) = self.seal(addr)?;
+        self.check_sealed(addr, seg, checksum_given)?;
+        let mut shard = lock(&self.shards[near]);
+        let p = self.take_sealed(addr)?;
         if let Some(want) = present {
             if shard.ns[p.ns as usize].contains(&p.key) != want {
                 drop(shard);
@@ -474,14 +486,17 @@ impl Pool {
     /// batch or, from then on, all of it. `items`: (address, checksum); a key given twice keeps
     /// its last value.
     pub fn commit_all(&self, items: &[(GlobalAddr, u64)]) -> Result<(), PoolError> {
-        // (shard of the key, pending object, address, checksum)
-        let mut taken = Vec::with_capacity(items.len());
+        // (shard of the key, address, checksum), each sealed and checked
+        let mut sealed = Vec::with_capacity(items.len());
         for (i, (addr, sum)) in items.iter().enumerate() {
-            match self.take_checked(addr, *sum) {
-                Ok(p) => taken.push((self.shard_of(&p.key), p, addr, *sum)),
+            let checked = self
+                .seal(addr)
+                .and_then(|(near, seg)| self.check_sealed(addr, seg, *sum).map(|()| near));
+            match checked {
+                Ok(near) => sealed.push((near, addr, *sum)),
                 Err(e) => {
-                    for (_, p, addr, _) in taken {
-                        self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+                    for (_, addr, _) in sealed {
+                        self.drop_sealed(addr);
                     }
                     // The ones not reached are still pending: give them back too.
                     for (addr, _) in &items[i + 1..] {
@@ -491,11 +506,26 @@ impl Pool {
                 }
             }
         }
-        let mut order: Vec<usize> = taken.iter().map(|(shard, ..)| *shard).collect();
+        let mut order: Vec<usize> = sealed.iter().map(|(shard, ..)| *shard).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&i| lock(&self.shards[i])).collect();
+        // All taken out first: one cancelled (`take_sealed` freed it) releases the others.
+        let mut taken = Vec::with_capacity(sealed.len());
+        let mut failed = None;
+        for (shard, addr, sum) in sealed {
+            match self.take_sealed(addr) {
+                Ok(p) => taken.push((shard, p, addr, sum)),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            for (_, p, addr, _) in taken {
+                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            }
+            return Err(e);
+        }
         for (shard, p, addr, sum) in taken {
             let g = order
                 .binary_search(&shard)
@@ -517,54 +547,115 @@ impl Pool {
         checksum_given: u64,
         hashed: u64,
     ) -> Result<(), PoolError> {
-        let p = self.take_pending(addr)?.0;
+        let (near, _) = self.seal(addr)?;
         if hashed != checksum_given {
-            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            self.drop_sealed(addr);
             return Err(PoolError::ChecksumMismatch);
         }
-        let mut shard = self.shard_lock(&p.key);
+        let mut shard = lock(&self.shards[near]);
+        let p = self.take_sealed(addr)?;
         self.publish(&mut shard, p, addr, checksum_given);
         Ok(())
     }
 
-    /// Takes a pending object out of its pending table for a commit, after checking its bytes
-    /// hash to `checksum_given`; on a mismatch its allocation is released.
-    fn take_checked(&self, addr: &GlobalAddr, checksum_given: u64) -> Result<Pending, PoolError> {
-        let (p, seg) = self.take_pending(addr)?;
-        // SAFETY: in bounds (check_addr in take_pending, and the pending entry matched the
-        // address). No slice of this process writes it: it had no write claim when we took it
-        // out of the pending table under its lock, and with it gone no `begin_write_range` can
-        // open one; it is not in the index yet, so nothing else frees it. (A same-host client
-        // may still store into its own mapping of these pages; that can only change the
-        // checksum, which is why commit checks it.)
-        let bytes = unsafe { seg.segment.data(p.offset, p.len) };
-        if checksum(bytes) != checksum_given {
-            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
-            return Err(PoolError::ChecksumMismatch);
+    /// Seals a pending allocation for its commit: no write may open in it from now on, and
+    /// abort and the reaper leave it alone; it stays in its pending table, where a
+    /// [`Pool::cancel`] of its key still finds it, until [`Pool::take_sealed`] takes it out
+    /// under its key's index-shard lock. Returns that shard and the segment. Refused while a
+    /// write is open (`Busy`), once cancelled, and for an address that is not pending.
+    fn seal(&self, addr: &GlobalAddr) -> Result<(usize, &SegmentSlot), PoolError> {
+        let seg = self.check_addr(addr)?;
+        let mut pending = self.pending_lock(addr.generation);
+        let p = match pending.by_generation.get_mut(&addr.generation) {
+            Some(p) if p.offset == addr.offset && p.len == addr.len && !p.committing => p,
+            Some(p) if p.offset == addr.offset && p.len == addr.len => {
+                return Err(AddrFault::Busy.into())
+            }
+            Some(_) => return Err(AddrFault::NotWritable.into()),
+            None => {
+                drop(pending);
+                return Err(self.gone(addr));
+            }
+        };
+        if p.cancelled {
+            // Doomed by a cancel while a write held it: released now, unless one still does.
+            if p.claims.is_empty() {
+                let p = pending.by_generation.remove(&addr.generation);
+                drop(pending);
+                if let Some(p) = p {
+                    self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+                }
+            }
+            return Err(PoolError::Cancelled);
         }
-        Ok(p)
+        if !p.claims.is_empty() {
+            return Err(AddrFault::Busy.into());
+        }
+        p.committing = true;
+        Ok((self.shard_of(&p.key), seg))
     }
 
-    /// Takes a pending object out of its pending table for a commit (none of its writes may be
-    /// open), with its segment.
-    fn take_pending(&self, addr: &GlobalAddr) -> Result<(Pending, &SegmentSlot), PoolError> {
-        let seg = self.check_addr(addr)?;
-        let p = {
-            let mut pending = self.pending_lock(addr.generation);
-            match pending.by_generation.get(&addr.generation) {
-                Some(p) if p.offset == addr.offset && p.len == addr.len => {
-                    if !p.claims.is_empty() {
-                        return Err(AddrFault::Busy.into());
-                    }
-                }
-                _ => return Err(AddrFault::NotWritable.into()),
-            }
-            pending
-                .by_generation
-                .remove(&addr.generation)
-                .expect("checked above")
-        };
-        Ok((p, seg))
+    /// Why an address has no pending allocation: [`PoolError::Cancelled`] when a cancel took
+    /// it lately, else not writable (committed, aborted or reclaimed).
+    fn gone(&self, addr: &GlobalAddr) -> PoolError {
+        if lock(&self.cancelled).contains(addr.generation) {
+            PoolError::Cancelled
+        } else {
+            AddrFault::NotWritable.into()
+        }
+    }
+
+    /// Checks that a sealed allocation's bytes hash to `checksum_given`; on a mismatch it is
+    /// released.
+    fn check_sealed(
+        &self,
+        addr: &GlobalAddr,
+        seg: &SegmentSlot,
+        checksum_given: u64,
+    ) -> Result<(), PoolError> {
+        // SAFETY: in bounds: check_addr in seal put the address inside the segment and the
+        // pending entry matched it. No slice of this process writes it: seal found no write
+        // claim and marked it committing under its pending table's lock, and begin_write_range
+        // refuses a committing allocation; abort, the reaper and cancel leave a committing
+        // allocation's memory alone, and it is not in the index, so nothing else frees it
+        // before take_sealed or drop_sealed. (A same-host client may still store into its own
+        // mapping of these pages; that can only change the checksum, which is why commit
+        // checks it.)
+        let bytes = unsafe { seg.segment.data(addr.offset, addr.len) };
+        if checksum(bytes) != checksum_given {
+            self.drop_sealed(addr);
+            return Err(PoolError::ChecksumMismatch);
+        }
+        Ok(())
+    }
+
+    /// Releases a sealed allocation that will not be committed.
+    fn drop_sealed(&self, addr: &GlobalAddr) {
+        let p = self
+            .pending_lock(addr.generation)
+            .by_generation
+            .remove(&addr.generation);
+        if let Some(p) = p {
+            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+        }
+    }
+
+    /// Takes a sealed allocation out of its pending table for its commit; the caller holds
+    /// its key's index-shard lock, so a [`Pool::cancel`] of the key either came before (and
+    /// marked it: then it is released here and the commit fails with
+    /// [`PoolError::Cancelled`]) or comes after the commit and removes the object.
+    fn take_sealed(&self, addr: &GlobalAddr) -> Result<Pending, PoolError> {
+        let p = self
+            .pending_lock(addr.generation)
+            .by_generation
+            .remove(&addr.generation);
+        // Only its commit takes a sealed allocation out.
+        let p = p.ok_or(AddrFault::NotWritable)?;
+        if p.cancelled {
+            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            return Err(PoolError::Cancelled);
+        }
+        Ok(p)
     }
 
     /// Makes a taken pending object visible: its version word published, then its entry in
@@ -617,7 +708,7 @@ impl Pool {
         let p = {
             let mut pending = self.pending_lock(addr.generation);
             match pending.by_generation.get(&addr.generation) {
-                Some(p) if p.offset == addr.offset && p.claims.is_empty() => {}
+                Some(p) if p.offset == addr.offset && p.claims.is_empty() && !p.committing => {}
                 Some(_) => return Err(AddrFault::Busy.into()),
                 None => return Err(AddrFault::NotWritable.into()),
             }
@@ -628,6 +719,69 @@ impl Pool {
         };
         self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
         Ok(())
+    }
+
+    /// Aborts a request's blocks on this node (`Cancel`): for each of `keys` of namespace `ns`,
+    /// every pending allocation (a reservation, a put or alloc still being written) and the
+    /// committed object, pinned or not. Returns how many of both it freed or doomed.
+    ///
+    /// An allocation with a write open or a commit under way can't be freed under its writer:
+    /// it is marked, so its commit fails with [`PoolError::Cancelled`] and releases it (as do
+    /// an abort, or the reaper at its next round); every other one is freed at once. The keys'
+    /// index shards stay locked from the look at the pending tables to the removal of the
+    /// objects, and a commit takes its allocation out of its table only under its key's shard
+    /// lock (`take_sealed`), so no allocation of these keys is committed after this
+    /// returns. Pending allocations are kept by generation, not by key: this walks every
+    /// pending table once for the whole batch, O(pending allocations + keys), with each table
+    /// locked only while it is walked; the put path pays nothing for it.
+    pub fn cancel(&self, ns: u32, keys: &[&[u8]]) -> Result<u64, PoolError> {
+        let space = self.ns(ns)?;
+        for key in keys {
+            check_key(key)?;
+        }
+        let mut order: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        let wanted: std::collections::HashSet<&[u8]> = keys.iter().copied().collect();
+        let mut n = 0u64;
+        let mut freed = Vec::new();
+        // Held across the walk, so a commit that finds its allocation gone finds why.
+        let mut recent = lock(&self.cancelled);
+        for table in self.pending.iter() {
+            let mut table = lock(table);
+            table.by_generation.retain(|&generation, p| {
+                if p.ns != ns || p.cancelled || !wanted.contains(&*p.key) {
+                    return true;
+                }
+                n += 1;
+                recent.note(generation);
+                if p.claims.is_empty() && !p.committing {
+                    freed.push((generation, p.segment, p.offset, p.pin));
+                    return false;
+                }
+                p.cancelled = true;
+                p.deadline = 0;
+                true
+            });
+        }
+        drop(recent);
+        for (generation, segment, offset, pin) in freed {
+            self.free_block(ns, segment, offset, generation, pin);
+        }
+        for key in wanted {
+            let g = order
+                .binary_search(&self.shard_of(key))
+                .expect("every key's shard is locked");
+            let shard = &mut *guards[g];
+            if let Some(e) = shard.ns[ns as usize].remove(key) {
+                space.objects.fetch_sub(1, Ordering::Relaxed);
+                self.retire_entry(shard, ns, e);
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Reclaims allocations left uncommitted past their deadline; returns how many.
@@ -1289,6 +1443,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_cancel;
 #[cfg(test)]
 mod tests_reservations;
 #[cfg(test)]

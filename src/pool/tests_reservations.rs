@@ -46,6 +46,8 @@ enum Op {
     Unpin { ns: u32, pick: usize },
     /// Remove one of a namespace's objects.
     Remove { ns: u32, pick: usize },
+    /// Cancel one of a namespace's keys, pending or committed, pinned or not.
+    Cancel { ns: u32, pick: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -56,7 +58,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Commit),
         1 => Just(Op::Abort),
         1 => (ns.clone(), any::<usize>()).prop_map(|(ns, pick)| Op::Unpin { ns, pick }),
-        1 => (ns, any::<usize>()).prop_map(|(ns, pick)| Op::Remove { ns, pick }),
+        1 => (ns.clone(), any::<usize>()).prop_map(|(ns, pick)| Op::Remove { ns, pick }),
+        1 => (ns, any::<usize>()).prop_map(|(ns, pick)| Op::Cancel { ns, pick }),
     ]
 }
 
@@ -177,6 +180,24 @@ proptest! {
                     if !m.unpinned[n].is_empty() {
                         let key = m.unpinned[n].swap_remove(pick % m.unpinned[n].len());
                         let _ = p.remove(ns, &key).unwrap();
+                    }
+                    None
+                }
+                Op::Cancel { ns, pick } => {
+                    let n = ns as usize;
+                    let mine: Vec<usize> = (0..m.pending.len()).filter(|&i| m.pending[i].0 == ns).collect();
+                    let all = mine.len() + m.pinned[n].len() + m.unpinned[n].len();
+                    if all > 0 {
+                        let i = pick % all;
+                        let key = if i < mine.len() {
+                            m.pending.remove(mine[i]).1
+                        } else if i < mine.len() + m.pinned[n].len() {
+                            m.pinned[n].swap_remove(i - mine.len())
+                        } else {
+                            m.unpinned[n].swap_remove(i - mine.len() - m.pinned[n].len())
+                        };
+                        prop_assert_eq!(p.cancel(ns, &[&key]), Ok(1));
+                        prop_assert!(!present(&p, ns, &key));
                     }
                     None
                 }

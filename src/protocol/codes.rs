@@ -142,6 +142,7 @@ impl From<PoolError> for ErrorCode {
             PoolError::QuotaExceeded => ErrorCode::QuotaExceeded,
             PoolError::NotFound => ErrorCode::NotFound,
             PoolError::ChecksumMismatch => ErrorCode::ChecksumMismatch,
+            PoolError::Cancelled => ErrorCode::Failed,
             PoolError::BadAddress(f) => match f {
                 AddrFault::WrongNode => ErrorCode::WrongNode,
                 AddrFault::NoSegment => ErrorCode::NoSegment,

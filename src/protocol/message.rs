@@ -333,6 +333,20 @@ pub enum Op {
         /// Why (at most 1 KiB; longer is cut).
         reason: String,
     },
+    /// (Handoff) Aborts a request's keys on this node, on both sides of a handoff: for each
+    /// key, the committed object (pinned too) is removed, every pending allocation of it (a
+    /// consumer's reservation, a producer's put or alloc still in flight) is released, so its
+    /// commit fails with `Failed`, its handoff lease is dropped, and a tombstone with `reason`
+    /// is posted as by `Fail`, waking every watcher at once. Sent to every copy's owner.
+    /// Reply: `Count` of objects and pending allocations freed.
+    Cancel {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// Why (at most 1 KiB; a longer one is refused with `TooLarge`).
+        reason: String,
+    },
 }
 
 /// One value of a `BatchPut`.

@@ -520,4 +520,19 @@ impl Client {
         })
         .await
     }
+
+    /// Aborts a request on both sides of its handoff, in one call: on every copy's owner, each
+    /// key's object is removed (pinned too), every pending allocation of it — a consumer's
+    /// reservation ([`Client::alloc`]), a producer's put or alloc still in flight — is released
+    /// (its later commit fails with [`ErrorCode::Failed`]), its lease is dropped, and a
+    /// tombstone with `reason` (at most 1 KiB) wakes every waiter at once as [`Client::fail`]
+    /// does. Returns how many objects and allocations the keys' first owners freed.
+    pub async fn cancel(&self, keys: &[&[u8]], reason: &str) -> Result<u64, ClientError> {
+        self.keys_op(keys, self.read_replicas(), |ns, keys| Op::Cancel {
+            ns,
+            keys,
+            reason: reason.to_owned(),
+        })
+        .await
+    }
 }

@@ -1,6 +1,7 @@
 """Handoffs from Python (docs/HANDOFF.md): a consumer thread waits for keys a producer thread
 writes, against a real kvpoold; a producer's ``fail`` wakes the waiter at once with its reason;
-a silent producer leaves the wait to time out with exactly the missing keys."""
+a silent producer leaves the wait to time out with exactly the missing keys; ``cancel`` frees a
+request on both sides in one call."""
 
 from __future__ import annotations
 
@@ -115,3 +116,35 @@ def test_one_sided_handoff_consumer_reserves_producer_writes_and_commits(pair):
     with pytest.raises(kvpool.InvalidArgumentError):
         producer.write_reserved(b"not an address", b"x")
     # (A forged memory key is refused by the node: tests/handoff.rs.)
+
+
+def test_cancel_frees_a_request_on_both_sides_and_wakes_the_waiter(pair):
+    producer, consumer = pair
+    block = bytes(range(256)) * 256  # 64 KiB
+    reserved = consumer.reserve("req-7/k1", len(block))  # the consumer's region
+    producer.put("req-7/k2", block)  # written already
+    in_flight = producer.reserve("req-7/k3", len(block))  # being written
+    producer.write_reserved(in_flight, block[:1000])
+    out = {}
+    t = threading.Thread(
+        target=lambda: out.update(got=consumer.wait(["req-7/k1", "req-7/k3"], 60.0))
+    )
+    t.start()
+    keys = ["req-7/k1", "req-7/k2", "req-7/k3"]
+    assert producer.cancel(keys, "request aborted") == 3
+    t.join(timeout=90)
+    missing, failed = out["got"]
+    assert missing == []
+    assert sorted(failed) == [
+        (b"req-7/k1", "request aborted"),
+        (b"req-7/k3", "request aborted"),
+    ]
+    assert not consumer.exists("req-7/k2")
+    for address in (reserved, in_flight):
+        with pytest.raises(kvpool.Error, match="cancelled"):
+            producer.commit_reserved(address, kvpool.checksum(block))
+    assert producer.cancel(keys, "again") == 0
+    with pytest.raises(kvpool.Error):
+        producer.cancel(["req-7/k1"], "x" * 1025)  # a reason is at most 1 KiB
+    producer.put("req-7/k2", block)  # the node keeps serving; a retry is a new request
+    assert consumer.get("req-7/k2") == block

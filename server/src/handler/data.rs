@@ -201,9 +201,16 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
         };
         let hashed = {
-            let mut w = pool
-                .begin_write(&addr)
-                .map_err(|e| io::Error::other(e.to_string()))?;
+            let mut w = match pool.begin_write(&addr) {
+                Ok(w) => w,
+                Err(e) => {
+                    // A `Cancel` of the key came between the allocation and this write: the
+                    // payload is dropped and the put fails (its allocation is released).
+                    let _ = pool.abort(&addr);
+                    discard(&mut self.r, item.len).await?;
+                    return Ok(Err(e.into()));
+                }
+            };
             let deadline = self.s.instant_at(w.deadline());
             // Received in pieces, each hashed right after it lands (still in cache): one pass
             // over the bytes instead of a second one at commit, and no long stretch of hashing

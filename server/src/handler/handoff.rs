@@ -1,5 +1,5 @@
 //! The handoff family (docs/HANDOFF.md): `Watch` and `Unwatch` keys, `Subscribe` to a prefix,
-//! `Fail` keys (a producer's tombstone). A connection that watches is sent an `Event` frame
+//! `Fail` keys (a producer's tombstone), `Cancel` them (the abort of a request on both sides). A connection that watches is sent an `Event` frame
 //! (request id `EVENT_ID`) for every commit or tombstone of what it watches; the connection
 //! loop writes them between requests.
 
@@ -9,7 +9,7 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{Conn, Next};
-use crate::watch::MAX_PREFIX;
+use crate::watch::{MAX_PREFIX, MAX_REASON};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// Registers the watches first, then says where each key stands: a commit between the two
@@ -158,5 +158,37 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.s.watches.fail(ns, k.as_slice(), reason, now);
         }
         self.answer(id, Ok(Reply::Count(keys.len() as u64))).await
+    }
+
+    /// Aborts a request's keys here, on both sides of its handoff: objects removed (pinned
+    /// too), pending allocations released (a reservation's or a producer's later commit fails),
+    /// leases dropped, then tombstones posted as by `Fail`, so every watcher wakes at once.
+    /// Counts the objects and allocations freed.
+    pub(super) async fn cancel(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+        reason: &str,
+        now: Millis,
+    ) -> Next {
+        if let Err(code) = self.s.batch_check(keys.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        if reason.len() > MAX_REASON {
+            let msg = format!("a reason is at most {MAX_REASON} bytes");
+            self.fail(id, ErrorCode::TooLarge, &msg).await?;
+            return Ok(true);
+        }
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let freed = match self.s.cancel(ns, &keys) {
+            Ok(n) => n,
+            Err(e) => return self.answer(id, Err(e.into())).await,
+        };
+        for key in &keys {
+            self.s.watches.lease(ns, key, None);
+            self.s.watches.fail(ns, key, reason, now);
+        }
+        self.answer(id, Ok(Reply::Count(freed))).await
     }
 }

@@ -454,6 +454,10 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 self.fail_keys(id, ns.to_native(), keys, reason.as_str(), now)
                     .await
             }
+            ArchivedOp::Cancel { ns, keys, reason } => {
+                self.cancel(id, ns.to_native(), keys, reason.as_str(), now)
+                    .await
+            }
         }
     }
 
@@ -619,7 +623,9 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Watch { .. } | ArchivedOp::Unwatch { .. } | ArchivedOp::Subscribe { .. } => {
             OpKind::Exists
         }
-        ArchivedOp::Fail { .. } | ArchivedOp::Expire { .. } => OpKind::Remove,
+        ArchivedOp::Fail { .. } | ArchivedOp::Expire { .. } | ArchivedOp::Cancel { .. } => {
+            OpKind::Remove
+        }
         ArchivedOp::Pin { .. } => OpKind::Pin,
         ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
@@ -649,6 +655,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Unwatch { ns, .. }
         | ArchivedOp::Subscribe { ns, .. }
         | ArchivedOp::Fail { ns, .. }
+        | ArchivedOp::Cancel { ns, .. }
         | ArchivedOp::Expire { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
         | ArchivedOp::Release { ns, .. }
