@@ -148,3 +148,29 @@ def test_cancel_frees_a_request_on_both_sides_and_wakes_the_waiter(pair):
         producer.cancel(["req-7/k1"], "x" * 1025)  # a reason is at most 1 KiB
     producer.put("req-7/k2", block)  # the node keeps serving; a retry is a new request
     assert consumer.get("req-7/k2") == block
+
+
+def test_a_deadline_the_node_cannot_meet_is_refused_up_front(start_kvpoold):
+    # 16 MiB/s of bulk: 8 MiB takes about half a second.
+    node = start_kvpoold(extra=["--bulk-rate", "16MiB"])
+    big = bytes(range(256)) * (8 << 12)
+    with kvpool.Client(node.url, same_host=False) as kv:
+        kv.write("big", big)
+        kv.write("small", b"s" * 4096)
+    with kvpool.Client(
+        node.url, same_host=False, priority="high", deadline=0.05
+    ) as hurried:
+        with pytest.raises(kvpool.TimeoutError, match="DeadlineUnmeetable|allowed"):
+            hurried.read("big")
+        # Small requests are never refused for a deadline.
+        assert hurried.read("small") == b"s" * 4096
+    with kvpool.Client(node.url, same_host=False, deadline=20.0) as patient:
+        assert patient.read("big") == big
+
+
+def test_bad_priorities_and_deadlines_are_refused(kvpoold):
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.Client(kvpoold.url, priority="urgent")
+    for d in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(kvpool.InvalidArgumentError):
+            kvpool.Client(kvpoold.url, deadline=d)
