@@ -8,7 +8,7 @@ use kvpool::protocol::io::discard;
 use kvpool::protocol::{ErrorCode, Key, PutItem, Reply, ValueMeta};
 use kvpool::{Millis, PoolError};
 use rkyv::Archived;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{payload_failure, Conn, Next};
 
@@ -18,9 +18,6 @@ pub(super) struct Item<'k> {
     pub(super) len: u64,
     pub(super) checksum: u64,
 }
-
-/// Bytes of a put received at a time before they are hashed (they are hashed while in cache).
-const RECEIVE_PIECE: usize = 256 << 10;
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     pub(super) async fn put(&mut self, id: u64, ns: u32, item: Item<'_>, pin: bool) -> Next {
@@ -216,32 +213,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             // over the bytes instead of a second one at commit, and no long stretch of hashing
             // that holds a worker thread from every other connection.
             let mut h = xxhash_rust::xxh3::Xxh3::new();
-            let mut ticket = self.bulk_in.take();
-            let (s, class, r) = (self.s, self.class, &mut self.r);
-            let dst = w.bytes_mut();
-            let receive = async {
-                let total = dst.len();
-                let mut done = 0;
-                for chunk in dst.chunks_mut(super::BULK_CHUNK) {
-                    let n = chunk.len();
-                    let pieces = async {
-                        for piece in chunk.chunks_mut(RECEIVE_PIECE) {
-                            r.read_exact(piece).await?;
-                            h.update(piece);
-                        }
-                        Ok::<(), io::Error>(())
-                    };
-                    // A bulk put takes its turn per chunk; another yields between chunks.
-                    super::in_turn(s, class, ticket.as_mut(), n, pieces).await?;
-                    done += n;
-                    if ticket.is_none() && done < total {
-                        tokio::task::yield_now().await;
-                    }
-                }
-                Ok::<usize, io::Error>(done)
-            };
-            let read = tokio::time::timeout_at(deadline, receive).await;
-            self.bulk_in = ticket;
+            let read = self.receive(w.bytes_mut(), |p| h.update(p), deadline).await;
             if let Some(e) = payload_failure(read) {
                 drop(w);
                 let _ = pool.abort(&addr);

@@ -36,7 +36,9 @@ use kvpool::protocol::{
     decode_request, encode, ArchivedOp, ErrorCode, FrameError, Priority, Reply, Response,
 };
 use kvpool::PoolError;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::sync::watch;
 
 use self::data::Item;
@@ -51,6 +53,9 @@ const IO_BUFFER: usize = 64 << 10;
 /// [`Conn::reply`] and the put path): the most a latency request waits behind a bulk transfer
 /// on a worker thread.
 pub(crate) const BULK_CHUNK: usize = 1 << 20;
+
+/// Bytes of a payload received at a time before they are looked at (hashed while in cache).
+const RECEIVE_PIECE: usize = 256 << 10;
 
 /// Serves one connection until the peer leaves, the protocol breaks, or shutdown is signalled
 /// while the connection is idle between requests.
@@ -360,6 +365,42 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 ))
             }
         }
+    }
+
+    /// Receives `dst.len()` payload bytes into `dst` by `deadline`, handing each piece to
+    /// `seen` right after it lands (while it is in cache): a bulk payload moves a chunk per
+    /// turn of the request's ticket; another yields to the other connections between chunks.
+    async fn receive(
+        &mut self,
+        dst: &mut [u8],
+        mut seen: impl FnMut(&[u8]),
+        deadline: tokio::time::Instant,
+    ) -> Result<io::Result<usize>, tokio::time::error::Elapsed> {
+        let mut ticket = self.bulk_in.take();
+        let (s, class, r) = (self.s, self.class, &mut self.r);
+        let receive = async {
+            let total = dst.len();
+            let mut done = 0;
+            for chunk in dst.chunks_mut(BULK_CHUNK) {
+                let n = chunk.len();
+                let pieces = async {
+                    for piece in chunk.chunks_mut(RECEIVE_PIECE) {
+                        r.read_exact(piece).await?;
+                        seen(piece);
+                    }
+                    Ok::<(), io::Error>(())
+                };
+                in_turn(s, class, ticket.as_mut(), n, pieces).await?;
+                done += n;
+                if ticket.is_none() && done < total {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Ok(done)
+        };
+        let read = tokio::time::timeout_at(deadline, receive).await;
+        self.bulk_in = ticket;
+        read
     }
 
     /// Hands the operation to its family's method (see the module docs).

@@ -9,7 +9,7 @@ use kvpool::protocol::io::discard;
 use kvpool::protocol::{AllocItem, AllocResult, CommitItem, ErrorCode, Reply, SegmentMap};
 use kvpool::{GlobalAddr, Millis, PoolError};
 use rkyv::Archived;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{payload_failure, Conn, Next};
 use crate::metrics::Transport;
@@ -196,24 +196,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
         };
         let deadline = self.s.instant_at(w.deadline());
-        let mut ticket = self.bulk_in.take();
-        let (s, class, r) = (self.s, self.class, &mut self.r);
-        let dst = w.bytes_mut();
-        let receive = async {
-            let total = dst.len();
-            let mut done = 0;
-            for chunk in dst.chunks_mut(super::BULK_CHUNK) {
-                let n = chunk.len();
-                super::in_turn(s, class, ticket.as_mut(), n, r.read_exact(chunk)).await?;
-                done += n;
-                if ticket.is_none() && done < total {
-                    tokio::task::yield_now().await;
-                }
-            }
-            Ok::<usize, io::Error>(done)
-        };
-        let read = tokio::time::timeout_at(deadline, receive).await;
-        self.bulk_in = ticket;
+        let read = self.receive(w.bytes_mut(), |_| {}, deadline).await;
         let expired = read.is_err();
         if let Some(e) = payload_failure(read) {
             drop(w);
