@@ -688,3 +688,54 @@ async fn bad_handoff_and_hold_requests_get_clear_errors_and_the_node_keeps_servi
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_reads_each_block_as_it_is_written() {
+    let node = Node::start("128MiB", &[]);
+    let producer = connect(&node).await;
+    let consumer = connect(&node).await;
+    let ks = keys("req-stream", 12);
+    let block = |i: usize| common::value(i as u64, 256 << 10);
+    // Two blocks are there before the wait; the producer writes eight more one by one while
+    // the consumer reads, gives up on one, and never writes the last.
+    for (i, k) in ks.iter().enumerate().take(2) {
+        producer.put(k, &block(i)).await.unwrap();
+    }
+    let writer = {
+        let (p, ks) = (producer.clone(), ks.clone());
+        tokio::spawn(async move {
+            for (i, k) in ks.iter().enumerate().take(10).skip(2) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                p.put(k, &block(i)).await.unwrap();
+            }
+            p.fail(&[&ks[10][..]], "prefill gave up").await.unwrap();
+        })
+    };
+    let mut bufs: Vec<Vec<u8>> = (0..12).map(|_| vec![0u8; 256 << 10]).collect();
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let (outcome, got) = consumer
+        .wait_get_into(&refs(&ks), &mut dsts, Duration::from_secs(3))
+        .await
+        .unwrap();
+    writer.await.unwrap();
+    assert_eq!(outcome.missing, vec![ks[11].clone()]);
+    assert_eq!(
+        outcome.failed,
+        vec![(ks[10].clone(), "prefill gave up".to_string())]
+    );
+    for (i, buf) in bufs.iter().enumerate() {
+        if i < 10 {
+            assert_eq!(got[i], Some(256 << 10), "block {i}");
+            assert!(buf[..] == block(i)[..], "block {i}'s bytes");
+        } else {
+            assert_eq!(got[i], None, "block {i}");
+        }
+    }
+    // The keys are unwatched afterwards: a second consumer still works.
+    let all: Vec<Vec<u8>> = ks[..10].to_vec();
+    let again = consumer
+        .wait(&refs(&all), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(again.complete());
+}

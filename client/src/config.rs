@@ -25,8 +25,16 @@ pub struct ClientConfig {
     pub client_name: String,
     /// Every call must finish within this. Default 10 s.
     pub timeout: Duration,
-    /// Most idle connections kept for reuse. Default 16.
+    /// Most idle connections kept for reuse, per node and traffic class. Default 16.
     pub max_idle: usize,
+    /// Most connections to one node carrying small requests at once; more concurrent calls
+    /// wait for one (within their timeout) instead of opening more than a node admits from
+    /// one address (`[listen] max_connections_per_peer`, 256). Default 64.
+    pub max_connections: usize,
+    /// Most connections to one node carrying bulk transfers (a call moving 256 KiB or more)
+    /// at once. They are separate from the small requests' connections, so a small request
+    /// never queues behind a large one on a socket. Default 8.
+    pub max_bulk_connections: usize,
     /// Check the xxh3 checksum of every value received. Default true.
     pub verify_checksums: bool,
     /// Same-host fast path. Default [`SameHost::Auto`].
@@ -63,6 +71,8 @@ impl Default for ClientConfig {
             client_name: "kvpool-client".into(),
             timeout: Duration::from_secs(10),
             max_idle: 16,
+            max_connections: 64,
+            max_bulk_connections: 8,
             verify_checksums: true,
             same_host: SameHost::Auto,
             ca: None,

@@ -46,13 +46,40 @@ impl From<LocatedWire> for Located {
     }
 }
 
+/// A traffic class, as the client keeps its connections: a call moving at least
+/// [`Lane::BULK_BYTES`] (a large value or batch, by what it sends or has room to receive) uses
+/// the bulk connections, any other the latency ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Latency = 0,
+    Bulk = 1,
+}
+
+impl Lane {
+    /// The nodes' default `[limits] bulk_threshold`.
+    pub(crate) const BULK_BYTES: u64 = 256 << 10;
+
+    pub(crate) fn of(bytes: u64) -> Lane {
+        if bytes >= Lane::BULK_BYTES {
+            Lane::Bulk
+        } else {
+            Lane::Latency
+        }
+    }
+}
+
 /// A connection pool to one node.
 pub(crate) struct Link {
     pub(crate) endpoint: Endpoint,
     /// What the node said at the first handshake.
     pub(crate) hello: HelloInfo,
     namespaces: RwLock<HashMap<String, u32>>,
-    idle: Mutex<Vec<Conn>>,
+    /// Idle connections of each traffic class ([`Lane`]): a small request never picks up a
+    /// connection that a bulk transfer is using, and the two have their own caps.
+    idle: [Mutex<Vec<Conn>>; 2],
+    /// Connections in use per class at most (`max_connections`, `max_bulk_connections`); more
+    /// concurrent calls wait for one, within their timeout.
+    slots: [tokio::sync::Semaphore; 2],
     /// The QUIC connection streams are opened on (QUIC endpoints only); replaced when closed.
     quic: Mutex<Option<(quinn::Endpoint, quinn::Connection)>>,
     /// The incarnation of the daemon the link last shook hands with.
@@ -111,7 +138,11 @@ impl Link {
             incarnation: AtomicU64::new(hello.incarnation),
             hello,
             namespaces: RwLock::new(namespaces),
-            idle: Mutex::new(vec![conn]),
+            idle: [Mutex::new(vec![conn]), Mutex::new(Vec::new())],
+            slots: [
+                tokio::sync::Semaphore::new(cfg.max_connections.max(1)),
+                tokio::sync::Semaphore::new(cfg.max_bulk_connections.max(1)),
+            ],
             quic: Mutex::new(quic),
             same_host: local.is_some(),
             local: RwLock::new(local.map(Arc::new)),
@@ -136,7 +167,7 @@ impl Link {
             node = hello.node,
             "the node's daemon restarted: reconnecting and remapping"
         );
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.clear_idle();
         *self.namespaces.write().unwrap_or_else(|e| e.into_inner()) =
             hello.namespaces.iter().cloned().collect();
         if !self.same_host {
@@ -205,17 +236,32 @@ impl Link {
             .ok_or_else(|| ClientError::UnknownNamespace(name.to_string()))
     }
 
-    /// Runs one exchange on a pooled connection under the call timeout, routed by view stamp
-    /// `view` (0: this node on purpose). The connection goes back to the pool only when the
-    /// exchange left it in sync.
+    /// Runs one exchange on a pooled connection of the latency class under the call timeout,
+    /// routed by view stamp `view` (0: this node on purpose). The connection goes back to the
+    /// pool only when the exchange left it in sync.
     pub(crate) async fn run<T>(
         &self,
         cfg: &ClientConfig,
         view: u64,
         f: impl AsyncFnOnce(&mut Conn) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
+        self.run_in(Lane::Latency, cfg, view, f).await
+    }
+
+    /// [`Link::run`] on a connection of `lane`.
+    pub(crate) async fn run_in<T>(
+        &self,
+        lane: Lane,
+        cfg: &ClientConfig,
+        view: u64,
+        f: impl AsyncFnOnce(&mut Conn) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
         let work = async {
-            let mut conn = match self.pooled() {
+            let _slot = self.slots[lane as usize]
+                .acquire()
+                .await
+                .map_err(|_| ClientError::Protocol("connection pool closed".into()))?;
+            let mut conn = match self.pooled(lane) {
                 Some(c) => c,
                 None => {
                     let quic = self.quic_connection(cfg).await?;
@@ -235,12 +281,14 @@ impl Link {
                     if matches!(e, ClientError::Io(_)) {
                         // The stream broke: the others of the pool are likely broken too
                         // (the daemon exited), and a fresh one will say whether it restarted.
-                        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                        self.clear_idle();
                     }
                 }
                 _ => {
                     conn.last_used = std::time::Instant::now();
-                    let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut idle = self.idle[lane as usize]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
                     if idle.len() < cfg.max_idle {
                         idle.push(conn);
                     }
@@ -252,6 +300,13 @@ impl Link {
         tokio::time::timeout(limit, work)
             .await
             .map_err(|_| ClientError::Timeout)?
+    }
+
+    /// Drops every pooled connection (the node exited or restarted).
+    fn clear_idle(&self) {
+        for idle in &self.idle {
+            idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
 
     /// The QUIC connection to open a stream on (None for other transports), connecting again
@@ -279,13 +334,16 @@ impl Link {
 
     /// A pooled connection that still looks usable; pooled ones the node closed meanwhile (it
     /// exited or restarted) are dropped, with every other pooled one when that happens.
-    fn pooled(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+    fn pooled(&self, lane: Lane) -> Option<Conn> {
+        let mut idle = self.idle[lane as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let c = idle.pop()?;
         if c.looks_open() {
             return Some(c);
         }
-        idle.clear();
+        drop(idle);
+        self.clear_idle();
         None
     }
 
@@ -297,7 +355,8 @@ impl Link {
         op: Op,
         payload: &[&[u8]],
     ) -> Result<Reply, ClientError> {
-        self.run(cfg, view, async |c: &mut Conn| {
+        let lane = Lane::of(payload.iter().map(|p| p.len() as u64).sum());
+        self.run_in(lane, cfg, view, async |c: &mut Conn| {
             c.call_simple(op, payload).await
         })
         .await
@@ -634,7 +693,8 @@ impl Link {
             prefix,
         };
         let verify = cfg.verify_checksums;
-        self.run(cfg, view, async move |c: &mut Conn| {
+        let lane = Lane::of(dsts.iter().map(|d| d.len() as u64).sum());
+        self.run_in(lane, cfg, view, async move |c: &mut Conn| {
             let (reply, _) = c.call(op, &[]).await?;
             let Reply::Values(metas) = reply else {
                 return Err(unexpected(&reply));
@@ -762,7 +822,8 @@ impl Link {
             offset,
             len: dst.len() as u64,
         };
-        self.run(cfg, 0, async move |c: &mut Conn| {
+        let lane = Lane::of(dst.len() as u64);
+        self.run_in(lane, cfg, 0, async move |c: &mut Conn| {
             match c.call(op, &[]).await {
                 Ok((Reply::Data, len)) if len == dst.len() as u64 => {
                     if hash {

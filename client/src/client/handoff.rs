@@ -113,6 +113,9 @@ struct WaitState {
     left: HashSet<Vec<u8>>,
     failed: Vec<(Vec<u8>, String)>,
     recheck: bool,
+    /// Keys written since the waiter last looked, when it fetches them as they come
+    /// ([`Client::wait_get_into`]); `None` for a plain wait.
+    arrived: Option<Vec<Vec<u8>>>,
 }
 
 impl Waiter {
@@ -123,6 +126,8 @@ impl Waiter {
         }
         if code == ErrorCode::Failed {
             st.failed.push((key.to_vec(), reason.to_owned()));
+        } else if let Some(a) = st.arrived.as_mut() {
+            a.push(key.to_vec());
         }
         drop(st);
         self.wake.notify_one();
@@ -327,6 +332,7 @@ impl Client {
                 left: keys.iter().map(|k| k.to_vec()).collect(),
                 failed: Vec::new(),
                 recheck: true,
+                arrived: None,
             }),
             wake: Notify::new(),
         });
@@ -351,40 +357,146 @@ impl Client {
         })
     }
 
+    /// [`Client::wait`] that also reads each key into `dsts[i]` the moment it is written, while
+    /// the producer is still writing the others: a handoff's consumer overlaps its reads with
+    /// the producer's writes instead of starting them after the last one. Keys written
+    /// together are read together (one batched get per arrival). Returns the outcome (a key
+    /// written but gone again before it could be read counts as missing) and, per key, the
+    /// bytes read. A buffer too small for its value fails the call, as `batch_get_into` does.
+    pub async fn wait_get_into(
+        &self,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        timeout: Duration,
+    ) -> Result<(WaitOutcome, Vec<Option<usize>>), ClientError> {
+        if keys.len() != dsts.len() {
+            return Err(ClientError::Protocol(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                dsts.len()
+            )));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let waiter = Arc::new(Waiter {
+            ns: self.ns.clone(),
+            state: Mutex::new(WaitState {
+                left: keys.iter().map(|k| k.to_vec()).collect(),
+                failed: Vec::new(),
+                recheck: true,
+                arrived: Some(Vec::new()),
+            }),
+            wake: Notify::new(),
+        });
+        let hub = self.inner.handoff.clone();
+        hub.add(&waiter, keys);
+        let mut got = vec![None; keys.len()];
+        let res = self
+            .fetch_as_written(&waiter, (keys, dsts), &mut got, deadline)
+            .await;
+        let free = hub.remove(&waiter, keys);
+        if !free.is_empty() {
+            let c = self.clone();
+            tokio::spawn(async move { c.unwatch(&free).await });
+        }
+        res?;
+        let st = lock(&waiter.state);
+        let failed = st.failed.clone();
+        let missing = keys
+            .iter()
+            .zip(&got)
+            .filter(|(k, g)| g.is_none() && !failed.iter().any(|(f, _)| f == **k))
+            .map(|(k, _)| k.to_vec())
+            .collect();
+        Ok((WaitOutcome { missing, failed }, got))
+    }
+
+    /// The loop of [`Client::wait_get_into`]: reads what arrived, then waits as
+    /// [`Client::wait`] does, until every key is read or failed, or the deadline.
+    async fn fetch_as_written(
+        &self,
+        w: &Arc<Waiter>,
+        (keys, dsts): (&[&[u8]], &mut [&mut [u8]]),
+        got: &mut [Option<usize>],
+        deadline: tokio::time::Instant,
+    ) -> Result<(), ClientError> {
+        let index: HashMap<&[u8], usize> = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        let mut want = vec![false; keys.len()];
+        loop {
+            let arrived = lock(&w.state).arrived.as_mut().map(std::mem::take);
+            let arrived = arrived.unwrap_or_default();
+            if !arrived.is_empty() {
+                want.iter_mut().for_each(|x| *x = false);
+                for k in &arrived {
+                    if let Some(&i) = index.get(&k[..]) {
+                        want[i] = got[i].is_none();
+                    }
+                }
+                let idx: Vec<usize> = (0..keys.len()).filter(|&i| want[i]).collect();
+                let sub: Vec<&[u8]> = idx.iter().map(|&i| keys[i]).collect();
+                let mut bufs: Vec<&mut [u8]> = dsts
+                    .iter_mut()
+                    .zip(&want)
+                    .filter(|(_, w)| **w)
+                    .map(|(d, _)| &mut **d)
+                    .collect();
+                let read =
+                    tokio::time::timeout_at(deadline, self.batch_get_into(&sub, &mut bufs)).await;
+                let Ok(read) = read else { return Ok(()) };
+                for (&i, n) in idx.iter().zip(read?) {
+                    got[i] = n;
+                }
+                continue;
+            }
+            if lock(&w.state).left.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(());
+            }
+            self.wait_step(w, deadline).await?;
+        }
+    }
+
     async fn wait_for(
         &self,
         w: &Arc<Waiter>,
         deadline: tokio::time::Instant,
     ) -> Result<(), ClientError> {
         loop {
-            let rewatch = {
-                let mut st = lock(&w.state);
-                if st.left.is_empty() {
-                    return Ok(());
-                }
-                std::mem::take(&mut st.recheck)
-            };
-            if rewatch {
-                let left: Vec<Vec<u8>> = lock(&w.state).left.iter().cloned().collect();
-                let watched = tokio::time::timeout_at(deadline, self.watch_keys(w, &left)).await;
-                match watched {
-                    Err(_) => return Ok(()),
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) if e.is_unreachable() || e.code() == Some(ErrorCode::WrongView) => {
-                        // A node gone or the view moving: look again shortly, under a fresh view.
-                        let _ = self.view().await;
-                        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RETRY))
-                            .await;
-                        w.recheck();
-                    }
-                    Ok(Err(e)) => return Err(e),
-                }
-                continue;
+            if lock(&w.state).left.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(());
             }
+            self.wait_step(w, deadline).await?;
+        }
+    }
+
+    /// One step of a wait: watches the keys still missing (again) when asked to, otherwise
+    /// sleeps until an event settles a key (a settle before the sleep is not lost: `Notify`
+    /// keeps it) or the deadline passes.
+    async fn wait_step(
+        &self,
+        w: &Arc<Waiter>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), ClientError> {
+        let rewatch = std::mem::take(&mut lock(&w.state).recheck);
+        if !rewatch {
             tokio::select! {
                 () = w.wake.notified() => {}
-                () = tokio::time::sleep_until(deadline) => return Ok(()),
+                () = tokio::time::sleep_until(deadline) => {}
             }
+            return Ok(());
+        }
+        let left: Vec<Vec<u8>> = lock(&w.state).left.iter().cloned().collect();
+        match tokio::time::timeout_at(deadline, self.watch_keys(w, &left)).await {
+            Err(_) | Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if e.is_unreachable() || e.code() == Some(ErrorCode::WrongView) => {
+                // A node gone or the view moving: look again shortly, under a fresh view.
+                let _ = self.view().await;
+                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RETRY)).await;
+                w.recheck();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
         }
     }
 
