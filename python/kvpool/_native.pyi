@@ -103,6 +103,18 @@ class Client:
         ``timeout`` seconds, without polling. Returns ``(missing, failed)``: the keys not
         written by then, and ``(key, reason)`` for the keys whose producer called
         :meth:`fail`. Both empty: every key is there."""
+    def wait_get_into(
+        self,
+        keys: Sequence[Key],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        timeout: float,
+    ) -> tuple[list[int | None], list[bytes], list[tuple[bytes, str]]]:
+        """Handoff: :meth:`wait` that also reads each key into its registered buffer the
+        moment it is written, while the producer writes the rest (the reads overlap the
+        writes). Returns ``(sizes, missing, failed)``: per key the bytes read or None, the keys
+        not written by the deadline, and ``(key, reason)`` for the failed ones. Buffers must
+        lie in registered memory and not overlap (``InvalidArgumentError``)."""
     def subscribe(self, prefix: Key) -> Subscription:
         """Handoff: events for every key under ``prefix`` (at most 256 bytes; empty: every
         key), from the nodes serving now."""

@@ -528,6 +528,62 @@ impl NativeClient {
         Ok((got.missing, got.failed))
     }
 
+    /// [`wait`] for a handoff's blocks that also reads each into its registered buffer
+    /// (`buffer_ptrs[i]`, `sizes[i]` bytes) the moment it is written, while the producer writes
+    /// the rest. Returns (per key the bytes read, or None when not read; the keys missing at
+    /// the deadline; [(failed key, reason)]). Buffers must be registered and must not overlap.
+    #[expect(
+        clippy::type_complexity,
+        reason = "the Python return value, as documented"
+    )]
+    fn wait_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        timeout: f64,
+    ) -> PyResult<(Vec<Option<usize>>, Vec<Vec<u8>>, Vec<(Vec<u8>, String)>)> {
+        let keys = checked_keys(&keys)?;
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(InvalidArgumentError::new_err(
+                "timeout must be a finite number of seconds, at least 0",
+            ));
+        }
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return Err(InvalidArgumentError::new_err(
+                "keys, buffer_ptrs and sizes must have the same length",
+            ));
+        }
+        let ranges: Vec<Range> = buffer_ptrs.into_iter().zip(sizes).collect();
+        if ranges.iter().any(|&(p, n)| !self.registry.covers(p, n))
+            || overlaps(&ranges).contains(&true)
+        {
+            return Err(InvalidArgumentError::new_err(
+                "every buffer must lie inside a registered one, and no two may overlap",
+            ));
+        }
+        let timeout = Duration::from_secs_f64(timeout.min(1e9));
+        let c = self.client()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let mut dsts: Vec<&mut [u8]> = ranges
+            .iter()
+            // SAFETY: each range lies inside a registration (checked above: the caller keeps
+            // registered memory alive and writable until it unregisters it) and no two overlap,
+            // so these are disjoint writable slices for the duration of the call.
+            .map(|&(a, n)| unsafe { slice_mut(a, n) })
+            .collect();
+        let (outcome, got) = py
+            .detach(|| {
+                c.block_on(
+                    c.async_client()
+                        .wait_get_into(&refs, &mut dsts, timeout),
+                )
+            })
+            .map_err(Failure::from)?;
+        Ok((got, outcome.missing, outcome.failed))
+    }
+
     /// Handoff lease on `keys`, written yet or not: every copy of each is removed `ttl` seconds
     /// from now unless renewed (call again) or ended (`ttl` 0). Returns how many are present.
     fn expire(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, ttl: f64) -> PyResult<u64> {

@@ -5,6 +5,7 @@ request on both sides in one call."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 
@@ -174,3 +175,35 @@ def test_bad_priorities_and_deadlines_are_refused(kvpoold):
     for d in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(kvpool.InvalidArgumentError):
             kvpool.Client(kvpoold.url, deadline=d)
+
+
+def test_a_consumer_reads_blocks_as_the_producer_writes_them(pair):
+    producer, consumer = pair
+    n, size = 6, 256 << 10
+    keys = [f"req-stream/block-{i}".encode() for i in range(n)]
+    blocks = [bytes([i]) * size for i in range(n)]
+    buf = (ctypes.c_char * (n * size))()
+    base = ctypes.addressof(buf)
+    assert consumer.register_buffer(base, n * size) == 0
+
+    def produce():
+        for k, b in zip(keys[:-1], blocks):
+            time.sleep(0.02)
+            producer.write(k, b)
+        producer.fail([keys[-1]], "prefill gave up")
+
+    t = threading.Thread(target=produce)
+    t.start()
+    got, missing, failed = consumer.wait_get_into(
+        keys, [base + i * size for i in range(n)], [size] * n, timeout=10.0
+    )
+    t.join()
+    assert missing == [] and failed == [(keys[-1], "prefill gave up")]
+    assert got == [size] * (n - 1) + [None]
+    for i in range(n - 1):
+        assert bytes(buf[i * size : (i + 1) * size]) == blocks[i]
+    # Unregistered or overlapping buffers are refused before anything is read.
+    with pytest.raises(kvpool.InvalidArgumentError):
+        consumer.wait_get_into(keys[:2], [base, base + 8], [size, size], timeout=0.1)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        consumer.wait_get_into(keys[:1], [12345], [size], timeout=0.1)
