@@ -238,7 +238,7 @@ impl Report {
                     ];
                     if moves {
                         l.push(r.misses.map_or("-".into(), |m| m.to_string()));
-                        l.push(r.moved.map_or("-".into(), |(b, _)| fmt_size(b)));
+                        l.push(r.moved.map_or("-".into(), |(b, _)| moves::mib(b)));
                         l.push(r.moved.map_or("-".into(), |(_, s)| format!("{s:.2} s")));
                     }
                     l.push(r.gbps.map_or("-".into(), |g| format!("{g:.2}")));

@@ -56,6 +56,24 @@ struct ProbeOut {
     /// Gets that failed, and the first error's text.
     errors: u64,
     first_error: Option<String>,
+    /// Distinct probe keys that missed, and the last miss, from the probe's start.
+    missed_keys: std::collections::BTreeSet<usize>,
+    last_miss: Option<Duration>,
+}
+
+impl ProbeOut {
+    /// Where the misses were, for the notes.
+    fn misses_text(&self) -> String {
+        match self.last_miss {
+            None => "none".into(),
+            Some(t) => format!(
+                "{} on {} of the {PROBE_KEYS} keys, the last {:.2} s after the probe's start",
+                self.misses,
+                self.missed_keys.len(),
+                t.as_secs_f64()
+            ),
+        }
+    }
 }
 
 /// The probe, running on the runtime until stopped.
@@ -75,6 +93,8 @@ impl Probe {
                 misses: 0,
                 errors: 0,
                 first_error: None,
+                missed_keys: Default::default(),
+                last_miss: None,
             };
             let began = Instant::now();
             let mut buf = vec![0u8; PROBE_SIZE as usize];
@@ -96,7 +116,11 @@ impl Probe {
                         out.m.bytes += n as u64;
                         out.m.hist.saturating_record(ns);
                     }
-                    Ok(None) => out.misses += 1,
+                    Ok(None) => {
+                        out.misses += 1;
+                        out.missed_keys.insert(k);
+                        out.last_miss = Some(began.elapsed());
+                    }
                     Err(e) => {
                         out.errors += 1;
                         out.first_error.get_or_insert_with(|| e.to_string());
@@ -188,6 +212,11 @@ impl Data {
         }
         Ok(())
     }
+}
+
+/// Bytes in MiB with one decimal (moved bytes are rarely whole KiB multiples of a unit).
+pub(super) fn mib(bytes: u64) -> String {
+    format!("{:.1}MiB", bytes as f64 / f64::from(1u32 << 20))
 }
 
 /// `base` with `i` in its first 8 bytes.
@@ -443,7 +472,7 @@ pub(super) fn join_and_drain(
     })?;
     eprintln!(
         "  loading node A: {} in {} values of {}, pinned",
-        fmt_size(stored),
+        mib(stored),
         data.objects(),
         fmt_size(args.block_size)
     );
@@ -578,7 +607,7 @@ pub(super) fn join_and_drain(
          view (the drain's call) to done; every value read back and checked after each move; \
          timeout {} s; goal judged against the one-node idle p99",
         fmt_size(memory),
-        fmt_size(stored),
+        mib(stored),
         data.block_keys.len(),
         fmt_size(args.block_size),
         fmt_size(PROBE_SIZE),
@@ -589,18 +618,18 @@ pub(super) fn join_and_drain(
     ));
     report.notes.push(format!(
         "join: B started, {} until A's view showed it serving, then {} to move {} ({}); \
-         drain: {} to move {} back ({}); B {}; probe misses/errors while joining {}/{}, while \
-         draining {}/{}{}",
+         drain: {} to move {} back ({}); B {}; probe misses while joining: {}; while draining: \
+         {}; failed gets {} and {}{}",
         secs(join.lead_secs),
         secs(join.secs),
-        fmt_size(join.bytes),
+        mib(join.bytes),
         if join.timed_out {
             format!("TIMED OUT: {}", join.last)
         } else {
             join.last.clone()
         },
         secs(drain.secs),
-        fmt_size(drain.bytes),
+        mib(drain.bytes),
         if drain.timed_out {
             format!("TIMED OUT: {}", drain.last)
         } else {
@@ -610,9 +639,9 @@ pub(super) fn join_and_drain(
             Some(s) => format!("exited ({s})"),
             None => "had not exited 5 s after the drain was done".into(),
         },
-        join_probe.misses,
+        join_probe.misses_text(),
+        drain_probe.misses_text(),
         join_probe.errors,
-        drain_probe.misses,
         drain_probe.errors,
         join_probe
             .first_error
