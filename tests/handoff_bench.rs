@@ -232,3 +232,57 @@ fn handoff_bench_join_and_drain_reports_the_moves_and_their_verdicts() {
     assert!(doc["machine"]["loadavg"].as_array().unwrap().len() == 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A move that does not finish in `--move-timeout-s` is reported (MISSED, with the reason),
+/// not waited for and not an error.
+#[test]
+fn handoff_bench_join_and_drain_reports_a_move_that_timed_out() {
+    let dir = common::temp_dir("handoff-bench-timeout");
+    let json = dir.join("moves.json");
+    let out = Command::new(common::bench_bin())
+        .args([
+            "handoff",
+            "--phases",
+            "join-drain",
+            "--phase-ms",
+            "100",
+            "--move-bytes",
+            "4MiB",
+            "--move-timeout-s",
+            "0",
+            "--kvpoold",
+        ])
+        .arg(common::bin("kvpoold"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "kvpool-bench handoff failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    let goal = |what: &str| {
+        rows.iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no row {what:?}:\n{stdout}"))["goal"]
+            .clone()
+    };
+    let join = goal("node B joins: moving its share to it");
+    assert!(
+        join["text"].as_str().unwrap().contains("timed out"),
+        "{join}"
+    );
+    assert_eq!(join["met"], false);
+    // However far the join got, the drain's row is there and is not met.
+    assert_eq!(
+        goal("node B drains: moving everything back to A")["met"],
+        false
+    );
+    assert!(stdout.contains("TIMED OUT"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

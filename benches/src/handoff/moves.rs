@@ -251,8 +251,17 @@ struct Moved {
     /// From B's start, or the drain's call, to the move's start.
     lead_secs: f64,
     timed_out: bool,
+    /// Not started: the drain was refused (B never joined), and why.
+    refused: Option<String>,
     /// What the nodes reported last (for the timeout's note).
     last: String,
+}
+
+impl Moved {
+    /// The nodes reported the move done.
+    fn done(&self) -> bool {
+        !self.timed_out && self.refused.is_none()
+    }
 }
 
 /// The namespace's pinned bytes and objects on `node`, from its own `Stats`.
@@ -291,15 +300,18 @@ fn shares(v: &ClusterView, data: &Data) -> [u64; 2] {
 async fn join_done(admin: &Client, data: &Data, launched: Instant, timeout: Duration) -> Moved {
     let mut start: Option<Instant> = None;
     let mut last = String::from("no report yet");
+    // What B held at the last report: what had moved when the timeout hits.
+    let mut on_b = 0;
     loop {
         let now = Instant::now();
         if now - launched >= timeout {
             let s = start.unwrap_or(now);
             return Moved {
-                bytes: 0,
+                bytes: on_b,
                 secs: (now - s).as_secs_f64(),
                 lead_secs: (s - launched).as_secs_f64(),
                 timed_out: true,
+                refused: None,
                 last,
             };
         }
@@ -308,6 +320,7 @@ async fn join_done(admin: &Client, data: &Data, launched: Instant, timeout: Dura
                 let s = *start.get_or_insert(now);
                 let own = shares(&v, data);
                 if let (Ok(a), Ok(b)) = (held(admin, 0).await, held(admin, 1).await) {
+                    on_b = b.0;
                     last = format!(
                         "A holds {} objects ({} its own), B {} ({} its own)",
                         a.1, own[0], b.1, own[1]
@@ -319,6 +332,7 @@ async fn join_done(admin: &Client, data: &Data, launched: Instant, timeout: Dura
                             secs: (done - s).as_secs_f64(),
                             lead_secs: (s - launched).as_secs_f64(),
                             timed_out: false,
+                            refused: None,
                             last,
                         };
                     }
@@ -341,19 +355,23 @@ async fn drain_done(
     timeout: Duration,
 ) -> Moved {
     let mut last = String::from("no report yet");
+    // What A had gained at the last report: what had moved when the timeout hits.
+    let mut gained = 0;
     loop {
         let now = Instant::now();
         if now - t >= timeout {
             return Moved {
-                bytes: 0,
+                bytes: gained,
                 secs: (now - t).as_secs_f64(),
                 lead_secs: 0.0,
                 timed_out: true,
+                refused: None,
                 last,
             };
         }
         if let (Ok(v), Ok(a)) = (admin.view().await, held(admin, 0).await) {
             let b = v.node(NodeId(1)).map(|n| n.state);
+            gained = a.0.saturating_sub(before);
             last = format!(
                 "A holds {} of {} objects, B is {} in A's view",
                 a.1,
@@ -364,10 +382,11 @@ async fn drain_done(
             // not arrive is reported by the caller.
             if b == Some(NodeState::Down) {
                 return Moved {
-                    bytes: a.0.saturating_sub(before),
+                    bytes: gained,
                     secs: (Instant::now() - t).as_secs_f64(),
                     lead_secs: 0.0,
                     timed_out: false,
+                    refused: None,
                     last,
                 };
             }
@@ -390,7 +409,7 @@ fn move_row(what: &str, p: &ProbeOut, idle_p99: f64, mv: &Moved) -> Row {
     let mut row = Row::from_measured(PART, what.into(), &p.m);
     row.misses = Some(p.misses + p.errors);
     row.moved = Some((mv.bytes, mv.secs));
-    if mv.secs > 0.0 && !mv.timed_out {
+    if mv.secs > 0.0 && mv.done() {
         row.gbps = Some(mv.bytes as f64 / mv.secs / 1e9);
     }
     let ratio = row.p99_ns / idle_p99;
@@ -401,6 +420,9 @@ fn move_row(what: &str, p: &ProbeOut, idle_p99: f64, mv: &Moved) -> Row {
     if mv.timed_out {
         text.push_str(&format!("; move timed out after {:.1} s", mv.secs));
     }
+    if let Some(why) = &mv.refused {
+        text.push_str(&format!("; {why}"));
+    }
     if p.misses + p.errors > 0 {
         text.push_str(&format!("; {} misses, {} errors", p.misses, p.errors));
     }
@@ -409,7 +431,7 @@ fn move_row(what: &str, p: &ProbeOut, idle_p99: f64, mv: &Moved) -> Row {
         ratio: Some(ratio),
         met: ratio <= P99_FACTOR
             && row.p99_ns <= P99_CEILING_NS
-            && !mv.timed_out
+            && mv.done()
             && p.misses + p.errors == 0,
     });
     row
@@ -524,7 +546,7 @@ pub(super) fn join_and_drain(
     };
     let join_probe = probe.finish(rt)?;
     let (mut b, join) = joined;
-    if !join.timed_out {
+    if join.done() {
         rt.block_on(data.check(&admin))
             .context("checking every value after the join")?;
     }
@@ -541,21 +563,26 @@ pub(super) fn join_and_drain(
     let asked = rt.block_on(admin.drain_node(1));
     let drain = match asked {
         Ok(()) => rt.block_on(drain_done(&admin, &data, before_drain, asked_at, timeout)),
-        Err(e) => {
-            let _ = probe.finish(rt);
-            bail!("asking node B to drain: {e}");
-        }
+        // B never joined (the join timed out): reported, like a timeout.
+        Err(e) => Moved {
+            bytes: 0,
+            secs: asked_at.elapsed().as_secs_f64(),
+            lead_secs: 0.0,
+            timed_out: false,
+            refused: Some(format!("the drain was refused: {e}")),
+            last: String::new(),
+        },
     };
     let drain_probe = probe.finish(rt)?;
     // B exits by itself once drained; give it a moment, then say how it ended.
     let t = Instant::now();
     let mut exit = b.try_wait();
-    while exit.is_none() && t.elapsed() < Duration::from_secs(5) {
+    while drain.done() && exit.is_none() && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(POLL);
         exit = b.try_wait();
     }
     let mut lost = 0u64;
-    if !drain.timed_out {
+    if drain.done() {
         let (_, now_a) = rt.block_on(held(&admin, 0))?;
         lost = data.objects().saturating_sub(now_a);
         if lost == 0 {
@@ -617,27 +644,35 @@ pub(super) fn join_and_drain(
         timeout.as_secs(),
     ));
     report.notes.push(format!(
-        "join: B started, {} until A's view showed it serving, then {} to move {} ({}); \
-         drain: {} to move {} back ({}); B {}; probe misses while joining: {}; while draining: \
-         {}; failed gets {} and {}{}",
-        secs(join.lead_secs),
-        secs(join.secs),
-        mib(join.bytes),
+        "join: {}; drain: {} to move {} back ({}); B {}; probe misses while joining: {}; while \
+         draining: {}; failed gets {} and {}{}",
         if join.timed_out {
-            format!("TIMED OUT: {}", join.last)
+            format!(
+                "TIMED OUT {} after B started, {} moved ({})",
+                secs(join.lead_secs + join.secs),
+                mib(join.bytes),
+                join.last
+            )
         } else {
-            join.last.clone()
+            format!(
+                "B started, {} until A's view showed it serving, then {} to move {} ({})",
+                secs(join.lead_secs),
+                secs(join.secs),
+                mib(join.bytes),
+                join.last
+            )
         },
         secs(drain.secs),
         mib(drain.bytes),
-        if drain.timed_out {
-            format!("TIMED OUT: {}", drain.last)
-        } else {
-            drain.last.clone()
+        match (&drain.refused, drain.timed_out) {
+            (Some(why), _) => why.clone(),
+            (None, true) => format!("TIMED OUT: {}", drain.last),
+            (None, false) => drain.last.clone(),
         },
         match exit {
             Some(s) => format!("exited ({s})"),
-            None => "had not exited 5 s after the drain was done".into(),
+            None if drain.done() => "had not exited 5 s after the drain's end".into(),
+            None => "still running (the drain did not finish)".into(),
         },
         join_probe.misses_text(),
         drain_probe.misses_text(),
