@@ -1,7 +1,9 @@
 //! `kvpool-bench handoff` end to end at small sizes, so the benchmark cannot rot: it starts its
 //! own kvpoold, redis-server and memcached, runs the interference, handoff and notification
-//! parts, checks every handed-off byte, and reports every figure with the goal's verdict.
-//! Nothing here asserts on speed.
+//! parts, checks every handed-off byte, and reports every figure with the goal's verdict; and,
+//! on its own pair of kvpoolds, the join and drain part: every probe read and every moved
+//! value checked, the moves' bytes and times and the verdicts reported. Nothing here asserts
+//! on speed.
 #![cfg(not(loom))]
 
 mod common;
@@ -46,6 +48,8 @@ fn handoff_bench_runs_and_reports_every_figure() {
             "1",
             "--notify-reps",
             "5",
+            "--phases",
+            "interference,handoff,notification",
             "--kvpoold",
         ])
         .arg(common::bin("kvpoold"))
@@ -132,5 +136,153 @@ fn handoff_bench_runs_and_reports_every_figure() {
     }
     assert!(doc["machine"]["loadavg"].as_array().unwrap().len() == 2);
     assert!(stdout.contains("goal ≤1.25×"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn handoff_bench_join_and_drain_reports_the_moves_and_their_verdicts() {
+    let dir = common::temp_dir("handoff-bench-moves");
+    let json = dir.join("moves.json");
+    let out = Command::new(common::bench_bin())
+        .args([
+            "handoff",
+            "--phases",
+            "join-drain",
+            "--phase-ms",
+            "200",
+            "--move-bytes",
+            "16MiB",
+            "--block-size",
+            "1MiB",
+            "--move-timeout-s",
+            "60",
+            "--kvpoold",
+        ])
+        .arg(common::bin("kvpoold"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "kvpool-bench handoff --phases join-drain failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    // Only the part asked for ran.
+    assert_eq!(rows.len(), 4, "{stdout}");
+    let row = |what: &str| {
+        let r = rows
+            .iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no row {what:?}:\n{stdout}"));
+        // A miss is counted, never a sample: a short move may see only misses.
+        let (samples, misses) = (r["samples"].as_u64().unwrap(), r["misses"].as_u64());
+        let misses = misses.unwrap_or_else(|| panic!("{what}: misses not reported"));
+        assert!(samples + misses > 0, "{what}: the probe did not run");
+        if samples > 0 {
+            let (p50, p99) = (r["p50_s"].as_f64().unwrap(), r["p99_s"].as_f64().unwrap());
+            assert!(p50 > 0.0 && p99 >= p50, "{what}: p50 {p50}, p99 {p99}");
+        }
+        r
+    };
+    let idle = row("one node: idle");
+    assert_eq!(idle["misses"], 0, "the idle probe never misses");
+    assert!(idle["samples"].as_u64().unwrap() > 0);
+    assert!(idle["goal"].is_null());
+    row("two nodes: idle");
+    let idle_p99 = idle["p99_s"].as_f64().unwrap();
+    let total = 16u64 << 20;
+    let mut moved = Vec::new();
+    for what in [
+        "node B joins: moving its share to it",
+        "node B drains: moving everything back to A",
+    ] {
+        let r = row(what);
+        let goal = &r["goal"];
+        let text = goal["text"].as_str().unwrap();
+        assert!(text.contains("goal ≤2× and ≤1.00ms"), "{what}: {text}");
+        assert!(!text.contains("timed out"), "{what}: {text}\n{stdout}");
+        // A node's share of two equal nodes: some of the 16 MiB, not all of it.
+        let bytes = r["moved_bytes"].as_u64().unwrap();
+        assert!(bytes > 0 && bytes < total, "{what}: moved {bytes}");
+        assert!(r["moved_s"].as_f64().unwrap() > 0.0, "{what}");
+        assert!(r["gbps"].as_f64().unwrap() > 0.0, "{what}");
+        let p99 = r["p99_s"].as_f64().unwrap();
+        let ratio = goal["ratio"].as_f64().unwrap();
+        assert!(
+            (ratio - p99 / idle_p99).abs() < 1e-9,
+            "{what}: ratio {ratio}"
+        );
+        let clean = r["misses"] == 0;
+        assert_eq!(
+            goal["met"].as_bool().unwrap(),
+            ratio <= 2.0 && p99 <= 1e-3 && clean,
+            "{what}: {goal}"
+        );
+        moved.push(bytes);
+    }
+    // What B took is what it hands back.
+    assert_eq!(moved[0], moved[1], "{stdout}");
+    assert!(stdout.contains("== join and drain:"), "{stdout}");
+    assert!(stdout.contains("B exited"), "{stdout}");
+    assert!(doc["machine"]["loadavg"].as_array().unwrap().len() == 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A move that does not finish in `--move-timeout-s` is reported (MISSED, with the reason),
+/// not waited for and not an error.
+#[test]
+fn handoff_bench_join_and_drain_reports_a_move_that_timed_out() {
+    let dir = common::temp_dir("handoff-bench-timeout");
+    let json = dir.join("moves.json");
+    let out = Command::new(common::bench_bin())
+        .args([
+            "handoff",
+            "--phases",
+            "join-drain",
+            "--phase-ms",
+            "100",
+            "--move-bytes",
+            "4MiB",
+            "--move-timeout-s",
+            "0",
+            "--kvpoold",
+        ])
+        .arg(common::bin("kvpoold"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "kvpool-bench handoff failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    let goal = |what: &str| {
+        rows.iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no row {what:?}:\n{stdout}"))["goal"]
+            .clone()
+    };
+    let join = goal("node B joins: moving its share to it");
+    assert!(
+        join["text"].as_str().unwrap().contains("timed out"),
+        "{join}"
+    );
+    assert_eq!(join["met"], false);
+    // However far the join got, the drain's row is there and is not met.
+    assert_eq!(
+        goal("node B drains: moving everything back to A")["met"],
+        false
+    );
+    assert!(stdout.contains("TIMED OUT"), "{stdout}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -17,6 +17,11 @@
 //! 3. Notification: the consumer waits on one small key, the producer (same process, same
 //!    clock) puts it; timed from the put's call to the wait's return, next to an `exists` and a
 //!    4 KiB get, alternating, many times.
+//! 4. Join and drain (its own pair of kvpoolds, [`moves`]): the probe of part 1 idle on one
+//!    node holding `--move-bytes` of pinned values, then while a second node joins and takes
+//!    its share, then while that node drains and hands everything back.
+//!
+//! `--phases` picks the parts to run.
 //!
 //! Every part is bounded: fixed windows and fixed repetition counts. Nothing asserts on time.
 
@@ -39,6 +44,8 @@ use crate::perf::raw::{RawGet, RawPut, RawServer};
 use crate::perf::workloads::{self, Buffers, KvGet, KvPut};
 use crate::weights::alternate;
 use crate::weights::limits::RawStream;
+
+mod moves;
 
 /// Size of the probe's values.
 const PROBE_SIZE: u64 = 4096;
@@ -81,7 +88,8 @@ pub(crate) struct HandoffArgs {
     /// Bytes of one handoff.
     #[arg(long, default_value = "64MiB", value_parser = units::parse_size)]
     handoff_bytes: u64,
-    /// Block size of a handoff (one key per block).
+    /// Block size of a handoff (one key per block) and of the values moved by the join and
+    /// drain.
     #[arg(long, default_value = "1MiB", value_parser = units::parse_size)]
     block_size: u64,
     /// Timed handoffs per path, alternating with the raw TCP stream.
@@ -90,12 +98,40 @@ pub(crate) struct HandoffArgs {
     /// Timed notifications per path.
     #[arg(long, default_value_t = 1000)]
     notify_reps: usize,
+    /// Bytes of pinned values node A holds before the join and drain (values of
+    /// `--block-size`, plus the probe's 64 of 4 KiB).
+    #[arg(long, default_value = "1GiB", value_parser = units::parse_size)]
+    move_bytes: u64,
+    /// Longest a join's or a drain's move may take before it is reported as timed out.
+    #[arg(long, default_value_t = 300)]
+    move_timeout_s: u64,
+    /// Parts to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "interference,handoff,notification,join-drain"
+    )]
+    phases: Vec<Phase>,
     /// The kvpoold binary [default: kvpoold next to this executable].
     #[arg(long)]
     kvpoold: Option<PathBuf>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// The parts of the benchmark.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// 4 KiB gets idle and under bulk load, kvpool against redis and memcached.
+    Interference,
+    /// A producer-to-consumer handoff against a raw TCP stream.
+    Handoff,
+    /// Notification latency of a small key.
+    Notification,
+    /// 4 KiB gets while a node joins and then drains (its own two kvpoolds).
+    JoinDrain,
 }
 
 /// A goal and whether a figure met it.
@@ -114,6 +150,10 @@ struct Row {
     p99_ns: f64,
     gbps: Option<f64>,
     verdict: Option<Verdict>,
+    /// Gets that missed or failed (the join and drain rows; never samples).
+    misses: Option<u64>,
+    /// Bytes a move carried and its seconds, as the nodes reported them.
+    moved: Option<(u64, f64)>,
 }
 
 impl Row {
@@ -126,6 +166,8 @@ impl Row {
             p99_ns: m.quantile_ns(0.99),
             gbps: None,
             verdict: None,
+            misses: None,
+            moved: None,
         }
     }
 
@@ -138,6 +180,8 @@ impl Row {
             p99_ns: quantile(times, 0.99),
             gbps: None,
             verdict: None,
+            misses: None,
+            moved: None,
         }
     }
 
@@ -166,7 +210,6 @@ struct Report {
 
 impl Report {
     fn render(&self) -> String {
-        let header = ["what", "samples", "p50", "p99", "GB/s", "goal"];
         let mut out = String::new();
         let mut parts: Vec<&str> = Vec::new();
         for r in &self.rows {
@@ -176,24 +219,36 @@ impl Report {
         }
         for part in parts {
             out.push_str(&format!("\n== {part} ==\n"));
-            let lines: Vec<[String; 6]> = self
-                .rows
+            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.part == part).collect();
+            // The columns of moves only where a part has them.
+            let moves = rows.iter().any(|r| r.moved.is_some() || r.misses.is_some());
+            let mut header = vec!["what", "samples", "p50", "p99"];
+            if moves {
+                header.extend(["misses", "moved", "time"]);
+            }
+            header.extend(["GB/s", "goal"]);
+            let lines: Vec<Vec<String>> = rows
                 .iter()
-                .filter(|r| r.part == part)
                 .map(|r| {
-                    [
+                    let mut l = vec![
                         r.what.clone(),
                         r.samples.to_string(),
                         fmt_ns(r.p50_ns),
                         fmt_ns(r.p99_ns),
-                        r.gbps.map_or("-".into(), |g| format!("{g:.2}")),
-                        r.verdict.as_ref().map_or("-".into(), |v| {
-                            format!("{} ({})", v.text, if v.met { "met" } else { "MISSED" })
-                        }),
-                    ]
+                    ];
+                    if moves {
+                        l.push(r.misses.map_or("-".into(), |m| m.to_string()));
+                        l.push(r.moved.map_or("-".into(), |(b, _)| moves::mib(b)));
+                        l.push(r.moved.map_or("-".into(), |(_, s)| format!("{s:.2} s")));
+                    }
+                    l.push(r.gbps.map_or("-".into(), |g| format!("{g:.2}")));
+                    l.push(r.verdict.as_ref().map_or("-".into(), |v| {
+                        format!("{} ({})", v.text, if v.met { "met" } else { "MISSED" })
+                    }));
+                    l
                 })
                 .collect();
-            let mut w = header.map(|h| h.chars().count());
+            let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
             for l in &lines {
                 for (i, c) in l.iter().enumerate() {
                     w[i] = w[i].max(c.chars().count());
@@ -206,8 +261,10 @@ impl Report {
                 }
                 s.trim_end().to_string() + "\n"
             };
-            out.push_str(&fmt(&header.map(String::from)));
-            out.push_str(&fmt(&w.map(|n| "-".repeat(n))));
+            let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+            out.push_str(&fmt(&header));
+            let rule: Vec<String> = w.iter().map(|&n| "-".repeat(n)).collect();
+            out.push_str(&fmt(&rule));
             for l in &lines {
                 out.push_str(&fmt(l));
             }
@@ -232,6 +289,9 @@ impl Report {
                     "p50_s": finite(r.p50_ns / 1e9),
                     "p99_s": finite(r.p99_ns / 1e9),
                     "gbps": r.gbps.and_then(finite),
+                    "misses": r.misses,
+                    "moved_bytes": r.moved.map(|m| m.0),
+                    "moved_s": r.moved.and_then(|m| finite(m.1)),
                     "goal": r.verdict.as_ref().map(|v| json!({
                         "text": v.text,
                         "ratio": v.ratio.and_then(finite),
@@ -273,10 +333,16 @@ pub(crate) fn run(args: HandoffArgs) -> anyhow::Result<()> {
         args.reps > 0 && args.notify_reps > 0,
         "--reps and --notify-reps must be positive"
     );
+    ensure!(args.block_size > 0, "--block-size must be positive");
     ensure!(
         args.handoff_bytes % args.block_size == 0,
         "--handoff-bytes must be a multiple of --block-size"
     );
+    ensure!(
+        args.move_bytes % args.block_size == 0,
+        "--move-bytes must be a multiple of --block-size"
+    );
+    ensure!(!args.phases.is_empty(), "--phases names no part");
     let began = Instant::now();
     let machine = Machine::detect();
     eprintln!("kvpool-bench handoff — {}", machine.describe());
@@ -287,20 +353,31 @@ pub(crate) fn run(args: HandoffArgs) -> anyhow::Result<()> {
         rows: Vec::new(),
         notes: Vec::new(),
     };
-    let load = Load::new(&args);
-    let stored = load.stored_bytes() + 2 * args.handoff_bytes + (PROBE_KEYS as u64 * PROBE_SIZE);
-    let bin = args.kvpoold.clone().unwrap_or_else(daemon::default_binary);
-    eprintln!("  starting {}", bin.display());
-    let d = Daemon::start(&bin, daemon::memory_for(stored))?;
-
-    interference(&args, &rt, &d, &load, &mut report)?;
-    for same_host in [SameHost::Off, SameHost::Auto] {
-        handoff(&args, &rt, &d, same_host, &mut report)?;
+    let on = |p: Phase| args.phases.contains(&p);
+    if on(Phase::Interference) || on(Phase::Handoff) || on(Phase::Notification) {
+        let load = Load::new(&args);
+        let stored =
+            load.stored_bytes() + 2 * args.handoff_bytes + (PROBE_KEYS as u64 * PROBE_SIZE);
+        let bin = args.kvpoold.clone().unwrap_or_else(daemon::default_binary);
+        eprintln!("  starting {}", bin.display());
+        let d = Daemon::start(&bin, daemon::memory_for(stored))?;
+        if on(Phase::Interference) {
+            interference(&args, &rt, &d, &load, &mut report)?;
+        }
+        if on(Phase::Handoff) {
+            for same_host in [SameHost::Off, SameHost::Auto] {
+                handoff(&args, &rt, &d, same_host, &mut report)?;
+            }
+        }
+        if on(Phase::Notification) {
+            for same_host in [SameHost::Off, SameHost::Auto] {
+                notification(&args, &rt, &d, same_host, &mut report)?;
+            }
+        }
     }
-    for same_host in [SameHost::Off, SameHost::Auto] {
-        notification(&args, &rt, &d, same_host, &mut report)?;
+    if on(Phase::JoinDrain) {
+        moves::join_and_drain(&args, &rt, &mut report)?;
     }
-    drop(d);
     report.loadavg.push(loadavg());
     report.notes.push(format!(
         "load average (1, 5, 15 min) at the start: {}; at the end: {}",

@@ -121,6 +121,11 @@ impl Daemon {
         }
     }
 
+    /// The exit status once the daemon has exited by itself (a drained node leaves), else None.
+    pub(crate) fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// The self-signed certificate QUIC clients must trust.
     pub(crate) fn cert(&self) -> PathBuf {
         self.dir.join("tls-cert.pem")
