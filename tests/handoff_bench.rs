@@ -117,6 +117,15 @@ fn handoff_bench_runs_and_reports_every_figure() {
         assert_eq!(h["samples"], 1);
         let r = h["goal"]["ratio"].as_f64().unwrap();
         assert_eq!(verdict(h), r <= 1.25);
+        let s = latency(&format!(
+            "{path}: batch_put_from + wait_get_into (reads as written), 8 × 256KiB"
+        ));
+        assert_eq!(s["samples"], 1);
+        let r = s["goal"]["ratio"].as_f64().unwrap();
+        assert_eq!(verdict(s), r <= 1.25);
+        latency(&format!(
+            "{path}:   stage: producer's batch_put_from, the consumer reading meanwhile"
+        ));
         for stage in [
             "stage: producer's batch_put_from",
             "stage: producer's call to the consumer's wake",
