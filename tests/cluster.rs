@@ -346,6 +346,109 @@ async fn a_drained_node_hands_its_pinned_objects_over_before_it_exits() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_took_a_share_drains_it_back_without_a_miss() {
+    // The keys were first written to node 0 alone; node 1 joins and takes its share (node 0
+    // hands each over once node 1 holds exactly its latest write), then drains it back. Until
+    // node 0's mover has a key again, a read finds it on node 1 as its previous owner, and
+    // node 0 vouches for that copy: it handed over its own last write, so nothing it
+    // acknowledged is newer. Not one read may miss, and every byte must be right.
+    let conf = temp_dir("drain-back-conf").join("kvpool.toml");
+    std::fs::write(
+        &conf,
+        "[[namespace]]\nname = \"weights\"\npinned_replicas = 1\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap().to_string();
+    let n0 = start(0, "256MiB", None, &["--config", &conf]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap()
+        .namespace("weights")
+        .unwrap();
+    const N: u64 = 3000;
+    let val = |i: u64| value(i, 16 << 10);
+    for chunk in (0..N).collect::<Vec<_>>().chunks(500) {
+        let keys: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|i| format!("layer-{i}").into_bytes())
+            .collect();
+        let vals: Vec<Vec<u8>> = chunk.iter().map(|&i| val(i)).collect();
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(&vals)
+            .map(|(k, v)| (&k[..], &v[..]))
+            .collect();
+        let codes = c.batch_put_pinned(&items).await.unwrap();
+        assert!(codes.iter().all(|c| *c == ErrorCode::Ok), "{codes:?}");
+    }
+    let mut n1 = start(1, "256MiB", Some(&n0), &["--config", &conf]);
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    // The join's moves are done when the two nodes hold every key once between them.
+    let t = Instant::now();
+    loop {
+        let (a, b) = (c.node_stats(0).await, c.node_stats(1).await);
+        if let (Ok(a), Ok(b)) = (a, b) {
+            if a.objects + b.objects == N && b.objects > 0 {
+                break;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the join's moves never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, misses) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (c, stop, reads, misses) = (c.clone(), stop.clone(), reads.clone(), misses.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // 64 keys spread over all of them, again and again (as an engine rereads its
+                // hot blocks): any of them not moved back yet is read in every round.
+                let k = (i % 64) * (N / 64);
+                match c.get(format!("layer-{k}").as_bytes()).await {
+                    Ok(Some(v)) => assert!(v == val(k), "layer-{k}: wrong bytes"),
+                    Ok(None) => {
+                        misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("layer-{k}: {e}"),
+                }
+                reads.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        })
+    };
+    let out = std::process::Command::new(common::bin("kvpool"))
+        .args(["cluster", "drain", "1", "-e", &n0.tcp_url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut child = n1.child.take().unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "drained node did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.await.unwrap();
+    let (reads, misses) = (
+        reads.load(Ordering::Relaxed),
+        misses.load(Ordering::Relaxed),
+    );
+    assert!(reads > 0);
+    assert_eq!(
+        misses, 0,
+        "{misses} of {reads} reads missed while node 1 drained"
+    );
+    assert_eq!(c.node_stats(0).await.unwrap().objects, N);
+}
+
 /// Puts `value` under `key`, retrying (bounded) while the client's link to a restarted node
 /// is still the dead one.
 async fn put_retrying(c: &Client, key: &[u8], value: &[u8]) {

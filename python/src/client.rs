@@ -574,12 +574,7 @@ impl NativeClient {
             .map(|&(a, n)| unsafe { slice_mut(a, n) })
             .collect();
         let (outcome, got) = py
-            .detach(|| {
-                c.block_on(
-                    c.async_client()
-                        .wait_get_into(&refs, &mut dsts, timeout),
-                )
-            })
+            .detach(|| c.block_on(c.async_client().wait_get_into(&refs, &mut dsts, timeout)))
             .map_err(Failure::from)?;
         Ok((got, outcome.missing, outcome.failed))
     }

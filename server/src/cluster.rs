@@ -154,6 +154,12 @@ impl Membership {
         self.written.note(ns, key, || self.view());
     }
 
+    /// Forgets the writes of `key` noted here: its owners hold this node's latest write of it
+    /// and this node's copy is gone (the mover handed it off).
+    pub(crate) fn forget_write(&self, ns: u32, key: &[u8]) {
+        self.written.forget(ns, key);
+    }
+
     /// True when a copy of `key` on another node can't shadow a write or remove acknowledged
     /// here (see [`crate::written`]).
     pub(crate) fn vouches(&self, ns: u32, key: &[u8], replicas: usize) -> bool {
@@ -441,6 +447,7 @@ pub(crate) async fn move_pass(
         let plan = routing::plan(&view, NodeId(m.me()), &keys, r as usize);
         let mut confirmed = vec![0usize; keys.len()];
         let mut failed = vec![false; keys.len()];
+        let mut exact = vec![Exact::Unseen; keys.len()];
         for (owner, idx) in &plan.to {
             let Some(p) = peers.get(owner.0).await else {
                 idx.iter().for_each(|&i| failed[i] = true);
@@ -455,8 +462,13 @@ pub(crate) async fn move_pass(
                 view: view.stamp(),
             };
             for chunk in idx.chunks(MOVE_BATCH) {
-                copy.to(p, chunk, &mut confirmed, &mut failed, &mut out)
-                    .await;
+                copy.to(
+                    p,
+                    chunk,
+                    (&mut confirmed, &mut failed, &mut exact),
+                    &mut out,
+                )
+                .await;
             }
         }
         for (i, k) in keys.iter().enumerate() {
@@ -464,15 +476,50 @@ pub(crate) async fn move_pass(
                 Outcome::Keep if failed[i] => out.short += 1,
                 Outcome::Keep => {}
                 Outcome::Stranded => out.stranded += 1,
-                Outcome::HandOff => {
-                    if pool.remove(ns, k).unwrap_or(false) {
-                        out.handed_off += 1;
+                Outcome::HandOff => match exact[i] {
+                    // Every owner holds exactly this node's latest write of the key: dropped
+                    // only while it is still that write, and then this node no longer needs
+                    // its record of the write to refuse vouching for the owners' copies (a
+                    // drain back to it can serve them as previous owners' without a miss).
+                    Exact::Generation(g) => {
+                        if pool.remove_generation(ns, k, g).unwrap_or(false) {
+                            out.handed_off += 1;
+                            m.forget_write(ns, k);
+                        }
                     }
-                }
+                    Exact::Unseen | Exact::Differs => {
+                        if pool.remove(ns, k).unwrap_or(false) {
+                            out.handed_off += 1;
+                        }
+                    }
+                },
             }
         }
     }
     out
+}
+
+/// What the owners of a key hold, against this node's copy, as a pass learns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Exact {
+    /// No owner confirmed yet.
+    Unseen,
+    /// Every owner that confirmed holds the bytes of this node's copy of this generation
+    /// (sent by this pass, or found with the same checksum).
+    Generation(u64),
+    /// An owner holds other bytes (an older or newer write), or this node's copy changed
+    /// between owners.
+    Differs,
+}
+
+impl Exact {
+    fn saw(&mut self, generation: Option<u64>) {
+        *self = match (*self, generation) {
+            (Exact::Unseen, Some(g)) => Exact::Generation(g),
+            (Exact::Generation(h), Some(g)) if h == g => Exact::Generation(g),
+            _ => Exact::Differs,
+        };
+    }
 }
 
 /// The mover's connections to the owners of one pass, opened on first use.
@@ -518,8 +565,7 @@ impl Copy<'_> {
         &self,
         p: &mut Peer,
         chunk: &[usize],
-        confirmed: &mut [usize],
-        failed: &mut [bool],
+        (confirmed, failed, exact): (&mut [usize], &mut [bool], &mut [Exact]),
         out: &mut MovePass,
     ) {
         let lookup = Op::Lookup {
@@ -539,12 +585,15 @@ impl Copy<'_> {
             }
         };
         for (&i, have) in chunk.iter().zip(present) {
-            if have.is_some() {
+            let now = self.started.elapsed().as_millis() as u64;
+            let obj = self.pool.get_ref(self.ns, &self.keys[i], now).ok();
+            if let Some(have) = have {
                 confirmed[i] += 1;
+                let same = obj.as_ref().filter(|o| o.checksum() == have.checksum);
+                exact[i].saw(same.map(|o| o.generation()));
                 continue;
             }
-            let now = self.started.elapsed().as_millis() as u64;
-            let Ok(obj) = self.pool.get_ref(self.ns, &self.keys[i], now) else {
+            let Some(obj) = obj else {
                 continue; // removed meanwhile
             };
             let put = Op::Put {
@@ -570,6 +619,7 @@ impl Copy<'_> {
             match sent {
                 Ok(Reply::Done) => {
                     confirmed[i] += 1;
+                    exact[i].saw(Some(obj.generation()));
                     out.copied += 1;
                 }
                 Ok(_) | Err(_) => failed[i] = true,

@@ -168,6 +168,21 @@ impl Shared {
         depth: u32,
     ) -> Result<GlobalAddr, PoolError> {
         self.cluster.note_write(ns, key);
+        self.begin_copy(ns, key, len, pin, depth)
+    }
+
+    /// [`Shared::begin_put`] of a cluster peer's copy (the mover handing this node a key it now
+    /// owns): not noted as a write, since it is the previous owner's own data, not newer than
+    /// the previous owner's copy (so this node may still vouch for that copy while the rest of
+    /// the move is in flight).
+    pub(crate) fn begin_copy(
+        &self,
+        ns: u32,
+        key: &[u8],
+        len: u64,
+        pin: bool,
+        depth: u32,
+    ) -> Result<GlobalAddr, PoolError> {
         // The clock now, not the request's: each item of a long batch gets its whole timeout.
         self.pool
             .alloc_in_chain(ns, key, len, pin, depth, self.now())

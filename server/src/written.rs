@@ -15,7 +15,11 @@
 //! before the horizon (before an emptying; there is none before a start) was of a key this
 //! node no longer owned at the horizon, so another node owned it later and any copy the
 //! previous owner holds from that later ownership is newer. Fingerprints that collide only
-//! refuse more (a miss, never a stale value).
+//! refuse more (a miss, never a stale value), except through [`Written::forget`].
+//!
+//! Not noted: a cluster peer's copy (the mover handing this node a key it now owns), which is
+//! the previous owner's own data. Forgotten: a key this node handed over with its latest write
+//! (the mover's handoff), after which no copy elsewhere is older than a write it acknowledged.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -53,6 +57,17 @@ impl Written {
             g.horizon = Some(view());
         }
         g.keys.insert(fp);
+    }
+
+    /// Forgets the writes and removes of `key` noted here. Only for a key whose owners were
+    /// shown to hold this node's latest write of it (the same bytes, and no newer generation
+    /// here: the mover's handoff), so no copy elsewhere can be older than a write acknowledged
+    /// here. A fingerprint shared with another key (odds 2^-64 a pair) forgets that key's
+    /// record too.
+    pub(crate) fn forget(&self, ns: u32, key: &[u8]) {
+        let fp = fingerprint(ns, key);
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.keys.remove(&fp);
     }
 
     /// True when a copy of `key` on another node can't shadow a write acknowledged here: no

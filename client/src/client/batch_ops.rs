@@ -179,12 +179,33 @@ impl Client {
         routed!(self, r => {
             let mut slots: Vec<Option<&mut [u8]>> =
                 dsts.iter_mut().map(|d| Some(&mut **d)).collect();
+            let all = (0..keys.len()).collect();
             let (mut out, misses) = self
-                .get_from_owners(&r, keys, &mut slots, prefix, lease_ms)
+                .get_from_owners(&r, keys, &mut slots, (all, prefix), lease_ms)
                 .await?;
             if self.fallback(&r).is_some() && !misses.is_empty() {
-                self.get_from_previous(&r, keys, &mut slots, &mut out, misses, prefix, lease_ms)
-                    .await;
+                self.get_from_previous(
+                    &r,
+                    keys,
+                    &mut slots,
+                    &mut out,
+                    misses.clone(),
+                    prefix,
+                    lease_ms,
+                )
+                .await;
+                // A key its previous owner no longer had may have reached its owner between
+                // the two lookups (a mover drops its copy only once the owner holds it): the
+                // owner is asked once more, so a key in flight is never a miss.
+                let again: Vec<usize> = misses.into_iter().filter(|&i| out[i].is_none()).collect();
+                if !again.is_empty() {
+                    let (got, _) = self
+                        .get_from_owners(&r, keys, &mut slots, (again.clone(), false), lease_ms)
+                        .await?;
+                    for i in again {
+                        out[i] = got[i];
+                    }
+                }
             }
             if prefix {
                 if let Some(gap) = out.iter().position(|o| o.is_none()) {
@@ -195,21 +216,20 @@ impl Client {
         }, wrong_view_miss => vec![None; keys.len()])
     }
 
-    /// The owners' part of [`Client::get_many`]: round k asks the k-th owner of the keys whose
-    /// earlier owners could not be reached. Returns each key's length (None: a miss) and the
+    /// The owners' part of [`Client::get_many`] for the keys at `todo`: round k asks the k-th
+    /// owner of the keys whose earlier owners could not be reached. Returns each key's length (None: a miss) and the
     /// keys that missed, in the order their answers came.
     async fn get_from_owners(
         &self,
         r: &Routing,
         keys: &[&[u8]],
         slots: &mut Slots<'_>,
-        prefix: bool,
+        (mut todo, prefix): (Vec<usize>, bool),
         lease_ms: u64,
     ) -> Result<(Vec<Option<usize>>, Vec<usize>), ClientError> {
         let cfg = &self.cfg;
         let mut out = vec![None; keys.len()];
         let mut misses = Vec::new();
-        let mut todo: Vec<usize> = (0..keys.len()).collect();
         let mut round = 0;
         while !todo.is_empty() {
             let batches = self.by_owner(r, keys, todo.iter().copied(), round);

@@ -190,7 +190,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         depth: u32,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
-        let addr = match self.s.begin_put(ns, item.key, item.len, pin, depth) {
+        let begun = match self.peer {
+            true => self.s.begin_copy(ns, item.key, item.len, pin, depth),
+            false => self.s.begin_put(ns, item.key, item.len, pin, depth),
+        };
+        let addr = match begun {
             Ok(a) => a,
             Err(e) => {
                 discard(&mut self.r, item.len).await?;
