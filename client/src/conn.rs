@@ -64,11 +64,13 @@ pub(crate) struct Class {
 }
 
 impl Conn {
-    /// Opens a stream and performs the handshake.
+    /// Opens a stream and performs the handshake. `bulk`: the stream carries bulk calls; on
+    /// QUIC it gets a lower send priority than the latency streams of the same connection, so
+    /// a small request's bytes go out before a large put's.
     pub(crate) async fn open(
         endpoint: &Endpoint,
         cfg: &ClientConfig,
-        quic: Option<&quinn::Connection>,
+        (quic, bulk): (Option<&quinn::Connection>, bool),
     ) -> Result<(Conn, HelloInfo), ClientError> {
         let mut fd = None;
         let (r, w): (Reader, Writer) = match endpoint {
@@ -91,6 +93,8 @@ impl Conn {
                     .open_bi()
                     .await
                     .map_err(|e| ClientError::Tls(e.to_string()))?;
+                // (Fails only on a stream already closed, which the handshake then reports.)
+                let _ = send.set_priority(if bulk { 0 } else { 1 });
                 (Box::new(recv), Box::new(send))
             }
         };

@@ -102,7 +102,8 @@ impl Link {
             Endpoint::Quic(_) => Some(quic_connect(&endpoint, cfg).await?),
             _ => None,
         };
-        let (mut conn, mut hello) = Conn::open(&endpoint, cfg, quic.as_ref().map(|q| &q.1)).await?;
+        let (mut conn, mut hello) =
+            Conn::open(&endpoint, cfg, (quic.as_ref().map(|q| &q.1), false)).await?;
         let mut local = None;
         if cfg.same_host == SameHost::Auto
             && !hello.uds_path.is_empty()
@@ -110,7 +111,7 @@ impl Link {
         {
             let uds = Endpoint::Unix(hello.uds_path.clone().into());
             // Same host: control goes over the Unix socket, data through the mapping.
-            if let Ok((mut c, h)) = Conn::open(&uds, cfg, None).await {
+            if let Ok((mut c, h)) = Conn::open(&uds, cfg, (None, false)).await {
                 if let Ok(Reply::MapInfo {
                     incarnation,
                     segments,
@@ -221,7 +222,7 @@ impl Link {
     /// A fresh connection of its own, not pooled, for a long-lived exchange (watching).
     pub(crate) async fn dedicated(&self, cfg: &ClientConfig) -> Result<Conn, ClientError> {
         let quic = self.quic_connection(cfg).await?;
-        let (mut c, hello) = Conn::open(&self.endpoint, cfg, quic.as_ref()).await?;
+        let (mut c, hello) = Conn::open(&self.endpoint, cfg, (quic.as_ref(), false)).await?;
         self.adopt(&mut c, &hello).await?;
         Ok(c)
     }
@@ -265,7 +266,9 @@ impl Link {
                 Some(c) => c,
                 None => {
                     let quic = self.quic_connection(cfg).await?;
-                    let (mut c, hello) = Conn::open(&self.endpoint, cfg, quic.as_ref()).await?;
+                    let bulk = lane == Lane::Bulk;
+                    let (mut c, hello) =
+                        Conn::open(&self.endpoint, cfg, (quic.as_ref(), bulk)).await?;
                     self.adopt(&mut c, &hello).await?;
                     c
                 }
@@ -418,7 +421,7 @@ impl Link {
             message: "the node is not mapped by this client".into(),
         })?;
         let work = async {
-            let (mut conn, hello) = Conn::open(&self.endpoint, cfg, None).await?;
+            let (mut conn, hello) = Conn::open(&self.endpoint, cfg, (None, false)).await?;
             if hello.incarnation != local.incarnation() {
                 return Err(fault(AddrFault::WrongIncarnation));
             }
