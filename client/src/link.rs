@@ -539,8 +539,7 @@ impl Link {
         let allocs = self.alloc_many(cfg, view, ns, &lens, pin, depths).await?;
         let local = self.local();
         let mut codes = vec![ErrorCode::Ok; items.len()];
-        let mut commits = Vec::new();
-        let mut which = Vec::new();
+        let mut written = Written::default();
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
             match a {
                 Ok(addr) => match self
@@ -548,23 +547,38 @@ impl Link {
                     .await
                 {
                     Ok(()) => {
-                        commits.push((*addr, sum(i)));
-                        which.push(i);
+                        written.commits.push((*addr, sum(i)));
+                        written.which.push(i);
+                        written.bytes += v.len() as u64;
+                        if written.bytes >= COMMIT_GROUP {
+                            self.commit_written(cfg, &mut written, &mut codes).await?;
+                        }
                     }
                     Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
                 },
                 Err(code) => codes[i] = *code,
             }
         }
-        if !commits.is_empty() {
-            for (i, code) in which
-                .into_iter()
-                .zip(self.commit_many(cfg, &commits).await?)
-            {
-                codes[i] = code;
-            }
-        }
+        self.commit_written(cfg, &mut written, &mut codes).await?;
         Ok(codes)
+    }
+
+    /// Commits the values of `w` (their codes into `codes`) and empties it.
+    async fn commit_written(
+        &self,
+        cfg: &ClientConfig,
+        w: &mut Written,
+        codes: &mut [ErrorCode],
+    ) -> Result<(), ClientError> {
+        if w.commits.is_empty() {
+            return Ok(());
+        }
+        let got = self.commit_many(cfg, &w.commits).await?;
+        for (&i, code) in w.which.iter().zip(got) {
+            codes[i] = code;
+        }
+        *w = Written::default();
+        Ok(())
     }
 
     /// Reserves memory for values to be written one-sided.
@@ -944,6 +958,20 @@ impl Link {
             Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
         }
     }
+}
+
+/// A same-host batch put commits what it has copied each time this many bytes are waiting, so
+/// that a consumer of a handoff (`Client::wait_get_into`) reads the first values while the
+/// rest are still being copied; one commit round trip per 8 MiB.
+const COMMIT_GROUP: u64 = 8 << 20;
+
+/// Values of a same-host batch put copied into their allocations, not yet committed.
+#[derive(Default)]
+struct Written {
+    commits: Vec<(GlobalAddr, u64)>,
+    /// Their items' indexes.
+    which: Vec<usize>,
+    bytes: u64,
 }
 
 /// Same-host copies of at least this many bytes give their worker thread's other tasks to

@@ -108,6 +108,26 @@ impl Client {
                     .for_each(|(&i, f)| present[i] |= f.is_some() && vouched[i]);
             }
         }
+        // As in get_many: a key handed over between the two lookups is on its owner by now.
+        let again: Vec<usize> = asked
+            .iter()
+            .map(|&(i, _)| i)
+            .filter(|&i| !present[i])
+            .collect();
+        if !again.is_empty() {
+            let mut batches = self.by_owner(r, keys, again, 0);
+            let answers = self
+                .fan_out(r, &mut batches, |l, ns, b| lookup(l, ns, b))
+                .await;
+            for (b, res) in batches.iter().zip(answers) {
+                if let Ok(found) = res {
+                    b.idx
+                        .iter()
+                        .zip(found)
+                        .for_each(|(&i, f)| present[i] |= f.is_some());
+                }
+            }
+        }
         Ok(present)
     }
 
