@@ -12,6 +12,7 @@ use common::cluster::{cfg, check, fill, key, serving, wait_view};
 use common::{temp_dir, value, Node};
 use kvpool::placement::NodeState;
 use kvpool_client::{Client, ErrorCode, SameHost};
+use tokio::io::AsyncWriteExt;
 
 const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
 
@@ -447,6 +448,107 @@ async fn a_node_that_took_a_share_drains_it_back_without_a_miss() {
         "{misses} of {reads} reads missed while node 1 drained"
     );
     assert_eq!(c.node_stats(0).await.unwrap().objects, N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_streaming_across_a_view_change_is_never_acknowledged_and_then_lost() {
+    // Puts routed by the one-node view stream half their values into node 0; node 1 joins and
+    // the mover hands it its share (the old values); then the puts finish. A put acknowledged
+    // then would leave its key's new owner serving the older value, so node 0 refuses to
+    // commit once its view has changed (WrongView: the client routes again), and every put it
+    // did acknowledge must be what the key reads.
+    let conf = temp_dir("stream-view-conf").join("kvpool.toml");
+    std::fs::write(
+        &conf,
+        "[[namespace]]\nname = \"weights\"\npinned_replicas = 1\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap().to_string();
+    let n0 = start(0, "64MiB", None, &["--config", &conf]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap()
+        .namespace("weights")
+        .unwrap();
+    let ns = c
+        .hello()
+        .namespaces
+        .iter()
+        .find(|(n, _)| n == "weights")
+        .map(|(_, id)| *id)
+        .unwrap();
+    const K: u64 = 16;
+    let name = |i: u64| format!("layer-{i}").into_bytes();
+    let (old, new) = (
+        |i: u64| value(i, 64 << 10),
+        |i: u64| value(1000 + i, 64 << 10),
+    );
+    for i in 0..K {
+        c.put_pinned(&name(i), &old(i)).await.unwrap();
+    }
+    let stamp = c.view().await.unwrap().stamp();
+    let mut conns = Vec::new();
+    for i in 0..K {
+        let mut s = tokio::net::TcpStream::connect(&n0.tcp).await.unwrap();
+        common::raw::hello(&mut s, "streaming-put").await;
+        let v = new(i);
+        let op = kvpool::protocol::Op::Put {
+            ns,
+            key: name(i),
+            checksum: kvpool::checksum(&v),
+            pin: true,
+        };
+        common::raw::send_head_in_view(&mut s, (2, stamp), op, v.len() as u64).await;
+        s.write_all(&v[..v.len() / 2]).await.unwrap();
+        conns.push(s);
+    }
+    let _n1 = start(1, "64MiB", Some(&n0), &["--config", &conf]);
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    let t = Instant::now();
+    loop {
+        let (a, b) = (c.node_stats(0).await, c.node_stats(1).await);
+        if let (Ok(a), Ok(b)) = (a, b) {
+            if a.objects + b.objects == K && b.objects > 0 {
+                break;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the join's moves never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut acknowledged = 0;
+    for (i, s) in conns.iter_mut().enumerate() {
+        let v = new(i as u64);
+        s.write_all(&v[v.len() / 2..]).await.unwrap();
+        match common::raw::recv(s).await.expect("an answer").reply {
+            kvpool::protocol::Reply::Done => {
+                acknowledged += 1;
+                let got = c.get(&name(i as u64)).await.unwrap();
+                assert!(
+                    got.as_deref() == Some(&v[..]),
+                    "layer-{i}: acknowledged, then lost"
+                );
+            }
+            kvpool::protocol::Reply::Error { code, .. } => {
+                assert_eq!(ErrorCode::from_u16(code), ErrorCode::WrongView, "layer-{i}");
+                let got = c.get(&name(i as u64)).await.unwrap();
+                assert!(
+                    got.as_deref() == Some(&old(i as u64)[..]),
+                    "layer-{i}: not the old value"
+                );
+            }
+            r => panic!("layer-{i}: {r:?}"),
+        }
+    }
+    assert_eq!(
+        acknowledged, 0,
+        "puts routed by a view that changed meanwhile were acknowledged"
+    );
+    // A client put in the same situation goes again by the new view and lands.
+    c.put_pinned(&name(0), &new(0)).await.unwrap();
+    assert_eq!(c.get(&name(0)).await.unwrap(), Some(new(0)));
 }
 
 /// Puts `value` under `key`, retrying (bounded) while the client's link to a restarted node

@@ -12,9 +12,19 @@ use tokio::net::TcpStream;
 
 /// Sends a request's prefix and header announcing `payload_len` bytes, and none of them.
 pub async fn send_head(s: &mut TcpStream, id: u64, op: Op, payload_len: u64) {
+    send_head_in_view(s, (id, 0), op, payload_len).await;
+}
+
+/// [`send_head`] of a request routed by view stamp `view`.
+pub async fn send_head_in_view(
+    s: &mut TcpStream,
+    (id, view): (u64, u64),
+    op: Op,
+    payload_len: u64,
+) {
     let hdr = encode(&Request {
         id,
-        view: 0,
+        view,
         priority: kvpool::protocol::Priority::Normal as u8,
         deadline_us: 0,
         op,

@@ -178,10 +178,19 @@ impl Client {
                     }
                 }
             }
-            Ok(codes
+            let codes: Vec<ErrorCode> = codes
                 .into_iter()
                 .map(|c| c.unwrap_or(ErrorCode::Unavailable))
-                .collect())
+                .collect();
+            if codes.contains(&ErrorCode::WrongView) {
+                // An owner's view changed while the values streamed in (it refuses to commit
+                // then): the batch goes again by the new view; values stored are stored again.
+                return Err(ClientError::Server {
+                    code: ErrorCode::WrongView,
+                    message: "the view changed during the put".into(),
+                });
+            }
+            Ok(codes)
         })
     }
 

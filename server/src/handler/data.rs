@@ -225,6 +225,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
             h.digest()
         };
+        if self.stamp != 0 && self.s.cluster.stamp() != self.stamp {
+            // The view changed while the value streamed in: this node may no longer own the
+            // key, and its mover may already have handed the older value over to the new
+            // owner. Acknowledging now could leave the new owner serving the older value, so
+            // the write is refused; the client routes it again by the new view.
+            let _ = pool.abort(&addr);
+            return Ok(Err(ErrorCode::WrongView));
+        }
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked.
         Ok(pool

@@ -80,6 +80,7 @@ pub(crate) async fn serve<R, W>(
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         routing: Routing::Direct,
+        stamp: 0,
         holds: Holds {
             pool: &shared.pool,
             held: Vec::new(),
@@ -201,6 +202,8 @@ struct Conn<'a, R, W> {
     /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
     /// are served.
     routing: Routing,
+    /// The view stamp the request being served was routed by (0: none).
+    stamp: u64,
     /// The objects this connection holds (`Hold`); ended when the connection is dropped.
     holds: Holds<'a>,
     /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
@@ -304,6 +307,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 return Ok(true);
             }
         }
+        self.stamp = routed;
         self.routing = if routed != 0 {
             Routing::ByView
         } else {
