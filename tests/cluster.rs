@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{cfg, check, fill, key, serving, wait_view};
+use common::cluster::{cfg, check, drain, fill, key, serving, wait_view};
 use common::{temp_dir, value, Node};
 use kvpool::placement::NodeState;
 use kvpool_client::{Client, ErrorCode, SameHost};
@@ -287,24 +287,54 @@ async fn a_joining_node_takes_a_share_of_new_writes_and_old_keys_stay_reachable(
     assert_eq!(present.iter().filter(|p| **p).count(), 64);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drained_node_hands_its_pinned_objects_over_before_it_exits() {
-    // One copy of each pinned object, so only the mover can save them.
-    let conf = temp_dir("drain-conf").join("kvpool.toml");
+/// A config file giving namespace `weights` one copy of each pinned object, so only the
+/// mover can carry them to a new owner.
+fn one_copy_weights(tag: &str) -> String {
+    let conf = temp_dir(tag).join("kvpool.toml");
     std::fs::write(
         &conf,
         "[[namespace]]\nname = \"weights\"\npinned_replicas = 1\n",
     )
     .unwrap();
-    let conf = conf.to_str().unwrap().to_string();
-    let n0 = start(0, "64MiB", None, &["--config", &conf]);
-    let mut n1 = start(1, "64MiB", Some(&n0), &["--config", &conf]);
-    let _n2 = start(2, "64MiB", Some(&n0), &["--config", &conf]);
-    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+    conf.to_str().unwrap().to_string()
+}
+
+/// A client of namespace `weights` through `n`, every byte over TCP.
+async fn weights_client(n: &Node) -> Client {
+    Client::connect(&n.tcp_url(), cfg(SameHost::Off))
         .await
         .unwrap()
         .namespace("weights")
-        .unwrap();
+        .unwrap()
+}
+
+/// Waits (bounded) until nodes 0 and 1 hold the `n` objects once between them, node 1 some:
+/// the join's moves are done.
+async fn join_moved(c: &Client, n: u64) {
+    let t = Instant::now();
+    loop {
+        let (a, b) = (c.node_stats(0).await, c.node_stats(1).await);
+        if let (Ok(a), Ok(b)) = (a, b) {
+            if a.objects + b.objects == n && b.objects > 0 {
+                return;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the join's moves never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_hands_its_pinned_objects_over_before_it_exits() {
+    // One copy of each pinned object, so only the mover can save them.
+    let conf = one_copy_weights("drain-conf");
+    let n0 = start(0, "64MiB", None, &["--config", &conf]);
+    let mut n1 = start(1, "64MiB", Some(&n0), &["--config", &conf]);
+    let _n2 = start(2, "64MiB", Some(&n0), &["--config", &conf]);
+    let c = weights_client(&n0).await;
     wait_view(&c, "3 serving", |v| serving(v) == 3).await;
     for i in 0..300u64 {
         c.put_pinned(format!("layer-{i}").as_bytes(), &value(i, 8192))
@@ -354,19 +384,9 @@ async fn a_node_that_took_a_share_drains_it_back_without_a_miss() {
     // node 0's mover has a key again, a read finds it on node 1 as its previous owner, and
     // node 0 vouches for that copy: it handed over its own last write, so nothing it
     // acknowledged is newer. Not one read may miss, and every byte must be right.
-    let conf = temp_dir("drain-back-conf").join("kvpool.toml");
-    std::fs::write(
-        &conf,
-        "[[namespace]]\nname = \"weights\"\npinned_replicas = 1\n",
-    )
-    .unwrap();
-    let conf = conf.to_str().unwrap().to_string();
+    let conf = one_copy_weights("drain-back-conf");
     let n0 = start(0, "256MiB", None, &["--config", &conf]);
-    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
-        .await
-        .unwrap()
-        .namespace("weights")
-        .unwrap();
+    let c = weights_client(&n0).await;
     const N: u64 = 3000;
     let val = |i: u64| value(i, 16 << 10);
     for chunk in (0..N).collect::<Vec<_>>().chunks(500) {
@@ -383,23 +403,10 @@ async fn a_node_that_took_a_share_drains_it_back_without_a_miss() {
         let codes = c.batch_put_pinned(&items).await.unwrap();
         assert!(codes.iter().all(|c| *c == ErrorCode::Ok), "{codes:?}");
     }
-    let mut n1 = start(1, "256MiB", Some(&n0), &["--config", &conf]);
+    let n1 = start(1, "256MiB", Some(&n0), &["--config", &conf]);
     wait_view(&c, "2 serving", |v| serving(v) == 2).await;
     // The join's moves are done when the two nodes hold every key once between them.
-    let t = Instant::now();
-    loop {
-        let (a, b) = (c.node_stats(0).await, c.node_stats(1).await);
-        if let (Ok(a), Ok(b)) = (a, b) {
-            if a.objects + b.objects == N && b.objects > 0 {
-                break;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the join's moves never finished"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    join_moved(&c, N).await;
     let stop = Arc::new(AtomicBool::new(false));
     let (reads, misses) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let reader = {
@@ -422,20 +429,8 @@ async fn a_node_that_took_a_share_drains_it_back_without_a_miss() {
             }
         })
     };
-    let out = std::process::Command::new(common::bin("kvpool"))
-        .args(["cluster", "drain", "1", "-e", &n0.tcp_url()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let mut child = n1.child.take().unwrap();
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "drained node did not exit"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut nodes = [n0, n1];
+    drain(&mut nodes, 1).await;
     stop.store(true, Ordering::Relaxed);
     reader.await.unwrap();
     let (reads, misses) = (
@@ -457,19 +452,9 @@ async fn a_put_streaming_across_a_view_change_is_never_acknowledged_and_then_los
     // then would leave its key's new owner serving the older value, so node 0 refuses to
     // commit once its view has changed (WrongView: the client routes again), and every put it
     // did acknowledge must be what the key reads.
-    let conf = temp_dir("stream-view-conf").join("kvpool.toml");
-    std::fs::write(
-        &conf,
-        "[[namespace]]\nname = \"weights\"\npinned_replicas = 1\n",
-    )
-    .unwrap();
-    let conf = conf.to_str().unwrap().to_string();
+    let conf = one_copy_weights("stream-view-conf");
     let n0 = start(0, "64MiB", None, &["--config", &conf]);
-    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
-        .await
-        .unwrap()
-        .namespace("weights")
-        .unwrap();
+    let c = weights_client(&n0).await;
     let ns = c
         .hello()
         .namespaces
@@ -504,20 +489,7 @@ async fn a_put_streaming_across_a_view_change_is_never_acknowledged_and_then_los
     }
     let _n1 = start(1, "64MiB", Some(&n0), &["--config", &conf]);
     wait_view(&c, "2 serving", |v| serving(v) == 2).await;
-    let t = Instant::now();
-    loop {
-        let (a, b) = (c.node_stats(0).await, c.node_stats(1).await);
-        if let (Ok(a), Ok(b)) = (a, b) {
-            if a.objects + b.objects == K && b.objects > 0 {
-                break;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the join's moves never finished"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    join_moved(&c, K).await;
     let mut acknowledged = 0;
     for (i, s) in conns.iter_mut().enumerate() {
         let v = new(i as u64);

@@ -30,3 +30,25 @@ pub fn bench_bin() -> std::path::PathBuf {
     }
     p
 }
+
+/// Runs `kvpool-bench` with `args` against this profile's kvpoold, writing its JSON report to
+/// `json`; asserts it succeeded and returns its stdout and the parsed report.
+pub fn run_bench(args: &[&str], json: &std::path::Path) -> (String, serde_json::Value) {
+    let out = std::process::Command::new(bench_bin())
+        .args(args)
+        .arg("--kvpoold")
+        .arg(bin("kvpoold"))
+        .arg("--json")
+        .arg(json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kvpool-bench {} failed: {}\n{stdout}",
+        args.first().copied().unwrap_or(""),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    (stdout, doc)
+}

@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::process::Command;
-
 /// Whether `name` is on PATH or in the usual sbin directories.
 fn installed(name: &str) -> bool {
     let path = std::env::var("PATH").unwrap_or_default();
@@ -33,8 +31,8 @@ fn handoff_bench_runs_and_reports_every_figure() {
     }
     let dir = common::temp_dir("handoff-bench");
     let json = dir.join("handoff.json");
-    let out = Command::new(common::bench_bin())
-        .args([
+    let (stdout, doc) = common::run_bench(
+        &[
             "handoff",
             "--phase-ms",
             "200",
@@ -50,21 +48,9 @@ fn handoff_bench_runs_and_reports_every_figure() {
             "5",
             "--phases",
             "interference,handoff,notification",
-            "--kvpoold",
-        ])
-        .arg(common::bin("kvpoold"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kvpool-bench handoff failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &json,
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
     let row = |what: &str| {
         rows.iter()
@@ -152,8 +138,8 @@ fn handoff_bench_runs_and_reports_every_figure() {
 fn handoff_bench_join_and_drain_reports_the_moves_and_their_verdicts() {
     let dir = common::temp_dir("handoff-bench-moves");
     let json = dir.join("moves.json");
-    let out = Command::new(common::bench_bin())
-        .args([
+    let (stdout, doc) = common::run_bench(
+        &[
             "handoff",
             "--phases",
             "join-drain",
@@ -165,21 +151,9 @@ fn handoff_bench_join_and_drain_reports_the_moves_and_their_verdicts() {
             "1MiB",
             "--move-timeout-s",
             "60",
-            "--kvpoold",
-        ])
-        .arg(common::bin("kvpoold"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kvpool-bench handoff --phases join-drain failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &json,
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
     // Only the part asked for ran.
     assert_eq!(rows.len(), 4, "{stdout}");
@@ -248,8 +222,8 @@ fn handoff_bench_join_and_drain_reports_the_moves_and_their_verdicts() {
 fn handoff_bench_join_and_drain_reports_a_move_that_timed_out() {
     let dir = common::temp_dir("handoff-bench-timeout");
     let json = dir.join("moves.json");
-    let out = Command::new(common::bench_bin())
-        .args([
+    let (stdout, doc) = common::run_bench(
+        &[
             "handoff",
             "--phases",
             "join-drain",
@@ -259,21 +233,9 @@ fn handoff_bench_join_and_drain_reports_a_move_that_timed_out() {
             "4MiB",
             "--move-timeout-s",
             "0",
-            "--kvpoold",
-        ])
-        .arg(common::bin("kvpoold"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kvpool-bench handoff failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &json,
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
     let goal = |what: &str| {
         rows.iter()

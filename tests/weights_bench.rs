@@ -6,14 +6,12 @@
 
 mod common;
 
-use std::process::Command;
-
 #[test]
 fn weights_bench_runs_and_reports_every_goal() {
     let dir = common::temp_dir("weights-bench");
     let json = dir.join("weights.json");
-    let out = Command::new(common::bench_bin())
-        .args([
+    let (stdout, doc) = common::run_bench(
+        &[
             "weights",
             "--size",
             "32MiB",
@@ -21,23 +19,11 @@ fn weights_bench_runs_and_reports_every_goal() {
             "1",
             "--latency-reps",
             "2",
-            "--kvpoold",
-        ])
-        .arg(common::bin("kvpoold"))
-        .arg("--dir")
-        .arg(&dir)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kvpool-bench weights failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+        &json,
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
     let row = |what: &str, phase: &str| {
         rows.iter()

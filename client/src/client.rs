@@ -174,11 +174,6 @@ impl Client {
         }
     }
 
-    /// This handle's bulk priority and deadline.
-    pub fn class(&self) -> (Priority, Option<Duration>) {
-        (self.cfg.priority, self.cfg.deadline)
-    }
-
     /// How many times, since the client (or the one it was cloned or derived from) was created,
     /// a node could not be reached and the keys a request had on it were answered as misses
     /// (lookups, gets and prefix matches do that rather than fail). A caller that must tell an

@@ -539,7 +539,7 @@ impl Link {
         let allocs = self.alloc_many(cfg, view, ns, &lens, pin, depths).await?;
         let local = self.local();
         let mut codes = vec![ErrorCode::Ok; items.len()];
-        let mut written = Written::default();
+        let mut pending = Uncommitted::default();
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
             match a {
                 Ok(addr) => match self
@@ -547,11 +547,11 @@ impl Link {
                     .await
                 {
                     Ok(()) => {
-                        written.commits.push((*addr, sum(i)));
-                        written.which.push(i);
-                        written.bytes += v.len() as u64;
-                        if written.bytes >= COMMIT_GROUP {
-                            self.commit_written(cfg, &mut written, &mut codes).await?;
+                        pending.commits.push((*addr, sum(i)));
+                        pending.which.push(i);
+                        pending.bytes += v.len() as u64;
+                        if pending.bytes >= COMMIT_GROUP {
+                            self.commit_written(cfg, &mut pending, &mut codes).await?;
                         }
                     }
                     Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
@@ -559,7 +559,7 @@ impl Link {
                 Err(code) => codes[i] = *code,
             }
         }
-        self.commit_written(cfg, &mut written, &mut codes).await?;
+        self.commit_written(cfg, &mut pending, &mut codes).await?;
         Ok(codes)
     }
 
@@ -567,7 +567,7 @@ impl Link {
     async fn commit_written(
         &self,
         cfg: &ClientConfig,
-        w: &mut Written,
+        w: &mut Uncommitted,
         codes: &mut [ErrorCode],
     ) -> Result<(), ClientError> {
         if w.commits.is_empty() {
@@ -577,7 +577,7 @@ impl Link {
         for (&i, code) in w.which.iter().zip(got) {
             codes[i] = code;
         }
-        *w = Written::default();
+        *w = Uncommitted::default();
         Ok(())
     }
 
@@ -967,7 +967,7 @@ const COMMIT_GROUP: u64 = 8 << 20;
 
 /// Values of a same-host batch put copied into their allocations, not yet committed.
 #[derive(Default)]
-struct Written {
+struct Uncommitted {
     commits: Vec<(GlobalAddr, u64)>,
     /// Their items' indexes.
     which: Vec<usize>,

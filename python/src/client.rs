@@ -514,12 +514,7 @@ impl NativeClient {
         timeout: f64,
     ) -> PyResult<(Vec<Vec<u8>>, Vec<(Vec<u8>, String)>)> {
         let keys = checked_keys(&keys)?;
-        if !(timeout.is_finite() && timeout >= 0.0) {
-            return Err(InvalidArgumentError::new_err(
-                "timeout must be a finite number of seconds, at least 0",
-            ));
-        }
-        let timeout = Duration::from_secs_f64(timeout.min(1e9));
+        let timeout = seconds("timeout", timeout)?;
         let c = self.client()?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         let got = py
@@ -545,11 +540,7 @@ impl NativeClient {
         timeout: f64,
     ) -> PyResult<(Vec<Option<usize>>, Vec<Vec<u8>>, Vec<(Vec<u8>, String)>)> {
         let keys = checked_keys(&keys)?;
-        if !(timeout.is_finite() && timeout >= 0.0) {
-            return Err(InvalidArgumentError::new_err(
-                "timeout must be a finite number of seconds, at least 0",
-            ));
-        }
+        let timeout = seconds("timeout", timeout)?;
         if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
             return Err(InvalidArgumentError::new_err(
                 "keys, buffer_ptrs and sizes must have the same length",
@@ -563,7 +554,6 @@ impl NativeClient {
                 "every buffer must lie inside a registered one, and no two may overlap",
             ));
         }
-        let timeout = Duration::from_secs_f64(timeout.min(1e9));
         let c = self.client()?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         let mut dsts: Vec<&mut [u8]> = ranges
@@ -583,12 +573,7 @@ impl NativeClient {
     /// from now unless renewed (call again) or ended (`ttl` 0). Returns how many are present.
     fn expire(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>, ttl: f64) -> PyResult<u64> {
         let keys = checked_keys(&keys)?;
-        if !(ttl.is_finite() && ttl >= 0.0) {
-            return Err(InvalidArgumentError::new_err(
-                "ttl must be a finite number of seconds, at least 0",
-            ));
-        }
-        let ttl = Duration::from_secs_f64(ttl.min(1e9));
+        let ttl = seconds("ttl", ttl)?;
         let c = self.client()?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         Ok(py
@@ -822,6 +807,17 @@ fn checked_keys(obs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Vec<u8>>> {
     obs.iter().map(checked_key).collect()
 }
 
+/// `v` seconds as a duration (at most 1e9 s), or an `InvalidArgumentError` naming `what`
+/// when `v` is negative or not finite.
+fn seconds(what: &str, v: f64) -> PyResult<Duration> {
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "{what} must be a finite number of seconds, at least 0"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v.min(1e9)))
+}
+
 /// `len` writable bytes at `addr` (an empty slice for `len == 0`, whatever `addr`).
 ///
 /// # Safety
@@ -863,12 +859,7 @@ impl Subscription {
     /// `("failed", key, reason)`, `("lagged",)` (events were dropped: look the keys up again),
     /// or None when none came in time or the subscription is closed.
     fn next<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        if !(timeout.is_finite() && timeout >= 0.0) {
-            return Err(InvalidArgumentError::new_err(
-                "timeout must be a finite number of seconds, at least 0",
-            ));
-        }
-        let timeout = Duration::from_secs_f64(timeout.min(1e9));
+        let timeout = seconds("timeout", timeout)?;
         let c = &self.client;
         let ev = py.detach(|| {
             let mut guard = self.sub.lock().unwrap_or_else(|e| e.into_inner());

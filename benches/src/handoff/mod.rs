@@ -43,6 +43,7 @@ use crate::perf::daemon::{self, Daemon};
 use crate::perf::driver::{run_tasks, Measured};
 use crate::perf::machine::Machine;
 use crate::perf::raw::{RawGet, RawPut, RawServer};
+use crate::perf::render::table;
 use crate::perf::workloads::{self, Buffers, KvGet, KvPut};
 use crate::weights::alternate;
 use crate::weights::limits::RawStream;
@@ -250,26 +251,7 @@ impl Report {
                     l
                 })
                 .collect();
-            let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-            for l in &lines {
-                for (i, c) in l.iter().enumerate() {
-                    w[i] = w[i].max(c.chars().count());
-                }
-            }
-            let fmt = |cells: &[String]| {
-                let mut s = String::from(" ");
-                for (i, c) in cells.iter().enumerate() {
-                    s.push_str(&format!(" {c:<width$}", width = w[i]));
-                }
-                s.trim_end().to_string() + "\n"
-            };
-            let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
-            out.push_str(&fmt(&header));
-            let rule: Vec<String> = w.iter().map(|&n| "-".repeat(n)).collect();
-            out.push_str(&fmt(&rule));
-            for l in &lines {
-                out.push_str(&fmt(l));
-            }
+            out.push_str(&table(&header, &lines));
         }
         for n in &self.notes {
             out.push_str(&format!("  * {n}\n"));
@@ -278,7 +260,6 @@ impl Report {
     }
 
     fn to_json(&self, args: &str) -> String {
-        let m = &self.machine;
         let finite = |x: f64| x.is_finite().then_some(x);
         let rows: Vec<_> = self
             .rows
@@ -302,15 +283,10 @@ impl Report {
                 })
             })
             .collect();
+        let mut machine = self.machine.json();
+        machine["loadavg"] = json!(self.loadavg);
         let doc = json!({
-            "machine": {
-                "nproc": m.nproc,
-                "cpu": m.cpu,
-                "kernel": m.kernel,
-                "mem_gib": m.mem_gib,
-                "date": m.date,
-                "loadavg": self.loadavg,
-            },
+            "machine": machine,
             "args": args,
             "rows": rows,
             "notes": self.notes,
@@ -385,14 +361,9 @@ pub(crate) fn run(args: HandoffArgs) -> anyhow::Result<()> {
         "load average (1, 5, 15 min) at the start: {}; at the end: {}",
         report.loadavg[0], report.loadavg[1]
     ));
-    println!("{}", report.render());
-    println!("total time {:.1} s", began.elapsed().as_secs_f64());
-    if let Some(p) = &args.json {
-        let cmdline = std::env::args().collect::<Vec<_>>().join(" ");
-        std::fs::write(p, report.to_json(&cmdline))
-            .with_context(|| format!("writing {}", p.display()))?;
-        println!("wrote {}", p.display());
-    }
+    crate::perf::render::publish(&report.render(), began, args.json.as_deref(), |cmdline| {
+        report.to_json(cmdline)
+    })?;
     Ok(())
 }
 

@@ -8,20 +8,13 @@ use super::report::{Report, Row};
 impl Report {
     /// The report as pretty-printed JSON; `args` is the command line that produced it.
     pub(crate) fn to_json(&self, args: &str) -> String {
-        let m = &self.machine;
         let notes: Vec<Value> = self
             .notes
             .iter()
             .map(|(sec, n)| json!({"section": sec.name(), "note": n}))
             .collect();
         let doc = json!({
-            "machine": {
-                "nproc": m.nproc,
-                "cpu": m.cpu,
-                "kernel": m.kernel,
-                "mem_gib": m.mem_gib,
-                "date": m.date,
-            },
+            "machine": self.machine.json(),
             "args": args,
             "rows": self.rows.iter().map(row_json).collect::<Vec<_>>(),
             "notes": notes,

@@ -18,6 +18,17 @@ pub(crate) struct Machine {
 }
 
 impl Machine {
+    /// The machine as every report's JSON gives it.
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "nproc": self.nproc,
+            "cpu": self.cpu,
+            "kernel": self.kernel,
+            "mem_gib": self.mem_gib,
+            "date": self.date,
+        })
+    }
+
     /// Reads /proc for this machine.
     pub(crate) fn detect() -> Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

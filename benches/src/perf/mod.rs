@@ -26,7 +26,7 @@ pub(crate) mod machine;
 mod memcpy;
 mod quic;
 pub(crate) mod raw;
-mod render;
+pub(crate) mod render;
 mod report;
 mod tcp;
 use kvpool_bench::units;
@@ -34,8 +34,6 @@ pub(crate) mod workloads;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-use anyhow::Context;
 
 use daemon::Daemon;
 use machine::Machine;
@@ -267,15 +265,13 @@ pub(crate) fn run(args: PerfArgs) -> anyhow::Result<()> {
         }
     }
     ctx.daemon = None;
-    println!("{}", ctx.report.render());
-    println!("total time {:.1} s", began.elapsed().as_secs_f64());
-    if let Some(path) = &ctx.args.json {
-        let cmdline = std::env::args().collect::<Vec<_>>().join(" ");
-        std::fs::write(path, ctx.report.to_json(&cmdline))
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
+    let report = &ctx.report;
+    render::publish(
+        &report.render(),
+        began,
+        ctx.args.json.as_deref(),
+        |cmdline| report.to_json(cmdline),
+    )
 }
 
 /// The sections to run: all by default; `--only` plus what its sections are compared with.

@@ -149,7 +149,7 @@ fn rows_table(rows: &[&Row]) -> String {
 }
 
 /// Left-aligned columns, two spaces apart, indented by two.
-fn table(head: &[&str], cells: &[Vec<String>]) -> String {
+pub(crate) fn table(head: &[&str], cells: &[Vec<String>]) -> String {
     let mut width: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
     for row in cells {
         for (w, c) in width.iter_mut().zip(row) {
@@ -176,4 +176,24 @@ fn table(head: &[&str], cells: &[Vec<String>]) -> String {
         out += &line(&mut row.iter().map(String::as_str));
     }
     out
+}
+
+/// Ends a benchmark command: prints its report (`rendered`) and the time since `began`, and
+/// writes the report's JSON (`to_json` of the command line) to `json` when asked.
+pub(crate) fn publish(
+    rendered: &str,
+    began: std::time::Instant,
+    json: Option<&std::path::Path>,
+    to_json: impl FnOnce(&str) -> String,
+) -> anyhow::Result<()> {
+    println!("{rendered}");
+    println!("total time {:.1} s", began.elapsed().as_secs_f64());
+    if let Some(path) = json {
+        let cmdline = std::env::args().collect::<Vec<_>>().join(" ");
+        anyhow::Context::with_context(std::fs::write(path, to_json(&cmdline)), || {
+            format!("writing {}", path.display())
+        })?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }

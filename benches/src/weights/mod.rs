@@ -34,6 +34,7 @@ use serde_json::json;
 
 use crate::perf::daemon::{self, Daemon};
 use crate::perf::machine::Machine;
+use crate::perf::render::table;
 
 /// Name the model is published under.
 const MODEL: &str = "bench-model";
@@ -168,28 +169,11 @@ impl Report {
             "p99",
             "vs reference (same run)",
         ];
-        let mut lines: Vec<[String; 7]> = Vec::new();
-        let flush = |out: &mut String, lines: &mut Vec<[String; 7]>| {
-            if lines.is_empty() {
-                return;
-            }
-            let mut w = header.map(|h| h.chars().count());
-            for l in lines.iter() {
-                for (i, c) in l.iter().enumerate() {
-                    w[i] = w[i].max(c.chars().count());
-                }
-            }
-            let fmt = |cells: &[String]| {
-                let mut s = String::from(" ");
-                for (i, c) in cells.iter().enumerate() {
-                    s.push_str(&format!(" {c:<width$}", width = w[i]));
-                }
-                s.trim_end().to_string() + "\n"
-            };
-            out.push_str(&fmt(&header.map(String::from)));
-            out.push_str(&fmt(&w.map(|n| "-".repeat(n))));
-            for l in lines.drain(..) {
-                out.push_str(&fmt(&l));
+        let mut lines: Vec<Vec<String>> = Vec::new();
+        let flush = |out: &mut String, lines: &mut Vec<Vec<String>>| {
+            if !lines.is_empty() {
+                out.push_str(&table(&header, lines));
+                lines.clear();
             }
         };
         for r in &self.rows {
@@ -199,7 +183,7 @@ impl Report {
                 out.push_str(&format!("\n== {phase} ==\n"));
             }
             let ns = r.median() * 1e9;
-            lines.push([
+            lines.push(vec![
                 r.what.clone(),
                 fmt_bytes(r.bytes),
                 r.secs.len().to_string(),
@@ -225,7 +209,6 @@ impl Report {
     }
 
     fn to_json(&self, args: &str) -> String {
-        let m = &self.machine;
         let rows: Vec<_> = self
             .rows
             .iter()
@@ -248,13 +231,7 @@ impl Report {
             })
             .collect();
         let doc = json!({
-            "machine": {
-                "nproc": m.nproc,
-                "cpu": m.cpu,
-                "kernel": m.kernel,
-                "mem_gib": m.mem_gib,
-                "date": m.date,
-            },
+            "machine": self.machine.json(),
             "args": args,
             "model": self.model,
             "rows": rows,
@@ -389,14 +366,9 @@ pub(crate) fn run(args: WeightsArgs) -> anyhow::Result<()> {
          medians of {} alternating runs per contender",
         report.model, args.reps
     ));
-    println!("{}", report.render());
-    println!("total time {:.1} s", began.elapsed().as_secs_f64());
-    if let Some(p) = &args.json {
-        let cmdline = std::env::args().collect::<Vec<_>>().join(" ");
-        std::fs::write(p, report.to_json(&cmdline))
-            .with_context(|| format!("writing {}", p.display()))?;
-        println!("wrote {}", p.display());
-    }
+    crate::perf::render::publish(&report.render(), began, args.json.as_deref(), |cmdline| {
+        report.to_json(cmdline)
+    })?;
     drop(scratch);
     Ok(())
 }

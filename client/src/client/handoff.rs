@@ -102,6 +102,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A wait is over: every key settled, or the deadline passed.
+fn settled(w: &Waiter, deadline: tokio::time::Instant) -> bool {
+    lock(&w.state).left.is_empty() || tokio::time::Instant::now() >= deadline
+}
+
 /// One wait's state: the keys still missing, those failed, whether to watch again.
 struct Waiter {
     ns: Arc<str>,
@@ -326,25 +331,9 @@ impl Client {
         timeout: Duration,
     ) -> Result<WaitOutcome, ClientError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let waiter = Arc::new(Waiter {
-            ns: self.ns.clone(),
-            state: Mutex::new(WaitState {
-                left: keys.iter().map(|k| k.to_vec()).collect(),
-                failed: Vec::new(),
-                recheck: true,
-                arrived: None,
-            }),
-            wake: Notify::new(),
-        });
-        let hub = self.inner.handoff.clone();
-        hub.add(&waiter, keys);
+        let waiter = self.start_wait(keys, false);
         let res = self.wait_for(&waiter, deadline).await;
-        let free = hub.remove(&waiter, keys);
-        if !free.is_empty() {
-            // Best effort, in the background: the watches also end with the connection.
-            let c = self.clone();
-            tokio::spawn(async move { c.unwatch(&free).await });
-        }
+        self.end_wait(&waiter, keys);
         res?;
         let st = lock(&waiter.state);
         Ok(WaitOutcome {
@@ -377,27 +366,12 @@ impl Client {
             )));
         }
         let deadline = tokio::time::Instant::now() + timeout;
-        let waiter = Arc::new(Waiter {
-            ns: self.ns.clone(),
-            state: Mutex::new(WaitState {
-                left: keys.iter().map(|k| k.to_vec()).collect(),
-                failed: Vec::new(),
-                recheck: true,
-                arrived: Some(Vec::new()),
-            }),
-            wake: Notify::new(),
-        });
-        let hub = self.inner.handoff.clone();
-        hub.add(&waiter, keys);
+        let waiter = self.start_wait(keys, true);
         let mut got = vec![None; keys.len()];
         let res = self
             .fetch_as_written(&waiter, (keys, dsts), &mut got, deadline)
             .await;
-        let free = hub.remove(&waiter, keys);
-        if !free.is_empty() {
-            let c = self.clone();
-            tokio::spawn(async move { c.unwatch(&free).await });
-        }
+        self.end_wait(&waiter, keys);
         res?;
         let st = lock(&waiter.state);
         let failed = st.failed.clone();
@@ -447,10 +421,7 @@ impl Client {
                 }
                 continue;
             }
-            if lock(&w.state).left.is_empty() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
+            if settled(w, deadline) {
                 return Ok(());
             }
             self.wait_step(w, deadline).await?;
@@ -462,11 +433,36 @@ impl Client {
         w: &Arc<Waiter>,
         deadline: tokio::time::Instant,
     ) -> Result<(), ClientError> {
-        loop {
-            if lock(&w.state).left.is_empty() || tokio::time::Instant::now() >= deadline {
-                return Ok(());
-            }
+        while !settled(w, deadline) {
             self.wait_step(w, deadline).await?;
+        }
+        Ok(())
+    }
+
+    /// Registers a wait for `keys` with this client's hub; `collect`: it also hands over the
+    /// keys written as they come ([`Client::wait_get_into`]).
+    fn start_wait(&self, keys: &[&[u8]], collect: bool) -> Arc<Waiter> {
+        let waiter = Arc::new(Waiter {
+            ns: self.ns.clone(),
+            state: Mutex::new(WaitState {
+                left: keys.iter().map(|k| k.to_vec()).collect(),
+                failed: Vec::new(),
+                recheck: true,
+                arrived: collect.then(Vec::new),
+            }),
+            wake: Notify::new(),
+        });
+        self.inner.handoff.add(&waiter, keys);
+        waiter
+    }
+
+    /// Ends a wait: forgets it, and unwatches the keys no other wait needs.
+    fn end_wait(&self, waiter: &Arc<Waiter>, keys: &[&[u8]]) {
+        let free = self.inner.handoff.remove(waiter, keys);
+        if !free.is_empty() {
+            // Best effort, in the background: the watches also end with the connection.
+            let c = self.clone();
+            tokio::spawn(async move { c.unwatch(&free).await });
         }
     }
 

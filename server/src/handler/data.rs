@@ -28,7 +28,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     }
 
     pub(super) async fn get(&mut self, id: u64, ns: u32, key: &[u8], now: Millis) -> Next {
-        match self.s.get(ns, key, now, self.routing) {
+        match self.s.get(ns, key, now, self.routing()) {
             Ok(obj) => {
                 let bytes = obj.bytes();
                 let reply = Reply::Value {
@@ -108,7 +108,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 refs.push(None);
                 continue;
             }
-            match self.s.get(ns, key.as_slice(), now, self.routing) {
+            match self.s.get(ns, key.as_slice(), now, self.routing()) {
                 Ok(r) => refs.push(Some(r)),
                 Err(PoolError::NotFound) => {
                     gap = prefix;
@@ -140,7 +140,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     pub(super) async fn exists(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
         let r = self.s.batch_check(keys.len()).and_then(|()| {
             self.s
-                .exists_run(ns, keys.iter().map(|k| k.as_slice()), self.routing)
+                .exists_run(ns, keys.iter().map(|k| k.as_slice()), self.routing())
                 .map_err(Into::into)
         });
         self.answer(id, r.map(|n| Reply::Count(n as u64))).await
@@ -171,7 +171,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     ) -> Next {
         let r = self
             .s
-            .scan(ns, cursor, count, prefix, self.routing)
+            .scan(ns, cursor, count, prefix, self.routing())
             .map(|p| Reply::Keys {
                 keys: p.keys,
                 cursor: p.cursor,

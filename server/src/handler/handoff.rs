@@ -46,7 +46,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let mut codes = Vec::with_capacity(keys.len());
         for k in keys.iter() {
             let key = k.as_slice();
-            let present = self.s.fresh_key(ns, key, self.routing)
+            let present = self.s.fresh_key(ns, key, self.routing())
                 && pool.exists_prefix(ns, [key]).unwrap_or(0) == 1;
             let code = if present {
                 ErrorCode::Ok

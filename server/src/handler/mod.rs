@@ -79,7 +79,6 @@ pub(crate) async fn serve<R, W>(
         access: None,
         peer: false,
         challenge: [0; auth::AUTH_LEN],
-        routing: Routing::Direct,
         stamp: 0,
         holds: Holds {
             pool: &shared.pool,
@@ -198,11 +197,7 @@ struct Conn<'a, R, W> {
     peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.
     challenge: AuthBytes,
-    /// How the request being served reached this node: routed by a view (stamp not 0), it
-    /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
-    /// are served.
-    routing: Routing,
-    /// The view stamp the request being served was routed by (0: none).
+    /// The view stamp the request being served was routed by (0: none; see [`Conn::routing`]).
     stamp: u64,
     /// The objects this connection holds (`Hold`); ended when the connection is dropped.
     holds: Holds<'a>,
@@ -308,11 +303,6 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             }
         }
         self.stamp = routed;
-        self.routing = if routed != 0 {
-            Routing::ByView
-        } else {
-            Routing::Direct
-        };
         let start = Instant::now();
         let deadline_us = req.deadline_us.to_native();
         self.class = ReqClass {
@@ -349,6 +339,16 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         };
         self.s.metrics.record(kind, start.elapsed(), carry_on);
         Ok(carry_on)
+    }
+
+    /// How the request being served reached this node: routed by a view (stamp not 0), it
+    /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
+    /// are served.
+    fn routing(&self) -> Routing {
+        match self.stamp {
+            0 => Routing::Direct,
+            _ => Routing::ByView,
+        }
     }
 
     /// Admits a bulk payload of `bytes` of the request being served (`None`: not bulk), or

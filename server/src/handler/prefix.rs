@@ -25,7 +25,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let r = self.s.batch_check(keys.len()).and_then(|()| {
             keys.iter()
                 .map(|k| {
-                    if !self.s.fresh_key(ns, k.as_slice(), self.routing) {
+                    if !self.s.fresh_key(ns, k.as_slice(), self.routing()) {
                         return Ok(None);
                     }
                     pool.lookup(ns, k.as_slice(), lease_ms, now).map(|l| {
@@ -66,7 +66,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let mut found = Vec::with_capacity(keys.len());
         for k in keys.iter() {
             let key = k.as_slice();
-            let held = if self.s.fresh_key(ns, key, self.routing) {
+            let held = if self.s.fresh_key(ns, key, self.routing()) {
                 pool.hold(ns, key)
             } else {
                 Ok(None)
