@@ -21,12 +21,9 @@ use kvpool::protocol::SegmentMap;
 use kvpool::segment::{incarnation_word, version_word, SegmentLayout};
 use kvpool::{seqlock, AddrFault, GlobalAddr};
 use memmap2::MmapRaw;
-use xxhash_rust::xxh3::Xxh3;
 
 /// Bytes copied between two checksum updates of a verified read: small enough that the hash
 /// reads them back from cache, so the copy and the check are one pass over memory.
-const VERIFY_CHUNK: usize = 64 << 10;
-
 /// Pieces a skewed copy is cut into: below the size from which glibc's memcpy uses `rep movsb`
 /// (2 KiB and up on x86-64), so each piece takes its vector loop.
 const SKEWED_PIECE: usize = 1 << 10;
@@ -164,12 +161,15 @@ impl LocalMap {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), AddrFault> {
-        self.read_with(addr, offset, dst, |_| {})
+        self.read_with(addr, offset, dst, |src, dst| {
+            // SAFETY: read_with's contract: `src` has `dst.len()` readable bytes of the mapping.
+            unsafe { copy_bytes(src, dst.as_mut_ptr(), dst.len()) }
+        })
     }
 
     /// Copies the whole committed object at `addr` into `dst` (exactly `addr.len` bytes) and
-    /// checks that the bytes hash to `checksum` (xxh3-64), hashing each chunk right after
-    /// copying it, while it is still in cache.
+    /// checks that the bytes hash to `checksum` (xxh3-64), hashed in the same pass as the copy
+    /// (each stripe is loaded once, stored and folded into the hash from the same registers).
     pub(crate) fn read_verified(
         &self,
         addr: &GlobalAddr,
@@ -179,51 +179,46 @@ impl LocalMap {
         if dst.len() as u64 != addr.len {
             return Err(LocalReadError::Fault(AddrFault::OutOfBounds));
         }
-        let mut h = Xxh3::new();
-        self.read_with(addr, 0, dst, |chunk| h.update(chunk))
+        let sum = self
+            .read_with(addr, 0, dst, |src, dst| {
+                // SAFETY: read_with's contract: `src` has `dst.len()` readable bytes of the
+                // mapping (possibly written concurrently: copy_checksum only reads it through
+                // the raw pointer), and `dst` is an exclusive buffer that cannot overlap it.
+                unsafe { kvpool::checksum::copy_checksum(src, dst.as_mut_ptr(), dst.len()) }
+            })
             .map_err(LocalReadError::Fault)?;
-        if h.digest() != checksum {
+        if sum != checksum {
             return Err(LocalReadError::Checksum);
         }
         Ok(())
     }
 
-    /// The seqlock-checked copy, handing each copied chunk of `dst` to `seen` (the chunks may
-    /// be torn by a concurrent reuse; the version check after the copy says so).
-    fn read_with(
+    /// The seqlock-checked copy: `copy(src, dst)` copies `dst.len()` bytes from the mapping at
+    /// `src` (the bytes may be torn by a concurrent reuse; the version check after the copy
+    /// says so, and then its result is dropped).
+    fn read_with<R>(
         &self,
         addr: &GlobalAddr,
         offset: u64,
         dst: &mut [u8],
-        mut seen: impl FnMut(&[u8]),
-    ) -> Result<(), AddrFault> {
+        copy: impl FnOnce(*const u8, &mut [u8]) -> R,
+    ) -> Result<R, AddrFault> {
         let (seg, at) = self.locate(addr, offset, dst.len() as u64)?;
         let word =
             version_word(&seg.map, &seg.layout, addr.offset).ok_or(AddrFault::OutOfBounds)?;
         if !seqlock::read_begin(word, addr.generation) {
             return Err(AddrFault::Stale);
         }
-        let mut done = 0;
-        while done < dst.len() {
-            let n = VERIFY_CHUNK.min(dst.len() - done);
-            // SAFETY: `at..at+dst.len()` lies in the data area (checked by locate), so does
-            // this chunk of it. The bytes may be rewritten concurrently by the node or another
-            // client; they are plain bytes and are discarded unless the version check below
-            // proves no write overlapped the copy.
-            unsafe {
-                copy_bytes(
-                    seg.map.as_ptr().add(at as usize + done),
-                    dst.as_mut_ptr().add(done),
-                    n,
-                );
-            }
-            seen(&dst[done..done + n]);
-            done += n;
-        }
+        // `at..at+dst.len()` lies in the data area (checked by locate). The bytes may be
+        // rewritten concurrently by the node or another client; they are plain bytes, read only
+        // through this raw pointer, and discarded unless the version check below proves no write
+        // overlapped the copy.
+        let src = seg.map.as_ptr().wrapping_add(at as usize);
+        let r = copy(src, dst);
         if !seqlock::read_validate(word, addr.generation) {
             return Err(AddrFault::Stale);
         }
-        Ok(())
+        Ok(r)
     }
 
     /// Copies `src` to `offset` inside the pending allocation at `addr`.
