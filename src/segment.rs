@@ -34,8 +34,10 @@ use crate::addr::NodeId;
 
 /// Magic bytes at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"KVPOOLSG";
-/// Version of the on-memory layout described in the module docs.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Version of the on-memory layout described in the module docs. 3: version words carry the
+/// detached bit (`g << 2 | detached << 1 | busy`); a client of another layout maps nothing and
+/// reads through the socket.
+pub const LAYOUT_VERSION: u32 = 3;
 /// Byte offset in the header of the incarnation word (an `AtomicU64`; 0: retired).
 pub const INCARNATION_OFFSET: usize = 64;
 const HEADER_LEN: u64 = 4096;

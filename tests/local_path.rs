@@ -1,7 +1,9 @@
 //! Proves the same-host one-sided path makes no syscall per read: this binary re-runs itself
 //! under `strace -f -c` doing 0 and then 10 000 reads of committed objects by global address
 //! through the mapping, and compares the total syscall counts; as a control, 1 000 reads
-//! through the socket must cost at least 1 000 syscalls more than 0.
+//! through the socket must cost at least 1 000 syscalls more than 0. Likewise 10 000 batched
+//! gets of 8 keys the client has seen cost less than one syscall per call (no lookup round
+//! trip; only the batched reports of reads to the node, one per 256 keys).
 //!
 //! Without strace it fails in CI (`.ci/run` installs strace) and elsewhere says it skipped.
 
@@ -49,7 +51,17 @@ fn main() {
     let base = count("local", 0);
     let local = count("local", 10_000);
     let socket = count("socket", 1_000);
-    println!("syscalls: base {base}, 10 000 local reads {local}, 1 000 socket reads {socket}");
+    let seen_base = count("seen", 0);
+    let seen = count("seen", 10_000);
+    println!(
+        "syscalls: base {base}, 10 000 local reads {local}, 1 000 socket reads {socket}, \
+         10 000 batched gets of seen keys {seen} (base {seen_base})"
+    );
+    assert!(
+        seen.saturating_sub(seen_base) < 10_000,
+        "10 000 batched gets of seen keys cost {} syscalls",
+        seen - seen_base
+    );
     assert!(
         local.saturating_sub(base) < 100,
         "10 000 local reads cost {} syscalls",
@@ -117,6 +129,15 @@ fn child(mode: &str) {
             for i in 0..reads {
                 let l = located[i % 100].expect("present");
                 assert!(rt.block_on(remote.read(&l.addr, 0, &mut buf)).unwrap());
+            }
+        }
+        "seen" => {
+            let mut bufs = vec![vec![0u8; 64 << 10]; 8];
+            for i in 0..reads {
+                let batch: Vec<&[u8]> = (0..8).map(|j| refs[(i * 8 + j) % 100]).collect();
+                let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                let got = rt.block_on(c.batch_get_into(&batch, &mut dsts)).unwrap();
+                assert!(got.iter().all(|g| *g == Some(64 << 10)));
             }
         }
         other => panic!("unknown mode {other}"),

@@ -118,3 +118,40 @@ fn pending_blocks_are_never_readable() {
         t.join().unwrap();
     });
 }
+
+/// Detaching (the object left the index while a holder keeps its memory) never fails a
+/// holder's read, whenever it lands; once it has happened, a reader that wants the key's
+/// current value sees a miss; and the memory's reuse afterwards is caught as before.
+#[test]
+fn a_detached_block_stays_readable_to_holders_only() {
+    loom::model(|| {
+        let m = memory_with_generation_1();
+        let owner = m.clone();
+        let t = thread::spawn(move || seqlock::detach(&owner.word_a, 1));
+        assert_eq!(
+            read_generation_1(&m),
+            Some([1, 1]),
+            "a holder's read failed"
+        );
+        t.join().unwrap();
+        assert!(!seqlock::read_begin_current(&m.word_a, 1));
+        assert!(seqlock::read_begin(&m.word_a, 1));
+        let owner = m.clone();
+        let t = thread::spawn(move || {
+            seqlock::retire(&owner.word_a, 1);
+            seqlock::begin(&owner.word_a, 2);
+            owner.data[0].store(2, Ordering::Relaxed);
+            owner.data[1].store(2, Ordering::Relaxed);
+            seqlock::publish(&owner.word_a, 2);
+        });
+        if let Some(got) = read_generation_1(&m) {
+            assert_eq!(got, [1, 1], "accepted bytes of a later generation");
+        }
+        t.join().unwrap();
+        seqlock::detach(&m.word_a, 1);
+        assert!(
+            seqlock::read_begin_current(&m.word_a, 2),
+            "a stale detach hit a new owner"
+        );
+    });
+}

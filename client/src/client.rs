@@ -454,7 +454,9 @@ impl Client {
     /// Loads the leading run of a prefix's blocks the pool holds into `dsts` (`dsts[i]` for
     /// block `i`) and returns how many it loaded; never a block after a gap. Zero-copy into the
     /// buffers on the same host, with the blocks leased while they are copied so eviction can't
-    /// recycle them meanwhile.
+    /// recycle them meanwhile. Buffers past the run are left as they were, with one exception:
+    /// when a block is removed or replaced while this load copies it, blocks after it may
+    /// already have been copied into their buffers; they are still not counted.
     pub async fn load_prefix(
         &self,
         prefix: Prefix<'_>,
@@ -587,7 +589,7 @@ impl Client {
         dst: &mut [u8],
     ) -> Option<Result<(), AddrFault>> {
         let local = self.local_map(addr)?;
-        Some(local.read(addr, offset, dst))
+        Some(local.read(addr, offset, dst, false))
     }
 
     /// The same-host read of a whole object found by [`Client::lease`], into `dst` (at least
@@ -607,7 +609,7 @@ impl Client {
             return Some(Err(ClientError::BufferTooSmall { need, have }));
         };
         Some(
-            match local.read_verified(&located.addr, dst, located.checksum) {
+            match local.read_verified(&located.addr, dst, located.checksum, false) {
                 Ok(()) => Ok(need as usize),
                 Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
                 Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),

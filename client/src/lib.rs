@@ -39,6 +39,7 @@ mod endpoint;
 mod error;
 mod link;
 mod local;
+mod seen;
 pub mod weights;
 
 pub use client::{Client, KeyEvent, LocalHold, Prefix, Subscription, WaitOutcome};

@@ -23,6 +23,7 @@ use crate::conn::{quic_connect, Class, Conn};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 use crate::local::{LocalMap, LocalReadError};
+use crate::seen::SeenIndex;
 
 /// Values at least this large take the same-host path for single puts (below it one socket
 /// round trip is cheaper than the alloc and commit round trips).
@@ -89,6 +90,8 @@ pub(crate) struct Link {
     /// The mapping of the current incarnation's segments; None when not on the same host or
     /// when mapping the restarted daemon's segments failed (then the socket serves).
     local: RwLock<Option<Arc<LocalMap>>>,
+    /// Where this client last found same-host objects ([`SeenIndex`]).
+    seen: Mutex<SeenIndex>,
 }
 
 impl Link {
@@ -147,6 +150,7 @@ impl Link {
             quic: Mutex::new(quic),
             same_host: local.is_some(),
             local: RwLock::new(local.map(Arc::new)),
+            seen: Mutex::new(SeenIndex::new(cfg.local_index)),
         })
     }
 
@@ -540,6 +544,7 @@ impl Link {
         let local = self.local();
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut pending = Uncommitted::default();
+        let mut sums = vec![0; items.len()];
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
             match a {
                 Ok(addr) => match self
@@ -547,7 +552,8 @@ impl Link {
                     .await
                 {
                     Ok(()) => {
-                        pending.commits.push((*addr, sum(i)));
+                        sums[i] = sum(i);
+                        pending.commits.push((*addr, sums[i]));
                         pending.which.push(i);
                         pending.bytes += v.len() as u64;
                         if pending.bytes >= COMMIT_GROUP {
@@ -560,6 +566,17 @@ impl Link {
             }
         }
         self.commit_written(cfg, &mut pending, &mut codes).await?;
+        let mut seen = self.seen();
+        // (No await below: the guard is not held across one.)
+        for ((i, a), code) in allocs.iter().enumerate().zip(&codes) {
+            if let (Ok(addr), ErrorCode::Ok) = (a, code) {
+                let at = Located {
+                    addr: *addr,
+                    checksum: sums[i],
+                };
+                seen.insert(ns, items[i].0, at);
+            }
+        }
         Ok(codes)
     }
 
@@ -654,45 +671,177 @@ impl Link {
     ) -> Result<Vec<Option<usize>>, ClientError> {
         debug_assert_eq!(keys.len(), dsts.len());
         if self.same_host {
-            let located = self.lookup(cfg, view, ns, keys, lease_ms).await?;
-            let mut out = vec![None; keys.len()];
-            let mut fallback = Vec::new();
-            let bytes = located.iter().flatten().map(|l| l.addr.len).sum();
-            off_runtime(bytes, || {
-                self.copy_located(cfg, &located, dsts, prefix, (&mut out, &mut fallback))
-            })?;
-            if lease_ms > 0 {
-                let leased: Vec<Vec<u8>> = located
-                    .iter()
-                    .zip(keys)
-                    .filter(|(l, _)| l.is_some())
-                    .map(|(_, k)| k.to_vec())
-                    .collect();
-                self.count(cfg, 0, Op::Release { ns, keys: leased }).await?;
-            }
-            // Objects replaced between lookup and copy: fetch them through the socket.
-            for i in fallback {
-                out[i] = self
-                    .get_remote(
-                        cfg,
-                        0,
-                        ns,
-                        &[keys[i]],
-                        std::slice::from_mut(&mut dsts[i]),
-                        false,
-                    )
-                    .await?
-                    .pop()
-                    .flatten();
-            }
-            if prefix {
-                if let Some(gap) = out.iter().position(|o| o.is_none()) {
-                    out[gap..].fill(None);
-                }
-            }
-            return Ok(out);
+            return self
+                .get_local(cfg, view, ns, keys, dsts, prefix, lease_ms)
+                .await;
         }
         self.get_remote(cfg, view, ns, keys, dsts, prefix).await
+    }
+
+    /// [`Link::get_many`] on the same host: keys this client has seen are copied straight from
+    /// the mapping; the rest are looked up in one round trip (leased for `lease_ms`) and copied.
+    #[expect(clippy::too_many_arguments, reason = "get_many's own parameters")]
+    async fn get_local(
+        &self,
+        cfg: &ClientConfig,
+        view: u64,
+        ns: u32,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        prefix: bool,
+        lease_ms: u64,
+    ) -> Result<Vec<Option<usize>>, ClientError> {
+        let mut out = vec![None; keys.len()];
+        let todo = self.get_seen(cfg, ns, keys, dsts, &mut out, prefix).await?;
+        if todo.is_empty() {
+            return Ok(prefix_run(out, prefix));
+        }
+        let sub: Vec<&[u8]> = todo.iter().map(|&i| keys[i]).collect();
+        let found = self.lookup(cfg, view, ns, &sub, lease_ms).await?;
+        let mut located = vec![None; keys.len()];
+        for (&i, l) in todo.iter().zip(&found) {
+            located[i] = *l;
+        }
+        let leased: Vec<Vec<u8>> = if lease_ms > 0 {
+            todo.iter()
+                .filter(|&&i| located[i].is_some())
+                .map(|&i| keys[i].to_vec())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if prefix {
+            // Nothing after the first key found neither in the index nor by the lookup is
+            // written: the caller's buffers past the run keep what they held.
+            if let Some(gap) = (0..keys.len()).find(|&i| out[i].is_none() && located[i].is_none()) {
+                located[gap..].fill(None);
+            }
+        }
+        let mut fallback = Vec::new();
+        self.copy_located(cfg, &located, &todo, dsts, (&mut out, &mut fallback))?;
+        {
+            let mut seen = self.seen();
+            for &i in &todo {
+                if let (Some(l), Some(_)) = (located[i], out[i]) {
+                    seen.insert(ns, keys[i], l);
+                }
+            }
+        }
+        if !leased.is_empty() {
+            self.count(cfg, 0, Op::Release { ns, keys: leased }).await?;
+        }
+        // Objects replaced between lookup and copy: fetch them through the socket.
+        for i in fallback {
+            out[i] = self
+                .get_remote(
+                    cfg,
+                    0,
+                    ns,
+                    &[keys[i]],
+                    std::slice::from_mut(&mut dsts[i]),
+                    false,
+                )
+                .await?
+                .pop()
+                .flatten();
+        }
+        Ok(prefix_run(out, prefix))
+    }
+
+    /// Copies the keys this client's index knows straight from the mapping, each checked as
+    /// its key's current value; returns the indexes of the others (and of stale entries, which
+    /// are forgotten). With `prefix`, only the leading run of known keys that are still current
+    /// is copied (a key past a gap is useless to the caller, and its buffer keeps what it held).
+    /// Reports the reads to the node once a batch of them has gathered.
+    async fn get_seen(
+        &self,
+        cfg: &ClientConfig,
+        ns: u32,
+        keys: &[&[u8]],
+        dsts: &mut [&mut [u8]],
+        out: &mut [Option<usize>],
+        prefix: bool,
+    ) -> Result<Vec<usize>, ClientError> {
+        let all = || (0..keys.len()).collect();
+        let Some(local) = self.local() else {
+            return Ok(all());
+        };
+        let known: Vec<Option<Located>> = {
+            let mut seen = self.seen();
+            let mut known: Vec<Option<Located>> = keys.iter().map(|k| seen.get(ns, k)).collect();
+            if prefix {
+                // The run ends at the first key not remembered, or remembered at an address
+                // that is no longer its value (removed, evicted or replaced since).
+                if let Some(gap) = known
+                    .iter()
+                    .position(|l| !l.is_some_and(|l| local.is_current(&l.addr)))
+                {
+                    if let Some(l) = &known[gap] {
+                        seen.forget(ns, keys[gap], l);
+                    }
+                    known[gap..].fill(None);
+                }
+            }
+            known
+        };
+        if known.iter().all(Option::is_none) {
+            return Ok(all());
+        }
+        let mut todo = Vec::new();
+        let mut stale = Vec::new();
+        let copied = copy_all(&known, dsts, |l, dst| {
+            read_checked(cfg, &local, l, dst, true)
+        })?;
+        for (i, ok) in copied {
+            match ok {
+                Some(true) => out[i] = known[i].map(|l| l.addr.len as usize),
+                Some(false) => {
+                    stale.push(i);
+                    todo.push(i);
+                }
+                None => todo.push(i),
+            }
+        }
+        let report = {
+            let mut seen = self.seen();
+            for &i in &stale {
+                if let Some(l) = &known[i] {
+                    seen.forget(ns, keys[i], l);
+                }
+            }
+            let mut report = None;
+            for (i, o) in out.iter().enumerate() {
+                if o.is_some() {
+                    report = seen.touch(ns, keys[i]).or(report);
+                }
+            }
+            report
+        };
+        if let Some(batch) = report {
+            self.report_reads(cfg, batch).await;
+        }
+        Ok(todo)
+    }
+
+    /// Tells the node of reads served from the client's index (a lookup whose answer is not
+    /// needed), so its eviction policy and hit counters count them. Best effort: a failure only
+    /// loses the report.
+    async fn report_reads(&self, cfg: &ClientConfig, mut batch: Vec<(u32, Vec<u8>)>) {
+        batch.sort_unstable_by_key(|(ns, _)| *ns);
+        for group in batch.chunk_by(|a, b| a.0 == b.0) {
+            let op = Op::Lookup {
+                ns: group[0].0,
+                keys: group.iter().map(|(_, k)| k.clone()).collect(),
+                lease_ms: 0,
+            };
+            if let Err(e) = self.simple(cfg, 0, op, &[]).await {
+                tracing::debug!(error = %e, "reporting reads served from the client's index failed");
+            }
+        }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, SeenIndex> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn get_remote(
@@ -758,11 +907,24 @@ impl Link {
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, ClientError> {
         if self.same_host {
+            let known = self.seen().get(ns, key);
+            if let (Some(l), Some(local)) = (known, self.local()) {
+                let mut buf = vec![0u8; l.addr.len as usize];
+                if read_checked(cfg, &local, &l, &mut buf, true)? {
+                    let report = self.seen().touch(ns, key);
+                    if let Some(batch) = report {
+                        self.report_reads(cfg, batch).await;
+                    }
+                    return Ok(Some(buf));
+                }
+                self.seen().forget(ns, key, &l);
+            }
             let Some(l) = self.lookup(cfg, view, ns, &[key], 0).await?.pop().flatten() else {
                 return Ok(None);
             };
             let mut buf = vec![0u8; l.addr.len as usize];
             if self.read_local_checked(cfg, &l, &mut buf)? {
+                self.seen().insert(ns, key, l);
                 return Ok(Some(buf));
             }
         }
@@ -825,7 +987,7 @@ impl Link {
     ) -> Result<Option<u64>, ClientError> {
         let sum = |dst: &[u8]| if hash { checksum(dst) } else { 0 };
         if let Some(local) = self.local().filter(|l| l.covers(addr)) {
-            match off_runtime(dst.len() as u64, || local.read(addr, offset, dst)) {
+            match off_runtime(dst.len() as u64, || local.read(addr, offset, dst, false)) {
                 Ok(()) => return Ok(Some(sum(dst))),
                 Err(AddrFault::Stale) => return Ok(None),
                 // An address of another daemon than the one mapped: the node decides (it
@@ -900,64 +1062,153 @@ impl Link {
         self.write(cfg, addr, 0, bytes).await
     }
 
-    /// Copies the `located` objects out of the mapping into `dsts`: `out[i]` their lengths;
-    /// `fallback` the ones replaced meanwhile (to fetch through the socket). With `prefix`, stops
-    /// at the first missing key.
+    /// Copies the `located` objects at `which` out of the mapping into `dsts`: `out[i]` their
+    /// lengths; `fallback` the ones replaced meanwhile (to fetch through the socket).
     fn copy_located(
         &self,
         cfg: &ClientConfig,
         located: &[Option<Located>],
+        which: &[usize],
         dsts: &mut [&mut [u8]],
-        prefix: bool,
         (out, fallback): (&mut [Option<usize>], &mut Vec<usize>),
     ) -> Result<(), ClientError> {
-        for (i, l) in located.iter().enumerate() {
-            let Some(l) = l else {
-                if prefix {
-                    break;
-                }
-                continue;
-            };
-            let need = l.addr.len;
-            let have = dsts[i].len() as u64;
-            let dst = dsts[i]
-                .get_mut(..need as usize)
-                .ok_or(ClientError::BufferTooSmall { need, have })?;
-            if self.read_local_checked(cfg, l, dst)? {
-                out[i] = Some(need as usize);
-            } else {
-                fallback.push(i);
+        let Some(local) = self.local() else {
+            fallback.extend(which.iter().filter(|&&i| located[i].is_some()));
+            return Ok(());
+        };
+        let mut asked = vec![None; located.len()];
+        for &i in which {
+            asked[i] = located[i];
+        }
+        for (i, ok) in copy_all(&asked, dsts, |l, dst| {
+            read_checked(cfg, &local, l, dst, false)
+        })? {
+            match ok {
+                Some(true) => out[i] = asked[i].map(|l| l.addr.len as usize),
+                Some(false) => fallback.push(i),
+                None => {}
             }
         }
         Ok(())
     }
 
-    /// Local read plus checksum (in the same pass); Ok(false) when the bytes can't be served
-    /// from the mapping: the object was replaced meanwhile, or the address is of another
-    /// incarnation than the mapping (the daemon restarted; the caller asks the socket).
     fn read_local_checked(
         &self,
         cfg: &ClientConfig,
         l: &Located,
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
-        let Some(local) = self.local() else {
-            return Ok(false);
-        };
-        let r = if cfg.verify_checksums {
-            local.read_verified(&l.addr, dst, l.checksum)
-        } else {
-            local.read(&l.addr, 0, dst).map_err(LocalReadError::Fault)
-        };
-        match r {
-            Ok(()) => Ok(true),
-            Err(LocalReadError::Fault(
-                AddrFault::Stale | AddrFault::WrongIncarnation | AddrFault::NoSegment,
-            )) => Ok(false),
-            Err(LocalReadError::Fault(f)) => Err(fault(f)),
-            Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
+        match self.local() {
+            Some(local) => read_checked(cfg, &local, l, dst, false),
+            None => Ok(false),
         }
     }
+}
+
+/// A read from the mapping, checked by checksum in the same pass unless checksums are off;
+/// Ok(false) when the bytes can't be served from it: the object was replaced meanwhile (with
+/// `current`, also when it is no longer its key's value though a holder keeps it), or the
+/// address is of another incarnation than the mapping.
+fn read_checked(
+    cfg: &ClientConfig,
+    local: &LocalMap,
+    l: &Located,
+    dst: &mut [u8],
+    current: bool,
+) -> Result<bool, ClientError> {
+    let r = if cfg.verify_checksums {
+        local.read_verified(&l.addr, dst, l.checksum, current)
+    } else {
+        local
+            .read(&l.addr, 0, dst, current)
+            .map_err(LocalReadError::Fault)
+    };
+    match r {
+        Ok(()) => Ok(true),
+        Err(LocalReadError::Fault(
+            AddrFault::Stale | AddrFault::WrongIncarnation | AddrFault::NoSegment,
+        )) => Ok(false),
+        Err(LocalReadError::Fault(f)) => Err(fault(f)),
+        Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
+    }
+}
+
+/// Same-host copies of at least this many bytes in one call are spread over every core.
+const PARALLEL_COPY_MIN: u64 = 8 << 20;
+
+/// Copies each located object (`located[i]` into `dsts[i]`, checked by `read`) and returns, per
+/// key index, Some(what `read` said) or None for a key with no location. A buffer too small is
+/// an error before anything is copied. Runs off the runtime's workers when large, and spread
+/// over every core from [`PARALLEL_COPY_MIN`] bytes on (one contiguous run of keys per thread).
+fn copy_all(
+    located: &[Option<Located>],
+    dsts: &mut [&mut [u8]],
+    read: impl Fn(&Located, &mut [u8]) -> Result<bool, ClientError> + Sync,
+) -> Result<Vec<(usize, Option<bool>)>, ClientError> {
+    let mut jobs: Vec<(usize, &Located, &mut [u8])> = Vec::new();
+    for (i, (l, d)) in located.iter().zip(dsts.iter_mut()).enumerate() {
+        if let Some(l) = l {
+            let (need, have) = (l.addr.len, d.len() as u64);
+            let dst = d
+                .get_mut(..need as usize)
+                .ok_or(ClientError::BufferTooSmall { need, have })?;
+            jobs.push((i, l, dst));
+        }
+    }
+    let bytes: u64 = jobs.iter().map(|j| j.1.addr.len).sum();
+    let threads = if bytes < PARALLEL_COPY_MIN {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(jobs.len())
+            .max(1)
+    };
+    let run =
+        |part: &mut [(usize, &Located, &mut [u8])]| -> Result<Vec<(usize, bool)>, ClientError> {
+            part.iter_mut()
+                .map(|(i, l, dst)| Ok((*i, read(l, dst)?)))
+                .collect()
+        };
+    let done: Vec<(usize, bool)> = off_runtime(bytes, || {
+        if threads == 1 {
+            return run(&mut jobs);
+        }
+        let per = jobs.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = jobs
+                .chunks_mut(per)
+                .map(|part| s.spawn(|| run(part)))
+                .collect();
+            let mut all = Vec::new();
+            for h in handles {
+                // A copying thread that panicked copied nothing usable: its keys fall back.
+                all.extend(h.join().unwrap_or_else(|_| Ok(Vec::new()))?);
+            }
+            Ok(all)
+        })
+    })?;
+    let mut out: Vec<(usize, Option<bool>)> = (0..located.len()).map(|i| (i, None)).collect();
+    for (i, ok) in done {
+        out[i].1 = Some(ok);
+    }
+    // A key with a location whose thread died: as replaced meanwhile.
+    for (i, o) in out.iter_mut() {
+        if o.is_none() && located[*i].is_some() {
+            *o = Some(false);
+        }
+    }
+    Ok(out)
+}
+
+/// With `prefix`, nothing after the first miss.
+fn prefix_run(mut out: Vec<Option<usize>>, prefix: bool) -> Vec<Option<usize>> {
+    if prefix {
+        if let Some(gap) = out.iter().position(|o| o.is_none()) {
+            out[gap..].fill(None);
+        }
+    }
+    out
 }
 
 /// A same-host batch put commits what it has copied each time this many bytes are waiting, so

@@ -22,8 +22,9 @@ use kvpool::segment::{incarnation_word, version_word, SegmentLayout};
 use kvpool::{seqlock, AddrFault, GlobalAddr};
 use memmap2::MmapRaw;
 
-/// Bytes copied between two checksum updates of a verified read: small enough that the hash
-/// reads them back from cache, so the copy and the check are one pass over memory.
+/// One of the seqlock's read checks.
+type VersionCheck = fn(&AtomicU64, u64) -> bool;
+
 /// Pieces a skewed copy is cut into: below the size from which glibc's memcpy uses `rep movsb`
 /// (2 KiB and up on x86-64), so each piece takes its vector loop.
 const SKEWED_PIECE: usize = 1 << 10;
@@ -154,14 +155,17 @@ impl LocalMap {
                 .is_some_and(|s| s.is_some())
     }
 
-    /// Copies `dst.len()` bytes at `offset` of the committed object at `addr`.
+    /// Copies `dst.len()` bytes at `offset` of the committed object at `addr`. With `current`,
+    /// the object must also still be its key's value (not one a holder keeps after a removal
+    /// or an overwrite): a reader that found the address in its own index, not through a lease.
     pub(crate) fn read(
         &self,
         addr: &GlobalAddr,
         offset: u64,
         dst: &mut [u8],
+        current: bool,
     ) -> Result<(), AddrFault> {
-        self.read_with(addr, offset, dst, |src, dst| {
+        self.read_with(addr, offset, dst, current, |src, dst| {
             // SAFETY: read_with's contract: `src` has `dst.len()` readable bytes of the mapping.
             unsafe { copy_bytes(src, dst.as_mut_ptr(), dst.len()) }
         })
@@ -170,17 +174,19 @@ impl LocalMap {
     /// Copies the whole committed object at `addr` into `dst` (exactly `addr.len` bytes) and
     /// checks that the bytes hash to `checksum` (xxh3-64), hashed in the same pass as the copy
     /// (each stripe is loaded once, stored and folded into the hash from the same registers).
+    /// (`current` as for [`LocalMap::read`].)
     pub(crate) fn read_verified(
         &self,
         addr: &GlobalAddr,
         dst: &mut [u8],
         checksum: u64,
+        current: bool,
     ) -> Result<(), LocalReadError> {
         if dst.len() as u64 != addr.len {
             return Err(LocalReadError::Fault(AddrFault::OutOfBounds));
         }
         let sum = self
-            .read_with(addr, 0, dst, |src, dst| {
+            .read_with(addr, 0, dst, current, |src, dst| {
                 // SAFETY: read_with's contract: `src` has `dst.len()` readable bytes of the
                 // mapping (possibly written concurrently: copy_checksum only reads it through
                 // the raw pointer), and `dst` is an exclusive buffer that cannot overlap it.
@@ -193,6 +199,16 @@ impl LocalMap {
         Ok(())
     }
 
+    /// True when the object at `addr` is committed and still its key's value right now (the
+    /// check a read with `current` makes before it copies): a cheap look at one version word.
+    pub(crate) fn is_current(&self, addr: &GlobalAddr) -> bool {
+        let Ok((seg, _)) = self.locate(addr, 0, addr.len) else {
+            return false;
+        };
+        version_word(&seg.map, &seg.layout, addr.offset)
+            .is_some_and(|word| seqlock::read_begin_current(word, addr.generation))
+    }
+
     /// The seqlock-checked copy: `copy(src, dst)` copies `dst.len()` bytes from the mapping at
     /// `src` (the bytes may be torn by a concurrent reuse; the version check after the copy
     /// says so, and then its result is dropped).
@@ -201,12 +217,18 @@ impl LocalMap {
         addr: &GlobalAddr,
         offset: u64,
         dst: &mut [u8],
+        current: bool,
         copy: impl FnOnce(*const u8, &mut [u8]) -> R,
     ) -> Result<R, AddrFault> {
         let (seg, at) = self.locate(addr, offset, dst.len() as u64)?;
         let word =
             version_word(&seg.map, &seg.layout, addr.offset).ok_or(AddrFault::OutOfBounds)?;
-        if !seqlock::read_begin(word, addr.generation) {
+        let (begin, validate): (VersionCheck, VersionCheck) = if current {
+            (seqlock::read_begin_current, seqlock::read_validate_current)
+        } else {
+            (seqlock::read_begin, seqlock::read_validate)
+        };
+        if !begin(word, addr.generation) {
             return Err(AddrFault::Stale);
         }
         // `at..at+dst.len()` lies in the data area (checked by locate). The bytes may be
@@ -215,7 +237,7 @@ impl LocalMap {
         // overlapped the copy.
         let src = seg.map.as_ptr().wrapping_add(at as usize);
         let r = copy(src, dst);
-        if !seqlock::read_validate(word, addr.generation) {
+        if !validate(word, addr.generation) {
             return Err(AddrFault::Stale);
         }
         Ok(r)

@@ -1291,6 +1291,10 @@ impl Pool {
     /// Frees an object that just left the index, or parks it until its readers are done.
     fn retire_entry(&self, shard: &mut Shard, ns: u32, e: Entry) {
         if e.readers > 0 {
+            // Its holders read on; a same-host client's cached lookup of the key must not.
+            if let Some(word) = self.segments[e.segment as usize].segment.version(e.offset) {
+                seqlock::detach(word, e.generation);
+            }
             shard.zombies.push(Zombie {
                 ns,
                 segment: e.segment,

@@ -1,0 +1,139 @@
+//! What a client remembers of where same-host objects are: (namespace, key) → address and
+//! checksum, filled by its lookups and its own puts, so that a repeated get copies straight out
+//! of the mapping without a lookup round trip.
+//!
+//! An entry is only a hint. The copy is validated against the object's version word as the
+//! *current* value of its key (`seqlock::read_begin_current`): an object that was evicted,
+//! removed, overwritten or moved away has a retired or detached word, so its entry reads as
+//! stale, is dropped, and the key is looked up as before. A stale entry is a miss of this index,
+//! never other bytes.
+//!
+//! The node does not see reads served this way, so they are reported to it in batches (a
+//! lookup of the keys, whose answer is not needed): its eviction policy and hit counters then
+//! still count them.
+
+use crate::link::Located;
+use lru::LruCache;
+use std::num::NonZeroUsize;
+
+/// Reads served from the index are reported to the node once this many have gathered.
+pub(crate) const TOUCH_BATCH: usize = 256;
+
+pub(crate) struct SeenIndex {
+    /// By a hash of (namespace, key); the entry keeps the key to tell collisions apart.
+    map: Option<LruCache<u64, Seen>>,
+    /// Keys read through the index that the node has not been told of yet.
+    touched: Vec<(u32, Vec<u8>)>,
+}
+
+struct Seen {
+    ns: u32,
+    key: Box<[u8]>,
+    at: Located,
+}
+
+fn slot(ns: u32, key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, u64::from(ns))
+}
+
+impl SeenIndex {
+    /// An index of at most `entries` keys (0: none is remembered).
+    pub(crate) fn new(entries: usize) -> SeenIndex {
+        SeenIndex {
+            map: NonZeroUsize::new(entries).map(LruCache::new),
+            touched: Vec::new(),
+        }
+    }
+
+    pub(crate) fn get(&mut self, ns: u32, key: &[u8]) -> Option<Located> {
+        let s = self.map.as_mut()?.get(&slot(ns, key))?;
+        (s.ns == ns && *s.key == *key).then_some(s.at)
+    }
+
+    pub(crate) fn insert(&mut self, ns: u32, key: &[u8], at: Located) {
+        if let Some(map) = self.map.as_mut() {
+            let seen = Seen {
+                ns,
+                key: key.into(),
+                at,
+            };
+            map.put(slot(ns, key), seen);
+        }
+    }
+
+    /// Forgets `key` if the entry is still the one that was found stale.
+    pub(crate) fn forget(&mut self, ns: u32, key: &[u8], at: &Located) {
+        let Some(map) = self.map.as_mut() else {
+            return;
+        };
+        let h = slot(ns, key);
+        if map
+            .peek(&h)
+            .is_some_and(|s| s.ns == ns && *s.key == *key && s.at.addr == at.addr)
+        {
+            map.pop(&h);
+        }
+    }
+
+    /// Notes a read served from the index; returns the batch to report once it is full.
+    pub(crate) fn touch(&mut self, ns: u32, key: &[u8]) -> Option<Vec<(u32, Vec<u8>)>> {
+        self.touched.push((ns, key.to_vec()));
+        (self.touched.len() >= TOUCH_BATCH).then(|| std::mem::take(&mut self.touched))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvpool::{GlobalAddr, NodeId};
+
+    fn at(offset: u64) -> Located {
+        Located {
+            addr: GlobalAddr {
+                node: NodeId(1),
+                incarnation: 1,
+                segment: 0,
+                offset,
+                len: 10,
+                generation: offset + 1,
+                key: 0,
+            },
+            checksum: offset,
+        }
+    }
+
+    #[test]
+    fn entries_are_per_namespace_and_key_and_bounded() {
+        let mut s = SeenIndex::new(2);
+        s.insert(0, b"a", at(1));
+        s.insert(1, b"a", at(2));
+        assert_eq!(s.get(0, b"a").map(|l| l.checksum), Some(1));
+        assert_eq!(s.get(1, b"a").map(|l| l.checksum), Some(2));
+        s.insert(0, b"b", at(3));
+        assert_eq!(s.get(0, b"a"), None, "the least recently used went");
+        assert_eq!(s.get(1, b"a").map(|l| l.checksum), Some(2));
+        assert_eq!(s.get(0, b"c"), None);
+    }
+
+    #[test]
+    fn forgetting_a_stale_entry_keeps_a_newer_one() {
+        let mut s = SeenIndex::new(8);
+        s.insert(0, b"k", at(1));
+        s.insert(0, b"k", at(2));
+        s.forget(0, b"k", &at(1));
+        assert_eq!(s.get(0, b"k").map(|l| l.checksum), Some(2));
+        s.forget(0, b"k", &at(2));
+        assert_eq!(s.get(0, b"k"), None);
+    }
+
+    #[test]
+    fn an_index_of_no_entries_remembers_nothing_and_touches_come_in_batches() {
+        let mut s = SeenIndex::new(0);
+        s.insert(0, b"k", at(1));
+        assert_eq!(s.get(0, b"k"), None);
+        for i in 0..TOUCH_BATCH - 1 {
+            assert!(s.touch(0, &i.to_le_bytes()).is_none());
+        }
+        assert_eq!(s.touch(0, b"last").map(|b| b.len()), Some(TOUCH_BATCH));
+    }
+}
