@@ -123,7 +123,7 @@ class Client(_NativeClient):
     """A kvpool client: thread-safe (share one per process) and a context manager.
 
     ``Client(endpoint, namespace=None, token=None, timeout=10.0, same_host=True,
-    priority="normal", deadline=None)`` connects to the node at
+    priority="normal", deadline=None, local_index=65536)`` connects to the node at
     ``endpoint`` (``tcp://host:port``, ``quic://host:port``, ``unix:///path`` or
     ``host:port``), in ``namespace`` (``"default"`` when None) with ``token``; every call fails
     within ``timeout`` seconds when the node does not answer; ``same_host=False`` turns the
@@ -131,7 +131,9 @@ class Client(_NativeClient):
     ``priority`` (``"background"``, ``"low"``, ``"normal"``, ``"high"``) is the client's share of
     the nodes' bulk transfers (large values and batches); with ``deadline`` (seconds) every call
     carries it, and a node refuses at once a bulk transfer it estimates it can't finish in time
-    (:class:`TimeoutError`, so the engine recomputes instead of waiting). Raises :class:`ConnectionError`
+    (:class:`TimeoutError`, so the engine recomputes instead of waiting); on the same host the
+    client remembers where it found up to ``local_index`` keys and reads them again without a
+    lookup round trip (each read checked as the key's current value; 0 turns it off). Raises :class:`ConnectionError`
     when the node can't be reached and :class:`AuthError` when it refuses the token or the
     namespace.
     """
