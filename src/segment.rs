@@ -178,6 +178,8 @@ pub struct Segment {
     map: MmapRaw,
     path: Option<PathBuf>,
     pages: PageKind,
+    /// Keep the file when dropped (retired all the same), for the next life to recover.
+    keep_file: bool,
 }
 
 // SAFETY: the mapping is plain shared memory owned by the segment for its whole life. Shared
@@ -223,6 +225,7 @@ impl Segment {
             map,
             path,
             pages,
+            keep_file: false,
         };
         // SAFETY: the header page lies inside the fresh mapping and nobody else has it yet.
         unsafe {
@@ -233,6 +236,13 @@ impl Segment {
             .expect("the header page is mapped")
             .store(spec.incarnation, Ordering::Release);
         Ok(seg)
+    }
+
+    /// Leaves the file in place when the segment is dropped (a clean stop), so that a pool
+    /// started next on the same directory can recover its objects. The file is retired all the
+    /// same: clients still mapping it stop reading it.
+    pub fn keep_file_on_drop(&mut self) {
+        self.keep_file = true;
     }
 
     /// The incarnation in the header (0 once retired).
@@ -333,9 +343,78 @@ impl Drop for Segment {
         if let Some(w) = incarnation_word(&self.map) {
             w.store(0, Ordering::Release);
         }
-        if let Some(p) = &self.path {
+        if let Some(p) = self.path.as_ref().filter(|_| !self.keep_file) {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// A segment file a previous life of the node left, mapped read-only to copy its objects out.
+/// The file may still be mapped read-write by clients of that life, so its bytes are only ever
+/// copied through raw pointers and checked afterwards (see [`RetiredSegment::copy_out`]).
+pub struct RetiredSegment {
+    layout: SegmentLayout,
+    map: MmapRaw,
+}
+
+impl RetiredSegment {
+    /// Maps segment `id` of `node` in `dir`, if it is there and has a layout this build reads.
+    pub fn open(dir: &Path, node: NodeId, id: u32) -> io::Result<RetiredSegment> {
+        let path = dir.join(segment_file_name(node, id));
+        let file = OpenOptions::new().read(true).open(&path)?;
+        let len = file.metadata()?.len();
+        if len < HEADER_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "segment file shorter than its header",
+            ));
+        }
+        let map = MmapOptions::new()
+            .len(len as usize)
+            .map_raw_read_only(&file)?;
+        let mut header = [0u8; 56];
+        // SAFETY: the header lies inside the mapping (len >= HEADER_LEN, checked) and is backed
+        // by the file; the copy goes through raw pointers into our own array.
+        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), header.as_mut_ptr(), header.len()) };
+        let layout = SegmentLayout::decode(&header, len)?;
+        if layout.node != node || layout.id != id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "segment file names another node or segment",
+            ));
+        }
+        Ok(RetiredSegment { layout, map })
+    }
+
+    /// Its layout.
+    pub fn layout(&self) -> &SegmentLayout {
+        &self.layout
+    }
+
+    /// Copies data bytes `[offset, offset + dst.len())` into `dst`; false when out of bounds.
+    /// The source may be written concurrently by a client of the dead life: the caller checks
+    /// the copied bytes (by checksum) before using them.
+    pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
+        let in_bounds = offset
+            .checked_add(dst.len() as u64)
+            .is_some_and(|end| end <= self.layout.data_len);
+        if !in_bounds {
+            return false;
+        }
+        // SAFETY: `data_offset + data_len <= ` the file's length, which is the mapping's length
+        // (checked by `SegmentLayout::decode`), and the range is inside the data area (checked
+        // above). Concurrent writers of another process can only change plain bytes; the
+        // caller discards them unless their checksum holds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map
+                    .as_ptr()
+                    .add((self.layout.data_offset + offset) as usize),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+        true
     }
 }
 
