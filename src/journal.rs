@@ -258,6 +258,8 @@ pub struct Journal {
     records: u64,
     /// Commits minus gones since then, plus the objects it started with.
     live: u64,
+    /// Records held back by [`Journal::hold`] until [`Journal::release`].
+    held: Option<Vec<u8>>,
 }
 
 impl Journal {
@@ -294,6 +296,7 @@ impl Journal {
             layout,
             records: 0,
             live: 0,
+            held: None,
         })
     }
 
@@ -359,7 +362,31 @@ impl Journal {
         }
     }
 
+    /// Holds records back in memory instead of writing each one (for a recovery, which
+    /// writes a whole journal at once: a crash during it loses the objects not yet recovered
+    /// in any case).
+    pub fn hold(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes the records held back since [`Journal::hold`], and writes each one again from
+    /// then on.
+    pub fn release(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        let Some(f) = self.file.as_mut() else { return };
+        if f.write_all(&held).is_err() {
+            self.fail();
+            return;
+        }
+        self.compact_if_due();
+    }
+
     fn append(&mut self, body: &[u8]) {
+        if let Some(held) = self.held.as_mut() {
+            frame(body, held);
+            self.records += 1;
+            return;
+        }
         let Some(f) = self.file.as_mut() else { return };
         let mut rec = Vec::with_capacity(12 + body.len());
         frame(body, &mut rec);

@@ -349,33 +349,25 @@ impl Drop for Segment {
     }
 }
 
-/// A segment file a previous life of the node left, mapped read-only to copy its objects out.
-/// The file may still be mapped read-write by clients of that life, so its bytes are only ever
-/// copied through raw pointers and checked afterwards (see [`RetiredSegment::copy_out`]).
+/// A segment file a previous life of the node left, opened read-only to copy its objects out.
+/// It is read with `pread` rather than mapped: no page faults on the old pages, a hole reads as
+/// zeros without allocating, and a file shortened meanwhile is an error, not a SIGBUS. Clients
+/// of that life may still write it through their mappings, so callers check what they copied
+/// (by checksum) before using it.
 pub struct RetiredSegment {
     layout: SegmentLayout,
-    map: MmapRaw,
+    file: File,
 }
 
 impl RetiredSegment {
-    /// Maps segment `id` of `node` in `dir`, if it is there and has a layout this build reads.
+    /// Opens segment `id` of `node` in `dir`, if it is there and has a layout this build reads.
     pub fn open(dir: &Path, node: NodeId, id: u32) -> io::Result<RetiredSegment> {
+        use std::os::unix::fs::FileExt;
         let path = dir.join(segment_file_name(node, id));
         let file = OpenOptions::new().read(true).open(&path)?;
         let len = file.metadata()?.len();
-        if len < HEADER_LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "segment file shorter than its header",
-            ));
-        }
-        let map = MmapOptions::new()
-            .len(len as usize)
-            .map_raw_read_only(&file)?;
         let mut header = [0u8; 56];
-        // SAFETY: the header lies inside the mapping (len >= HEADER_LEN, checked) and is backed
-        // by the file; the copy goes through raw pointers into our own array.
-        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), header.as_mut_ptr(), header.len()) };
+        file.read_exact_at(&mut header, 0)?;
         let layout = SegmentLayout::decode(&header, len)?;
         if layout.node != node || layout.id != id {
             return Err(io::Error::new(
@@ -383,7 +375,7 @@ impl RetiredSegment {
                 "segment file names another node or segment",
             ));
         }
-        Ok(RetiredSegment { layout, map })
+        Ok(RetiredSegment { layout, file })
     }
 
     /// Its layout.
@@ -391,30 +383,18 @@ impl RetiredSegment {
         &self.layout
     }
 
-    /// Copies data bytes `[offset, offset + dst.len())` into `dst`; false when out of bounds.
-    /// The source may be written concurrently by a client of the dead life: the caller checks
-    /// the copied bytes (by checksum) before using them.
+    /// Copies data bytes `[offset, offset + dst.len())` into `dst`; false when out of bounds or
+    /// unreadable.
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
+        use std::os::unix::fs::FileExt;
         let in_bounds = offset
             .checked_add(dst.len() as u64)
             .is_some_and(|end| end <= self.layout.data_len);
-        if !in_bounds {
-            return false;
-        }
-        // SAFETY: `data_offset + data_len <= ` the file's length, which is the mapping's length
-        // (checked by `SegmentLayout::decode`), and the range is inside the data area (checked
-        // above). Concurrent writers of another process can only change plain bytes; the
-        // caller discards them unless their checksum holds.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.map
-                    .as_ptr()
-                    .add((self.layout.data_offset + offset) as usize),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
-        }
-        true
+        in_bounds
+            && self
+                .file
+                .read_exact_at(dst, self.layout.data_offset + offset)
+                .is_ok()
     }
 }
 

@@ -292,7 +292,9 @@ impl Pool {
             recovery: Recovery::default(),
         };
         if let Some(prev) = previous {
+            pool.journal(Journal::hold);
             pool.recovery = pool.recover(prev);
+            pool.journal(Journal::release);
         }
         Ok(pool)
     }
