@@ -14,7 +14,10 @@
 //! - [`claims`]: the rule that keeps concurrent writers of one pending allocation on disjoint
 //!   byte ranges (model-checked with loom).
 //! - [`pool`]: the object index (sharded; a pluggable eviction policy per namespace), two-phase
-//!   puts, read references, leases, pins, quota reservations, eviction and one-sided access.
+//!   puts, read references, leases, pins, quota reservations, eviction and one-sided access;
+//!   at start-up, the recovery of a previous life's objects from its segment files.
+//! - [`journal`]: the append-only record of a pool's index changes that lets a restarted
+//!   daemon find its objects again.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
 //! - [`placement`]: the cluster view and weighted rendezvous placement of keys; where requests
 //!   go and what a view change moves ([`placement::routing`]), and which objects a node may
@@ -40,6 +43,8 @@ pub mod claims;
 pub mod error;
 #[cfg(not(loom))]
 pub mod eviction;
+#[cfg(not(loom))]
+pub mod journal;
 #[cfg(not(loom))]
 pub mod membership;
 #[cfg(not(loom))]

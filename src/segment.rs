@@ -180,6 +180,8 @@ pub struct Segment {
     map: MmapRaw,
     path: Option<PathBuf>,
     pages: PageKind,
+    /// Keep the file when dropped (retired all the same), for the next life to recover.
+    keep_file: bool,
 }
 
 // SAFETY: the mapping is plain shared memory owned by the segment for its whole life. Shared
@@ -225,6 +227,7 @@ impl Segment {
             map,
             path,
             pages,
+            keep_file: false,
         };
         // SAFETY: the header page lies inside the fresh mapping and nobody else has it yet.
         unsafe {
@@ -235,6 +238,13 @@ impl Segment {
             .expect("the header page is mapped")
             .store(spec.incarnation, Ordering::Release);
         Ok(seg)
+    }
+
+    /// Leaves the file in place when the segment is dropped (a clean stop), so that a pool
+    /// started next on the same directory can recover its objects. The file is retired all the
+    /// same: clients still mapping it stop reading it.
+    pub fn keep_file_on_drop(&mut self) {
+        self.keep_file = true;
     }
 
     /// The incarnation in the header (0 once retired).
@@ -335,9 +345,58 @@ impl Drop for Segment {
         if let Some(w) = incarnation_word(&self.map) {
             w.store(0, Ordering::Release);
         }
-        if let Some(p) = &self.path {
+        if let Some(p) = self.path.as_ref().filter(|_| !self.keep_file) {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// A segment file a previous life of the node left, opened read-only to copy its objects out.
+/// It is read with `pread` rather than mapped: no page faults on the old pages, a hole reads as
+/// zeros without allocating, and a file shortened meanwhile is an error, not a SIGBUS. Clients
+/// of that life may still write it through their mappings, so callers check what they copied
+/// (by checksum) before using it.
+pub struct RetiredSegment {
+    layout: SegmentLayout,
+    file: File,
+}
+
+impl RetiredSegment {
+    /// Opens segment `id` of `node` in `dir`, if it is there and has a layout this build reads.
+    pub fn open(dir: &Path, node: NodeId, id: u32) -> io::Result<RetiredSegment> {
+        use std::os::unix::fs::FileExt;
+        let path = dir.join(segment_file_name(node, id));
+        let file = OpenOptions::new().read(true).open(&path)?;
+        let len = file.metadata()?.len();
+        let mut header = [0u8; 56];
+        file.read_exact_at(&mut header, 0)?;
+        let layout = SegmentLayout::decode(&header, len)?;
+        if layout.node != node || layout.id != id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "segment file names another node or segment",
+            ));
+        }
+        Ok(RetiredSegment { layout, file })
+    }
+
+    /// Its layout.
+    pub fn layout(&self) -> &SegmentLayout {
+        &self.layout
+    }
+
+    /// Copies data bytes `[offset, offset + dst.len())` into `dst`; false when out of bounds or
+    /// unreadable.
+    pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
+        use std::os::unix::fs::FileExt;
+        let in_bounds = offset
+            .checked_add(dst.len() as u64)
+            .is_some_and(|end| end <= self.layout.data_len);
+        in_bounds
+            && self
+                .file
+                .read_exact_at(dst, self.layout.data_offset + offset)
+                .is_ok()
     }
 }
 

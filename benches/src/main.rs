@@ -10,6 +10,8 @@
 //! - `handoff`: issue 16's figures: a 4 KiB get's p50 and p99 idle and under a bulk load (kvpool,
 //!   redis, memcached), a producer-to-consumer handoff against a raw TCP stream, and the latency
 //!   of a wait's notification against one round trip, all in the same run.
+//! - `restart`: issue 18's restart time: a pool of a million objects recovered from the
+//!   segment files and journal a stopped node left.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
@@ -17,6 +19,7 @@
 mod handoff;
 mod heap;
 mod perf;
+mod restart;
 mod weights;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +55,9 @@ enum Command {
     /// redis and memcached, a 64 MiB handoff to a waiting consumer against a raw TCP stream,
     /// and notification latency against one round trip, all measured in the same run.
     Handoff(handoff::HandoffArgs),
+    /// Restart time (issue 18): a node's objects recovered from the segment files and journal
+    /// its previous life left, every one checked by its checksum.
+    Restart(restart::RestartArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,5 +67,6 @@ fn main() -> anyhow::Result<()> {
         Command::GenTrace(args) => kvpool_bench::replay::cli::gen_trace(&args),
         Command::Weights(args) => weights::run(args),
         Command::Handoff(args) => handoff::run(args),
+        Command::Restart(args) => restart::run(args),
     }
 }

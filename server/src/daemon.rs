@@ -231,8 +231,31 @@ fn credentials(
 /// Opens the memory segments and builds the pool over them.
 fn open_pool(config: &Config) -> anyhow::Result<Arc<Pool>> {
     let pool_cfg = config.pool_config()?;
+    let started = std::time::Instant::now();
     let pool =
         Arc::new(Pool::new(&pool_cfg, random_secret()?).context("creating memory segments")?);
+    let r = pool.recovery();
+    if let Some(why) = &r.unreadable {
+        tracing::warn!(
+            %why,
+            "the previous life's journal is not readable by this kvpoold: starting empty"
+        );
+    } else if r.listed > 0 || r.torn_tail > 0 {
+        let dropped =
+            r.dropped_checksum + r.dropped_bounds + r.dropped_namespace + r.dropped_no_room;
+        tracing::info!(
+            listed = r.listed,
+            recovered = r.recovered,
+            recovered_bytes = r.recovered_bytes,
+            dropped_checksum = r.dropped_checksum,
+            dropped_bounds = r.dropped_bounds,
+            dropped_namespace = r.dropped_namespace,
+            dropped_no_room = r.dropped_no_room,
+            torn_tail = r.torn_tail,
+            millis = started.elapsed().as_millis() as u64,
+            "recovered the previous life's objects ({dropped} dropped)"
+        );
+    }
     for s in pool.segments() {
         tracing::info!(
             segment = s.layout().id,

@@ -18,6 +18,7 @@
 mod index;
 mod namespace;
 mod pending;
+mod recover;
 mod scan;
 mod stats;
 
@@ -29,12 +30,14 @@ use crate::addr::{GlobalAddr, MacKey, NodeId, Place};
 use crate::alloc::{AllocConfig, Allocator};
 use crate::checksum::checksum;
 use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
-use crate::segment::{Backing, HugePages, Segment, SegmentSpec};
+use crate::journal::{Journal, Record};
+use crate::segment::{Backing, HugePages, Segment, SegmentSpec, LAYOUT_VERSION};
 use crate::seqlock;
 use index::{Entry, Shard, Zombie};
 use namespace::Namespace;
 pub use namespace::{NamespaceConfig, DEFAULT_NAMESPACE};
 use pending::{Pending, PendingShard, RecentCancels};
+pub use recover::Recovery;
 pub use scan::ScanPage;
 pub use stats::{NamespaceStats, PoolStats, SegmentStats};
 
@@ -129,6 +132,11 @@ pub struct Pool {
     unreserved: u64,
     /// Told of every commit (see [`Pool::observe`]).
     observer: std::sync::OnceLock<Arc<dyn CommitObserver>>,
+    /// The index journal, for file-backed segments (see [`crate::journal`]). Locked under an
+    /// index shard's lock, never the other way.
+    journal: Option<Mutex<Journal>>,
+    /// What was recovered of the previous life at start-up.
+    recovery: Recovery,
 }
 
 /// Told of every object that becomes visible (see [`Pool::observe`]).
@@ -154,7 +162,10 @@ const EVICTION_ROUNDS: usize = 16;
 const MAX_EVICTIONS_PER_ALLOC: usize = 4096;
 
 impl Pool {
-    /// Creates the segments and an empty index. `secret` keys the memory keys of every address
+    /// Creates the segments and the index. With file-backed segments, the objects a previous
+    /// life of this node left in the directory are recovered first (see [`Pool::recovery`]),
+    /// and from then on every change of the index is journaled so the next life can recover
+    /// this one's. `secret` keys the memory keys of every address
     /// this pool hands out; the daemon draws it from the OS at start-up. The pool's incarnation
     /// (see [`crate::addr`]) is derived from it, so it is as random and as fresh as the secret.
     pub fn new(cfg: &PoolConfig, secret: [u8; 16]) -> io::Result<Pool> {
@@ -167,6 +178,11 @@ impl Pool {
                 cfg.segments
             )));
         }
+        // The previous life's journal and segments, mapped before the new files replace them.
+        let previous = match &cfg.backing {
+            Backing::File(dir) => Some(recover::Previous::open(dir, cfg.node)),
+            Backing::Anonymous => None,
+        };
         let mut segments = Vec::new();
         for id in 0..cfg.segments {
             let alloc = Allocator::new(cfg.segment_size, cfg.alloc)
@@ -181,7 +197,8 @@ impl Pool {
                 prefault: cfg.prefault,
                 incarnation,
             };
-            let segment = Segment::create(&spec)?;
+            let mut segment = Segment::create(&spec)?;
+            segment.keep_file_on_drop();
             segments.push(SegmentSlot {
                 segment,
                 alloc: Mutex::new(alloc),
@@ -228,7 +245,19 @@ impl Pool {
             .iter()
             .map(|n| n.eviction.build_shards(nshards).into_iter())
             .collect();
-        Ok(Pool {
+        let journal = match &cfg.backing {
+            Backing::File(dir) => {
+                let names: Vec<String> = ns_cfg.iter().map(|n| n.name.clone()).collect();
+                Some(Mutex::new(Journal::create(
+                    dir,
+                    cfg.node,
+                    LAYOUT_VERSION,
+                    &names,
+                )?))
+            }
+            Backing::Anonymous => None,
+        };
+        let mut pool = Pool {
             node: cfg.node,
             incarnation,
             mac,
@@ -259,7 +288,21 @@ impl Pool {
             observer: std::sync::OnceLock::new(),
             shared_used: AtomicU64::new(0),
             unreserved,
-        })
+            journal,
+            recovery: Recovery::default(),
+        };
+        if let Some(prev) = previous {
+            pool.journal(Journal::hold);
+            pool.recovery = pool.recover(prev);
+            pool.journal(Journal::release);
+        }
+        Ok(pool)
+    }
+
+    /// What was recovered of the previous life of this node at start-up (all zero when there
+    /// was none, or the segments are anonymous).
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
     }
 
     /// This pool's node.
@@ -678,6 +721,19 @@ impl Pool {
         if p.pin {
             space.pinned.fetch_add(p.size, Ordering::Relaxed);
         }
+        self.journal(|j| {
+            j.commit(&Record {
+                ns: p.ns,
+                segment: p.segment,
+                offset: p.offset,
+                len: p.len,
+                checksum: checksum_given,
+                generation: addr.generation,
+                pinned: p.pin,
+                depth: p.depth,
+                key: &p.key,
+            })
+        });
         if let Some(o) = self.observer.get() {
             // Still under the shard's lock: a reader told of the commit finds the object.
             o.committed(p.ns, &p.key);
@@ -983,6 +1039,8 @@ impl Pool {
         };
         if e.pinned != pinned {
             e.pinned = pinned;
+            let generation = e.generation;
+            self.journal(|j| j.pin(generation, pinned));
             let size = self
                 .alloc_lock(e.segment as usize)
                 .block_at(e.offset)
@@ -1290,6 +1348,7 @@ impl Pool {
 
     /// Frees an object that just left the index, or parks it until its readers are done.
     fn retire_entry(&self, shard: &mut Shard, ns: u32, e: Entry) {
+        self.journal(|j| j.gone(e.generation));
         if e.readers > 0 {
             // Its holders read on; a same-host client's cached lookup of the key must not.
             if let Some(word) = self.segments[e.segment as usize].segment.version(e.offset) {
@@ -1321,6 +1380,14 @@ impl Pool {
         self.unreserve(space, block.size);
         if pinned {
             space.pinned.fetch_sub(block.size, Ordering::Relaxed);
+        }
+    }
+
+    /// Appends to the journal, if any. Called under the index shard lock of the key concerned,
+    /// so the records of one key are in the order of its changes.
+    fn journal(&self, f: impl FnOnce(&mut Journal)) {
+        if let Some(j) = &self.journal {
+            f(&mut lock(j));
         }
     }
 
@@ -1449,6 +1516,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests;
 #[cfg(test)]
 mod tests_cancel;
+#[cfg(test)]
+mod tests_recover;
 #[cfg(test)]
 mod tests_reservations;
 #[cfg(test)]

@@ -1,0 +1,501 @@
+//! The index journal: what a pool needs to find its objects again after a restart.
+//!
+//! A pool whose segments are files keeps, next to them, an append-only file
+//! (`journal-<node>.kvj`) with one record per change of its index: an object committed (its
+//! namespace, key, segment, offset, length, checksum, generation, pin and prefix depth), an
+//! object gone from the index (removed, replaced or evicted; by generation), and a pin change.
+//! Each record is written with one `write(2)` before the operation returns, so a daemon killed
+//! at any instant leaves a journal whose every complete record describes an acknowledged state;
+//! a record cut short by the kill is recognised by its checksum and ends the replay. The page
+//! cache outlives the process, so no `fsync` is needed for a restart (a reboot of the host loses
+//! `/dev/shm` and the journal with it anyway).
+//!
+//! Replaying the journal gives the objects that were in the index (see [`replay`]); the pool
+//! then copies each one whose bytes still hash to its recorded checksum into its new segments
+//! (see `pool/recover.rs`). The checksum comes from this file, which only the daemon writes,
+//! never from the shared segment memory.
+//!
+//! ```text
+//! header   magic "KVPOOLJN" | version u32 | body_len u32 | xxh3 of body u64 | body:
+//!          segment layout u32 | node u32 | namespaces u32 | per namespace: len u16, name
+//! record   body_len u32 | xxh3 of body u64 | body (little-endian):
+//!          1 commit: ns u32, segment u16, offset u64, len u64, checksum u64, generation u64,
+//!                    pinned u8, depth u32, key_len u16, key
+//!          2 gone:   generation u64
+//!          3 pin:    generation u64, pinned u8
+//! ```
+//!
+//! The journal grows with every change; once it holds many more records than live objects it
+//! is rewritten with only the live ones ([`Journal::compact_if_due`]).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::addr::NodeId;
+use crate::error::MAX_KEY_LEN;
+
+/// Magic bytes at the start of a journal.
+pub const JOURNAL_MAGIC: [u8; 8] = *b"KVPOOLJN";
+/// Version of the journal format described in the module docs.
+pub const JOURNAL_VERSION: u32 = 1;
+
+const TAG_COMMIT: u8 = 1;
+const TAG_GONE: u8 = 2;
+const TAG_PIN: u8 = 3;
+const COMMIT_FIXED: usize = 1 + 4 + 2 + 8 * 4 + 1 + 4 + 2;
+const MAX_RECORD: usize = COMMIT_FIXED + MAX_KEY_LEN;
+/// Records of slack before a compaction is considered.
+const COMPACT_SLACK: u64 = 1 << 16;
+
+/// The file name of node `node`'s journal inside its segment directory.
+pub fn journal_file_name(node: NodeId) -> String {
+    format!("journal-{}.kvj", node.0)
+}
+
+/// An object as the journal last described it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    /// Namespace id, in the journal's namespace table.
+    pub ns: u32,
+    /// Segment number.
+    pub segment: u16,
+    /// Offset in the segment's data area.
+    pub offset: u64,
+    /// Value length.
+    pub len: u64,
+    /// xxh3-64 of the value.
+    pub checksum: u64,
+    /// Generation in the life that wrote it.
+    pub generation: u64,
+    /// Pinned (never evicted).
+    pub pinned: bool,
+    /// Prefix-chain depth given at its allocation.
+    pub depth: u32,
+    /// The key.
+    pub key: Vec<u8>,
+}
+
+/// Why a journal could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Not a journal (bad magic) or a damaged header.
+    #[error("not a kvpool journal, or its header is damaged")]
+    Corrupt,
+    /// A journal format this build does not read.
+    #[error("journal format version {0} (this kvpoold reads version {JOURNAL_VERSION})")]
+    UnknownVersion(u32),
+    /// Segments of a layout this build does not read.
+    #[error("segment layout version {found} (this kvpoold reads version {reads})")]
+    UnknownLayout {
+        /// The journal's layout.
+        found: u32,
+        /// The one this build reads.
+        reads: u32,
+    },
+}
+
+/// What [`replay`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// The journal writer's node.
+    pub node: u32,
+    /// Its namespace names, by id.
+    pub namespaces: Vec<String>,
+    /// Objects in the index when the journal ends, oldest commit first, one per key.
+    pub objects: Vec<Committed>,
+    /// Bytes after the last whole record (a record cut short by a crash, or damage).
+    pub torn_tail: u64,
+}
+
+/// A commit to record, borrowing its key.
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    /// Namespace id.
+    pub ns: u32,
+    /// Segment number.
+    pub segment: u16,
+    /// Offset in the segment's data area.
+    pub offset: u64,
+    /// Value length.
+    pub len: u64,
+    /// xxh3-64 of the value.
+    pub checksum: u64,
+    /// Generation.
+    pub generation: u64,
+    /// Pinned.
+    pub pinned: bool,
+    /// Prefix-chain depth.
+    pub depth: u32,
+    /// The key.
+    pub key: &'a [u8],
+}
+
+impl Committed {
+    /// This object as a record to write.
+    pub fn record(&self) -> Record<'_> {
+        Record {
+            ns: self.ns,
+            segment: self.segment,
+            offset: self.offset,
+            len: self.len,
+            checksum: self.checksum,
+            generation: self.generation,
+            pinned: self.pinned,
+            depth: self.depth,
+            key: &self.key,
+        }
+    }
+}
+
+/// Parses a journal. `layout` is the segment layout version this build reads.
+pub fn replay(bytes: &[u8], layout: u32) -> Result<Replayed, JournalError> {
+    if bytes.len() < 24 || bytes[..8] != JOURNAL_MAGIC {
+        return Err(JournalError::Corrupt);
+    }
+    let version = u32_at(bytes, 8);
+    if version != JOURNAL_VERSION {
+        return Err(JournalError::UnknownVersion(version));
+    }
+    let body_len = u32_at(bytes, 12) as usize;
+    let body = bytes.get(24..24 + body_len).ok_or(JournalError::Corrupt)?;
+    if xxh3_64(body) != u64_at(bytes, 16) || body.len() < 12 {
+        return Err(JournalError::Corrupt);
+    }
+    let found = u32_at(body, 0);
+    if found != layout {
+        return Err(JournalError::UnknownLayout {
+            found,
+            reads: layout,
+        });
+    }
+    let node = u32_at(body, 4);
+    let count = u32_at(body, 8) as usize;
+    let mut namespaces = Vec::new();
+    let mut at = 12;
+    for _ in 0..count {
+        let len = body
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+            .ok_or(JournalError::Corrupt)?;
+        let name = body
+            .get(at + 2..at + 2 + len)
+            .ok_or(JournalError::Corrupt)?;
+        namespaces.push(String::from_utf8(name.to_vec()).map_err(|_| JournalError::Corrupt)?);
+        at += 2 + len;
+    }
+    if at != body.len() {
+        return Err(JournalError::Corrupt);
+    }
+
+    // generation -> (sequence of its commit, object)
+    let mut live: HashMap<u64, (u64, Committed)> = HashMap::new();
+    let mut pos = 24 + body_len;
+    let mut seq = 0u64;
+    while pos < bytes.len() {
+        let Some(rec) = record_at(bytes, pos) else {
+            break;
+        };
+        pos += 12 + rec.len();
+        seq += 1;
+        match decode(rec, namespaces.len()) {
+            Some(Decoded::Commit(c)) => {
+                live.insert(c.generation, (seq, c));
+            }
+            Some(Decoded::Gone(g)) => {
+                live.remove(&g);
+            }
+            Some(Decoded::Pin(g, pinned)) => {
+                if let Some((_, c)) = live.get_mut(&g) {
+                    c.pinned = pinned;
+                }
+            }
+            // A whole record (its checksum holds) that makes no sense: damage we can't
+            // explain, so nothing after it is trusted either.
+            None => {
+                pos -= 12 + rec.len();
+                break;
+            }
+        }
+    }
+    let mut objects: Vec<(u64, Committed)> = live.into_values().collect();
+    objects.sort_unstable_by_key(|(s, _)| *s);
+    // A key committed again before its older object's "gone" was written (a crash between
+    // the two): the later commit wins.
+    let mut newest: HashMap<(u32, &[u8]), u64> = HashMap::new();
+    for (s, c) in &objects {
+        newest.insert((c.ns, c.key.as_slice()), *s);
+    }
+    let keep: Vec<bool> = objects
+        .iter()
+        .map(|(s, c)| newest.get(&(c.ns, c.key.as_slice())) == Some(s))
+        .collect();
+    let objects = objects
+        .into_iter()
+        .zip(keep)
+        .filter_map(|((_, c), k)| k.then_some(c))
+        .collect();
+    Ok(Replayed {
+        node,
+        namespaces,
+        objects,
+        torn_tail: (bytes.len() - pos) as u64,
+    })
+}
+
+/// The writer of a pool's journal.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: Option<File>,
+    header: Vec<u8>,
+    layout: u32,
+    /// Records since the file was last written whole.
+    records: u64,
+    /// Commits minus gones since then, plus the objects it started with.
+    live: u64,
+    /// Records held back by [`Journal::hold`] until [`Journal::release`].
+    held: Option<Vec<u8>>,
+}
+
+impl Journal {
+    /// Creates (replacing any) the journal of `node` in `dir` for a pool with these namespace
+    /// names, writing a temporary file and renaming it, so a crash leaves the old one or the
+    /// new one.
+    pub fn create(
+        dir: &Path,
+        node: NodeId,
+        layout: u32,
+        namespaces: &[String],
+    ) -> io::Result<Journal> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&layout.to_le_bytes());
+        body.extend_from_slice(&node.0.to_le_bytes());
+        body.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
+        for n in namespaces {
+            let name = &n.as_bytes()[..n.len().min(u16::MAX as usize)];
+            body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            body.extend_from_slice(name);
+        }
+        let mut header = Vec::with_capacity(24 + body.len());
+        header.extend_from_slice(&JOURNAL_MAGIC);
+        header.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        header.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        header.extend_from_slice(&xxh3_64(&body).to_le_bytes());
+        header.extend_from_slice(&body);
+        let path = dir.join(journal_file_name(node));
+        let file = write_whole(&path, &header, &[])?;
+        Ok(Journal {
+            path,
+            file: Some(file),
+            header,
+            layout,
+            records: 0,
+            live: 0,
+            held: None,
+        })
+    }
+
+    /// Records a commit.
+    pub fn commit(&mut self, c: &Record<'_>) {
+        let mut b = [0u8; MAX_RECORD];
+        let n = encode_commit(c, &mut b);
+        self.live += 1;
+        self.append(&b[..n]);
+    }
+
+    /// Records that generation `generation` left the index.
+    pub fn gone(&mut self, generation: u64) {
+        let mut b = [0u8; 9];
+        b[0] = TAG_GONE;
+        b[1..9].copy_from_slice(&generation.to_le_bytes());
+        self.live = self.live.saturating_sub(1);
+        self.append(&b);
+    }
+
+    /// Records a pin change.
+    pub fn pin(&mut self, generation: u64, pinned: bool) {
+        let mut b = [0u8; 10];
+        b[0] = TAG_PIN;
+        b[1..9].copy_from_slice(&generation.to_le_bytes());
+        b[9] = pinned as u8;
+        self.append(&b);
+    }
+
+    /// False once a write failed: the journal was then deleted, so a restart starts empty
+    /// instead of trusting a journal with a hole.
+    pub fn healthy(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Rewrites the file with only the live objects once it holds more than twice as many
+    /// records as there are live objects (plus a slack of 65536 records). Called after each
+    /// append; the work is amortised over the records that made it due.
+    pub fn compact_if_due(&mut self) {
+        if self.file.is_none() || self.records <= 2 * self.live + COMPACT_SLACK {
+            return;
+        }
+        let compacted = std::fs::read(&self.path)
+            .ok()
+            .and_then(|bytes| replay(&bytes, self.layout).ok())
+            .and_then(|r| {
+                let mut recs = Vec::with_capacity(r.objects.len() * 64);
+                let mut b = [0u8; MAX_RECORD];
+                for c in &r.objects {
+                    let n = encode_commit(&c.record(), &mut b);
+                    frame(&b[..n], &mut recs);
+                }
+                let file = write_whole(&self.path, &self.header, &recs).ok()?;
+                Some((file, r.objects.len() as u64))
+            });
+        match compacted {
+            Some((file, live)) => {
+                self.file = Some(file);
+                self.records = live;
+                self.live = live;
+            }
+            None => self.fail(),
+        }
+    }
+
+    /// Holds records back in memory instead of writing each one (for a recovery, which
+    /// writes a whole journal at once: a crash during it loses the objects not yet recovered
+    /// in any case).
+    pub fn hold(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes the records held back since [`Journal::hold`], and writes each one again from
+    /// then on.
+    pub fn release(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        let Some(f) = self.file.as_mut() else { return };
+        if f.write_all(&held).is_err() {
+            self.fail();
+            return;
+        }
+        self.compact_if_due();
+    }
+
+    fn append(&mut self, body: &[u8]) {
+        if let Some(held) = self.held.as_mut() {
+            frame(body, held);
+            self.records += 1;
+            return;
+        }
+        let Some(f) = self.file.as_mut() else { return };
+        let mut rec = Vec::with_capacity(12 + body.len());
+        frame(body, &mut rec);
+        if f.write_all(&rec).is_err() {
+            self.fail();
+            return;
+        }
+        self.records += 1;
+        self.compact_if_due();
+    }
+
+    fn fail(&mut self) {
+        self.file = None;
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Writes `header` and `records` to a temporary file renamed onto `path`; returns the file
+/// opened for appending.
+fn write_whole(path: &Path, header: &[u8], records: &[u8]) -> io::Result<File> {
+    let tmp = path.with_extension("kvj.tmp");
+    let mut f = OpenOptions::new()
+        .mode(0o600)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    f.write_all(header)?;
+    f.write_all(records)?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    OpenOptions::new().append(true).open(path)
+}
+
+fn frame(body: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&xxh3_64(body).to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+/// Encodes a commit record's body into `b`; returns its length.
+fn encode_commit(c: &Record<'_>, b: &mut [u8; MAX_RECORD]) -> usize {
+    let key = &c.key[..c.key.len().min(MAX_KEY_LEN)];
+    b[0] = TAG_COMMIT;
+    b[1..5].copy_from_slice(&c.ns.to_le_bytes());
+    b[5..7].copy_from_slice(&c.segment.to_le_bytes());
+    b[7..15].copy_from_slice(&c.offset.to_le_bytes());
+    b[15..23].copy_from_slice(&c.len.to_le_bytes());
+    b[23..31].copy_from_slice(&c.checksum.to_le_bytes());
+    b[31..39].copy_from_slice(&c.generation.to_le_bytes());
+    b[39] = c.pinned as u8;
+    b[40..44].copy_from_slice(&c.depth.to_le_bytes());
+    b[44..46].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    b[46..46 + key.len()].copy_from_slice(key);
+    COMMIT_FIXED + key.len()
+}
+
+/// The body of the whole, intact record at `pos`, if there is one.
+fn record_at(bytes: &[u8], pos: usize) -> Option<&[u8]> {
+    let head = bytes.get(pos..pos + 12)?;
+    let len = u32_at(head, 0) as usize;
+    if len == 0 || len > MAX_RECORD {
+        return None;
+    }
+    let body = bytes.get(pos + 12..pos + 12 + len)?;
+    (xxh3_64(body) == u64_at(head, 4)).then_some(body)
+}
+
+enum Decoded {
+    Commit(Committed),
+    Gone(u64),
+    Pin(u64, bool),
+}
+
+fn decode(b: &[u8], namespaces: usize) -> Option<Decoded> {
+    match *b.first()? {
+        TAG_COMMIT if b.len() >= COMMIT_FIXED => {
+            let key_len = u16::from_le_bytes([b[44], b[45]]) as usize;
+            let ns = u32_at(b, 1);
+            if b.len() != COMMIT_FIXED + key_len
+                || key_len == 0
+                || key_len > MAX_KEY_LEN
+                || ns as usize >= namespaces
+                || b[39] > 1
+            {
+                return None;
+            }
+            Some(Decoded::Commit(Committed {
+                ns,
+                segment: u16::from_le_bytes([b[5], b[6]]),
+                offset: u64_at(b, 7),
+                len: u64_at(b, 15),
+                checksum: u64_at(b, 23),
+                generation: u64_at(b, 31),
+                pinned: b[39] == 1,
+                depth: u32_at(b, 40),
+                key: b[46..].to_vec(),
+            }))
+        }
+        TAG_GONE if b.len() == 9 => Some(Decoded::Gone(u64_at(b, 1))),
+        TAG_PIN if b.len() == 10 && b[9] <= 1 => Some(Decoded::Pin(u64_at(b, 1), b[9] == 1)),
+        _ => None,
+    }
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
