@@ -166,3 +166,43 @@ async fn remembered_keys_whose_memory_was_reused_are_misses_never_other_bytes() 
         }
     }
 }
+
+/// A client's index must not outlive its daemon: once the daemon is killed (its memory still
+/// mapped by the client, its last values still there), reads of remembered keys stop being
+/// served from the mapping within moments, and never are again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_daemons_memory_is_not_served_from_the_index() {
+    let mut n = Node::start("64MiB", &[]);
+    let a = client(&n).await;
+    let keys: [&[u8]; 2] = [b"d0", b"d1"];
+    for (i, k) in keys.iter().enumerate() {
+        a.put(k, &value(400 + i as u64, LEN)).await.unwrap();
+    }
+    for _ in 0..3 {
+        assert!(get_all(&a, &keys).await.iter().all(Option::is_some));
+    }
+    n.kill();
+    let served =
+        |got: &Result<Vec<Option<usize>>, _>| matches!(got, Ok(v) if v.iter().any(Option::is_some));
+    let mut bufs = vec![vec![0u8; LEN]; 2];
+    let start = std::time::Instant::now();
+    loop {
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        if !served(&a.batch_get_into(&keys, &mut dsts).await) {
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "a dead daemon's values still served from the client's index"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    for _ in 0..50 {
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        assert!(
+            !served(&a.batch_get_into(&keys, &mut dsts).await),
+            "served again after the daemon's death"
+        );
+        assert!(a.get(keys[0]).await.map_or(true, |v| v.is_none()));
+    }
+}

@@ -10,7 +10,7 @@
 //! of the dead daemon's unlinked files, is released once no read holds it).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use kvpool::protocol::{
@@ -92,6 +92,35 @@ pub(crate) struct Link {
     local: RwLock<Option<Arc<LocalMap>>>,
     /// Where this client last found same-host objects ([`SeenIndex`]).
     seen: Mutex<SeenIndex>,
+    /// Whether the index may be read without asking the node ([`Watch`]).
+    watch: Watch,
+}
+
+/// Keeps the seen index honest about the daemon's life. Reads from the index ask the node
+/// nothing, so a client would go on serving a dead daemon's last values out of its memory (and,
+/// were another daemon started on other files, values it no longer has). So the index is only
+/// read while a watch connection to the node, idle after its handshake, stays open: the
+/// daemon's exit (or a restart, or an idle timeout closing it) ends the connection and the
+/// watching task clears `alive` at once; reads then look up through the socket, and the first
+/// one the node answers arms a new watch. The task ends with the link (`stop` dropped).
+struct Watch {
+    alive: Arc<AtomicBool>,
+    arming: Arc<AtomicBool>,
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Watch {
+    fn new() -> Watch {
+        Watch {
+            alive: Arc::new(AtomicBool::new(false)),
+            arming: Arc::new(AtomicBool::new(false)),
+            stop: Mutex::new(None),
+        }
+    }
+
+    fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
 }
 
 impl Link {
@@ -151,6 +180,7 @@ impl Link {
             same_host: local.is_some(),
             local: RwLock::new(local.map(Arc::new)),
             seen: Mutex::new(SeenIndex::new(cfg.local_index)),
+            watch: Watch::new(),
         })
     }
 
@@ -698,6 +728,7 @@ impl Link {
         }
         let sub: Vec<&[u8]> = todo.iter().map(|&i| keys[i]).collect();
         let found = self.lookup(cfg, view, ns, &sub, lease_ms).await?;
+        self.arm_watch(cfg);
         let mut located = vec![None; keys.len()];
         for (&i, l) in todo.iter().zip(&found) {
             located[i] = *l;
@@ -763,7 +794,7 @@ impl Link {
         prefix: bool,
     ) -> Result<Vec<usize>, ClientError> {
         let all = || (0..keys.len()).collect();
-        let Some(local) = self.local() else {
+        let Some(local) = self.local().filter(|_| self.watch.alive()) else {
             return Ok(all());
         };
         let known: Vec<Option<Located>> = {
@@ -840,6 +871,44 @@ impl Link {
         }
     }
 
+    /// Starts a watch of the node's life in the background, unless one runs or is starting
+    /// or the index is off. Called after the node answered, so a watch found dead is replaced.
+    fn arm_watch(&self, cfg: &ClientConfig) {
+        if cfg.local_index == 0
+            || self.watch.alive()
+            || self.watch.arming.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        *self.watch.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
+        let (alive, arming) = (self.watch.alive.clone(), self.watch.arming.clone());
+        let (endpoint, cfg) = (self.endpoint.clone(), cfg.clone());
+        let incarnation = self.incarnation.load(Ordering::Acquire);
+        tokio::spawn(async move {
+            let opened = Conn::open(&endpoint, &cfg, (None, false)).await;
+            let Ok((conn, hello)) = opened else {
+                arming.store(false, Ordering::Release);
+                return;
+            };
+            if hello.incarnation != incarnation {
+                // Restarted meanwhile: the link adopts the new life on its next call.
+                arming.store(false, Ordering::Release);
+                return;
+            }
+            alive.store(true, Ordering::Release);
+            arming.store(false, Ordering::Release);
+            let (mut reader, _writer) = conn.split();
+            // The node sends nothing unasked: any outcome of this read (its end above all)
+            // means the connection, and with it the watch, is over.
+            tokio::select! {
+                _ = reader.next() => {}
+                _ = stopped => {}
+            }
+            alive.store(false, Ordering::Release);
+        });
+    }
+
     fn seen(&self) -> std::sync::MutexGuard<'_, SeenIndex> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -908,7 +977,7 @@ impl Link {
     ) -> Result<Option<Vec<u8>>, ClientError> {
         if self.same_host {
             let known = self.seen().get(ns, key);
-            if let (Some(l), Some(local)) = (known, self.local()) {
+            if let (Some(l), Some(local)) = (known, self.local().filter(|_| self.watch.alive())) {
                 let mut buf = vec![0u8; l.addr.len as usize];
                 if read_checked(cfg, &local, &l, &mut buf, true)? {
                     let report = self.seen().touch(ns, key);
@@ -919,7 +988,9 @@ impl Link {
                 }
                 self.seen().forget(ns, key, &l);
             }
-            let Some(l) = self.lookup(cfg, view, ns, &[key], 0).await?.pop().flatten() else {
+            let found = self.lookup(cfg, view, ns, &[key], 0).await?.pop().flatten();
+            self.arm_watch(cfg);
+            let Some(l) = found else {
                 return Ok(None);
             };
             let mut buf = vec![0u8; l.addr.len as usize];

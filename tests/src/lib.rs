@@ -217,6 +217,14 @@ impl Node {
         self.dir.join("cluster.secret")
     }
 
+    /// SIGKILL and wait (a crash: nothing of the daemon runs after). Keeps the data dir.
+    pub fn kill(&mut self) {
+        self.keep_dir = true;
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     /// SIGTERM and wait; returns the exit status. Keeps the data dir for a restart.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         self.keep_dir = true;
