@@ -7,9 +7,9 @@ use anyhow::{anyhow, Context};
 use kvpool_client::{Client, ClientConfig, GlobalAddr};
 
 use super::compare::interleave_threads;
-use super::driver::{run_tasks, ThreadOp};
+use super::driver::ThreadOp;
 use super::report::{Ref, Row};
-use super::workloads::{self, Buffers, KvGet, DEPTH};
+use super::workloads::{self, DEPTH};
 use super::{memcpy, Ctx, Section};
 
 /// Lease long enough for the whole section (the pool caps it; nothing is evicted meanwhile).
@@ -49,41 +49,33 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             ctx.report.push(copy);
             ctx.report.push(row);
         }
-        for verify in [false, true] {
+        for (verify, index) in [(false, true), (true, true), (true, false)] {
             for conns in ctx.args.conns.clone() {
                 let cfg = ClientConfig {
                     verify_checksums: verify,
+                    local_index: if index {
+                        ClientConfig::default().local_index
+                    } else {
+                        0
+                    },
                     ..ClientConfig::default()
                 };
-                let m = ctx.rt.block_on(async {
-                    let mut workers = Vec::new();
-                    for w in 0..conns {
-                        let c = Client::connect(&endpoint, cfg.clone()).await?;
-                        anyhow::ensure!(
-                            c.is_local(),
-                            "a second client did not take the same-host path"
-                        );
-                        workers.push(KvGet::new(
-                            c,
-                            keys.clone(),
-                            size,
-                            DEPTH,
-                            w * keys.len() / conns,
-                            Buffers::default(),
-                        ));
-                    }
-                    run_tasks(&mut workers, window).await
-                })?;
-                let op = if verify {
-                    "batch_get_into verify=on"
-                } else {
-                    "batch_get_into verify=off"
+                let gets = batch_ops(&endpoint, &cfg, &keys, size, conns)?;
+                let m = interleave_threads(&mut [memcpy::ops(&ring, size, conns), gets], window)?;
+                let op = match (verify, index) {
+                    (false, _) => "batch_get_into verify=off",
+                    (true, true) => "batch_get_into verify=on",
+                    (true, false) => "batch_get_into verify=on index=off",
                 };
                 let mut row = Row::new(Section::Local, "kvpool", op)
                     .shape(size, conns, DEPTH)
-                    .measured(&m);
-                if let (Some(g), Some(r)) = (row.gbps, memcpy::reference(ctx, &row)) {
-                    row.refs.push(Ref::new("memcpy", g / r));
+                    .measured(&m[1]);
+                if let (Some(g), Some(r)) = (row.gbps, Some(m[0].gbps()).filter(|r| *r > 0.0)) {
+                    row.refs.push(if verify && index {
+                        Ref::with_target("memcpy", g / r, TARGET)
+                    } else {
+                        Ref::new("memcpy", g / r)
+                    });
                 }
                 ctx.report.push(row);
             }
@@ -94,12 +86,47 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         Section::Local,
         format!(
             "read_local: addresses from one lease() call, then client.read_local(&addr, 0, &mut buf) in a loop \
-             (conns = threads), alternating with memcpy in four slices; batch_get_into: {DEPTH} keys per call, \
-             one lookup round trip over the Unix socket then copies from the mapping; verify=on also hashes \
-             every value (xxh3)"
+             (conns = threads), alternating with memcpy in four slices; batch_get_into: {DEPTH} keys per call \
+             (one blocking client per thread, also alternating with memcpy), copied from the mapping: keys the \
+             client has seen straight from its index, with index=off after one lookup round trip over the Unix \
+             socket each call; verify=on also hashes every value (xxh3, in the same pass as the copy)"
         ),
     );
     Ok(())
+}
+
+/// One batched-get loop per thread, each on its own blocking client, `DEPTH` keys per call.
+fn batch_ops<'a>(
+    endpoint: &str,
+    cfg: &ClientConfig,
+    keys: &'a [Vec<u8>],
+    size: u64,
+    conns: usize,
+) -> anyhow::Result<Vec<ThreadOp<'a>>> {
+    (0..conns)
+        .map(|t| {
+            let c = kvpool_client::blocking::Client::connect(endpoint, cfg.clone())?;
+            anyhow::ensure!(
+                c.is_local(),
+                "a second client did not take the same-host path"
+            );
+            let mut bufs = vec![vec![0u8; size as usize]; DEPTH];
+            let mut i = t * keys.len() / conns;
+            Ok(Box::new(move || {
+                let batch: Vec<&[u8]> = (0..DEPTH)
+                    .map(|j| &keys[(i + j) % keys.len()][..])
+                    .collect();
+                i += DEPTH;
+                let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                let got = c.batch_get_into(&batch, &mut dsts)?;
+                anyhow::ensure!(
+                    got.iter().all(|g| *g == Some(size as usize)),
+                    "batch_get_into missed a stored key"
+                );
+                Ok(size * DEPTH as u64)
+            }) as ThreadOp<'a>)
+        })
+        .collect()
 }
 
 /// One read loop per thread over the leased addresses.

@@ -63,13 +63,3 @@ pub(crate) fn note(ctx: &mut Ctx, ring_len: usize) {
         format!("conns = copying threads, each from its own part of a {} MiB ring into one value-sized buffer", ring_len >> 20),
     );
 }
-
-/// The memcpy row with the same size and thread count as `like`, if measured.
-pub(crate) fn reference(ctx: &Ctx, like: &Row) -> Option<f64> {
-    ctx.report
-        .rows
-        .iter()
-        .find(|r| r.section == Section::Memcpy && r.size == like.size && r.conns == like.conns)
-        .and_then(|r| r.gbps)
-        .filter(|g| *g > 0.0)
-}
