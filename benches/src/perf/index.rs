@@ -93,6 +93,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     eprintln!("\r  inserted {inserted} of {n} in {secs:.1} s");
     let heap = live_bytes().saturating_sub(heap0) as f64 / inserted as f64;
     let rss = rss_bytes().saturating_sub(rss0) as f64 / inserted as f64;
+    let lookups = lookup_rates(&pool, ns, inserted)?;
     // Freeing ten million entries one by one takes seconds, and nothing is measured after
     // this: let a background thread do it (the process may exit first; the OS takes it all).
     std::thread::spawn(move || drop(pool));
@@ -132,6 +133,12 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     ctx.report.push(row);
     ctx.report.push(rss_row);
     ctx.report.push(ref_row);
+    for (op, ops_per_s) in lookups {
+        let mut row = Row::new(Section::Index, "kvpool Pool", op);
+        row.objects = Some(inserted);
+        row.ops_per_s = Some(ops_per_s);
+        ctx.report.push(row);
+    }
     let fixed_mib = fixed as f64 / (1 << 20) as f64;
     ctx.report.note(
         Section::Index,
@@ -144,10 +151,51 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              as heap but not touched) + malloc's own overhead + the 8-byte version word per object; \
              Pool::new took {fixed_mib:.1} MiB of heap up front (allocator metadata, shards), not counted \
              per object; ops/s = alloc+commit pairs per second while filling; reference: the heap of \
-             HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates"
+             HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates; \
+             lookups (one thread, {LOOKUP_MS} ms each, keys drawn uniformly at random): `lookup hit` = \
+             pool.lookup of a present key (index probe, full key compare, eviction access, signed \
+             address), `lookup miss` = pool.lookup of an absent key, `exists` = pool.exists_prefix \
+             of one present key (probe and compare only)"
         ),
     );
     Ok(())
+}
+
+/// How long each lookup rate is measured.
+const LOOKUP_MS: u64 = 2000;
+
+/// Single-threaded lookup rates over the `n` objects of a filled pool: (op, lookups per second)
+/// for present keys, absent keys and presence checks, keys drawn uniformly at random.
+fn lookup_rates(pool: &Pool, ns: u32, n: u64) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        // xorshift64*: cheap next to a lookup, and uniform enough to defeat the caches.
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    };
+    let mut rates = Vec::new();
+    for op in ["lookup hit", "lookup miss", "exists"] {
+        let started = Instant::now();
+        let mut done = 0u64;
+        while started.elapsed() < Duration::from_millis(LOOKUP_MS) {
+            for _ in 0..1024 {
+                let i = next();
+                let ok = match op {
+                    "lookup hit" => pool.lookup(ns, &key(i), 0, 0)?.is_some(),
+                    "lookup miss" => pool.lookup(ns, &key(n + i), 0, 0)?.is_none(),
+                    _ => pool.exists_prefix(ns, [&key(i)[..]])? == 1,
+                };
+                anyhow::ensure!(ok, "{op} of object #{i} answered wrong");
+            }
+            done += 1024;
+        }
+        let rate = done as f64 / started.elapsed().as_secs_f64();
+        eprintln!("  {op}: {:.2} M/s", rate / 1e6);
+        rates.push((op, rate));
+    }
+    Ok(rates)
 }
 
 /// Heap bytes per key of a bare map holding `n` of the same keys with a 48-byte value: its
