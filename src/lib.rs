@@ -42,6 +42,7 @@ pub mod error;
 pub mod eviction;
 #[cfg(not(loom))]
 pub mod membership;
+mod paged;
 #[cfg(not(loom))]
 pub mod placement;
 #[cfg(not(loom))]
