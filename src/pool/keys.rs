@@ -105,20 +105,12 @@ impl Class {
 }
 
 /// The keys of one namespace in one shard.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Keys {
-    /// Class `i` holds the keys of `i * STEP + 1 ..= (i + 1) * STEP` bytes.
+    /// Class `i` holds the keys of `i * STEP + 1 ..= (i + 1) * STEP` bytes; classes are added
+    /// when a key first needs them (a pool may have thousands of shards, each namespace's keys
+    /// usually of one or two lengths).
     classes: Vec<Class>,
-}
-
-impl Default for Keys {
-    fn default() -> Self {
-        Keys {
-            classes: (1..=MAX_KEY_LEN.div_ceil(STEP))
-                .map(|i| Class::new(i * STEP))
-                .collect(),
-        }
-    }
 }
 
 impl Keys {
@@ -128,7 +120,12 @@ impl Keys {
             !key.is_empty() && key.len() <= MAX_KEY_LEN,
             "keys are checked before they reach the index"
         );
-        let class = &mut self.classes[(key.len() - 1) / STEP];
+        let i = (key.len() - 1) / STEP;
+        while self.classes.len() <= i {
+            let cell = (self.classes.len() + 1) * STEP;
+            self.classes.push(Class::new(cell));
+        }
+        let class = &mut self.classes[i];
         let cell = class.take();
         class.bytes_mut(cell)[..key.len()].copy_from_slice(key);
         KeyRef {
