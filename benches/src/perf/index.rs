@@ -152,7 +152,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              Pool::new took {fixed_mib:.1} MiB of heap up front (allocator metadata, shards), not counted \
              per object; ops/s = alloc+commit pairs per second while filling; reference: the heap of \
              HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates; \
-             lookups (one thread, {LOOKUP_MS} ms each, keys drawn uniformly at random): `lookup hit` = \
+             lookups (one thread; ops/s = lookups per second of that thread's CPU time, {LOOKUP_MS} ms \
+             of it each, in {LOOKUP_ROUNDS} interleaved rounds; keys drawn uniformly at random): `lookup hit` = \
              pool.lookup of a present key (index probe, full key compare, eviction access, signed \
              address), `lookup miss` = pool.lookup of an absent key, `exists` = pool.exists_prefix \
              of one present key (probe and compare only)"
@@ -161,11 +162,17 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long each lookup rate is measured.
+/// Thread CPU time each lookup rate is measured over, in milliseconds.
 const LOOKUP_MS: u64 = 2000;
 
-/// Single-threaded lookup rates over the `n` objects of a filled pool: (op, lookups per second)
-/// for present keys, absent keys and presence checks, keys drawn uniformly at random.
+/// Rounds the lookup measurements are interleaved in, so a change in the machine's load
+/// during the run weighs on every kind of lookup alike.
+const LOOKUP_ROUNDS: u64 = 5;
+
+/// Single-threaded lookup rates over the `n` objects of a filled pool: (op, lookups per second
+/// of the looking thread's CPU time) for present keys, absent keys and presence checks, keys
+/// drawn uniformly at random. CPU time, not wall time: on a shared machine a thread that is
+/// descheduled half the time would otherwise look half as fast.
 fn lookup_rates(pool: &Pool, ns: u32, n: u64) -> anyhow::Result<Vec<(&'static str, f64)>> {
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -175,27 +182,50 @@ fn lookup_rates(pool: &Pool, ns: u32, n: u64) -> anyhow::Result<Vec<(&'static st
         rng ^= rng >> 27;
         rng.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
     };
-    let mut rates = Vec::new();
-    for op in ["lookup hit", "lookup miss", "exists"] {
-        let started = Instant::now();
-        let mut done = 0u64;
-        while started.elapsed() < Duration::from_millis(LOOKUP_MS) {
-            for _ in 0..1024 {
-                let i = next();
-                let ok = match op {
-                    "lookup hit" => pool.lookup(ns, &key(i), 0, 0)?.is_some(),
-                    "lookup miss" => pool.lookup(ns, &key(n + i), 0, 0)?.is_none(),
-                    _ => pool.exists_prefix(ns, [&key(i)[..]])? == 1,
-                };
-                anyhow::ensure!(ok, "{op} of object #{i} answered wrong");
+    let ops = ["lookup hit", "lookup miss", "exists"];
+    let mut done = [0u64; 3];
+    let mut cpu = [Duration::ZERO; 3];
+    let slice = Duration::from_millis(LOOKUP_MS / LOOKUP_ROUNDS);
+    for _ in 0..LOOKUP_ROUNDS {
+        for (j, op) in ops.into_iter().enumerate() {
+            let (started, wall) = (thread_cpu(), Instant::now());
+            // Bounded in wall time too, in case the thread hardly gets a CPU.
+            while thread_cpu() - started < slice && wall.elapsed() < slice * 10 {
+                for _ in 0..1024 {
+                    let i = next();
+                    let ok = match j {
+                        0 => pool.lookup(ns, &key(i), 0, 0)?.is_some(),
+                        1 => pool.lookup(ns, &key(n + i), 0, 0)?.is_none(),
+                        _ => pool.exists_prefix(ns, [&key(i)[..]])? == 1,
+                    };
+                    anyhow::ensure!(ok, "{op} of object #{i} answered wrong");
+                }
+                done[j] += 1024;
             }
-            done += 1024;
+            cpu[j] += thread_cpu() - started;
         }
-        let rate = done as f64 / started.elapsed().as_secs_f64();
-        eprintln!("  {op}: {:.2} M/s", rate / 1e6);
-        rates.push((op, rate));
+    }
+    let rates = ops
+        .into_iter()
+        .enumerate()
+        .map(|(j, op)| (op, done[j] as f64 / cpu[j].as_secs_f64().max(1e-9)))
+        .collect::<Vec<_>>();
+    for (op, rate) in &rates {
+        eprintln!("  {op}: {:.2} M per CPU second", rate / 1e6);
     }
     Ok(rates)
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Heap bytes per key of a bare map holding `n` of the same keys with a 48-byte value: its
