@@ -145,6 +145,47 @@ mod tests {
         assert_eq!(p.len(), 5 * PAGE);
     }
 
+    proptest::proptest! {
+        /// Pushes, growth and writes across pages agree with a `Vec` after every step.
+        #[test]
+        fn behaves_like_a_vec(ops in proptest::collection::vec((0u8..4, 0usize..3 * PAGE, proptest::prelude::any::<u32>()), 1..200)) {
+            let mut p = Paged::default();
+            let mut v: Vec<u32> = Vec::new();
+            for (kind, at, x) in ops {
+                match kind {
+                    0 => {
+                        p.push(x);
+                        v.push(x);
+                    }
+                    1 => {
+                        p.grow_to(at, x);
+                        if v.len() < at {
+                            v.resize(at, x);
+                        }
+                    }
+                    2 if !v.is_empty() => {
+                        let i = at % v.len();
+                        p[i] = x;
+                        v[i] = x;
+                    }
+                    _ => {
+                        if let Some(e) = p.get_mut(at) {
+                            *e = x;
+                        }
+                        if let Some(e) = v.get_mut(at) {
+                            *e = x;
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(p.len(), v.len());
+                proptest::prop_assert_eq!(p.get(at), v.get(at));
+                proptest::prop_assert_eq!(p.get(v.len()), None);
+                proptest::prop_assert!(p.iter().eq(v.iter()));
+                proptest::prop_assert!(p.range(at / 2, at).eq(v[(at / 2).min(v.len())..at.min(v.len())].iter()));
+            }
+        }
+    }
+
     #[test]
     fn reserves_at_most_a_page() {
         let mut p = Paged::default();

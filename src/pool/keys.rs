@@ -155,6 +155,8 @@ impl Keys {
 mod tests {
     use std::collections::HashMap;
 
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -187,6 +189,68 @@ mod tests {
         // Freed cells were reused: no class holds more cells than keys were ever live at once.
         let cells: u32 = keys.classes.iter().map(|c| c.cells).sum();
         assert!((cells as usize) < 40_000, "{cells} cells");
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Insert a key of this length filled from this seed.
+        Insert(usize, u8),
+        /// Remove the held key at this position (modulo how many are held).
+        Remove(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1..=MAX_KEY_LEN, any::<u8>()).prop_map(|(len, seed)| Op::Insert(len, seed)),
+            2 => any::<usize>().prop_map(Op::Remove),
+        ]
+    }
+
+    proptest! {
+        /// Inserts and removes of keys of random lengths agree with a map after every step:
+        /// every held key reads back as its own bytes, no two held keys share a cell, and a
+        /// class never has more cells than it held keys at once (freed cells are reused).
+        #[test]
+        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..400)) {
+            let mut keys = Keys::default();
+            let mut model: HashMap<u32, (Vec<u8>, KeyRef)> = HashMap::new();
+            let mut peak = vec![0u32; MAX_KEY_LEN.div_ceil(STEP)];
+            for (id, op) in (0u32..).zip(ops) {
+                match op {
+                    Op::Insert(len, seed) => {
+                        // Bytes that differ from key to key, even at one length.
+                        let k: Vec<u8> = (0..len)
+                            .map(|j| seed.wrapping_add((j as u8).wrapping_mul(31)) ^ id as u8)
+                            .collect();
+                        let r = keys.insert(&k);
+                        prop_assert!(!r.is_none());
+                        model.insert(id, (k, r));
+                    }
+                    Op::Remove(at) => {
+                        if model.is_empty() {
+                            continue;
+                        }
+                        let mut ids: Vec<u32> = model.keys().copied().collect();
+                        ids.sort_unstable();
+                        let (_, r) = model.remove(&ids[at % ids.len()]).expect("held");
+                        keys.remove(r);
+                    }
+                }
+                let mut live = vec![0u32; peak.len()];
+                let mut cells = std::collections::HashSet::new();
+                for (k, r) in model.values() {
+                    prop_assert_eq!(keys.get(*r), &k[..]);
+                    let class = (k.len() - 1) / STEP;
+                    prop_assert!(cells.insert((class, r.cell)), "two keys in one cell");
+                    live[class] += 1;
+                }
+                for (class, n) in live.into_iter().enumerate() {
+                    peak[class] = peak[class].max(n);
+                    let made = keys.classes.get(class).map_or(0, |c| c.cells);
+                    prop_assert!(made <= peak[class], "class {} made {} cells for {} at most", class, made, peak[class]);
+                }
+            }
+        }
     }
 
     #[test]
