@@ -47,6 +47,7 @@ pub mod eviction;
 pub mod journal;
 #[cfg(not(loom))]
 pub mod membership;
+mod paged;
 #[cfg(not(loom))]
 pub mod placement;
 #[cfg(not(loom))]

@@ -1,8 +1,9 @@
-//! An intrusive doubly linked list of handles, stored in a `Vec` indexed by handle: the queue
-//! every policy here is built from. O(1) push, remove and pop; no allocation but growing the
-//! vector to the largest handle seen.
+//! An intrusive doubly linked list of handles, stored in a paged vector indexed by handle: the
+//! queue every policy here is built from. O(1) push, remove and pop; no allocation but growing
+//! the vector to the largest handle seen.
 
 use super::Handle;
+use crate::paged::Paged;
 
 const NIL: u32 = u32::MAX;
 
@@ -17,7 +18,7 @@ struct Link {
 /// Links for up to `u32::MAX - 1` handles, shared by a fixed set of lists.
 #[derive(Debug, Default)]
 pub(crate) struct Links {
-    links: Vec<Link>,
+    links: Paged<Link>,
 }
 
 /// One list's ends and length.
@@ -51,16 +52,14 @@ impl List {
 
 impl Links {
     fn ensure(&mut self, h: Handle) {
-        if self.links.len() <= h as usize {
-            self.links.resize(
-                h as usize + 1,
-                Link {
-                    prev: NIL,
-                    next: NIL,
-                    list: u8::MAX,
-                },
-            );
-        }
+        self.links.grow_to(
+            h as usize + 1,
+            Link {
+                prev: NIL,
+                next: NIL,
+                list: u8::MAX,
+            },
+        );
     }
 
     /// The list holding `h`, if any.

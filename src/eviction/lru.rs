@@ -2,13 +2,14 @@
 
 use super::list::{Links, List};
 use super::{Eviction, Handle, Insert};
+use crate::paged::Paged;
 
 /// Least recently used.
 #[derive(Debug)]
 pub struct Lru {
     pub(super) links: Links,
     pub(super) order: List,
-    pub(super) stamp: Vec<u64>,
+    pub(super) stamp: Paged<u64>,
 }
 
 impl Default for Lru {
@@ -16,7 +17,7 @@ impl Default for Lru {
         Lru {
             links: Links::default(),
             order: List::new(0),
-            stamp: Vec::new(),
+            stamp: Paged::default(),
         }
     }
 }

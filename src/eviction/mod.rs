@@ -37,6 +37,8 @@ mod s3fifo;
 use std::fmt;
 use std::str::FromStr;
 
+use crate::paged::Paged;
+
 pub use lru::Lru;
 pub use prefix_aware::PrefixAware;
 pub use s3fifo::{S3Fifo, S3FifoConfig};
@@ -99,10 +101,8 @@ pub trait Eviction: Send + fmt::Debug {
 }
 
 /// Records `tick` for handle `h`, growing the table as needed.
-fn set_stamp(stamps: &mut Vec<u64>, h: Handle, tick: u64) {
-    if stamps.len() <= h as usize {
-        stamps.resize(h as usize + 1, 0);
-    }
+fn set_stamp(stamps: &mut Paged<u64>, h: Handle, tick: u64) {
+    stamps.grow_to(h as usize + 1, 0);
     stamps[h as usize] = tick;
 }
 

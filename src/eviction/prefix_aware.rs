@@ -13,13 +13,14 @@
 //! [`SCAN`] per shard would reach `n` times deeper into recency and evict recently used blocks.
 
 use super::{Eviction, Handle, Insert, Lru, SCAN};
+use crate::paged::Paged;
 use crate::sync::{Arc, AtomicU64, Ordering::Relaxed};
 
 /// Leaves-first LRU: [`Lru`]'s order, with its own choice of victim.
 #[derive(Debug, Default)]
 pub struct PrefixAware {
     lru: Lru,
-    depth: Vec<u32>,
+    depth: Paged<u32>,
     /// Objects held over all the shards of the namespace.
     total: Arc<AtomicU64>,
 }
@@ -45,9 +46,7 @@ impl PrefixAware {
 
 impl Eviction for PrefixAware {
     fn insert(&mut self, h: Handle, info: Insert) {
-        if self.depth.len() <= h as usize {
-            self.depth.resize(h as usize + 1, 0);
-        }
+        self.depth.grow_to(h as usize + 1, 0);
         self.depth[h as usize] = info.depth;
         self.lru.insert(h, info);
         self.total.fetch_add(1, Relaxed);

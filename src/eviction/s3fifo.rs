@@ -31,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::list::{Links, List};
 use super::{Eviction, Handle, Insert, OUT_OF_TURN, SCAN};
+use crate::paged::Paged;
 use crate::sync::{Arc, AtomicU64, Ordering::Relaxed};
 
 /// Parameters of [`S3Fifo`].
@@ -71,11 +72,11 @@ pub struct S3Fifo {
     links: Links,
     small: List,
     main: List,
-    freq: Vec<u8>,
-    fingerprint: Vec<u64>,
+    freq: Paged<u8>,
+    fingerprint: Paged<u64>,
     /// When each object entered its current place in its FIFO (insertion, promotion to main,
     /// or another round in main): the FIFO order, in pool-wide ticks.
-    stamp: Vec<u64>,
+    stamp: Paged<u64>,
     ghost_small: Ghost,
     ghost_main: Ghost,
     /// What the instances over the other shards of the namespace see too.
@@ -177,9 +178,9 @@ impl S3Fifo {
             links: Links::default(),
             small: List::new(SMALL),
             main: List::new(MAIN),
-            freq: Vec::new(),
-            fingerprint: Vec::new(),
-            stamp: Vec::new(),
+            freq: Paged::default(),
+            fingerprint: Paged::default(),
+            stamp: Paged::default(),
             ghost_small: Ghost::default(),
             ghost_main: Ghost::default(),
             shared,
@@ -335,10 +336,8 @@ impl S3Fifo {
 impl Eviction for S3Fifo {
     fn insert(&mut self, h: Handle, info: Insert) {
         let i = h as usize;
-        if self.freq.len() <= i {
-            self.freq.resize(i + 1, 0);
-            self.fingerprint.resize(i + 1, 0);
-        }
+        self.freq.grow_to(i + 1, 0);
+        self.fingerprint.grow_to(i + 1, 0);
         self.freq[i] = 0;
         self.fingerprint[i] = info.fingerprint;
         super::set_stamp(&mut self.stamp, h, info.tick);

@@ -2,13 +2,20 @@
 //! that namespace's eviction policy, plus the objects removed while still being read
 //! ("zombies", freed when their last reader leaves).
 //!
-//! Objects are named by handles: indexes into a slot vector that holds each object's key and
-//! entry. The hash table stores only handles and finds keys through the slots, so a key is kept
-//! once; freed handles are reused.
+//! Objects are named by handles: indexes into a slot vector that holds each object's entry and
+//! where its key is. The hash table stores only handles (4 bytes each) and finds keys through
+//! the slots, comparing the whole key, so a key is kept once and a hash collision can't return
+//! another key's object; freed handles are reused. Keys are packed in size classes ([`Keys`])
+//! rather than boxed one by one, and the slots, like the policies' per-handle tables, are a
+//! [`Paged`] vector, which never reserves more than a page beyond what it holds: together 72
+//! bytes of heap per object with 16-byte keys, where boxed keys in a `Vec` took 80 plus up to
+//! as much again in reserve (docs/BENCHMARKS.md has the measured total).
 
 use hashbrown::HashTable;
 
+use super::keys::{KeyRef, Keys};
 use crate::eviction::{Eviction, Handle, Insert};
+use crate::paged::Paged;
 use crate::pool::Millis;
 
 /// What the index knows of one committed object. Kept small: pools hold millions.
@@ -43,15 +50,18 @@ pub(crate) struct Zombie {
     pub(crate) pinned: bool,
 }
 
+/// One handle's object: its entry and its key (none while the handle is free).
+#[derive(Clone, Copy)]
 struct Slot {
-    key: Box<[u8]>,
     entry: Entry,
+    key: KeyRef,
 }
 
 /// The objects of one namespace in one shard.
 pub(crate) struct NsIndex {
     table: HashTable<Handle>,
-    slots: Vec<Slot>,
+    slots: Paged<Slot>,
+    keys: Keys,
     free: Vec<Handle>,
     policy: Box<dyn Eviction>,
 }
@@ -66,17 +76,23 @@ impl NsIndex {
     fn new(policy: Box<dyn Eviction>) -> Self {
         NsIndex {
             table: HashTable::new(),
-            slots: Vec::new(),
+            slots: Paged::default(),
+            keys: Keys::default(),
             free: Vec::new(),
             policy,
         }
     }
 
     fn find(&self, key: &[u8]) -> Option<Handle> {
-        let slots = &self.slots;
+        let (slots, keys) = (&self.slots, &self.keys);
         self.table
-            .find(table_hash(key), |&h| &*slots[h as usize].key == key)
+            .find(table_hash(key), |&h| keys.get(slots[h as usize].key) == key)
             .copied()
+    }
+
+    /// The key of handle `h` (empty when the handle is free).
+    fn key_of(&self, h: Handle) -> &[u8] {
+        self.keys.get(self.slots[h as usize].key)
     }
 
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
@@ -112,36 +128,40 @@ impl NsIndex {
     /// prefix chain (0 when it is not part of one).
     pub(crate) fn insert(
         &mut self,
-        key: Box<[u8]>,
+        key: &[u8],
         entry: Entry,
         depth: u32,
         stamp: u64,
     ) -> Option<Entry> {
         let info = Insert {
-            fingerprint: xxhash_rust::xxh3::xxh3_64(&key),
+            fingerprint: xxhash_rust::xxh3::xxh3_64(key),
             depth,
             tick: stamp,
         };
-        if let Some(h) = self.find(&key) {
+        if let Some(h) = self.find(key) {
             // A new object under an old key: new to the policy too.
             self.policy.remove(h);
             self.policy.insert(h, info);
             return Some(std::mem::replace(&mut self.slots[h as usize].entry, entry));
         }
-        let hash = table_hash(&key);
+        let hash = table_hash(key);
+        let slot = Slot {
+            entry,
+            key: self.keys.insert(key),
+        };
         let h = match self.free.pop() {
             Some(h) => {
-                self.slots[h as usize] = Slot { key, entry };
+                self.slots[h as usize] = slot;
                 h
             }
             None => {
-                self.slots.push(Slot { key, entry });
+                self.slots.push(slot);
                 (self.slots.len() - 1) as Handle
             }
         };
-        let slots = &self.slots;
+        let (slots, keys) = (&self.slots, &self.keys);
         self.table
-            .insert_unique(hash, h, |&x| table_hash(&slots[x as usize].key));
+            .insert_unique(hash, h, |&x| table_hash(keys.get(slots[x as usize].key)));
         self.policy.insert(h, info);
         None
     }
@@ -167,8 +187,8 @@ impl NsIndex {
     pub(crate) fn pinned_keys(&self) -> impl Iterator<Item = &[u8]> {
         self.slots
             .iter()
-            .filter(|s| s.entry.pinned && !s.key.is_empty())
-            .map(|s| &*s.key)
+            .filter(|s| s.entry.pinned && !s.key.is_none())
+            .map(|s| self.keys.get(s.key))
     }
 
     /// Visits the keys of slots `from..from + budget` (freed slots have empty keys and are
@@ -183,13 +203,15 @@ impl NsIndex {
         visit: &mut dyn FnMut(&[u8]),
     ) -> (usize, Option<usize>) {
         let end = from.saturating_add(budget).min(self.slots.len());
-        let slots = self.slots.get(from..end).unwrap_or(&[]);
-        for s in slots {
-            if !s.key.is_empty() {
-                visit(&s.key);
+        for s in self.slots.range(from, end) {
+            if !s.key.is_none() {
+                visit(self.keys.get(s.key));
             }
         }
-        (slots.len(), (end < self.slots.len()).then_some(end))
+        (
+            end.saturating_sub(from),
+            (end < self.slots.len()).then_some(end),
+        )
     }
 
     /// [`NsIndex::victim`], unless the policy's next candidate ranks above `bound` (see
@@ -206,13 +228,14 @@ impl NsIndex {
 
     /// Drops handle `h` (already gone from the policy) from the table and the slots.
     fn release(&mut self, h: Handle) -> Entry {
-        let hash = table_hash(&self.slots[h as usize].key);
+        let hash = table_hash(self.key_of(h));
         if let Ok(e) = self.table.find_entry(hash, |&x| x == h) {
             e.remove();
         }
-        self.slots[h as usize].key = Box::default();
+        let slot = &mut self.slots[h as usize];
+        self.keys.remove(std::mem::take(&mut slot.key));
         self.free.push(h);
-        self.slots[h as usize].entry
+        slot.entry
     }
 }
 
@@ -256,3 +279,7 @@ impl Shard {
         (z.readers == 0).then(|| self.zombies.swap_remove(i))
     }
 }
+
+#[cfg(test)]
+#[path = "tests_index.rs"]
+mod tests;

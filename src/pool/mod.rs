@@ -16,6 +16,7 @@
 //! key. Pending objects not committed by their deadline are reclaimed by [`Pool::reap`].
 
 mod index;
+mod keys;
 mod namespace;
 mod pending;
 mod recover;
@@ -738,7 +739,7 @@ impl Pool {
             // Still under the shard's lock: a reader told of the commit finds the object.
             o.committed(p.ns, &p.key);
         }
-        match shard.ns[p.ns as usize].insert(p.key, entry, p.depth, self.tick()) {
+        match shard.ns[p.ns as usize].insert(&p.key, entry, p.depth, self.tick()) {
             Some(old) => self.retire_entry(shard, p.ns, old),
             None => {
                 space.objects.fetch_add(1, Ordering::Relaxed);

@@ -1,5 +1,5 @@
 //! Memory per object of the index: a `kvpool::Pool` (anonymous memory, normal pages) filled
-//! with small objects (16-byte keys, 1-byte values), its heap growth counted exactly by the
+//! with small objects (16-byte keys unless `--index-key-len` says otherwise, 1-byte values), its heap growth counted exactly by the
 //! counting global allocator; the reference is the heap of a bare `HashMap<Box<[u8]>, [u64; 6]>`
 //! (same keys, a 48-byte value like an index entry) for as many keys, in the same run.
 
@@ -21,14 +21,17 @@ use crate::heap::live_bytes;
 const SEGMENT: u64 = 1 << 30;
 /// Bytes of segment one small object takes (one 512-byte granule), for sizing the segments.
 const SEGMENT_PER_OBJECT: u64 = 512;
-/// Rough memory per object, for sizing: index heap and version word, then the reference map.
+/// Rough memory per object with 16-byte keys, for sizing: index heap and version word, then
+/// the reference map; each longer key adds its excess twice (pool and map).
 const ESTIMATE_PER_OBJECT: u64 = 400;
 
 /// Fills a pool, measures, then fills the reference map with as many keys.
 pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let mut n = ctx.args.index_objects.max(1);
+    let key_len = usize::from(ctx.args.index_key_len);
     if let Some(avail) = meminfo_kib("MemAvailable") {
-        let fit = (avail * 1024 * 7 / 10 / ESTIMATE_PER_OBJECT).max(1);
+        let per_object = ESTIMATE_PER_OBJECT + 2 * key_len.saturating_sub(16) as u64;
+        let fit = (avail * 1024 * 7 / 10 / per_object).max(1);
         if n > fit {
             let msg = format!(
                 "only {} MiB available: inserting {fit} objects instead of {n}",
@@ -50,7 +53,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     };
     // The reference first, while the heap is fresh (it is as fast as it gets then).
     let t = Instant::now();
-    let reference = map_heap_per_object(n);
+    let reference = map_heap_per_object(n, key_len);
     eprintln!(
         "  reference map for {n} keys allocated in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -71,7 +74,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     while inserted < n {
         // A two-phase put of one zero byte: the segment already holds zeros, so its data
         // pages are never written and the RSS growth is the index's own.
-        let k = key(inserted);
+        let k = key(inserted, key_len);
         let addr = pool
             .alloc(ns, &k, 1, false, 0)
             .with_context(|| format!("alloc #{inserted}"))?;
@@ -93,6 +96,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     eprintln!("\r  inserted {inserted} of {n} in {secs:.1} s");
     let heap = live_bytes().saturating_sub(heap0) as f64 / inserted as f64;
     let rss = rss_bytes().saturating_sub(rss0) as f64 / inserted as f64;
+    let lookups = lookup_rates(&pool, ns, inserted, key_len)?;
     // Freeing ten million entries one by one takes seconds, and nothing is measured after
     // this: let a background thread do it (the process may exit first; the OS takes it all).
     std::thread::spawn(move || drop(pool));
@@ -107,7 +111,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let reference = if inserted == n {
         reference
     } else {
-        map_heap_per_object(inserted)
+        map_heap_per_object(inserted, key_len)
     };
     let mut row = Row::new(Section::Index, "kvpool Pool", "heap/object");
     row.objects = Some(inserted);
@@ -132,11 +136,17 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     ctx.report.push(row);
     ctx.report.push(rss_row);
     ctx.report.push(ref_row);
+    for (op, ops_per_s) in lookups {
+        let mut row = Row::new(Section::Index, "kvpool Pool", op);
+        row.objects = Some(inserted);
+        row.ops_per_s = Some(ops_per_s);
+        ctx.report.push(row);
+    }
     let fixed_mib = fixed as f64 / (1 << 20) as f64;
     ctx.report.note(
         Section::Index,
         format!(
-            "16-byte keys, 1-byte zero values stored with pool.alloc + pool.commit (no write, so the data \
+            "{key_len}-byte keys (--index-key-len), 1-byte zero values stored with pool.alloc + pool.commit (no write, so the data \
              pages stay untouched), Backing::Anonymous, HugePages::Off, {segments} × 1 GiB segments; heap \
              bytes counted exactly by the bench's counting global allocator (requested sizes of everything \
              the pool allocates per object: entry, key, eviction links, hash table); RSS: /proc/self/statm \
@@ -144,20 +154,96 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              as heap but not touched) + malloc's own overhead + the 8-byte version word per object; \
              Pool::new took {fixed_mib:.1} MiB of heap up front (allocator metadata, shards), not counted \
              per object; ops/s = alloc+commit pairs per second while filling; reference: the heap of \
-             HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates"
+             HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates; \
+             lookups (one thread; ops/s = lookups per second of that thread's CPU time, {LOOKUP_MS} ms \
+             of it each, in {LOOKUP_ROUNDS} interleaved rounds; keys drawn uniformly at random): `lookup hit` = \
+             pool.lookup of a present key (index probe, full key compare, eviction access, signed \
+             address), `lookup miss` = pool.lookup of an absent key, `exists` = pool.exists_prefix \
+             of one present key (probe and compare only)"
         ),
     );
     Ok(())
+}
+
+/// Thread CPU time each lookup rate is measured over, in milliseconds.
+const LOOKUP_MS: u64 = 2000;
+
+/// Rounds the lookup measurements are interleaved in, so a change in the machine's load
+/// during the run weighs on every kind of lookup alike.
+const LOOKUP_ROUNDS: u64 = 5;
+
+/// Single-threaded lookup rates over the `n` objects of a filled pool: (op, lookups per second
+/// of the looking thread's CPU time) for present keys, absent keys and presence checks, keys
+/// drawn uniformly at random. CPU time, not wall time: on a shared machine a thread that is
+/// descheduled half the time would otherwise look half as fast.
+fn lookup_rates(
+    pool: &Pool,
+    ns: u32,
+    n: u64,
+    key_len: usize,
+) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        // xorshift64*: cheap next to a lookup, and uniform enough to defeat the caches.
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    };
+    let ops = ["lookup hit", "lookup miss", "exists"];
+    let mut done = [0u64; 3];
+    let mut cpu = [Duration::ZERO; 3];
+    let slice = Duration::from_millis(LOOKUP_MS / LOOKUP_ROUNDS);
+    for _ in 0..LOOKUP_ROUNDS {
+        for (j, op) in ops.into_iter().enumerate() {
+            let (started, wall) = (thread_cpu(), Instant::now());
+            // Bounded in wall time too, in case the thread hardly gets a CPU.
+            while thread_cpu() - started < slice && wall.elapsed() < slice * 10 {
+                for _ in 0..1024 {
+                    let i = next();
+                    let ok = match j {
+                        0 => pool.lookup(ns, &key(i, key_len), 0, 0)?.is_some(),
+                        1 => pool.lookup(ns, &key(n + i, key_len), 0, 0)?.is_none(),
+                        _ => pool.exists_prefix(ns, [&key(i, key_len)[..]])? == 1,
+                    };
+                    anyhow::ensure!(ok, "{op} of object #{i} answered wrong");
+                }
+                done[j] += 1024;
+            }
+            cpu[j] += thread_cpu() - started;
+        }
+    }
+    let rates = ops
+        .into_iter()
+        .enumerate()
+        .map(|(j, op)| (op, done[j] as f64 / cpu[j].as_secs_f64().max(1e-9)))
+        .collect::<Vec<_>>();
+    for (op, rate) in &rates {
+        eprintln!("  {op}: {:.2} M per CPU second", rate / 1e6);
+    }
+    Ok(rates)
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Heap bytes per key of a bare map holding `n` of the same keys with a 48-byte value: its
 /// table sized for `n` (the bucket count growth reaches too, and inserting up to that capacity
 /// allocates nothing more) plus `n` boxed keys, counted by the allocator. Allocated, not
 /// filled: random inserts into a table of a GiB would take as long as filling the pool.
-fn map_heap_per_object(n: u64) -> f64 {
+fn map_heap_per_object(n: u64, key_len: usize) -> f64 {
     let before = live_bytes();
     let map: HashMap<Box<[u8]>, [u64; 6]> = HashMap::with_capacity(n as usize);
-    let keys: Vec<Box<[u8]>> = (0..n).map(|i| Box::from(&key(i)[..])).collect();
+    let keys: Vec<Box<[u8]>> = (0..n).map(|i| Box::from(&key(i, key_len)[..])).collect();
     // The Vec holding the keys is not part of a map: leave it out.
     let holder = keys.capacity() * std::mem::size_of::<Box<[u8]>>();
     let per = live_bytes().saturating_sub(before).saturating_sub(holder) as f64 / n as f64;
@@ -165,13 +251,34 @@ fn map_heap_per_object(n: u64) -> f64 {
     per
 }
 
-/// The 16-byte key of object `i`: `idx:` and 12 decimal digits.
-fn key(i: u64) -> [u8; 16] {
-    let mut k = *b"idx:000000000000";
+/// Shortest key length the bench makes (`idx:` and 12 digits), and the longest (the pool's).
+const KEY_LENS: std::ops::RangeInclusive<usize> = 16..=kvpool::error::MAX_KEY_LEN;
+
+/// The key of object `i`, `len` bytes long ([`KEY_LENS`]): `idx:`, filler up to `len`, then 12
+/// decimal digits, so keys of one length differ only in their tail, as prefix-hash keys of one
+/// model often share a head.
+fn key(i: u64, len: usize) -> Key {
+    let len = len.clamp(*KEY_LENS.start(), *KEY_LENS.end());
+    let mut bytes = [b'-'; 256];
+    bytes[..4].copy_from_slice(b"idx:");
     let mut v = i;
-    for b in k[4..].iter_mut().rev() {
+    for b in bytes[len - 12..len].iter_mut().rev() {
         *b = b'0' + (v % 10) as u8;
         v /= 10;
     }
-    k
+    Key { bytes, len }
+}
+
+/// A bench key on the stack, so a lookup's key costs no allocation.
+struct Key {
+    bytes: [u8; 256],
+    len: usize,
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }

@@ -72,6 +72,10 @@ pub(crate) struct PerfArgs {
     /// inserted by then.
     #[arg(long, default_value_t = 60_000)]
     index_budget_ms: u64,
+    /// Key length in the `index` section, 16 to 256 bytes (prefix-hash keys are often 64 or
+    /// more).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(16..=256))]
+    index_key_len: u16,
 }
 
 /// A part of the benchmark.
