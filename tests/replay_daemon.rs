@@ -30,6 +30,7 @@ fn setup(trace: &Trace, endpoints: Vec<String>) -> Setup<'_> {
         pool_shards: 1,
         endpoints,
         namespace: "default".into(),
+        density: Default::default(),
     }
 }
 

@@ -25,10 +25,14 @@
 //! - `s3fifo-lru` (the default): the same with its main queue in recency order
 //!   ([`S3FifoConfig::main_lru`]), so that blocks reread many times and then never again (a
 //!   finished conversation) leave as soon as LRU would drop them. Never more than a point below
-//!   LRU on any workload measured, where `s3fifo` loses up to 2.5.
+//!   LRU on any workload measured, where `s3fifo` loses up to 2.5;
+//! - [`Density`] (`hit-density`): evicts the block of lowest expected hits per unit of cache
+//!   time, learned online per class of block (reference count, gap between references, depth)
+//!   as a function of age, with a ghost history of evicted prefixes; docs/EVICTION.md.
 //!
 //! docs/BENCHMARKS.md has each policy's hit rate against LRU and Belady's optimum.
 
+mod density;
 mod list;
 mod lru;
 mod prefix_aware;
@@ -39,6 +43,7 @@ use std::str::FromStr;
 
 use crate::paged::Paged;
 
+pub use density::{Density, DensityConfig};
 pub use lru::Lru;
 pub use prefix_aware::PrefixAware;
 pub use s3fifo::{S3Fifo, S3FifoConfig};
@@ -127,15 +132,18 @@ pub enum PolicyKind {
     /// default policy.
     #[default]
     S3FifoLru,
+    /// [`Density`] with its default configuration.
+    HitDensity,
 }
 
 impl PolicyKind {
     /// Every policy.
-    pub const ALL: [PolicyKind; 4] = [
+    pub const ALL: [PolicyKind; 5] = [
         PolicyKind::Lru,
         PolicyKind::PrefixAware,
         PolicyKind::S3Fifo,
         PolicyKind::S3FifoLru,
+        PolicyKind::HitDensity,
     ];
 
     /// The name used in configs and reports.
@@ -145,6 +153,7 @@ impl PolicyKind {
             PolicyKind::PrefixAware => "prefix-aware",
             PolicyKind::S3Fifo => "s3fifo",
             PolicyKind::S3FifoLru => "s3fifo-lru",
+            PolicyKind::HitDensity => "hit-density",
         }
     }
 
@@ -174,6 +183,7 @@ impl PolicyKind {
                 },
                 n,
             )),
+            PolicyKind::HitDensity => boxed(Density::shards(DensityConfig::default(), n)),
         }
     }
 }
@@ -192,7 +202,7 @@ impl FromStr for PolicyKind {
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
-                format!("unknown eviction policy {s:?} (lru, prefix-aware, s3fifo, s3fifo-lru)")
+                format!("unknown eviction policy {s:?} (lru, prefix-aware, s3fifo, s3fifo-lru, hit-density)")
             })
     }
 }

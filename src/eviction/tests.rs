@@ -378,3 +378,69 @@ fn s3fifo_lru_keeps_up_with_lru_on_conversations() {
         "s3fifo {clock} no longer falls behind lru {lru}: the workload doesn't show the difference"
     );
 }
+
+#[test]
+fn hit_density_recognises_a_returning_prefix() {
+    // A block evicted after 5 references comes back: the ghost history gives it its count
+    // again, so it ranks with the popular blocks, not with the one-offs inserted beside it.
+    let cfg = DensityConfig::default();
+    let mut p = Density::new(cfg);
+    p.insert(0, ins(7));
+    for t in 1..5 {
+        p.access(0, t);
+    }
+    assert_eq!(p.victim(&mut |_| true, 5), Some(0));
+    p.insert(0, ins(7));
+    assert_eq!(p.ghost_refs(0), Some(6));
+    p.insert(1, ins(8));
+    assert_eq!(
+        p.ghost_refs(1),
+        Some(1),
+        "a new fingerprint starts at one reference"
+    );
+    let mut off = Density::new(DensityConfig {
+        ghost: false,
+        ..cfg
+    });
+    off.insert(0, ins(7));
+    assert_eq!(off.victim(&mut |_| true, 1), Some(0));
+    off.insert(0, ins(7));
+    assert_eq!(off.ghost_refs(0), Some(1), "no ghost: forgotten");
+}
+
+#[test]
+fn hit_density_bounds_its_ghost_history() {
+    // 100 blocks held, 100 000 evicted: the history keeps at most ghost_factor x 100.
+    let mut p = Density::default();
+    for h in 0..100 {
+        p.insert(h, ins(h as u64));
+    }
+    for k in 100..100_100u64 {
+        let v = p.victim(&mut |_| true, k).unwrap();
+        p.insert(v, ins(k));
+    }
+    assert_eq!(p.len(), 100);
+    assert!(p.ghost_len() <= 8 * 100, "{} ghosts", p.ghost_len());
+}
+
+#[test]
+fn hit_density_keeps_reused_blocks_over_one_offs() {
+    // 40 blocks reread in turn, one between every two blocks seen once, in a cache of 60: each
+    // hot block comes back after 79 other blocks, so LRU never keeps one; hit density learns
+    // from the few that random sampling spares (and the ghost history, which gives a returning
+    // block its count back) that rereads are worth their place.
+    let mut accesses = Vec::new();
+    let mut fresh = 1_000u64;
+    for i in 0..40_000u64 {
+        if i % 2 == 0 {
+            accesses.push(i / 2 % 40);
+        } else {
+            fresh += 1;
+            accesses.push(fresh);
+        }
+    }
+    let hits = |k: PolicyKind| sharded_hits(vec![k.build()], &accesses, 60);
+    let (lru, density) = (hits(PolicyKind::Lru), hits(PolicyKind::HitDensity));
+    println!("lru {lru} hit-density {density} of {}", accesses.len());
+    assert!(density > lru + 2_000, "hit-density {density} vs lru {lru}");
+}

@@ -87,8 +87,13 @@ pub struct PoolPolicy {
 impl PoolPolicy {
     /// `kind` over `capacity` blocks.
     pub fn new(kind: PolicyKind, capacity: usize) -> Self {
+        PoolPolicy::with_policy(kind.build(), capacity)
+    }
+
+    /// `policy` (a configured instance) over `capacity` blocks.
+    pub fn with_policy(policy: Box<dyn Eviction>, capacity: usize) -> Self {
         PoolPolicy {
-            policy: kind.build(),
+            policy,
             handles: HashMap::new(),
             blocks: Vec::new(),
             free: Vec::new(),

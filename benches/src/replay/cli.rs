@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvpool::eviction::DensityConfig;
 
 use super::sweep::{
     erased::Name, grid, write_csv, write_json, Engine, Policy, Row, Scenario, Setup,
@@ -20,6 +21,32 @@ pub const BUNDLED_TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/traces/conversation_trace.jsonl"
 );
+
+/// The policies replayed when `--policy` is not given: LRU, the pool's default policy
+/// (`replay_defaults_show_the_default_policy` keeps this in step with `PolicyKind::default()`),
+/// Belady's optimum and the unbounded ceiling.
+pub const DEFAULT_POLICIES: &str = "lru,s3fifo-lru,belady,unbounded";
+
+/// Parses `--density`.
+pub fn parse_density(s: &str) -> anyhow::Result<DensityConfig> {
+    let mut c = DensityConfig::default();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.split_once('=') {
+            Some(("sample", v)) => c.sample = v.parse().context("sample")?,
+            Some(("ghost", v)) => c.ghost_factor = v.parse().context("ghost")?,
+            None if item == "no-refs" => c.refs = false,
+            None if item == "no-gap" => c.gap = false,
+            None if item == "no-depth" => c.depth = false,
+            None if item == "no-ghost" => c.ghost = false,
+            None if item == "no-age" => c.age = false,
+            _ => bail!("unknown --density item {item:?}"),
+        }
+    }
+    if c.sample == 0 || c.ghost_factor > 16 {
+        bail!("--density: sample must be at least 1 and ghost at most 16");
+    }
+    Ok(c)
+}
 
 /// KV bytes per token of common models (bf16), for `--model`.
 pub const MODELS: &[(&str, u64)] = &[
@@ -63,14 +90,19 @@ pub struct ReplayArgs {
     /// Engines: sim (policy simulation) and/or pool (a real kvpool).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "sim")]
     pub engine: Vec<Engine>,
-    /// Policies.
+    /// Policies. Default: LRU, the pool's default policy, Belady and the unbounded ceiling.
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "lru,belady,unbounded"
+        default_value = DEFAULT_POLICIES
     )]
     pub policy: Vec<Policy>,
+    /// `hit-density` parameters for the simulation, for ablations: comma-separated
+    /// `sample=N`, `ghost=N` (ghost factor), `no-refs`, `no-gap`, `no-depth`, `no-ghost`,
+    /// `no-age`. Default: the pool's.
+    #[arg(long, default_value = "")]
+    pub density: String,
     /// Capacity per node, in blocks.
     #[arg(
         long,
@@ -225,6 +257,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
         pool_shards: args.pool_shards,
         endpoints: args.endpoint.clone(),
         namespace: args.namespace.clone(),
+        density: parse_density(&args.density)?,
     };
     let specs = grid(
         &args.engine,

@@ -88,6 +88,7 @@ fn draw(rows: &[&Row], caps: &[u64], file: &Path, title: &str) -> anyhow::Result
         Policy::PrefixAware => RGBColor(148, 103, 189),
         Policy::S3fifo => RGBColor(214, 39, 40),
         Policy::S3fifoLru => RGBColor(255, 127, 14),
+        Policy::HitDensity => RGBColor(23, 190, 207),
         Policy::Belady => RGBColor(44, 160, 44),
         Policy::Unbounded => RGBColor(127, 127, 127),
     };
@@ -112,6 +113,7 @@ fn draw(rows: &[&Row], caps: &[u64], file: &Path, title: &str) -> anyhow::Result
         let label = match p {
             Policy::Belady => "belady (offline optimum)".to_string(),
             Policy::Unbounded => "unbounded (ceiling)".to_string(),
+            other if other == Policy::pool_default() => format!("{} (default)", other.name()),
             other => other.name(),
         };
         chart

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::bail;
 use serde::Serialize;
 
-use kvpool::eviction::PolicyKind;
+use kvpool::eviction::{Density, DensityConfig, PolicyKind};
 
 use super::cache::{Belady, BlockCache, Lru, PoolPolicy, Unbounded};
 use super::cluster::{Pooled, Private};
@@ -30,6 +30,8 @@ pub enum Policy {
     S3fifo,
     /// Adaptive S3-FIFO with its main queue in recency order, the pool's default.
     S3fifoLru,
+    /// Hit density over classes of blocks (`kvpool::eviction::Density`).
+    HitDensity,
     /// Belady's offline optimum (simulation only): the bound from below on misses.
     Belady,
     /// No eviction at all: the ceiling.
@@ -37,6 +39,20 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The pool's default policy (`PolicyKind::default()`), as a replay policy.
+    pub fn pool_default() -> Policy {
+        [
+            Policy::Lru,
+            Policy::PrefixAware,
+            Policy::S3fifo,
+            Policy::S3fifoLru,
+            Policy::HitDensity,
+        ]
+        .into_iter()
+        .find(|p| p.pool_policy() == Some(PolicyKind::default()))
+        .expect("every pool policy is a replay policy")
+    }
+
     /// The pool's implementation of this policy, if it has one.
     pub fn pool_policy(self) -> Option<PolicyKind> {
         match self {
@@ -44,6 +60,7 @@ impl Policy {
             Policy::PrefixAware => Some(PolicyKind::PrefixAware),
             Policy::S3fifo => Some(PolicyKind::S3Fifo),
             Policy::S3fifoLru => Some(PolicyKind::S3FifoLru),
+            Policy::HitDensity => Some(PolicyKind::HitDensity),
             Policy::Belady | Policy::Unbounded => None,
         }
     }
@@ -144,6 +161,8 @@ pub struct Setup<'a> {
     pub endpoints: Vec<String>,
     /// Namespace on those daemons.
     pub namespace: String,
+    /// Parameters of `hit-density` in the simulation (the pool engine runs the defaults).
+    pub density: DensityConfig,
 }
 
 impl Setup<'_> {
@@ -151,12 +170,16 @@ impl Setup<'_> {
     pub fn cache(&self, spec: &RunSpec) -> anyhow::Result<Box<dyn BlockCache>> {
         let pool_policy = spec.policy.pool_policy();
         if spec.engine == Engine::Pool && pool_policy.is_none() {
-            bail!("{:?} is simulation only; the pool engine runs the pool's own policies (lru, prefix-aware, s3fifo, s3fifo-lru)", spec.policy);
+            bail!("{:?} is simulation only; the pool engine runs the pool's own policies (lru, prefix-aware, s3fifo, s3fifo-lru, hit-density)", spec.policy);
         }
         let node = |_: u32| -> anyhow::Result<Box<dyn BlockCache>> {
             let cap = spec.capacity_blocks;
             Ok(match (spec.engine, spec.policy) {
                 (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize)),
+                (Engine::Sim, Policy::HitDensity) => Box::new(PoolPolicy::with_policy(
+                    Box::new(Density::new(self.density)),
+                    cap as usize,
+                )),
                 (Engine::Sim, Policy::PrefixAware | Policy::S3fifo | Policy::S3fifoLru) => {
                     Box::new(PoolPolicy::new(
                         pool_policy.expect("a pool policy"),

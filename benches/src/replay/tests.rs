@@ -36,6 +36,7 @@ fn setup(trace: &Trace, block_bytes: u64) -> Setup<'_> {
         pool_shards: 1,
         endpoints: vec![],
         namespace: "default".into(),
+        density: Default::default(),
     }
 }
 
@@ -300,5 +301,35 @@ fn synthetic_workloads_are_deterministic_and_shaped_like_traces() {
         // Every workload reuses prefixes, and none is all reuse.
         let o = run(&a, &mut Unbounded::default());
         assert!(o.hits > 0 && o.hits < o.blocks, "{w:?}: {o:?}");
+    }
+}
+
+#[test]
+fn replay_defaults_show_the_default_policy() {
+    use clap::ValueEnum;
+    let policies: Vec<Policy> = cli::DEFAULT_POLICIES
+        .split(',')
+        .map(|p| Policy::from_str(p, false).unwrap())
+        .collect();
+    for want in [
+        Policy::Lru,
+        Policy::pool_default(),
+        Policy::Belady,
+        Policy::Unbounded,
+    ] {
+        assert!(
+            policies.contains(&want),
+            "{want:?} missing from {policies:?}"
+        );
+    }
+}
+
+#[test]
+fn density_flags_parse_and_reject_nonsense() {
+    let c = cli::parse_density("sample=8, no-gap,no-ghost").unwrap();
+    assert_eq!((c.sample, c.gap, c.ghost, c.refs), (8, false, false, true));
+    assert_eq!(cli::parse_density("").unwrap(), Default::default());
+    for bad in ["sample=0", "ghost=17", "no-such", "sample=x"] {
+        assert!(cli::parse_density(bad).is_err(), "{bad}");
     }
 }
