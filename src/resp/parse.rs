@@ -33,6 +33,9 @@ pub enum RespError {
     /// An inline command line longer than `max_inline`.
     #[error("Protocol error: too big inline request")]
     TooBigInline,
+    /// An inline command with more words than `max_args`.
+    #[error("Protocol error: too many arguments in inline request")]
+    TooManyInlineArgs,
     /// An inline command with an unclosed quote.
     #[error("Protocol error: unbalanced quotes in request")]
     UnbalancedQuotes,
@@ -301,6 +304,10 @@ impl Parser {
             }
             if i == line.len() {
                 return Ok(());
+            }
+            // `max_args` bounds an inline command's words as it bounds an array's elements.
+            if self.args.len() as u64 >= self.limits.max_args {
+                return Err(RespError::TooManyInlineArgs);
             }
             let start = self.scratch.len();
             match line[i] {
