@@ -163,7 +163,7 @@ pub enum NamespaceMetrics {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
-    /// Largest request header. Default 4 MiB.
+    /// Largest request header. Default 8 MiB.
     #[serde(deserialize_with = "de_size")]
     pub max_header: u64,
     /// Largest payload (value or batch). Default 1 GiB.

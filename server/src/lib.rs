@@ -20,7 +20,8 @@
 //! - `resp`: the Redis-protocol front door (`listen.resp`): RESP2/RESP3 commands mapped onto
 //!   the same data operations as the native protocol;
 //! - [`metrics`]: Prometheus counters and histograms over HTTP;
-//! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md).
+//! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md);
+//! - `fuzzing` (feature `fuzzing`): one connection served from a byte string, for `fuzz/`.
 
 mod admission;
 mod bulk;
@@ -29,6 +30,8 @@ pub mod config;
 mod daemon;
 mod deadline;
 mod etcd_gateway;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod handler;
 mod http;
 mod listeners;

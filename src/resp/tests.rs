@@ -139,6 +139,25 @@ fn limits_are_enforced_before_any_allocation() {
     assert_eq!(r, Ok(Parsed::Incomplete { need: 536_870_914 }));
 }
 
+/// Found by the `resp` fuzz target (fuzz/): an inline command of more words than `max_args`
+/// was accepted whole, though `max_args` bounds every command's arguments. Its input, as found.
+#[test]
+fn an_inline_command_is_held_to_max_args() {
+    let l = RespLimits {
+        max_bulk: 64,
+        max_args: 8,
+        max_inline: 64,
+        max_command: 256,
+    };
+    let found = b"\xff\xff\xff\xff\x00\x0c\xcf\xff\xdf\x0b\x30\x13\xb0\x47\x00\x00\x34\x47\x0d\xff\xff\xff\x40\xff\xff\x09\x00\x0c\xcf\xff\xff\x0b\x35\x3b\x20\x31\x0d\x0e\x34\x47\x0d\x0a";
+    let (cmds, err) = parse_bytewise(l, found);
+    assert!(cmds.iter().all(|c| c.len() <= 8), "{cmds:?}");
+    assert_eq!(err, Some(RespError::TooManyInlineArgs));
+    let (cmds, err, _) = parse_all(l, b"a b c d e f g h\r\na b c d e f g h i\r\n");
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(err, Some(RespError::TooManyInlineArgs));
+}
+
 #[test]
 fn error_lines_stay_one_line() {
     let e = RespError::ExpectedBulk(b'\n').to_string();
