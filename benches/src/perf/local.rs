@@ -61,7 +61,19 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                     ..ClientConfig::default()
                 };
                 let gets = batch_ops(&endpoint, &cfg, &keys, size, conns)?;
-                let m = interleave_threads(&mut [memcpy::ops(&ring, size, conns), gets], window)?;
+                let copies = memcpy::batch_ops(&ring, size, conns, DEPTH);
+                let m = interleave_threads(&mut [copies, gets], window)?;
+                if (verify, index) == (true, true) {
+                    ctx.report.push(
+                        Row::new(
+                            Section::Memcpy,
+                            "memcpy",
+                            &format!("copy into {DEPTH} buffers"),
+                        )
+                        .shape(size, conns, DEPTH)
+                        .measured(&m[0]),
+                    );
+                }
                 let op = match (verify, index) {
                     (false, _) => "batch_get_into verify=off",
                     (true, true) => "batch_get_into verify=on",
@@ -87,7 +99,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         format!(
             "read_local: addresses from one lease() call, then client.read_local(&addr, 0, &mut buf) in a loop \
              (conns = threads), alternating with memcpy in four slices; batch_get_into: {DEPTH} keys per call \
-             (one blocking client per thread, also alternating with memcpy), copied from the mapping: keys the \
+             (one blocking client per thread, alternating with a memcpy of {DEPTH} values into {DEPTH} buffers \
+             of their own, the reference of these rows), copied from the mapping: keys the \
              client has seen straight from its index, with index=off after one lookup round trip over the Unix \
              socket each call; verify=on also hashes every value (xxh3, in the same pass as the copy)"
         ),

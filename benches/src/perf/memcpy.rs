@@ -39,18 +39,27 @@ pub(crate) fn ring(sizes: &[u64]) -> Vec<u8> {
 
 /// One copy loop per thread, each walking its own part of the ring.
 pub(crate) fn ops(ring: &[u8], size: u64, conns: usize) -> Vec<ThreadOp<'_>> {
+    batch_ops(ring, size, conns, 1)
+}
+
+/// [`ops`] copying `depth` consecutive values of the ring into `depth` buffers of their own
+/// per call: the memcpy a batched get of `depth` keys into the caller's buffers amounts to
+/// (its destinations, `depth` × the value size, need not fit a cache as one buffer does).
+pub(crate) fn batch_ops(ring: &[u8], size: u64, conns: usize, depth: usize) -> Vec<ThreadOp<'_>> {
     let size_us = size as usize;
     let slots = ring.len() / size_us;
     (0..conns)
         .map(|t| {
-            let mut dst = vec![0u8; size_us];
+            let mut dsts = vec![vec![0u8; size_us]; depth];
             let mut i = t * slots / conns;
             Box::new(move || {
-                let at = (i % slots) * size_us;
-                i += 1;
-                dst.copy_from_slice(&ring[at..at + size_us]);
-                black_box(&mut dst);
-                Ok(size)
+                for dst in dsts.iter_mut() {
+                    let at = (i % slots) * size_us;
+                    i += 1;
+                    dst.copy_from_slice(&ring[at..at + size_us]);
+                    black_box(&mut *dst);
+                }
+                Ok(size * dsts.len() as u64)
             }) as ThreadOp<'_>
         })
         .collect()
