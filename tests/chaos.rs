@@ -451,9 +451,9 @@ fn closed(s: &TcpStream) -> bool {
 
 /// Slowloris, from 127.0.0.3: to each address, connections that send 8 bytes of a frame's
 /// 16-byte prefix and nothing more, and connections that greet properly and then send a prefix
-/// and half the header it announces. Returns them, to be held.
-async fn slowloris(addrs: &[String]) -> Vec<TcpStream> {
-    let mut held = Vec::new();
+/// and half the header it announces. Returns them, to be held: (not greeted, greeted).
+async fn slowloris(addrs: &[String]) -> (Vec<TcpStream>, Vec<TcpStream>) {
+    let mut held = (Vec::new(), Vec::new());
     for a in addrs {
         for i in 0..16 {
             let Ok(mut s) = connect_from("127.0.0.3", a).await else {
@@ -479,7 +479,11 @@ async fn slowloris(addrs: &[String]) -> Vec<TcpStream> {
                 f
             };
             if s.write_all(&half).await.is_ok() {
-                held.push(s);
+                if i % 2 == 0 {
+                    held.0.push(s);
+                } else {
+                    held.1.push(s);
+                }
             }
         }
     }
@@ -697,8 +701,9 @@ async fn under_kills_restarts_stops_partitions_and_stalled_clients_every_read_is
     for w in workers {
         w.await.unwrap();
     }
-    let stalled_len = stalled.len();
-    let stalled_closed = stalled.iter().filter(|s| closed(s)).count();
+    let stalled_len = stalled.0.len() + stalled.1.len();
+    let ungreeted_closed = stalled.0.iter().filter(|s| closed(s)).count();
+    let greeted_closed = stalled.1.iter().filter(|s| closed(s)).count();
     let held_closed = held.iter().filter(|s| closed(s)).count();
 
     // Every daemon is still running (none panicked or exited).
@@ -760,7 +765,7 @@ async fn under_kills_restarts_stops_partitions_and_stalled_clients_every_read_is
     println!(
         "chaos: reads {} hits {} misses {} errors {} wrong {} | prefix loads {} valid blocks {} | \
          writes {} write errors {} removes {} | stuck {} | errors by kind {:?} | {} | \
-         slowloris {} held ({} closed by the nodes) | per-peer holder: {} answered of {} opened, \
+         slowloris {} held (closed by the nodes: {} not greeted, {} greeted) | per-peer holder: {} answered of {} opened, \
          {} closed by the end | final round {final_ok} puts+gets ok",
         g(&n.reads),
         g(&n.hits),
@@ -776,7 +781,8 @@ async fn under_kills_restarts_stops_partitions_and_stalled_clients_every_read_is
         n.kinds.lock().unwrap(),
         story,
         stalled_len,
-        stalled_closed,
+        ungreeted_closed,
+        greeted_closed,
         kept,
         PER_PEER_CAP + 16,
         held_closed,
