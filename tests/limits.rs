@@ -267,3 +267,77 @@ async fn metrics_show_namespaces_only_when_allowed() {
     let open = Node::start("16MiB", &["-c", &config_file(&cfg)]);
     assert!(scrape(&open, None).contains("tenant-secret"));
 }
+
+/// A request that stops arriving half-way (a frame's header, a put's payload, a RESP command)
+/// loses its connection once `read_timeout_ms` passes without a byte, and the put's space comes
+/// back; a connection idle between requests keeps it (no idle timeout is configured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_stops_half_way_is_dropped_and_idling_is_not() {
+    let cfg = config_file("[limits]\nread_timeout_ms = 1000\n");
+    let n = Node::start("16MiB", &["-c", &cfg, "--resp", "127.0.0.1:0"]);
+
+    // Greeted, then a prefix and 10 bytes of the 64-byte header it announces.
+    let mut half_header = TcpStream::connect(&n.tcp).await.unwrap();
+    hello(&mut half_header).await;
+    let p = FramePrefix {
+        header_len: 64,
+        payload_len: 0,
+    };
+    half_header.write_all(&p.encode()).await.unwrap();
+    half_header.write_all(&[0u8; 10]).await.unwrap();
+
+    // Greeted, then a 12 MiB put (most of the pool) whose payload stops after 1 MiB.
+    let mut half_put = TcpStream::connect(&n.tcp).await.unwrap();
+    hello(&mut half_put).await;
+    let put = Op::Put {
+        ns: 0,
+        key: b"half-put".to_vec(),
+        checksum: 0,
+        pin: false,
+    };
+    common::raw::send_head(&mut half_put, 2, put, 12 << 20).await;
+    half_put.write_all(&vec![7u8; 1 << 20]).await.unwrap();
+
+    // A RESP command cut in the middle of its second bulk string.
+    let mut half_resp = TcpStream::connect(&n.resp).await.unwrap();
+    half_resp
+        .write_all(b"*3\r\n$3\r\nSET\r\n$5\r\nhal")
+        .await
+        .unwrap();
+
+    // Idle between requests, natively and over RESP.
+    let mut idle = TcpStream::connect(&n.tcp).await.unwrap();
+    hello(&mut idle).await;
+    let mut idle_resp = TcpStream::connect(&n.resp).await.unwrap();
+    idle_resp.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+    let mut pong = [0u8; 7];
+    idle_resp.read_exact(&mut pong).await.unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+
+    for (what, s) in [
+        ("half a header", &mut half_header),
+        ("half a payload", &mut half_put),
+        ("half a RESP command", &mut half_resp),
+    ] {
+        assert!(
+            closed_within(s, Duration::from_secs(20)).await,
+            "{what} held its connection"
+        );
+    }
+    assert!(!closed_within(&mut idle, Duration::from_secs(3)).await);
+    assert!(!closed_within(&mut idle_resp, Duration::from_millis(100)).await);
+
+    // The stalled put's 12 MiB are free again: another one fits.
+    let c = Client::connect(&n.tcp_url(), remote()).await.unwrap();
+    let v = value(3, 12 << 20);
+    let mut stored = false;
+    for _ in 0..50 {
+        if c.put(b"whole-put", &v).await.is_ok() {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(stored, "the stalled put's space never came back");
+    assert_eq!(c.get(b"whole-put").await.unwrap().as_deref(), Some(&v[..]));
+}

@@ -192,6 +192,10 @@ pub struct LimitsConfig {
     /// A reply the peer does not read for this long (no progress writing it) is dropped with
     /// its connection, releasing the objects it referenced, ms. Default 30 000.
     pub write_timeout_ms: u64,
+    /// A request whose bytes stop arriving once its first byte has (no progress reading the
+    /// rest of its frame or its payload) for this long is dropped with its connection, ms.
+    /// Waiting between requests is `idle_timeout_ms`'s. Default 30 000.
+    pub read_timeout_ms: u64,
     /// A request whose payload (a put's or a reply's) is at least this large is bulk: it moves
     /// a chunk at a time, taking turns with other bulk transfers (ARCHITECTURE.md,
     /// "Scheduling large and small requests"). Default 256 KiB.
@@ -385,6 +389,7 @@ impl Default for LimitsConfig {
             max_watches_per_connection: 65_536,
             tombstone_ms: 60_000,
             write_timeout_ms: 30_000,
+            read_timeout_ms: 30_000,
             bulk_threshold: 256 << 10,
             bulk_workers: 0,
             bulk_rate: 0,
@@ -739,6 +744,7 @@ mod tests {
         assert_eq!(c.limits.handshake_timeout_ms, 10_000);
         assert_eq!(c.limits.idle_timeout_ms, 0);
         assert_eq!(c.limits.write_timeout_ms, 30_000);
+        assert_eq!(c.limits.read_timeout_ms, 30_000);
         assert_eq!(c.listen.max_connections_per_peer, 256);
         assert_eq!(c.listen.reserve_fds, 64);
         assert_eq!(c.listen.metrics_namespaces, NamespaceMetrics::Off);

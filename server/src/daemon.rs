@@ -475,6 +475,7 @@ fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
             ms => Some(Duration::from_millis(ms)),
         },
         write: Duration::from_millis(config.limits.write_timeout_ms.max(1)),
+        read: Duration::from_millis(config.limits.read_timeout_ms.max(1)),
         max_holds: config.limits.max_holds_per_connection as usize,
         max_watches: config.limits.max_watches_per_connection as usize,
     })

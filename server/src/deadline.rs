@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use kvpool::protocol::Limits;
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 /// How long a connection may take at each stage, and what it may send before the handshake.
@@ -23,6 +23,9 @@ pub(crate) struct ConnPolicy {
     pub(crate) idle: Option<Duration>,
     /// Longest a write may make no progress (the peer is not reading).
     pub(crate) write: Duration,
+    /// Longest a request's bytes may stop arriving once its first byte has (the peer stalls
+    /// in the middle of a frame or a payload).
+    pub(crate) read: Duration,
     /// Most objects one connection may hold (`Hold`) at once.
     pub(crate) max_holds: usize,
     /// Most keys and prefixes one connection may watch at once.
@@ -98,6 +101,69 @@ impl<W: AsyncWrite + Unpin> StallLimit<W> {
     }
 }
 
+/// A reader that, while armed (a request has started arriving), fails any read making no
+/// progress for `limit` with `TimedOut`, so a peer that sends half a frame or half a payload and
+/// stops cannot hold its connection, buffers and pending allocation for ever. Disarmed (between
+/// requests) it waits as long as the connection's idle policy allows.
+pub(crate) struct ReadStall<R> {
+    inner: R,
+    limit: Duration,
+    timer: Pin<Box<Sleep>>,
+    /// A request is being read.
+    in_request: bool,
+    /// The timer runs: a read blocked since it was set.
+    running: bool,
+}
+
+impl<R> ReadStall<R> {
+    pub(crate) fn new(inner: R, limit: Duration) -> ReadStall<R> {
+        ReadStall {
+            inner,
+            limit,
+            timer: Box::pin(tokio::time::sleep(limit)),
+            in_request: false,
+            running: false,
+        }
+    }
+
+    /// Arms (a request's first byte arrived) or disarms (waiting for the next request).
+    pub(crate) fn in_request(&mut self, on: bool) {
+        self.in_request = on;
+        self.running = false;
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for ReadStall<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.running = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending if !this.in_request => Poll::Pending,
+            Poll::Pending => {
+                if !this.running {
+                    this.running = true;
+                    let at = Instant::now() + this.limit;
+                    this.timer.as_mut().reset(at);
+                }
+                match this.timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer stopped sending in the middle of a request",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
 fn stalled() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "the peer stopped reading")
 }
@@ -138,6 +204,43 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_stops_arriving_fails_after_the_limit_and_idling_never_does() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut r = ReadStall::new(a, Duration::from_secs(5));
+        // Disarmed: waiting for the next request takes as long as it takes.
+        let mut one = [0u8; 1];
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            b.write_all(b"x").await.unwrap();
+            b
+        });
+        r.read_exact(&mut one).await.unwrap();
+        let mut b = late.await.unwrap();
+        // Armed: progress keeps it alive, however long the request takes in all.
+        r.in_request(true);
+        let writer = tokio::spawn(async move {
+            for _ in 0..10 {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                b.write_all(b"y").await.unwrap();
+            }
+            b
+        });
+        let mut ten = [0u8; 10];
+        r.read_exact(&mut ten).await.unwrap();
+        assert_eq!(&ten, b"yyyyyyyyyy");
+        let _b = writer.await.unwrap();
+        // ... and 5 s without a byte ends it.
+        let start = Instant::now();
+        let e = r.read_exact(&mut one).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        // Disarmed again: no limit.
+        r.in_request(false);
+        let waited = tokio::time::timeout(Duration::from_secs(60), r.read_exact(&mut one)).await;
+        assert!(waited.is_err(), "a disarmed read timed out by itself");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_write_nobody_reads_fails_after_the_limit_and_progress_resets_it() {

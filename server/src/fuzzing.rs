@@ -85,6 +85,7 @@ impl Harness {
                 handshake: Duration::from_secs(10),
                 idle: None,
                 write: Duration::from_secs(30),
+                read: Duration::from_secs(30),
                 max_holds: 64,
                 max_watches: 64,
             },

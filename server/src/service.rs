@@ -452,6 +452,7 @@ mod tests {
                 handshake: Duration::from_secs(1),
                 idle: None,
                 write: Duration::from_secs(1),
+                read: Duration::from_secs(1),
                 max_holds: 8,
                 max_watches: 8,
             },

@@ -43,7 +43,7 @@ use tokio::sync::watch;
 
 use self::data::Item;
 use crate::bulk::{Bulk, Ticket};
-use crate::deadline::{within, StallLimit};
+use crate::deadline::{within, ReadStall, StallLimit};
 use crate::metrics::{OpKind, Transport};
 use crate::service::{Access, Routing, Shared};
 
@@ -73,7 +73,9 @@ pub(crate) async fn serve<R, W>(
     let mut conn = Conn {
         s: &shared,
         transport,
-        r: BufReader::with_capacity(IO_BUFFER, r),
+        // A request that stops arriving half-way fails the connection (idling between
+        // requests is the idle policy's).
+        r: BufReader::with_capacity(IO_BUFFER, ReadStall::new(r, shared.conn.read)),
         // A reply the peer stops reading fails the connection, releasing what it referenced.
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
@@ -142,11 +144,19 @@ pub(crate) async fn serve<R, W>(
                 break;
             }
         }
-        let prefix = tokio::select! {
+        // Waiting for the next request's first byte: shutdown, the idle policy or the
+        // handshake deadline may end it; from that byte on, the request must keep arriving.
+        conn.r.get_mut().in_request(false);
+        let first = tokio::select! {
             biased;
             _ = shutdown.wait_for(|stop| *stop) => break,
-            p = within(deadline, read_prefix(&mut conn.r, limits)) => p,
+            b = within(deadline, async { conn.r.fill_buf().await.map(|b| !b.is_empty()) }) => b,
         };
+        if !matches!(first, Ok(true)) {
+            break;
+        }
+        conn.r.get_mut().in_request(true);
+        let prefix = within(deadline, read_prefix(&mut conn.r, limits)).await;
         let prefix = match prefix {
             Ok(Some(p)) => p,
             Ok(None) | Err(WireError::Io(_)) => break,

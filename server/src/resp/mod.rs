@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::watch;
 
 use crate::config::RespConfig;
-use crate::deadline::{within, StallLimit};
+use crate::deadline::{within, ReadStall, StallLimit};
 use crate::metrics::Transport;
 use crate::service::Shared;
 
@@ -89,7 +89,7 @@ pub(crate) enum Next {
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
     door: Arc<RespShared>,
-    mut r: R,
+    r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -101,6 +101,9 @@ pub(crate) async fn serve<R, W>(
     door.clients.fetch_add(1, Relaxed);
     let id = door.next_id.fetch_add(1, Relaxed) + 1;
     let w = StallLimit::new(w, shared.conn.write);
+    // A command that stops arriving half-way (its line, its bulk strings, a streamed SET's
+    // value) fails the connection after `read_timeout_ms` without progress.
+    let mut r = ReadStall::new(r, shared.conn.read);
     let mut conn = commands::Conn::new(&shared, &door, id, w);
     let mut input = Input::new(door.config.limits(shared.limits.max_payload), &conn);
     let connected = tokio::time::Instant::now();
@@ -109,6 +112,7 @@ pub(crate) async fn serve<R, W>(
             Flow::Need(n) => n,
             Flow::Stop => break,
         };
+        r.in_request(true);
         match input.stream_set(&mut conn, &mut r).await {
             Some(Flow::Stop) => break,
             Some(Flow::Need(_)) => continue,
@@ -124,6 +128,7 @@ pub(crate) async fn serve<R, W>(
             Some(connected + shared.conn.handshake)
         };
         let idle = input.buf.is_empty();
+        r.in_request(!idle);
         let read = tokio::select! {
             biased;
             _ = shutdown.wait_for(|stop| *stop), if idle => break,
