@@ -345,7 +345,7 @@ async fn used(c: &Client) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_handoffs_with_producers_and_consumers_dying_leave_nothing_held() {
-    // Each handoff: a producer writes 4 blocks under a 1 s lease (some producers die midway,
+    // Each handoff: a producer writes 4 blocks under a LEASE_S lease (some producers die midway,
     // some fail their blocks), a consumer waits for them (some consumers die while waiting or
     // after reading, without releasing) and releases what it read. Deaths are tasks aborted
     // mid-call: their connections drop, as a killed process's do. At the end every wait has
@@ -354,6 +354,10 @@ async fn ten_thousand_handoffs_with_producers_and_consumers_dying_leave_nothing_
     let c = connect(&node).await;
     const HANDOFFS: u64 = 10_000;
     const AT_ONCE: usize = 200;
+    // Long enough that a consumer reads what its wait found before the lease lapses, however
+    // busy the machine (at 1 s, a loaded 2-core machine let leases lapse between a complete
+    // wait and the reads); short enough that the end of the test waits for it.
+    const LEASE_S: u64 = 5;
     let block = common::value(7, 4096);
     let mut answered = 0u64;
     let mut outcomes = [0u64; 3]; // complete, failed, missing
@@ -374,7 +378,7 @@ async fn ten_thousand_handoffs_with_producers_and_consumers_dying_leave_nothing_
                         // Leased before anything is written: a death at any point below
                         // leaves nothing behind.
                         let rk: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-                        c.expire(&rk, Duration::from_secs(1)).await.unwrap();
+                        c.expire(&rk, Duration::from_secs(LEASE_S)).await.unwrap();
                         for (n, k) in keys.iter().enumerate() {
                             if fate == 1 && n == 2 {
                                 // Gives up: fails what it will not write.
@@ -436,7 +440,7 @@ async fn ten_thousand_handoffs_with_producers_and_consumers_dying_leave_nothing_
         "every surviving consumer got an answer"
     );
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
-    // Leases lapse 1 s after the last block was written: nothing may stay held.
+    // Leases lapse LEASE_S after the last block was written: nothing may stay held.
     let t = Instant::now();
     while used(&c).await > 0 {
         assert!(
