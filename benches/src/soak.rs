@@ -804,11 +804,10 @@ pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
     let stopped = Instant::now();
     rt.block_on(async {
         for t in tasks {
-            if tokio::time::timeout(Duration::from_secs(60), t)
-                .await
-                .is_err()
-            {
-                anyhow::bail!("a client task did not stop within 60 s");
+            match tokio::time::timeout(Duration::from_secs(60), t).await {
+                Err(_) => anyhow::bail!("a client task did not stop within 60 s"),
+                Ok(Err(e)) => anyhow::bail!("a client task failed: {e}"),
+                Ok(Ok(())) => {}
             }
         }
         Ok(())
