@@ -12,6 +12,9 @@
 //!   of a wait's notification against one round trip, all in the same run.
 //! - `restart`: issue 18's restart time: a pool of a million objects recovered from the
 //!   segment files and journal a stopped node left.
+//! - `soak`: issue 18's soak: a mixed load at saturation against a pool that runs full, with
+//!   the daemon's RSS, open descriptors and pending allocations sampled and judged for
+//!   flatness after the warm-up, and every read checked.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
@@ -20,6 +23,7 @@ mod handoff;
 mod heap;
 mod perf;
 mod restart;
+mod soak;
 mod weights;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +62,10 @@ enum Command {
     /// Restart time (issue 18): a node's objects recovered from the segment files and journal
     /// its previous life left, every one checked by its checksum.
     Restart(restart::RestartArgs),
+    /// Soak (issue 18): a mixed load at saturation for minutes against a pool that runs full;
+    /// the daemon's RSS, open descriptors and pending allocations sampled and judged for
+    /// flatness, every read checked.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,5 +76,6 @@ fn main() -> anyhow::Result<()> {
         Command::Weights(args) => weights::run(args),
         Command::Handoff(args) => handoff::run(args),
         Command::Restart(args) => restart::run(args),
+        Command::Soak(args) => soak::run(args),
     }
 }

@@ -29,6 +29,8 @@ pub(crate) struct Daemon {
     pub(crate) tcp: String,
     /// QUIC address (`host:port`).
     pub(crate) quic: String,
+    /// Prometheus endpoint (`host:port`), serving `/metrics`.
+    pub(crate) metrics: String,
     /// Value sizes whose data set is already stored.
     pub(crate) loaded: Vec<u64>,
 }
@@ -82,6 +84,7 @@ impl Daemon {
             dir,
             tcp: String::new(),
             quic: String::new(),
+            metrics: String::new(),
             loaded: Vec::new(),
         };
         let line = d.ready_line()?;
@@ -90,6 +93,8 @@ impl Daemon {
                 d.tcp = v.to_string();
             } else if let Some(v) = field.strip_prefix("quic=") {
                 d.quic = v.to_string();
+            } else if let Some(v) = field.strip_prefix("metrics=") {
+                d.metrics = v.to_string();
             }
         }
         if d.tcp.is_empty() || d.tcp == "off" {
@@ -124,6 +129,11 @@ impl Daemon {
     /// The exit status once the daemon has exited by itself (a drained node leaves), else None.
     pub(crate) fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
+    }
+
+    /// The daemon's process id (for its /proc entries).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The self-signed certificate QUIC clients must trust.
