@@ -322,3 +322,90 @@ fn unauthenticated_connections_are_held_small() {
     expect(&mut other, &[b"AUTH", b"node-token"], b"+OK\r\n");
     expect(&mut other, &[b"GET", b"k"], b"$-1\r\n");
 }
+
+/// The value of one `INFO memory` field on a fresh connection.
+fn info_memory(n: &Node, field: &str) -> u64 {
+    let mut s = connect(n);
+    s.write_all(&cmd(&[b"INFO", b"memory"])).unwrap();
+    let head = line(&mut s);
+    let len: usize = head.trim_start_matches('$').trim_end().parse().unwrap();
+    let mut body = vec![0u8; len + 2];
+    s.read_exact(&mut body).unwrap();
+    let body = String::from_utf8(body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("INFO memory has {field}: {body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Polls `INFO memory` until `field` satisfies `ok` (10 s at most).
+fn wait_info(n: &Node, field: &str, ok: impl Fn(u64) -> bool) -> u64 {
+    for _ in 0..1000 {
+        let v = info_memory(n, field);
+        if ok(v) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("INFO memory {field} never got there");
+}
+
+/// Every command but a large plain `SET` is buffered whole before it runs, so the door's memory
+/// was bounded only by `max_connections` × `max_command` (1 TiB at the defaults). Now all RESP
+/// connections together hold at most `[resp] input_memory` beyond their first 64 KiB: the
+/// connection that would go past it gets an error and is closed, the others go on, and the room
+/// comes back when a command is done.
+#[test]
+fn input_buffers_are_bounded_across_the_node() {
+    let dir = common::temp_dir("resp-input");
+    let cfg = dir.join("kvpool.toml");
+    std::fs::write(&cfg, "[resp]\ninput_memory = \"4MiB\"\n").unwrap();
+    let n = resp_node("64MiB", &["--config", cfg.to_str().unwrap()]);
+    let big = value(11, 3 << 20);
+    let mset = |key: &[u8]| cmd(&[b"MSET", key, &big]);
+
+    // A sends the first MiB of a 3 MiB MSET and stalls: its buffer is charged for the command.
+    let mut a = connect(&n);
+    let a_cmd = mset(b"ka");
+    a.write_all(&a_cmd[..1 << 20]).unwrap();
+    let held = wait_info(&n, "kvpool_resp_input_bytes", |v| v >= 2 << 20);
+    assert!(held <= 4 << 20, "held {held}");
+
+    // B's MSET of the same size does not fit beside it: an error, then the connection closes.
+    let mut b = connect(&n);
+    let _ = b.write_all(&mset(b"kb")); // the node may close before reading it all
+    let l = line(&mut b);
+    assert!(
+        l.starts_with(
+            "-ERR kvpool: the node's RESP input buffers are full ([resp] input_memory = 4194304)"
+        ),
+        "{l}"
+    );
+    let mut rest = Vec::new();
+    let _ = b.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "B closed after its error");
+
+    // Small commands on other connections need no charged room and go on meanwhile.
+    let mut c = connect(&n);
+    expect(&mut c, &[b"SET", b"small", b"v"], b"+OK\r\n");
+
+    // A finishes; its room comes back once its command has run.
+    a.write_all(&a_cmd[1 << 20..]).unwrap();
+    assert_eq!(line(&mut a), "+OK\r\n");
+    wait_info(&n, "kvpool_resp_input_bytes", |v| v == 0);
+
+    // Now B's command fits, and both values are whole.
+    let mut b = connect(&n);
+    expect(&mut b, &[b"MSET", b"kb", &big], b"+OK\r\n");
+    let mut want = format!("${}\r\n", big.len()).into_bytes();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(b"\r\n");
+    expect(&mut c, &[b"GET", b"ka"], &want);
+    expect(&mut c, &[b"GET", b"kb"], &want);
+    assert!(n
+        .scrape()
+        .lines()
+        .any(|l| l == "kvpool_resp_input_refusals_total 1"));
+}

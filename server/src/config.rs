@@ -257,6 +257,11 @@ pub struct RespConfig {
     /// serves. Default 2 GiB.
     #[serde(deserialize_with = "de_size")]
     pub weights_memory: u64,
+    /// Most bytes all RESP connections together hold in input buffers beyond the first 64 KiB
+    /// each (commands being parsed whole, and read-ahead). A connection whose next command would
+    /// take the node past it is answered with an error and closed. Default 1 GiB.
+    #[serde(deserialize_with = "de_size")]
+    pub input_memory: u64,
 }
 
 impl Default for RespConfig {
@@ -270,6 +275,7 @@ impl Default for RespConfig {
             max_scan_count: 10_000,
             max_expiring_keys: 1 << 20,
             weights_memory: 2 << 30,
+            input_memory: 1 << 30,
         }
     }
 }

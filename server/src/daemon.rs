@@ -533,6 +533,7 @@ fn serve_resp(l: TcpListener, addr: SocketAddr, ctx: &Ctx, config: &Config) -> [
             std::time::Duration::from_millis(config.limits.write_timeout_ms),
         ),
         weights_memory: crate::resp::WeightsBudget::new(config.resp.weights_memory),
+        input_memory: crate::resp::InputMemory::new(config.resp.input_memory),
     });
     let (clock, at) = (ctx.shared.clone(), ctx.shared.clone());
     [

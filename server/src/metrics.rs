@@ -247,6 +247,7 @@ struct Daemon {
     resp_commands: [Counter; RESP_COMMANDS.len()],
     resp_errors: [Counter; RESP_COMMANDS.len()],
     resp_protocol_errors: Counter,
+    resp_input_refusals: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
     /// Bulk chunks and their bytes by priority (Background .. High).
@@ -315,6 +316,12 @@ impl Metrics {
     /// Bytes on the RESP front door that were not RESP (the connection was closed).
     pub fn resp_protocol_error(&self) {
         self.daemon.resp_protocol_errors.inc();
+    }
+
+    /// A RESP connection closed because the door's input buffers were full
+    /// (`[resp] input_memory`).
+    pub fn resp_input_refused(&self) {
+        self.daemon.resp_input_refusals.inc();
     }
 
     /// Payload bytes received and sent.
@@ -626,6 +633,13 @@ impl Scrape {
             counter_t,
         )?;
         d.resp_protocol_errors.encode(resp_errors)?;
+        let refusals = e.encode_descriptor(
+            "kvpool_resp_input_refusals",
+            "RESP connections closed because the door's input buffers were full ([resp] input_memory).",
+            None,
+            counter_t,
+        )?;
+        d.resp_input_refusals.encode(refusals)?;
         Ok(())
     }
 

@@ -329,10 +329,13 @@ pub(crate) fn info<W: AsyncWrite + Unpin + Send>(c: &mut Conn<'_, W>, args: &[&[
         let _ = write!(
             t,
             "# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:allkeys-lru\r\n\
-             kvpool_namespace_used_bytes:{}\r\n\r\n",
+             kvpool_namespace_used_bytes:{}\r\nkvpool_resp_input_bytes:{}\r\n\
+             kvpool_resp_input_memory:{}\r\n\r\n",
             st.segments.iter().map(|s| s.used_bytes).sum::<u64>(),
             st.capacity(),
             ns_stats.map_or(0, |n| n.used_bytes),
+            c.door.input_memory.held(),
+            c.door.config.input_memory,
         );
     }
     if want("persistence") {

@@ -75,6 +75,51 @@ pub(crate) struct RespShared {
     pub(crate) forward: forward::Forwarder,
     /// Bytes the weights view may hold at once for tensors being assembled.
     pub(crate) weights_memory: weights::Budget,
+    /// Bytes of input buffer the door's connections hold beyond their first `INPUT_BASE` each.
+    pub(crate) input_memory: InputMemory,
+}
+
+/// Each connection's input buffer starts with this much capacity, which is not charged to
+/// [`InputMemory`] (`max_connections` bounds it); a buffer left empty with more than
+/// `INPUT_KEEP` goes back to this size.
+const INPUT_BASE: usize = 64 << 10;
+const INPUT_KEEP: usize = 1 << 20;
+
+/// The node-wide bound on RESP input buffers (`[resp] input_memory`): without it, the door's
+/// memory was bounded only by `max_connections` × `max_command` (1 TiB at the defaults), since
+/// every command but a large plain `SET` is buffered whole before it runs.
+pub(crate) struct InputMemory {
+    held: std::sync::atomic::AtomicU64,
+    limit: u64,
+}
+
+impl InputMemory {
+    pub(crate) fn new(limit: u64) -> InputMemory {
+        InputMemory {
+            held: Default::default(),
+            limit,
+        }
+    }
+
+    /// Takes `bytes` if the total stays within the limit.
+    fn take(&self, bytes: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.held
+            .fetch_update(Relaxed, Relaxed, |h| {
+                h.checked_add(bytes).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: u64) {
+        self.held
+            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes held now (`INFO memory`).
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// What the connection does after a command.
@@ -105,7 +150,8 @@ pub(crate) async fn serve<R, W>(
     // value) fails the connection after `read_timeout_ms` without progress.
     let mut r = ReadStall::new(r, shared.conn.read);
     let mut conn = commands::Conn::new(&shared, &door, id, w);
-    let mut input = Input::new(door.config.limits(shared.limits.max_payload), &conn);
+    let authed = door.config.limits(shared.limits.max_payload);
+    let mut input = Input::new(door.clone(), authed, &conn);
     let connected = tokio::time::Instant::now();
     loop {
         let need = match input.run(&mut conn, &shared).await {
@@ -121,7 +167,20 @@ pub(crate) async fn serve<R, W>(
         if conn.flush().await.is_err() {
             break;
         }
-        input.make_room(need);
+        if !input.make_room(need) {
+            shared.metrics.resp_input_refused();
+            tracing::debug!(
+                need,
+                "closing a RESP connection: the door's input memory is full"
+            );
+            conn.protocol_error(&format!(
+                "kvpool: the node's RESP input buffers are full ([resp] input_memory = {}); \
+                 command refused, closing",
+                door.config.input_memory
+            ));
+            let _ = conn.flush().await;
+            break;
+        }
         let deadline = if conn.authenticated() {
             shared.conn.idle.map(|d| tokio::time::Instant::now() + d)
         } else {
@@ -160,12 +219,27 @@ struct Input {
     parser: Parser,
     /// The limits once the connection is authenticated (smaller ones before).
     authed: RespLimits,
+    /// Capacity of `buf` beyond `INPUT_BASE`, charged to the door's `InputMemory`.
+    charged: u64,
+    door: Arc<RespShared>,
+}
+
+impl Drop for Input {
+    fn drop(&mut self) {
+        self.door.input_memory.give(self.charged);
+    }
 }
 
 impl Input {
-    fn new<W: AsyncWrite + Unpin + Send>(authed: RespLimits, conn: &commands::Conn<'_, W>) -> Self {
+    fn new<W: AsyncWrite + Unpin + Send>(
+        door: Arc<RespShared>,
+        authed: RespLimits,
+        conn: &commands::Conn<'_, W>,
+    ) -> Self {
         Input {
-            buf: Vec::with_capacity(64 << 10),
+            buf: Vec::with_capacity(INPUT_BASE),
+            charged: 0,
+            door,
             start: 0,
             parser: Parser::new(if conn.authenticated() {
                 authed
@@ -255,16 +329,52 @@ impl Input {
     /// READ_AHEAD: the peer's declared length is not believed further). Consumed bytes are
     /// dropped when nothing is left after them, and otherwise moved out only when the room is
     /// short, so a pipeline of large values is not shifted down after every command.
-    fn make_room(&mut self, need: usize) {
+    ///
+    /// Growth is charged to the door's `InputMemory` before it is allocated: false when the
+    /// node has no room for it (the buffer is left as it was). A buffer emptied with more than
+    /// `INPUT_KEEP` of capacity is given back.
+    fn make_room(&mut self, need: usize) -> bool {
         let want = need.clamp(64 << 10, READ_AHEAD);
         if self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
+            if self.buf.capacity() > INPUT_KEEP {
+                self.buf = Vec::with_capacity(INPUT_BASE);
+                self.settle();
+            }
         } else if self.start > 0 && self.buf.capacity() - self.buf.len() < want {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        self.buf.reserve(want);
+        let (len, cap) = (self.buf.len(), self.buf.capacity());
+        if cap - len >= want {
+            return true;
+        }
+        // Doubling, as `Vec::reserve` does, so that a command arriving in many reads is not
+        // copied once per read.
+        let grown = (len + want).max(cap.saturating_mul(2));
+        let extra = (grown.saturating_sub(INPUT_BASE) as u64).saturating_sub(self.charged);
+        if !self.door.input_memory.take(extra) {
+            return false;
+        }
+        self.charged += extra;
+        self.buf.reserve_exact(grown - len);
+        self.settle();
+        true
+    }
+
+    /// Makes the charge match the buffer's capacity (the allocator may round it up).
+    fn settle(&mut self) {
+        let now = self.buf.capacity().saturating_sub(INPUT_BASE) as u64;
+        let memory = &self.door.input_memory;
+        if now > self.charged {
+            memory
+                .held
+                .fetch_add(now - self.charged, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            memory.give(self.charged - now);
+        }
+        self.charged = now;
     }
 }
 
