@@ -743,6 +743,81 @@ async fn auth_tokens_are_enforced() {
     c.put(b"k", b"v").await.unwrap();
 }
 
+/// Wrong tokens are counted per peer address: past `[limits] auth_failures` in a row, the
+/// address's attempts are refused unchecked (the right token too, or the refusal would still
+/// answer guesses) until it has waited, at every door; other addresses are not affected, and
+/// both are counted in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_are_throttled_per_address() {
+    let dir = common::temp_dir("auth-throttle");
+    let cfg = dir.join("kvpoold.toml");
+    std::fs::write(
+        &cfg,
+        "[limits]\nauth_failures = 3\nauth_failure_refill_ms = 60000\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let n = Node::start(
+        "16MiB",
+        &[
+            "--token",
+            "s3cret",
+            "--config",
+            cfg,
+            "--resp",
+            "127.0.0.1:0",
+        ],
+    );
+    let message = |r: &kvpool::protocol::Response| match &r.reply {
+        Reply::Error { message, .. } => message.clone(),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    for _ in 0..3 {
+        let mut s = raw_conn(&n).await;
+        let r = hello(&mut s, "guess").await;
+        assert_eq!(error_code(&r), ErrorCode::Unauthorized);
+        assert!(message(&r).contains("wrong or missing"), "{}", message(&r));
+    }
+    let mut s = raw_conn(&n).await;
+    let r = hello(&mut s, "s3cret").await;
+    assert_eq!(error_code(&r), ErrorCode::Unauthorized);
+    assert!(
+        message(&r).contains("too many failed authentications"),
+        "{}",
+        message(&r)
+    );
+    // The RESP door shares the count.
+    let mut resp = TcpStream::connect(&n.resp).await.unwrap();
+    resp.write_all(b"*2\r\n$4\r\nAUTH\r\n$6\r\ns3cret\r\n")
+        .await
+        .unwrap();
+    let mut line = vec![0u8; 256];
+    let got = tokio::time::timeout(Duration::from_secs(10), resp.read(&mut line))
+        .await
+        .unwrap()
+        .unwrap();
+    let line = String::from_utf8_lossy(&line[..got]).into_owned();
+    assert!(
+        line.starts_with("-ERR kvpool: too many failed authentications"),
+        "{line}"
+    );
+    // Another address is not affected.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = sock.connect(n.tcp.parse().unwrap()).await.unwrap();
+    let r = hello(&mut other, "s3cret").await;
+    assert!(matches!(r.reply, Reply::Hello(_)), "{:?}", r.reply);
+    let page = n.scrape();
+    assert!(
+        page.lines().any(|l| l == "kvpool_auth_failures_total 3"),
+        "{page}"
+    );
+    assert!(
+        page.lines().any(|l| l == "kvpool_auth_throttled_total 2"),
+        "{page}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_allocations_are_reclaimed() {
     let dir = common::temp_dir("reap");

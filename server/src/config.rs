@@ -211,6 +211,12 @@ pub struct LimitsConfig {
     /// Longest one bulk chunk holds its turn, ms: a chunk still moving after it (a peer reading
     /// slowly) carries on without it. Default 2.
     pub bulk_hold_ms: u64,
+    /// Wrong tokens (in a `Hello` or a RESP `AUTH`) one peer address may present in a row;
+    /// after that it may try once per `auth_failure_refill_ms`, and its other attempts are
+    /// refused unchecked. 0: no limit. Default 10.
+    pub auth_failures: u32,
+    /// See `auth_failures`, ms. Default 1 000.
+    pub auth_failure_refill_ms: u64,
 }
 
 /// `[auth]`.
@@ -400,6 +406,8 @@ impl Default for LimitsConfig {
             bulk_workers: 0,
             bulk_rate: 0,
             bulk_hold_ms: 2,
+            auth_failures: 10,
+            auth_failure_refill_ms: 1_000,
         }
     }
 }

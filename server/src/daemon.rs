@@ -445,6 +445,10 @@ fn shared(
             w
         },
         bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
+        auth_failures: crate::auth_limit::AuthFailures::new(
+            config.limits.auth_failures,
+            std::time::Duration::from_millis(config.limits.auth_failure_refill_ms),
+        ),
     }
 }
 

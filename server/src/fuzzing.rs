@@ -91,6 +91,8 @@ impl Harness {
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
+            // Off: every input starts from the same state.
+            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -111,6 +113,7 @@ impl Harness {
         let serve = crate::handler::serve(
             self.shared.clone(),
             Transport::Tcp,
+            None,
             input,
             out.clone(),
             shutdown,

@@ -24,6 +24,7 @@
 //! - `fuzzing` (feature `fuzzing`): one connection served from a byte string, for `fuzz/`.
 
 mod admission;
+mod auth_limit;
 mod bulk;
 mod cluster;
 pub mod config;

@@ -124,8 +124,8 @@ async fn accept_loop(
         let door = door.clone();
         tokio::spawn(async move {
             match door {
-                Some(door) => crate::resp::serve(shared, door, r, w, stop).await,
-                None => serve(shared, transport, r, w, stop).await,
+                Some(door) => crate::resp::serve(shared, door, peer, r, w, stop).await,
+                None => serve(shared, transport, peer, r, w, stop).await,
             }
             drop((permit, done, slot));
         });
@@ -169,8 +169,9 @@ async fn quic_streams(conn: quinn::Connection, mut ctx: Ctx) {
             Err(_) => return, // the peer closed the connection
         };
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
+        let peer = Some(conn.remote_address().ip());
         tokio::spawn(async move {
-            serve(shared, Transport::Quic, recv, send, stop).await;
+            serve(shared, Transport::Quic, peer, recv, send, stop).await;
             drop((permit, done));
         });
     }

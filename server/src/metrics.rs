@@ -248,6 +248,8 @@ struct Daemon {
     resp_errors: [Counter; RESP_COMMANDS.len()],
     resp_protocol_errors: Counter,
     resp_input_refusals: Counter,
+    auth_failures: Counter,
+    auth_throttled: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
     /// Bulk chunks and their bytes by priority (Background .. High).
@@ -316,6 +318,16 @@ impl Metrics {
     /// Bytes on the RESP front door that were not RESP (the connection was closed).
     pub fn resp_protocol_error(&self) {
         self.daemon.resp_protocol_errors.inc();
+    }
+
+    /// A peer presented a wrong token.
+    pub fn auth_failed(&self) {
+        self.daemon.auth_failures.inc();
+    }
+
+    /// A peer's authentication refused unchecked: it failed too often.
+    pub fn auth_throttled(&self) {
+        self.daemon.auth_throttled.inc();
     }
 
     /// A RESP connection closed because the door's input buffers were full
@@ -640,6 +652,20 @@ impl Scrape {
             counter_t,
         )?;
         d.resp_input_refusals.encode(refusals)?;
+        let failures = e.encode_descriptor(
+            "kvpool_auth_failures",
+            "Wrong tokens presented (Hello, RESP AUTH).",
+            None,
+            counter_t,
+        )?;
+        d.auth_failures.encode(failures)?;
+        let throttled = e.encode_descriptor(
+            "kvpool_auth_throttled",
+            "Authentications refused unchecked: the peer address failed too often ([limits] auth_failures).",
+            None,
+            counter_t,
+        )?;
+        d.auth_throttled.encode(throttled)?;
         Ok(())
     }
 
@@ -807,7 +833,9 @@ fn bears(head: &str, token: &str) -> bool {
         let mut v = value.trim().splitn(2, ' ');
         name.trim().eq_ignore_ascii_case("authorization")
             && v.next().is_some_and(|s| s.eq_ignore_ascii_case("bearer"))
-            && v.next().map(str::trim) == Some(token)
+            && v.next().map(str::trim).is_some_and(|t| {
+                kvpool::protocol::auth::token_matches(t.as_bytes(), token.as_bytes())
+            })
     })
 }
 

@@ -44,6 +44,31 @@ pub(crate) struct Shared {
     pub(crate) watches: Arc<crate::watch::Watches>,
     /// Turns of the bulk transfers (docs/ARCHITECTURE.md, "Scheduling").
     pub(crate) bulk: Arc<crate::bulk::Bulk>,
+    /// Wrong tokens per peer address (`[limits] auth_failures`).
+    pub(crate) auth_failures: crate::auth_limit::AuthFailures,
+}
+
+/// Why a token was not accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AuthDenied {
+    /// The token admits to nothing.
+    Wrong,
+    /// The peer failed too often: it may try again after this long.
+    Throttled(std::time::Duration),
+}
+
+impl AuthDenied {
+    /// What the peer is told.
+    pub(crate) fn message(self) -> String {
+        match self {
+            AuthDenied::Wrong => "wrong or missing auth token".into(),
+            AuthDenied::Throttled(d) => format!(
+                "too many failed authentications from this address; retry in {} ms \
+                 ([limits] auth_failures)",
+                d.as_millis().max(1)
+            ),
+        }
+    }
 }
 
 /// The namespaces one connection may use, decided by the token it authenticated with.
@@ -115,21 +140,49 @@ impl Shared {
     ///
     /// A front door calls this once per connection, before any keyed operation, and keeps the
     /// [`Access`] for [`Shared::namespace`] (or [`Access::allows`] when it has ids).
+    ///
+    /// Tokens are compared in constant time (`kvpool::protocol::auth::token_matches`): every
+    /// configured token is compared, with no early exit, whatever matches.
     pub(crate) fn authenticate(&self, token: &str) -> Option<Access> {
-        let admin = !self.token.is_empty() && token == self.token;
-        let ns_token = self
+        use kvpool::protocol::auth::{digests_equal, token_digest};
+        let presented = token_digest(token.as_bytes());
+        let matches = |t: &String| digests_equal(&presented, &token_digest(t.as_bytes()));
+        let admin = !self.token.is_empty() & matches(&self.token);
+        let per_ns: Vec<bool> = self
             .ns_tokens
             .iter()
-            .any(|ts| ts.iter().any(|t| t == token));
+            .map(|ts| ts.iter().fold(false, |any, t| any | matches(t)))
+            .collect();
+        let ns_token = per_ns.iter().fold(false, |any, &m| any | m);
         if !(self.token.is_empty() || admin || ns_token) {
             return None;
         }
         let allowed = self
             .ns_tokens
             .iter()
-            .map(|ts| ts.is_empty() || admin || ts.iter().any(|t| t == token))
+            .zip(&per_ns)
+            .map(|(ts, &m)| ts.is_empty() || admin || m)
             .collect();
         Some(Access { allowed })
+    }
+
+    /// [`Shared::authenticate`] for a peer presenting a token (a `Hello`, a RESP `AUTH`), with
+    /// its wrong tokens counted per address and refused unchecked past `[limits] auth_failures`.
+    pub(crate) fn authenticate_peer(
+        &self,
+        token: &str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Access, AuthDenied> {
+        let now = Instant::now();
+        if let Err(wait) = self.auth_failures.check(peer, now) {
+            self.metrics.auth_throttled();
+            return Err(AuthDenied::Throttled(wait));
+        }
+        self.authenticate(token).ok_or_else(|| {
+            self.metrics.auth_failed();
+            self.auth_failures.failed(peer, now);
+            AuthDenied::Wrong
+        })
     }
 
     /// The id of the namespace called `name`, if `access` may use it.
@@ -458,6 +511,7 @@ mod tests {
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
+            auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60)),
         }
     }
 

@@ -125,6 +125,32 @@ impl ClusterSecret {
     }
 }
 
+/// Whether `presented` is `configured`, in time that depends on neither's contents nor on
+/// where they first differ: both are hashed (SHA-256) and the digests compared without an early
+/// exit, so a peer timing its attempts learns nothing about a token's bytes or its length
+/// (beyond the number of 64-byte blocks hashed).
+pub fn token_matches(presented: &[u8], configured: &[u8]) -> bool {
+    digests_equal(&token_digest(presented), &token_digest(configured))
+}
+
+/// The SHA-256 of a token, for [`digests_equal`] (hash the presented token once and compare it
+/// with each configured one).
+pub fn token_digest(token: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Compares two digests with no data-dependent branch or early exit.
+pub fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
 /// Fresh random bytes from the operating system, for a challenge or a nonce.
 pub fn random() -> Result<AuthBytes, AuthError> {
     let mut b = [0u8; AUTH_LEN];
@@ -173,6 +199,18 @@ mod tests {
         let q = a.node_proof(3, &c, &n);
         assert!(a.verify_node(3, &c, &n, &q));
         assert_ne!(p, q);
+    }
+
+    #[test]
+    fn tokens_match_only_themselves() {
+        assert!(token_matches(b"team-token", b"team-token"));
+        assert!(!token_matches(b"team-token", b"team-tokeN"));
+        assert!(!token_matches(b"team-token", b"team-token "));
+        assert!(!token_matches(b"", b"x"));
+        assert!(token_matches(b"", b""));
+        let d = token_digest(b"a");
+        assert!(digests_equal(&d, &token_digest(b"a")));
+        assert!(!digests_equal(&d, &token_digest(b"b")));
     }
 
     #[test]

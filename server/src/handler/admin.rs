@@ -26,10 +26,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .await?;
             return Ok(false);
         }
-        let Some(access) = self.s.authenticate(token.as_str()) else {
-            self.fail(id, ErrorCode::Unauthorized, "wrong or missing auth token")
-                .await?;
-            return Ok(false);
+        let access = match self.s.authenticate_peer(token.as_str(), self.peer_ip) {
+            Ok(access) => access,
+            Err(denied) => {
+                self.fail(id, ErrorCode::Unauthorized, &denied.message())
+                    .await?;
+                return Ok(false);
+            }
         };
         tracing::debug!(
             client = client.as_str(),

@@ -62,6 +62,7 @@ const RECEIVE_PIECE: usize = 256 << 10;
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
     transport: Transport,
+    peer_ip: Option<std::net::IpAddr>,
     r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
@@ -79,6 +80,7 @@ pub(crate) async fn serve<R, W>(
         // A reply the peer stops reading fails the connection, releasing what it referenced.
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
+        peer_ip,
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         stamp: 0,
@@ -203,6 +205,8 @@ struct Conn<'a, R, W> {
     w: BufWriter<W>,
     /// The namespaces this connection may use; `None` until its `Hello` is accepted.
     access: Option<Access>,
+    /// The peer's address (wrong tokens are counted per address); None over the Unix socket.
+    peer_ip: Option<std::net::IpAddr>,
     /// Proved the cluster secret (`ClusterAuth`): a cluster peer, may gossip and drain.
     peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.

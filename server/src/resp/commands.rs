@@ -20,6 +20,8 @@ pub(crate) struct Conn<'a, W> {
     pub(crate) s: &'a Shared,
     pub(crate) door: &'a RespShared,
     pub(crate) id: u64,
+    /// The peer's address (wrong tokens are counted per address).
+    peer: Option<std::net::IpAddr>,
     w: StallLimit<W>,
     /// Replies not yet written.
     pub(crate) out: Vec<u8>,
@@ -81,7 +83,13 @@ impl Refused {
 }
 
 impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
-    pub(crate) fn new(s: &'a Shared, door: &'a RespShared, id: u64, w: StallLimit<W>) -> Self {
+    pub(crate) fn new(
+        s: &'a Shared,
+        door: &'a RespShared,
+        id: u64,
+        peer: Option<std::net::IpAddr>,
+        w: StallLimit<W>,
+    ) -> Self {
         // A node without a token admits everyone to the default namespace at once.
         let session = s.authenticate("").and_then(|access| {
             let ns = s.namespace(&access, kvpool::pool::DEFAULT_NAMESPACE).ok()?;
@@ -97,6 +105,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             s,
             door,
             id,
+            peer,
             w,
             out: Vec::with_capacity(64 << 10),
             proto: Proto::Resp2,
@@ -231,7 +240,13 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             None => kvpool::pool::DEFAULT_NAMESPACE,
         };
         let token = std::str::from_utf8(token).map_err(|_| WRONGPASS.to_string())?;
-        let access = self.s.authenticate(token).ok_or(WRONGPASS)?;
+        let access = self
+            .s
+            .authenticate_peer(token, self.peer)
+            .map_err(|denied| match denied {
+                crate::service::AuthDenied::Wrong => WRONGPASS.to_string(),
+                throttled => format!("ERR kvpool: {}", throttled.message()),
+            })?;
         let ns = self
             .s
             .namespace(&access, ns_name)

@@ -134,6 +134,7 @@ pub(crate) enum Next {
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
     door: Arc<RespShared>,
+    peer: Option<std::net::IpAddr>,
     r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
@@ -149,7 +150,7 @@ pub(crate) async fn serve<R, W>(
     // A command that stops arriving half-way (its line, its bulk strings, a streamed SET's
     // value) fails the connection after `read_timeout_ms` without progress.
     let mut r = ReadStall::new(r, shared.conn.read);
-    let mut conn = commands::Conn::new(&shared, &door, id, w);
+    let mut conn = commands::Conn::new(&shared, &door, id, peer, w);
     let authed = door.config.limits(shared.limits.max_payload);
     let mut input = Input::new(door.clone(), authed, &conn);
     let connected = tokio::time::Instant::now();
