@@ -818,6 +818,63 @@ async fn wrong_tokens_are_throttled_per_address() {
     );
 }
 
+/// `listen.tls`: the native protocol over TCP with TLS 1.3, with QUIC's certificate. A client
+/// that trusts it reads and writes as over plain TCP; one with no CA, or speaking plaintext to
+/// the TLS port, gets an error, not a hang, and the node goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_over_tcp_serves_trusting_clients_only() {
+    let n = Node::start("64MiB", &["--tls", "127.0.0.1:0"]);
+    assert_ne!(n.tls, "off", "the ready line names the TLS address");
+    let url = format!("tls://{}", n.tls);
+    let trusting = ClientConfig {
+        ca: Some(n.cert()),
+        ..remote()
+    };
+    let c = Client::connect(&url, trusting.clone()).await.unwrap();
+    assert!(!c.is_local());
+    let plain = tcp_client(&n).await;
+    for (j, len) in [0usize, 1, 4096, 64 << 10, 3 << 20].into_iter().enumerate() {
+        let key = format!("tls-{j}");
+        let v = value(j as u64, len);
+        c.put(key.as_bytes(), &v).await.unwrap();
+        assert_eq!(
+            c.get(key.as_bytes()).await.unwrap().as_deref(),
+            Some(&v[..])
+        );
+        assert_eq!(
+            plain.get(key.as_bytes()).await.unwrap().as_deref(),
+            Some(&v[..])
+        );
+    }
+    let keys: Vec<Vec<u8>> = (0..5).map(|j| format!("tls-{j}").into_bytes()).collect();
+    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    assert_eq!(c.batch_exists(&keys).await.unwrap(), 5);
+
+    let untrusting = Client::connect(&url, remote()).await;
+    assert!(
+        matches!(untrusting, Err(ClientError::Tls(_))),
+        "no CA: {:?}",
+        untrusting.err()
+    );
+    let plaintext = tokio::time::timeout(
+        Duration::from_secs(20),
+        Client::connect(&format!("tcp://{}", n.tls), remote()),
+    )
+    .await
+    .expect("plaintext to the TLS port fails, not hangs");
+    assert!(plaintext.is_err());
+    // The node still serves both doors.
+    let again = Client::connect(&url, trusting).await.unwrap();
+    assert_eq!(
+        again.get(b"tls-2").await.unwrap().map(|v| v.len()),
+        Some(4096)
+    );
+    assert!(n
+        .scrape()
+        .lines()
+        .any(|l| l.starts_with("kvpool_connections_accepted_total{transport=\"tls\"}")));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_allocations_are_reclaimed() {
     let dir = common::temp_dir("reap");

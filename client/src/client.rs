@@ -102,13 +102,14 @@ impl Prefix<'_> {
 }
 
 impl Client {
-    /// Connects to the node at `endpoint` (`tcp://`, `quic://` or `unix://`) and learns the
-    /// cluster view from it; other nodes are reached (with the same scheme, TCP for a Unix
-    /// socket) when a request needs them.
+    /// Connects to the node at `endpoint` (`tcp://`, `tls://`, `quic://` or `unix://`) and
+    /// learns the cluster view from it; other nodes are reached (with the same scheme, TCP for a
+    /// Unix socket, QUIC for TLS) when a request needs them.
     pub async fn connect(endpoint: &str, cfg: ClientConfig) -> Result<Client, ClientError> {
         let endpoint = Endpoint::parse(endpoint)?;
         let scheme = match endpoint {
             Endpoint::Quic(_) => Scheme::Quic,
+            Endpoint::Tls(_) => Scheme::Tls,
             _ => Scheme::Tcp,
         };
         let link = tokio::time::timeout(cfg.timeout, Link::open(endpoint, &cfg))

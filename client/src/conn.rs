@@ -81,6 +81,20 @@ impl Conn {
                 let (r, w) = s.into_split();
                 (Box::new(r), Box::new(w))
             }
+            Endpoint::Tls(a) => {
+                let s = TcpStream::connect(a.as_str()).await?;
+                s.set_nodelay(true)?;
+                let tls = tls_config(cfg)?;
+                let name = endpoint.host().unwrap_or("localhost").to_string();
+                let name = rustls::pki_types::ServerName::try_from(name)
+                    .map_err(|e| ClientError::Tls(e.to_string()))?;
+                let s = tokio_rustls::TlsConnector::from(Arc::new(tls))
+                    .connect(name, s)
+                    .await
+                    .map_err(|e| ClientError::Tls(e.to_string()))?;
+                let (r, w) = tokio::io::split(s);
+                (Box::new(r), Box::new(w))
+            }
             Endpoint::Unix(p) => {
                 let s = UnixStream::connect(p).await?;
                 fd = Some(s.as_raw_fd());
@@ -358,6 +372,38 @@ impl ConnWriter {
     }
 }
 
+/// The TLS 1.3 client configuration of QUIC and `tls://`: trusting `cfg.ca` (PEM) or, with
+/// `cfg.insecure_skip_verify`, anything; kvpool's ALPN.
+fn tls_config(cfg: &ClientConfig) -> Result<rustls::ClientConfig, ClientError> {
+    let tls_err = |e: &dyn std::fmt::Display| ClientError::Tls(e.to_string());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| tls_err(&e))?;
+    let mut tls = if cfg.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = cfg.ca.as_ref().ok_or_else(|| {
+            ClientError::Tls(
+                "QUIC and tls:// need a CA certificate (ca) or insecure_skip_verify".into(),
+            )
+        })?;
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| tls_err(&e))? {
+            roots
+                .add(c.map_err(|e| tls_err(&e))?)
+                .map_err(|e| tls_err(&e))?;
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    tls.alpn_protocols = vec![b"kvpool/1".to_vec()];
+    Ok(tls)
+}
+
 /// A QUIC client connection to `endpoint`, trusting `cfg.ca` (PEM) or, with
 /// `cfg.insecure_skip_verify`, anything.
 pub(crate) async fn quic_connect(
@@ -372,29 +418,7 @@ pub(crate) async fn quic_connect(
         .await?
         .next()
         .ok_or_else(|| ClientError::Endpoint(hp.clone()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| tls_err(&e))?;
-    let mut tls = if cfg.insecure_skip_verify {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth()
-    } else {
-        let mut roots = rustls::RootCertStore::empty();
-        let ca = cfg.ca.as_ref().ok_or_else(|| {
-            ClientError::Tls("QUIC needs a CA certificate (ca) or insecure_skip_verify".into())
-        })?;
-        use rustls::pki_types::pem::PemObject;
-        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| tls_err(&e))? {
-            roots
-                .add(c.map_err(|e| tls_err(&e))?)
-                .map_err(|e| tls_err(&e))?;
-        }
-        builder.with_root_certificates(roots).with_no_client_auth()
-    };
-    tls.alpn_protocols = vec![b"kvpool/1".to_vec()];
+    let tls = tls_config(cfg)?;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| tls_err(&e))?;
     let mut qcfg = quinn::ClientConfig::new(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();

@@ -1,4 +1,5 @@
-//! Endpoints: `tcp://host:port`, `quic://host:port` and `unix:///path/to/kvpool.sock`.
+//! Endpoints: `tcp://host:port`, `tls://host:port`, `quic://host:port` and
+//! `unix:///path/to/kvpool.sock`.
 //!
 //! Uses `error` only.
 
@@ -14,16 +15,18 @@ pub enum Endpoint {
     Tcp(String),
     /// QUIC over UDP with TLS 1.3 (`host:port`).
     Quic(String),
+    /// TCP with TLS 1.3 (`host:port`: a node's `listen.tls`).
+    Tls(String),
     /// A Unix domain socket on this host.
     Unix(PathBuf),
 }
 
 impl Endpoint {
-    /// Parses `tcp://…`, `quic://…`, `unix://…`; a bare `host:port` means TCP.
+    /// Parses `tcp://…`, `tls://…`, `quic://…`, `unix://…`; a bare `host:port` means TCP.
     pub fn parse(s: &str) -> Result<Endpoint, ClientError> {
         let bad = || {
             ClientError::Endpoint(format!(
-                "{s:?}: expected tcp://host:port, quic://host:port or unix:///path"
+                "{s:?}: expected tcp://host:port, tls://host:port, quic://host:port or unix:///path"
             ))
         };
         if let Some(rest) = s.strip_prefix("tcp://") {
@@ -31,6 +34,9 @@ impl Endpoint {
         }
         if let Some(rest) = s.strip_prefix("quic://") {
             return host_port(rest).map(Endpoint::Quic).ok_or_else(bad);
+        }
+        if let Some(rest) = s.strip_prefix("tls://") {
+            return host_port(rest).map(Endpoint::Tls).ok_or_else(bad);
         }
         if let Some(rest) = s.strip_prefix("unix://") {
             return if rest.is_empty() {
@@ -48,7 +54,7 @@ impl Endpoint {
     /// The host part, for TLS server names.
     pub(crate) fn host(&self) -> Option<&str> {
         match self {
-            Endpoint::Tcp(hp) | Endpoint::Quic(hp) => hp
+            Endpoint::Tcp(hp) | Endpoint::Quic(hp) | Endpoint::Tls(hp) => hp
                 .rsplit_once(':')
                 .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']')),
             Endpoint::Unix(_) => None,
@@ -61,6 +67,7 @@ impl fmt::Display for Endpoint {
         match self {
             Endpoint::Tcp(a) => write!(f, "tcp://{a}"),
             Endpoint::Quic(a) => write!(f, "quic://{a}"),
+            Endpoint::Tls(a) => write!(f, "tls://{a}"),
             Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
         }
     }
@@ -90,6 +97,16 @@ mod tests {
             Some("::1")
         );
         assert_eq!(
+            Endpoint::parse("tls://kv.example:7373").unwrap(),
+            Endpoint::Tls("kv.example:7373".into())
+        );
+        assert_eq!(
+            Endpoint::parse("tls://kv.example:7373")
+                .unwrap()
+                .to_string(),
+            "tls://kv.example:7373"
+        );
+        assert_eq!(
             Endpoint::parse("unix:///tmp/k.sock").unwrap(),
             Endpoint::Unix("/tmp/k.sock".into())
         );
@@ -99,6 +116,7 @@ mod tests {
             "unix://",
             "tcp://:80",
             "tcp://h:99999",
+            "tls://nope",
         ] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }

@@ -123,9 +123,10 @@ class Client(_NativeClient):
     """A kvpool client: thread-safe (share one per process) and a context manager.
 
     ``Client(endpoint, namespace=None, token=None, timeout=10.0, same_host=True,
-    priority="normal", deadline=None, local_index=65536)`` connects to the node at
-    ``endpoint`` (``tcp://host:port``, ``quic://host:port``, ``unix:///path`` or
-    ``host:port``), in ``namespace`` (``"default"`` when None) with ``token``; every call fails
+    priority="normal", deadline=None, local_index=65536, ca=None)`` connects to the node at
+    ``endpoint`` (``tcp://host:port``, ``tls://host:port``, ``quic://host:port``,
+    ``unix:///path`` or ``host:port``; ``tls://`` and ``quic://`` trust the PEM certificate
+    file ``ca``, e.g. the node's generated ``<data dir>/tls-cert.pem``), in ``namespace`` (``"default"`` when None) with ``token``; every call fails
     within ``timeout`` seconds when the node does not answer; ``same_host=False`` turns the
     same-host path off (every byte over the endpoint's transport, as from another host);
     ``priority`` (``"background"``, ``"low"``, ``"normal"``, ``"high"``) is the client's share of

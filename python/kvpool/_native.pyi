@@ -1,6 +1,7 @@
 """Type stubs of kvpool's native extension (built from python/src with PyO3). Use it through
 ``kvpool.Client``; the underscored methods are the engine of its Pythonic calls."""
 
+import os
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -41,9 +42,12 @@ class Client:
         same_host: bool = True,
         priority: str = "normal",
         deadline: float | None = None,
+        local_index: int = 65536,
+        ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        """Connects to ``endpoint`` (``tcp://host:port``, ``quic://host:port``,
-        ``unix:///path`` or ``host:port``). Every call fails within ``timeout`` seconds when
+        """Connects to ``endpoint`` (``tcp://host:port``, ``tls://host:port``,
+        ``quic://host:port``, ``unix:///path`` or ``host:port``; ``tls://`` and ``quic://``
+        trust the PEM certificate file ``ca``). Every call fails within ``timeout`` seconds when
         the node does not answer. ``same_host=False`` turns the same-host path off.
         ``priority``: the client's share of bulk transfers (``"background"``, ``"low"``,
         ``"normal"``, ``"high"``); ``deadline``: seconds every call carries, a bulk transfer

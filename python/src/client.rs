@@ -40,7 +40,7 @@ impl NativeClient {
     /// nodes' bulk transfers; with `deadline` (seconds) every call carries a deadline, and a
     /// node refuses at once a bulk transfer it can't finish in time (`TimeoutError`).
     #[new]
-    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0, same_host=true, priority="normal", deadline=None, local_index=65_536))]
+    #[pyo3(signature = (endpoint, namespace=None, token=None, timeout=10.0, same_host=true, priority="normal", deadline=None, local_index=65_536, ca=None))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         py: Python<'_>,
@@ -52,6 +52,7 @@ impl NativeClient {
         priority: &str,
         deadline: Option<f64>,
         local_index: usize,
+        ca: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         if !(timeout.is_finite() && timeout > 0.0 && timeout < 1e9) {
             return Err(Failure::BadArgument(format!(
@@ -81,6 +82,7 @@ impl NativeClient {
             priority,
             deadline: deadline.map(Duration::from_secs_f64),
             local_index,
+            ca,
             ..ClientConfig::default()
         };
         if let Some(ns) = namespace {

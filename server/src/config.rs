@@ -131,6 +131,9 @@ pub struct ListenConfig {
     pub unix: Option<PathBuf>,
     /// The Redis-protocol (RESP2/RESP3) front door, e.g. `127.0.0.1:6380`. Default `""`: off.
     pub resp: String,
+    /// The native protocol over TCP with TLS 1.3 (clients: `tls://host:port`), with QUIC's
+    /// certificate (`[tls]`, or the generated one), e.g. `0.0.0.0:7373`. Default `""`: off.
+    pub tls: String,
     /// Most concurrent connections (QUIC streams count as connections). Default 1024. Lowered
     /// at start to what the open-file limit allows after `reserve_fds`.
     pub max_connections: usize,
@@ -379,6 +382,7 @@ impl Default for ListenConfig {
             metrics: "127.0.0.1:7372".into(),
             unix: None,
             resp: String::new(),
+            tls: String::new(),
             max_connections: 1024,
             max_connections_per_peer: 256,
             reserve_fds: 64,

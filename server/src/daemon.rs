@@ -38,7 +38,9 @@ pub struct Bound {
     pub unix: Option<PathBuf>,
     /// The Redis-protocol front door (`listen.resp`).
     pub resp: Option<SocketAddr>,
-    /// Generated or configured TLS certificate (what QUIC clients trust).
+    /// The native protocol over TLS (`listen.tls`).
+    pub tls: Option<SocketAddr>,
+    /// Generated or configured TLS certificate (what QUIC and TLS clients trust).
     pub tls_cert: Option<PathBuf>,
 }
 
@@ -47,7 +49,7 @@ impl Bound {
     pub fn ready_line(&self) -> String {
         let show = |a: &Option<SocketAddr>| a.map_or("off".to_string(), |a| a.to_string());
         format!(
-            "kvpoold ready tcp={} quic={} metrics={} unix={} resp={}",
+            "kvpoold ready tcp={} quic={} metrics={} unix={} resp={} tls={}",
             show(&self.tcp),
             show(&self.quic),
             show(&self.metrics),
@@ -55,6 +57,7 @@ impl Bound {
                 .as_ref()
                 .map_or("off".to_string(), |p| p.display().to_string()),
             show(&self.resp),
+            show(&self.tls),
         )
     }
 }
@@ -276,6 +279,8 @@ struct Sockets {
     metrics: Option<TcpListener>,
     /// The Redis-protocol front door.
     resp: Option<TcpListener>,
+    /// The native protocol over TLS.
+    tls: Option<(TcpListener, tokio_rustls::TlsAcceptor)>,
     /// What they bound.
     bound: Bound,
 }
@@ -287,20 +292,29 @@ impl Sockets {
         let mut bound = Bound::default();
         let tcp = bind_tcp(&config.listen.tcp, "tcp").await?;
         bound.tcp = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
-        let quic = match parse_listen(&config.listen.quic)? {
-            Some(a) => {
-                let (certs, key) = tls::load_or_generate(
-                    config.tls.cert.as_deref(),
-                    config.tls.key.as_deref(),
-                    data_dir,
-                )?;
-                bound.tls_cert = Some(
-                    config
-                        .tls
-                        .cert
-                        .clone()
-                        .unwrap_or_else(|| tls::generated_cert_path(data_dir)),
-                );
+        let quic_at = parse_listen(&config.listen.quic)?;
+        let tls_at = parse_listen(&config.listen.tls)?;
+        let material = if quic_at.is_some() || tls_at.is_some() {
+            bound.tls_cert = Some(
+                config
+                    .tls
+                    .cert
+                    .clone()
+                    .unwrap_or_else(|| tls::generated_cert_path(data_dir)),
+            );
+            Some(tls::load_or_generate(
+                config.tls.cert.as_deref(),
+                config.tls.key.as_deref(),
+                data_dir,
+            )?)
+        } else {
+            None
+        };
+        let copy = |m: &Option<(Vec<_>, rustls::pki_types::PrivateKeyDer<'static>)>| {
+            m.as_ref().map(|(c, k)| (c.clone(), k.clone_key()))
+        };
+        let quic = match (quic_at, copy(&material)) {
+            (Some(a), Some((certs, key))) => {
                 let max_streams = config.listen.max_connections.min(u32::MAX as usize) as u32;
                 let server = tls::quic_server_config(certs, key, max_streams)?;
                 let ep = quinn::Endpoint::server(server, a)
@@ -308,7 +322,18 @@ impl Sockets {
                 bound.quic = Some(ep.local_addr()?);
                 Some(ep)
             }
-            None => None,
+            _ => None,
+        };
+        let tls = match (tls_at, material) {
+            (Some(a), Some((certs, key))) => {
+                let server = tls::tcp_server_config(certs, key)?;
+                let l = TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("binding tls {a}"))?;
+                bound.tls = Some(l.local_addr()?);
+                Some((l, tokio_rustls::TlsAcceptor::from(Arc::new(server))))
+            }
+            _ => None,
         };
         let resp = bind_tcp(&config.listen.resp, "resp").await?;
         bound.resp = resp.as_ref().map(|l| l.local_addr()).transpose()?;
@@ -323,6 +348,7 @@ impl Sockets {
             unix,
             metrics,
             resp,
+            tls,
             bound,
         })
     }
@@ -498,6 +524,9 @@ fn serve(
     }
     if let Some(ep) = sockets.quic {
         tasks.push(tokio::spawn(listeners::quic(ep, ctx.clone())));
+    }
+    if let Some((l, acceptor)) = sockets.tls {
+        tasks.push(tokio::spawn(listeners::tls(l, acceptor, ctx.clone())));
     }
     if let (Some(l), Some(addr)) = (sockets.resp, sockets.bound.resp) {
         tasks.extend(serve_resp(l, addr, &ctx, config));

@@ -44,34 +44,81 @@ pub(crate) async fn resp(listener: TcpListener, ctx: Ctx, door: Arc<crate::resp:
     accept_loop(ctx, Transport::Resp, listener, Some(door)).await
 }
 
-/// A listener of byte streams, split into read and write halves, with the peer's IP address
-/// where it has one.
+/// The native protocol over TLS (`listen.tls`): each accepted TCP connection's TLS handshake
+/// runs in its own task, bounded by the handshake timeout, so a peer that stalls in it holds
+/// only its own slot.
+pub(crate) async fn tls(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, ctx: Ctx) {
+    let handshake = ctx.shared.conn.handshake;
+    let l = TlsListener {
+        listener,
+        acceptor,
+        handshake,
+    };
+    accept_loop(ctx, Transport::Tls, l, None).await
+}
+
+/// A listener of byte streams, split into read and write halves once opened, with the peer's
+/// IP address where it has one.
 trait Accept {
     type R: AsyncRead + Unpin + Send + 'static;
     type W: AsyncWrite + Unpin + Send + 'static;
-    fn accept_halves(
+    /// What finishes opening an accepted connection (a TLS handshake), run in the
+    /// connection's own task rather than in the accept loop.
+    type Open: Future<Output = io::Result<(Self::R, Self::W)>> + Send + 'static;
+
+    /// Accepts a connection; the returned future finishes opening it.
+    fn accept_opening(
         &self,
-    ) -> impl Future<Output = io::Result<(Self::R, Self::W, Option<IpAddr>)>> + Send;
+    ) -> impl Future<Output = io::Result<(Self::Open, Option<IpAddr>)>> + Send;
+}
+
+struct TlsListener {
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    handshake: std::time::Duration,
+}
+
+type TlsStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+impl Accept for TlsListener {
+    type R = tokio::io::ReadHalf<TlsStream>;
+    type W = tokio::io::WriteHalf<TlsStream>;
+    type Open = std::pin::Pin<Box<dyn Future<Output = io::Result<(Self::R, Self::W)>> + Send>>;
+    async fn accept_opening(&self) -> io::Result<(Self::Open, Option<IpAddr>)> {
+        let (sock, peer) = self.listener.accept().await?;
+        let _ = sock.set_nodelay(true);
+        let (acceptor, within) = (self.acceptor.clone(), self.handshake);
+        let open = Box::pin(async move {
+            let tls = tokio::time::timeout(within, acceptor.accept(sock))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                })??;
+            Ok(tokio::io::split(tls))
+        });
+        Ok((open as Self::Open, Some(peer.ip())))
+    }
 }
 
 impl Accept for TcpListener {
     type R = tokio::net::tcp::OwnedReadHalf;
     type W = tokio::net::tcp::OwnedWriteHalf;
-    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W, Option<IpAddr>)> {
+    type Open = std::future::Ready<io::Result<(Self::R, Self::W)>>;
+    async fn accept_opening(&self) -> io::Result<(Self::Open, Option<IpAddr>)> {
         let (sock, peer) = self.accept().await?;
         let _ = sock.set_nodelay(true);
         tracing::trace!(%peer, "tcp connection");
-        let (r, w) = sock.into_split();
-        Ok((r, w, Some(peer.ip())))
+        Ok((std::future::ready(Ok(sock.into_split())), Some(peer.ip())))
     }
 }
 
 impl Accept for UnixListener {
     type R = tokio::net::unix::OwnedReadHalf;
     type W = tokio::net::unix::OwnedWriteHalf;
-    async fn accept_halves(&self) -> io::Result<(Self::R, Self::W, Option<IpAddr>)> {
-        let (r, w) = self.accept().await?.0.into_split();
-        Ok((r, w, None))
+    type Open = std::future::Ready<io::Result<(Self::R, Self::W)>>;
+    async fn accept_opening(&self) -> io::Result<(Self::Open, Option<IpAddr>)> {
+        let sock = self.accept().await?.0;
+        Ok((std::future::ready(Ok(sock.into_split())), None))
     }
 }
 
@@ -90,10 +137,10 @@ async fn accept_loop(
             return;
         };
         let accepted = tokio::select! {
-            r = listener.accept_halves() => r,
+            r = listener.accept_opening() => r,
             _ = ctx.shutdown.wait_for(|s| *s) => return,
         };
-        let (r, w, peer) = match accepted {
+        let (open, peer) = match accepted {
             Ok(accepted) => {
                 errors.succeeded();
                 accepted
@@ -123,9 +170,12 @@ async fn accept_loop(
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
         let door = door.clone();
         tokio::spawn(async move {
-            match door {
-                Some(door) => crate::resp::serve(shared, door, peer, r, w, stop).await,
-                None => serve(shared, transport, peer, r, w, stop).await,
+            match open.await {
+                Ok((r, w)) => match door {
+                    Some(door) => crate::resp::serve(shared, door, peer, r, w, stop).await,
+                    None => serve(shared, transport, peer, r, w, stop).await,
+                },
+                Err(e) => tracing::debug!(error = %e, ?peer, "a connection failed to open"),
             }
             drop((permit, done, slot));
         });

@@ -53,6 +53,10 @@ struct Cli {
     /// Redis-protocol (RESP) listen address, e.g. 127.0.0.1:6380; empty disables [default: off].
     #[arg(long, env = "KVPOOL_RESP")]
     resp: Option<String>,
+    /// TLS-over-TCP listen address for the native protocol (clients: tls://host:port), with
+    /// QUIC's certificate; empty disables [default: off].
+    #[arg(long, env = "KVPOOL_TLS")]
+    tls: Option<String>,
     /// Auth token clients must present [default: none].
     #[arg(long, env = "KVPOOL_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -156,6 +160,9 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.resp {
         c.listen.resp = v.clone();
+    }
+    if let Some(v) = &cli.tls {
+        c.listen.tls = v.clone();
     }
     if let Some(v) = &cli.token {
         c.auth.token = v.clone();

@@ -106,6 +106,8 @@ pub enum Transport {
     Unix,
     /// The Redis-protocol front door (`listen.resp`).
     Resp,
+    /// TCP with TLS (`listen.tls`).
+    Tls,
 }
 
 impl Transport {
@@ -115,15 +117,16 @@ impl Transport {
 
     /// Label value.
     pub fn name(self) -> &'static str {
-        ["tcp", "quic", "unix", "resp"][self.index()]
+        ["tcp", "quic", "unix", "resp", "tls"][self.index()]
     }
 }
 
-const TRANSPORTS: [Transport; 4] = [
+const TRANSPORTS: [Transport; 5] = [
     Transport::Tcp,
     Transport::Quic,
     Transport::Unix,
     Transport::Resp,
+    Transport::Tls,
 ];
 
 /// The commands of the Redis-protocol front door, as labelled (`other`: any command it does not

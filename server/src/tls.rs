@@ -1,5 +1,6 @@
-//! TLS material for QUIC: the configured certificate and key, or a self-signed pair generated on
-//! first start into the data directory (and reused after).
+//! TLS material for QUIC and for TLS over TCP (`listen.tls`): the configured certificate and
+//! key, or a self-signed pair generated on first start into the data directory (and reused
+//! after).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,6 +43,21 @@ pub fn load_or_generate(
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .with_context(|| format!("reading {}", key_path.display()))?;
     Ok((certs, key))
+}
+
+/// The TLS-over-TCP server configuration (`listen.tls`): TLS 1.3 only, ring crypto, kvpool's
+/// ALPN, the same certificate as QUIC.
+pub fn tcp_server_config(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
 }
 
 /// The QUIC server configuration: TLS 1.3 only, ring crypto, kvpool's ALPN, and flow-control

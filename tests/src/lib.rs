@@ -27,6 +27,8 @@ pub struct Node {
     pub unix: String,
     /// The Redis-protocol front door's address (`off` unless started with `--resp`).
     pub resp: String,
+    /// The native protocol over TLS (`off` unless started with `--tls`).
+    pub tls: String,
     keep_dir: bool,
 }
 
@@ -168,6 +170,7 @@ impl Node {
             metrics: field("metrics"),
             unix: field("unix"),
             resp: field("resp"),
+            tls: field("tls"),
             child: Some(child),
             dir,
             keep_dir: false,

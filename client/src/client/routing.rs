@@ -21,6 +21,9 @@ use crate::link::{unexpected, Link};
 pub(super) enum Scheme {
     Tcp,
     Quic,
+    /// Reached over `tls://`: other nodes over QUIC (TLS 1.3 with the same CA), never in
+    /// plaintext (the view carries no TLS-over-TCP addresses).
+    Tls,
 }
 
 /// The view requests are routed by, and the one before it.
@@ -132,7 +135,15 @@ impl Client {
                 message: format!("node {node} is not in the cluster view"),
             })?;
         let endpoint = match self.inner.scheme {
-            Scheme::Quic if !info.quic.is_empty() => Endpoint::Quic(info.quic.clone()),
+            Scheme::Quic | Scheme::Tls if !info.quic.is_empty() => {
+                Endpoint::Quic(info.quic.clone())
+            }
+            Scheme::Tls => {
+                return Err(ClientError::Tls(format!(
+                    "node {node} has no QUIC address, and a tls:// client reaches other nodes \
+                     only encrypted"
+                )))
+            }
             _ => Endpoint::Tcp(info.tcp.clone()),
         };
         let cfg = &self.cfg;
