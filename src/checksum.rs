@@ -59,6 +59,52 @@ pub unsafe fn copy_checksum(src: *const u8, dst: *mut u8, len: usize) -> u64 {
     h.digest()
 }
 
+/// [`copy_checksum`] into several destinations: the bytes at `src` are copied in order into
+/// `pieces` (the first piece's length of them into the first piece, and so on: as many bytes
+/// as the pieces hold together) and the xxh3-64 of their concatenation is returned, hashed in
+/// the same pass as the copy when every piece but the last is a multiple of 64 bytes (a KV
+/// cache's pages are), else copied and then hashed piece by piece. What engines whose pages
+/// are per layer need to load an object that holds every layer without a staging copy.
+///
+/// # Safety
+///
+/// `src` must be valid for reads of the pieces' total length and overlap none of them. As for
+/// [`copy_checksum`], the source may be written concurrently by others (it is read only through
+/// the raw pointer); the hash is of what was written.
+pub unsafe fn copy_checksum_scatter(src: *const u8, pieces: &mut [&mut [u8]]) -> u64 {
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    #[cfg(target_arch = "x86_64")]
+    if len > MID_SIZE_MAX
+        && x86::has_avx2()
+        && pieces
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|p| p.len() % x86::STRIPE == 0)
+    {
+        let dsts: Vec<(*mut u8, usize)> = pieces
+            .iter_mut()
+            .filter(|p| !p.is_empty())
+            .map(|p| (p.as_mut_ptr(), p.len()))
+            .collect();
+        // SAFETY: AVX2 is present; `src` has `len` readable bytes (the caller's contract); the
+        // pieces are exclusive, non-overlapping buffers (distinct `&mut`) of these lengths,
+        // summing to `len`, every one but the last a multiple of 64 bytes (checked above:
+        // dropping empty pieces keeps that true).
+        return unsafe { x86::long_avx2_scatter(src, &dsts, len) };
+    }
+    let mut h = Xxh3Default::new();
+    let mut done = 0;
+    for piece in pieces.iter_mut() {
+        // SAFETY: `done + piece.len() <= len`: inside the caller's source range, which does not
+        // overlap the piece.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(done), piece.as_mut_ptr(), piece.len()) };
+        h.update(piece);
+        done += piece.len();
+    }
+    h.digest()
+}
+
 /// The portable path's copy-then-hash piece: small enough to still be in L2 when hashed.
 const PORTABLE_PIECE: usize = 64 << 10;
 
@@ -72,7 +118,7 @@ mod x86 {
 
     /// XXH3's default secret (the seed-0 custom secret is the default one).
     const SECRET: [u8; 192] = xxhash_rust::const_xxh3::const_custom_default_secret(0);
-    const STRIPE: usize = 64;
+    pub(super) const STRIPE: usize = 64;
     /// Stripes per block: (secret length − stripe) / 8 bytes consumed per stripe.
     const STRIPES_PER_BLOCK: usize = (SECRET.len() - STRIPE) / 8;
     const BLOCK: usize = STRIPE * STRIPES_PER_BLOCK;
@@ -169,6 +215,113 @@ mod x86 {
             stripe::<false>(
                 &mut acc,
                 last.add(len - STRIPE),
+                std::ptr::null_mut(),
+                secret.add(SECRET.len() - STRIPE - LASTACC_START),
+            )
+        };
+        let mut lanes = [0u64; 8];
+        // SAFETY: `lanes` is 64 writable bytes; unaligned stores.
+        unsafe {
+            _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, acc[0]);
+            _mm256_storeu_si256(lanes.as_mut_ptr().add(4) as *mut __m256i, acc[1]);
+        }
+        merge(&lanes, (len as u64).wrapping_mul(PRIME64_1))
+    }
+
+    /// [`long_avx2`] with `COPY`, storing into `pieces` in order instead of one buffer.
+    ///
+    /// # Safety
+    ///
+    /// AVX2; `src` readable for `len > 240` bytes (it may change concurrently); `pieces` are
+    /// non-empty, non-overlapping buffers writable for their lengths, which sum to `len`, none
+    /// overlapping `src`, nothing else accessing them during the call, and every one but the
+    /// last a multiple of `STRIPE` bytes (so no stripe straddles two pieces).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn long_avx2_scatter(
+        src: *const u8,
+        pieces: &[(*mut u8, usize)],
+        len: usize,
+    ) -> u64 {
+        debug_assert!(len > super::MID_SIZE_MAX);
+        debug_assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), len);
+        let secret = SECRET.as_ptr();
+        let mut acc = [
+            _mm256_set_epi64x(
+                PRIME64_3 as i64,
+                PRIME64_2 as i64,
+                PRIME64_1 as i64,
+                PRIME32_3 as i64,
+            ),
+            _mm256_set_epi64x(
+                PRIME32_1 as i64,
+                PRIME64_5 as i64,
+                PRIME32_2 as i64,
+                PRIME64_4 as i64,
+            ),
+        ];
+        // Where byte `at` goes: piece `p`, at `off` in it (stripe-aligned while stripes run).
+        let (mut p, mut off) = (0usize, 0usize);
+        let mut next_stripe = || {
+            // SAFETY (of the pointer's use, by the callers below): a stripe starting at a
+            // multiple of 64 lies inside one piece, since every piece but the last is a multiple
+            // of 64 long and the stripes end before `len`.
+            let d = pieces[p].0.wrapping_add(off);
+            off += STRIPE;
+            if off == pieces[p].1 {
+                p += 1;
+                off = 0;
+            }
+            d
+        };
+        let blocks = (len - 1) / BLOCK;
+        let mut at = 0;
+        for _ in 0..blocks {
+            for s in 0..STRIPES_PER_BLOCK {
+                let d = next_stripe();
+                // SAFETY: `at + 64 <= len - 1`; `d` has 64 writable bytes of one piece (above);
+                // the secret offset `s * 8 + 64 <= 184 < 192`.
+                unsafe { stripe::<true>(&mut acc, src.add(at), d, secret.add(s * 8)) };
+                at += STRIPE;
+            }
+            // SAFETY: the scramble key is the secret's last 64 bytes.
+            unsafe { scramble(&mut acc, secret.add(SECRET.len() - STRIPE)) };
+        }
+        let tail_stripes = (len - 1 - at) / STRIPE;
+        for s in 0..tail_stripes {
+            let d = next_stripe();
+            // SAFETY: as in the loop above; `s < STRIPES_PER_BLOCK`.
+            unsafe { stripe::<true>(&mut acc, src.add(at), d, secret.add(s * 8)) };
+            at += STRIPE;
+        }
+        // The last 1..=64 bytes: inside the current piece, which ends at a multiple of 64 past
+        // `at` or is the last one (ending at `len`).
+        // SAFETY: `pieces[p]` has `len - at` writable bytes from `off` (just said); the source
+        // range is the caller's.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(at), pieces[p].0.add(off), len - at) };
+        // The last stripe is read back from what was written: its 64 bytes may span pieces.
+        let mut last = [0u8; STRIPE];
+        let (mut start, from) = (0usize, len - STRIPE);
+        for &(ptr, n) in pieces {
+            let (lo, hi) = (from.max(start), len.min(start + n));
+            if lo < hi {
+                // SAFETY: `lo - start .. hi - start` is inside this piece; `last` has room for
+                // `hi - lo <= 64` bytes at `lo - from`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ptr.add(lo - start),
+                        last.as_mut_ptr().add(lo - from),
+                        hi - lo,
+                    )
+                };
+            }
+            start += n;
+        }
+        // SAFETY: `last` is 64 readable bytes; the secret offset `192 - 64 - 7 + 64 <= 192`;
+        // nothing is stored.
+        unsafe {
+            stripe::<false>(
+                &mut acc,
+                last.as_ptr(),
                 std::ptr::null_mut(),
                 secret.add(SECRET.len() - STRIPE - LASTACC_START),
             )
@@ -316,7 +469,60 @@ mod tests {
         }
     }
 
+    /// Splits `src` into pieces of the given lengths (the rest in a last piece), copies it
+    /// into them with `copy_checksum_scatter`, and returns the concatenation and the hash.
+    fn scattered(src: &[u8], cuts: &[usize]) -> (Vec<u8>, u64) {
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        let mut rest = src.len();
+        for &c in cuts {
+            let c = c.min(rest);
+            bufs.push(vec![0u8; c]);
+            rest -= c;
+        }
+        bufs.push(vec![0u8; rest]);
+        let mut pieces: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        // SAFETY: `src` has the pieces' total length; the pieces are fresh allocations.
+        let sum = unsafe { copy_checksum_scatter(src.as_ptr(), &mut pieces) };
+        (bufs.concat(), sum)
+    }
+
+    #[test]
+    fn scattered_copies_hash_as_the_whole() {
+        let data = bytes((2 << 20) + 100, 13);
+        let page = 64 << 10;
+        for (n, cuts) in [
+            (32 * page, vec![page; 31]),         // a vLLM block: 32 layer pages
+            ((32 * page) + 100, vec![page; 32]), // and a short tail piece
+            (5000, vec![64, 128, 0, 1024, 64]),
+            (300, vec![256]),            // the last stripe spans two pieces
+            (300, vec![64, 64, 64, 64]), // a 44-byte last piece
+            (4096, vec![1000, 3]),       // not multiples of 64: copy then hash
+            (200, vec![100]),            // the short path
+            (0, vec![]),
+        ] {
+            let src = &data[..n];
+            let (got, sum) = scattered(src, &cuts);
+            assert_eq!(sum, xxh3_64(src), "{n} bytes cut {cuts:?}");
+            assert!(got == src, "{n} bytes cut {cuts:?}: bytes differ");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn scattered_copies_of_any_cut_hash_as_xxh3(
+            data in proptest::collection::vec(any::<u8>(), 0..6000),
+            stripes in proptest::collection::vec(0usize..40, 0..6),
+            odd in any::<bool>(),
+        ) {
+            let mut cuts: Vec<usize> = stripes.iter().map(|s| s * 64).collect();
+            if odd {
+                cuts.push(7);
+            }
+            let (got, sum) = scattered(&data, &cuts);
+            prop_assert_eq!(sum, xxh3_64(&data));
+            prop_assert!(got == data);
+        }
+
         #[test]
         fn any_bytes_at_any_alignment_hash_as_xxh3(
             data in proptest::collection::vec(any::<u8>(), 0..9000),

@@ -182,6 +182,15 @@ impl Client {
         self.rt.block_on(self.inner.lease(keys, lease_ms))
     }
 
+    /// See [`crate::Client::read_local_verified_scatter`] (no socket, no runtime).
+    pub fn read_local_verified_scatter(
+        &self,
+        located: &Located,
+        pieces: &mut [&mut [u8]],
+    ) -> Option<Result<usize, ClientError>> {
+        self.inner.read_local_verified_scatter(located, pieces)
+    }
+
     /// See [`crate::Client::release`].
     pub fn release(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
         self.rt.block_on(self.inner.release(keys))

@@ -618,6 +618,30 @@ impl Client {
         )
     }
 
+    /// [`Client::read_local_verified`] into several buffers (`pieces`, filled in order, whose
+    /// lengths must sum to the object's length): an object that holds every layer of a KV
+    /// block goes straight into the engine's per-layer pages, checked against its checksum in
+    /// the same pass as the copy.
+    pub fn read_local_verified_scatter(
+        &self,
+        located: &Located,
+        pieces: &mut [&mut [u8]],
+    ) -> Option<Result<usize, ClientError>> {
+        let local = self.local_map(&located.addr)?;
+        let have: u64 = pieces.iter().map(|p| p.len() as u64).sum();
+        let need = located.addr.len;
+        if have != need {
+            return Some(Err(ClientError::BufferTooSmall { need, have }));
+        }
+        Some(
+            match local.read_verified_scatter(&located.addr, pieces, located.checksum) {
+                Ok(()) => Ok(need as usize),
+                Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
+                Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),
+            },
+        )
+    }
+
     /// The mapping that covers `addr`, if its node is mapped.
     fn local_map(&self, addr: &GlobalAddr) -> Option<Arc<LocalMap>> {
         let links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());

@@ -199,6 +199,32 @@ impl LocalMap {
         Ok(())
     }
 
+    /// [`LocalMap::read_verified`] into several buffers: the object's bytes in order, as many
+    /// as `pieces` hold together, which must be exactly the object's length.
+    pub(crate) fn read_verified_scatter(
+        &self,
+        addr: &GlobalAddr,
+        pieces: &mut [&mut [u8]],
+        checksum: u64,
+    ) -> Result<(), LocalReadError> {
+        let len: u64 = pieces.iter().map(|p| p.len() as u64).sum();
+        if len != addr.len {
+            return Err(LocalReadError::Fault(AddrFault::OutOfBounds));
+        }
+        let sum = self
+            .read_span(addr, 0, len, false, |src| {
+                // SAFETY: read_span's contract: `src` has `len` readable bytes of the mapping
+                // (possibly written concurrently: the kernel reads it only through the raw
+                // pointer); the pieces are exclusive buffers, which cannot overlap it.
+                unsafe { kvpool::checksum::copy_checksum_scatter(src, pieces) }
+            })
+            .map_err(LocalReadError::Fault)?;
+        if sum != checksum {
+            return Err(LocalReadError::Checksum);
+        }
+        Ok(())
+    }
+
     /// True when the object at `addr` is committed and still its key's value right now (the
     /// check a read with `current` makes before it copies): a cheap look at one version word.
     pub(crate) fn is_current(&self, addr: &GlobalAddr) -> bool {
@@ -220,7 +246,23 @@ impl LocalMap {
         current: bool,
         copy: impl FnOnce(*const u8, &mut [u8]) -> R,
     ) -> Result<R, AddrFault> {
-        let (seg, at) = self.locate(addr, offset, dst.len() as u64)?;
+        self.read_span(addr, offset, dst.len() as u64, current, |src| {
+            copy(src, dst)
+        })
+    }
+
+    /// The seqlock-checked access behind [`LocalMap::read_with`]: `copy(src)` reads `len` bytes
+    /// of the mapping at `src` (they may be torn by a concurrent reuse; the version check after
+    /// it says so, and then its result is dropped).
+    fn read_span<R>(
+        &self,
+        addr: &GlobalAddr,
+        offset: u64,
+        len: u64,
+        current: bool,
+        copy: impl FnOnce(*const u8) -> R,
+    ) -> Result<R, AddrFault> {
+        let (seg, at) = self.locate(addr, offset, len)?;
         let word =
             version_word(&seg.map, &seg.layout, addr.offset).ok_or(AddrFault::OutOfBounds)?;
         let (begin, validate): (VersionCheck, VersionCheck) = if current {
@@ -231,12 +273,12 @@ impl LocalMap {
         if !begin(word, addr.generation) {
             return Err(AddrFault::Stale);
         }
-        // `at..at+dst.len()` lies in the data area (checked by locate). The bytes may be
-        // rewritten concurrently by the node or another client; they are plain bytes, read only
-        // through this raw pointer, and discarded unless the version check below proves no write
+        // `at..at+len` lies in the data area (checked by locate). The bytes may be rewritten
+        // concurrently by the node or another client; they are plain bytes, read only through
+        // this raw pointer, and discarded unless the version check below proves no write
         // overlapped the copy.
         let src = seg.map.as_ptr().wrapping_add(at as usize);
-        let r = copy(src, dst);
+        let r = copy(src);
         if !validate(word, addr.generation) {
             return Err(AddrFault::Stale);
         }

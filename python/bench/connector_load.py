@@ -12,8 +12,9 @@ path, as its engine calls it, into that engine's real host memory:
   pages, SGLang's batches of ``STORAGE_BATCH_SIZE`` = 128 pages);
 * vLLM: the worker-role ``KvpoolConnector`` (synchronous load: ``bind_connector_metadata``,
   ``start_load_kv``, which waits for the loader thread) into per-layer KV tensors allocated by
-  vLLM's ``allocate_kv_cache`` (16-token blocks, the connector's default 16-block batches
-  through its 64-slot staging buffer);
+  vLLM's ``allocate_kv_cache`` (16-token blocks, the connector's default 16-block batches;
+  on the same host each block's object straight into its 32 layers' pages, over TCP through
+  the 64-slot staging buffer);
 * LMCache: ``RemoteBackend.batched_get_blocking`` (LMCache's real ``RemoteBackend``, whose
   connector is ``KvpoolRemoteConnector``) into ``MemoryObj``\\ s of 256-token chunks allocated
   from its real ``LocalCPUBackend``.
@@ -467,11 +468,14 @@ class VLLM:
         )
 
     def pieces(self, mode: str) -> dict:
-        """One load with the connector's two steps timed: ``EngineStore.load`` of a batch into
-        the staging slots, and ``_scatter`` of the slots into the 32 layers' blocks."""
+        """One load with the connector's steps timed: on the same host,
+        ``EngineStore.load_scattered`` of a batch straight into the 32 layers' pages; over TCP,
+        ``EngineStore.load`` into the staging slots and ``_scatter`` of the slots into the
+        pages."""
         w, _ = self.workers[mode]
-        spent = {"store_load": 0.0, "scatter": 0.0}
+        spent = {"store_load": 0.0, "scatter": 0.0, "load_scattered": 0.0}
         orig_load, orig_scatter = w.store.load, w._scatter
+        orig_scattered = w.store.load_scattered
 
         def timed(name, fn):
             def run(*a, **k):
@@ -484,17 +488,19 @@ class VLLM:
             return run
 
         w.store.load = timed("store_load", orig_load)
+        w.store.load_scattered = timed("load_scattered", orig_scattered)
         w._scatter = timed("scatter", orig_scatter)
         try:
             t = time.perf_counter()
             self.load(mode)
             total = time.perf_counter() - t
         finally:
-            del w.store.load, w._scatter
+            del w.store.load, w.store.load_scattered, w._scatter
         return {
             "batch_blocks": int(w.config["batch_blocks"]),
             "object_bytes": w.object_bytes,
             "total_ms": total * 1e3,
+            "engine_store_load_scattered_ms": spent["load_scattered"] * 1e3,
             "engine_store_load_ms": spent["store_load"] * 1e3,
             "scatter_ms": spent["scatter"] * 1e3,
         }

@@ -90,6 +90,12 @@ class Client:
     ) -> list[int]:
         """``get_into`` for many keys in one round trip per node: per key its length or a
         negative status (overlapping destination ranges are refused with -600)."""
+    def batch_get_scatter(
+        self, keys: Sequence[Key], pieces: Sequence[Sequence[tuple[int, int]]]
+    ) -> list[int]:
+        """``batch_get_into`` with each value filling several registered ``(pointer, length)``
+        pieces in order (an object holding every layer of a KV block, into per-layer pages):
+        per key its length or a negative status. On the same host, no staging copy."""
     def batch_put_from(
         self,
         keys: Sequence[Key],

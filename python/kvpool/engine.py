@@ -344,6 +344,38 @@ class EngineStore:
         got = self._load(keys, ptrs, sizes, exact=True)
         return [g > 0 for g in got]
 
+    def load_scattered(
+        self, keys: Sequence[Key], pieces: Sequence[Sequence[tuple[int, int]]]
+    ) -> list[bool]:
+        """Copies ``keys[i]`` into its registered ``pieces[i]`` (``(pointer, length)`` pairs
+        filled in order; one round trip per node). True for a key whose value filled exactly
+        its pieces; a miss, a value of another size or any failure is False. On the same host
+        the bytes go from the node's memory straight into the pieces, verified in the same
+        pass."""
+        n = len(keys)
+        if n == 0:
+            return []
+        start = time.perf_counter()
+        got = self._call(
+            1,
+            lambda c: c.batch_get_scatter(list(keys), [list(p) for p in pieces]),
+            None,
+            _any_unreachable,
+        )
+        if got is None:
+            self.counters.add(misses=n)
+            return [False] * n
+        sizes = [sum(length for _, length in p) for p in pieces]
+        out = [g == s and g > 0 for g, s in zip(got, sizes)]
+        hits = sum(out)
+        self.counters.add(
+            hits=hits,
+            misses=n - hits,
+            bytes_read=sum(s for s, o in zip(sizes, out) if o),
+        )
+        self.counters.observe_load(time.perf_counter() - start)
+        return out
+
     def load_lengths(
         self, keys: Sequence[Key], ptrs: Sequence[int], sizes: Sequence[int]
     ) -> list[int]:

@@ -25,7 +25,8 @@ reuse them: the connector then neither looks up nor stores (one warning).
 for that block in vLLM's logical ``[heads, tokens, content]`` order (K and V of the block). It
 is gathered from the paged KV cache into a registered host staging buffer (the copy a GPU
 deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per batch;
-loads go the other way.
+loads go the other way, except into a host-memory cache on kvpoold's own host, whose registered
+pages each object is copied into directly (``EngineStore.load_scattered``).
 
 **Asynchrony.** Loads run on a loader thread. By default (``load_async``) the scheduler parks the
 request in ``WAITING_FOR_REMOTE_KVS`` while other requests compute, and the worker reports it in
@@ -645,6 +646,9 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._obj_bytes = 0
         self._salt = ""
         self._staging: torch.Tensor | None = None
+        # Host-memory caches whose pages are registered with the store: loads go straight
+        # into the pages (no staging copy); the registered regions, to unregister.
+        self._direct: list[int] = []
         self._free_slots: list[int] = []
         self._slots_cv = threading.Condition()
         self._jobs: queue.Queue[tuple[BlockJob, bool, threading.Event] | None] = (
@@ -722,6 +726,17 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._free_slots = list(range(slots))
         self.store.register(self._staging.data_ptr(), slots * offset)
         self._device = layers[0].cache.device
+        if self._device.type == "cpu" and all(
+            lay.cache[0].is_contiguous() for lay in layers
+        ):
+            regions = {
+                lay.cache.data_ptr(): (num_blocks - 1) * lay.block_stride
+                + lay.page_bytes
+                for lay in layers
+            }
+            for ptr, size in regions.items():
+                self.store.register(ptr, size)
+            self._direct = list(regions)
         for target, name in ((self._load_loop, "loader"), (self._save_loop, "saver")):
             th = threading.Thread(
                 target=target, name=f"kvpool-vllm-{name}", daemon=True
@@ -890,6 +905,11 @@ class KvpoolConnector(KVConnectorBase_V1):
 
     def _load(self, job: BlockJob, is_async: bool) -> None:
         batch = max(1, int(self.config["batch_blocks"]))
+        # Straight into the pages only on the same host: elsewhere the bytes arrive over a
+        # socket anyway, and the reused staging slots are the cheaper place to land them.
+        if self._direct and self.store.is_local and self._host_pages(job.block_ids):
+            self._load_direct(job, is_async, batch)
+            return
         i = 0
         while i < len(job.block_ids):
             slots = self._take_slots(min(batch, len(job.block_ids) - i), None)
@@ -911,6 +931,30 @@ class KvpoolConnector(KVConnectorBase_V1):
                 bad = ids
             finally:
                 self._give_slots(slots)
+            if bad:
+                self._load_failed(job, bad, is_async)
+
+    def _load_direct(self, job: BlockJob, is_async: bool, batch: int) -> None:
+        """Loads straight into a host-memory cache's registered pages: each block's object is
+        copied into its 32 (or however many) layer pages in one verified pass, with no staging
+        copy and no scatter. A block that fails may be left half-written; it is reported in
+        ``get_block_ids_with_load_errors`` and vLLM recomputes it over those bytes."""
+        for i in range(0, len(job.block_ids), batch):
+            ids = job.block_ids[i : i + batch]
+            keys = [self.key(h) for h in job.hashes[i : i + batch]]
+            pieces = [
+                [
+                    (lay.cache.data_ptr() + b * lay.block_stride, lay.page_bytes)
+                    for lay in self._layers
+                ]
+                for b in ids
+            ]
+            try:
+                ok = self.store.load_scattered(keys, pieces)
+                bad = [b for b, o in zip(ids, ok) if not o]
+            except Exception as e:  # noqa: BLE001 (a failed load is a recompute)
+                self._note_error("load", e)
+                bad = ids
             if bad:
                 self._load_failed(job, bad, is_async)
 
@@ -1046,4 +1090,6 @@ class KvpoolConnector(KVConnectorBase_V1):
             self._threads = []
             if self._staging is not None:
                 self.store.unregister(self._staging.data_ptr())
+            for ptr in self._direct:
+                self.store.unregister(ptr)
         self.store.close()

@@ -277,6 +277,131 @@ impl NativeClient {
         Ok(out)
     }
 
+    /// `batch_get_into` with each value scattered over several registered buffers:
+    /// `pieces[i]` is a list of `(pointer, length)` that `keys[i]`'s value fills in order (the
+    /// lengths summing to the value's). Returns one entry per key: the value's length, or a
+    /// negative status (-704 a miss, -600 a piece not registered, overlapping, or lengths that
+    /// are not the value's). On the same host each value is copied from the node's memory
+    /// straight into its pieces, checked against its checksum in the same pass (one lookup
+    /// round trip per node, no staging copy); otherwise the values are fetched in one batch
+    /// and then scattered.
+    fn batch_get_scatter(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+        pieces: Vec<Vec<(usize, usize)>>,
+    ) -> PyResult<Vec<i64>> {
+        let keys = keys_of(&keys)?;
+        let n = keys.len();
+        let c = match self.batch_client(n, pieces.len(), n) {
+            Ok(c) => c,
+            Err(codes) => return Ok(codes),
+        };
+        let flat: Vec<Range> = pieces.iter().flatten().copied().collect();
+        let overlapping = overlaps(&flat);
+        let mut out = vec![code::OK; n];
+        let mut ok = Vec::with_capacity(n);
+        let mut at = 0;
+        for (i, key) in keys.iter().enumerate() {
+            let mine = at..at + pieces[i].len();
+            at = mine.end;
+            let bad_piece = pieces[i]
+                .iter()
+                .any(|&(p, len)| len > 0 && self.check_registered(p, len).is_err());
+            out[i] = if let Err(f) = check_key(key) {
+                f.code()
+            } else if bad_piece || overlapping[mine].iter().any(|o| *o) {
+                code::INVALID_PARAMS
+            } else {
+                ok.push(i);
+                continue;
+            };
+        }
+        let sub_keys: Vec<&[u8]> = ok.iter().map(|&i| &keys[i][..]).collect();
+        let located = match py.detach(|| c.lease(&sub_keys, 0)) {
+            Ok(l) => l,
+            Err(e) => {
+                let status = Failure::from(e).code();
+                ok.iter().for_each(|&i| out[i] = status);
+                return Ok(out);
+            }
+        };
+        let mut remote = Vec::new();
+        py.detach(|| {
+            for (&i, found) in ok.iter().zip(&located) {
+                let Some(loc) = found else {
+                    out[i] = code::OBJECT_NOT_FOUND;
+                    continue;
+                };
+                let mut dsts: Vec<&mut [u8]> = pieces[i]
+                    .iter()
+                    // SAFETY: every piece lies inside a registration (checked above), is
+                    // writable memory the caller keeps valid for the call, and overlaps no
+                    // other piece of any key.
+                    .map(|&(p, len)| unsafe { slice_mut(p, len) })
+                    .collect();
+                out[i] = match c.read_local_verified_scatter(loc, &mut dsts) {
+                    Some(Ok(len)) => len as i64,
+                    Some(Err(kvpool_client::ClientError::BufferTooSmall { .. })) => {
+                        code::INVALID_PARAMS
+                    }
+                    Some(Err(e)) => Failure::from(e).code(),
+                    None => {
+                        remote.push(i);
+                        continue;
+                    }
+                };
+            }
+        });
+        if remote.is_empty() {
+            return Ok(out);
+        }
+        // Not mapped here (another host, or the mapping off): one batch into temporary
+        // buffers of the pieces' sizes, then scattered.
+        let sizes: Vec<usize> = remote
+            .iter()
+            .map(|&i| pieces[i].iter().map(|p| p.1).sum())
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+        let rkeys: Vec<&[u8]> = remote.iter().map(|&i| &keys[i][..]).collect();
+        let ranges: Vec<Range> = bufs
+            .iter_mut()
+            .map(|b| (b.as_mut_ptr() as usize, b.len()))
+            .collect();
+        // SAFETY: each range is a buffer of `bufs`, alive and untouched for the call; distinct
+        // allocations never overlap.
+        match unsafe { get_many(py, &c, &rkeys, &ranges) } {
+            Ok(got) => {
+                for ((&i, g), buf) in remote.iter().zip(got).zip(&bufs) {
+                    out[i] = match g {
+                        Err(Failure::Client(kvpool_client::ClientError::BufferTooSmall {
+                            ..
+                        })) => code::INVALID_PARAMS,
+                        Err(f) => f.code(),
+                        Ok(Some(len)) if len == buf.len() => {
+                            let mut from = 0;
+                            for &(p, plen) in &pieces[i] {
+                                // SAFETY: as above: a registered, writable piece that nothing
+                                // else in this call writes; `buf` has `plen` bytes at `from`.
+                                unsafe { slice_mut(p, plen) }
+                                    .copy_from_slice(&buf[from..from + plen]);
+                                from += plen;
+                            }
+                            len as i64
+                        }
+                        Ok(Some(_)) => code::INVALID_PARAMS,
+                        Ok(None) => code::OBJECT_NOT_FOUND,
+                    };
+                }
+            }
+            Err(f) => {
+                let status = f.code();
+                remote.iter().for_each(|&i| out[i] = status);
+            }
+        }
+        Ok(out)
+    }
+
     /// `put_from` for many keys, one round trip per node. Returns one status per key (0
     /// stored, negative otherwise).
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
