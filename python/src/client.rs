@@ -326,33 +326,80 @@ impl NativeClient {
                 return Ok(out);
             }
         };
-        let mut remote = Vec::new();
-        py.detach(|| {
-            for (&i, found) in ok.iter().zip(&located) {
-                let Some(loc) = found else {
+        // The same-host copies, on every core when the batch is large (as batch_get_into's):
+        // per key its status, or None when its node is not mapped here.
+        let jobs: Vec<(usize, &kvpool_client::Located)> = ok
+            .iter()
+            .zip(&located)
+            .filter_map(|(&i, found)| match found {
+                Some(loc) => Some((i, loc)),
+                None => {
                     out[i] = code::OBJECT_NOT_FOUND;
-                    continue;
-                };
-                let mut dsts: Vec<&mut [u8]> = pieces[i]
-                    .iter()
-                    // SAFETY: every piece lies inside a registration (checked above), is
-                    // writable memory the caller keeps valid for the call, and overlaps no
-                    // other piece of any key.
-                    .map(|&(p, len)| unsafe { slice_mut(p, len) })
-                    .collect();
-                out[i] = match c.read_local_verified_scatter(loc, &mut dsts) {
-                    Some(Ok(len)) => len as i64,
-                    Some(Err(kvpool_client::ClientError::BufferTooSmall { .. })) => {
-                        code::INVALID_PARAMS
-                    }
-                    Some(Err(e)) => Failure::from(e).code(),
-                    None => {
-                        remote.push(i);
-                        continue;
-                    }
-                };
+                    None
+                }
+            })
+            .collect();
+        let copy = |part: &[(usize, &kvpool_client::Located)]| -> Vec<(usize, Option<i64>)> {
+            part.iter()
+                .map(|&(i, loc)| {
+                    let mut dsts: Vec<&mut [u8]> = pieces[i]
+                        .iter()
+                        // SAFETY: every piece lies inside a registration (checked above), is
+                        // writable memory the caller keeps valid for the call, and overlaps no
+                        // other piece of any key; each key is handled by one thread only.
+                        .map(|&(p, len)| unsafe { slice_mut(p, len) })
+                        .collect();
+                    let status = c
+                        .read_local_verified_scatter(loc, &mut dsts)
+                        .map(|r| match r {
+                            Ok(len) => len as i64,
+                            Err(kvpool_client::ClientError::BufferTooSmall { .. }) => {
+                                code::INVALID_PARAMS
+                            }
+                            Err(e) => Failure::from(e).code(),
+                        });
+                    (i, status)
+                })
+                .collect()
+        };
+        let bytes: u64 = jobs.iter().map(|j| j.1.addr.len).sum();
+        let threads = if bytes < SCATTER_PARALLEL_MIN {
+            1
+        } else {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(jobs.len())
+                .max(1)
+        };
+        let done: Vec<(usize, Option<i64>)> = py.detach(|| {
+            if threads == 1 {
+                return copy(&jobs);
             }
+            std::thread::scope(|s| {
+                let handles: Vec<_> = jobs
+                    .chunks(jobs.len().div_ceil(threads))
+                    .map(|part| (part, s.spawn(|| copy(part))))
+                    .collect();
+                let mut all = Vec::new();
+                for (part, h) in handles {
+                    // A copying thread that panicked: its keys failed (their pieces may be
+                    // half-written, as after any failed load).
+                    all.extend(h.join().unwrap_or_else(|_| {
+                        part.iter()
+                            .map(|&(i, _)| (i, Some(code::INTERNAL_ERROR)))
+                            .collect()
+                    }));
+                }
+                all
+            })
         });
+        let mut remote = Vec::new();
+        for (i, status) in done {
+            match status {
+                Some(st) => out[i] = st,
+                None => remote.push(i),
+            }
+        }
         if remote.is_empty() {
             return Ok(out);
         }
@@ -828,6 +875,9 @@ impl NativeClient {
         Ok(())
     }
 }
+
+/// A same-host scatter batch of at least this many bytes is copied on every core.
+const SCATTER_PARALLEL_MIN: u64 = 8 << 20;
 
 /// Fetches `keys[i]` into `ranges[i]`: per key its length, None for a miss, or its own
 /// failure; a failure of the whole batch (the node unreachable) is the outer error. On a batch
