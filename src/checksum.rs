@@ -167,20 +167,7 @@ mod x86 {
     ) -> u64 {
         debug_assert!(len > super::MID_SIZE_MAX);
         let secret = SECRET.as_ptr();
-        let mut acc = [
-            _mm256_set_epi64x(
-                PRIME64_3 as i64,
-                PRIME64_2 as i64,
-                PRIME64_1 as i64,
-                PRIME32_3 as i64,
-            ),
-            _mm256_set_epi64x(
-                PRIME32_1 as i64,
-                PRIME64_5 as i64,
-                PRIME32_2 as i64,
-                PRIME64_4 as i64,
-            ),
-        ];
+        let mut acc = initial();
         let blocks = (len - 1) / BLOCK;
         let mut at = 0;
         for _ in 0..blocks {
@@ -219,13 +206,7 @@ mod x86 {
                 secret.add(SECRET.len() - STRIPE - LASTACC_START),
             )
         };
-        let mut lanes = [0u64; 8];
-        // SAFETY: `lanes` is 64 writable bytes; unaligned stores.
-        unsafe {
-            _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, acc[0]);
-            _mm256_storeu_si256(lanes.as_mut_ptr().add(4) as *mut __m256i, acc[1]);
-        }
-        merge(&lanes, (len as u64).wrapping_mul(PRIME64_1))
+        finish(&acc, len)
     }
 
     /// [`long_avx2`] with `COPY`, storing into `pieces` in order instead of one buffer.
@@ -245,20 +226,7 @@ mod x86 {
         debug_assert!(len > super::MID_SIZE_MAX);
         debug_assert_eq!(pieces.iter().map(|p| p.1).sum::<usize>(), len);
         let secret = SECRET.as_ptr();
-        let mut acc = [
-            _mm256_set_epi64x(
-                PRIME64_3 as i64,
-                PRIME64_2 as i64,
-                PRIME64_1 as i64,
-                PRIME32_3 as i64,
-            ),
-            _mm256_set_epi64x(
-                PRIME32_1 as i64,
-                PRIME64_5 as i64,
-                PRIME32_2 as i64,
-                PRIME64_4 as i64,
-            ),
-        ];
+        let mut acc = initial();
         // Where byte `at` goes: piece `p`, at `off` in it (stripe-aligned while stripes run).
         let (mut p, mut off) = (0usize, 0usize);
         let mut next_stripe = || {
@@ -326,6 +294,33 @@ mod x86 {
                 secret.add(SECRET.len() - STRIPE - LASTACC_START),
             )
         };
+        finish(&acc, len)
+    }
+
+    /// XXH3's initial accumulators.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn initial() -> [__m256i; 2] {
+        [
+            _mm256_set_epi64x(
+                PRIME64_3 as i64,
+                PRIME64_2 as i64,
+                PRIME64_1 as i64,
+                PRIME32_3 as i64,
+            ),
+            _mm256_set_epi64x(
+                PRIME32_1 as i64,
+                PRIME64_5 as i64,
+                PRIME32_2 as i64,
+                PRIME64_4 as i64,
+            ),
+        ]
+    }
+
+    /// The hash of `len` bytes from the accumulators after the last stripe.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn finish(acc: &[__m256i; 2], len: usize) -> u64 {
         let mut lanes = [0u64; 8];
         // SAFETY: `lanes` is 64 writable bytes; unaligned stores.
         unsafe {

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use kvpool_bench::replay::synth::Rng;
 use kvpool_bench::units::{self, fmt_size};
 use kvpool_client::{Client, ClientConfig, ClientError, ErrorCode, Prefix, SameHost};
 use serde_json::json;
@@ -224,31 +225,26 @@ impl Stats {
     }
 }
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// 4 KiB .. 2 MiB, skewed towards small: the power of two is geometric (each size class 0.6
+/// times as likely as the one below), then anywhere up to twice that.
+fn size(rng: &mut Rng) -> usize {
+    let mut class = 0;
+    while class < 9 && rng.below(10) < 6 {
+        class += 1;
     }
+    let base = MIN_SIZE << class;
+    (base + rng.below(base as u64) as usize).min(MAX_SIZE)
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
-    }
-
-    /// 4 KiB .. 2 MiB, skewed towards small: the power of two is geometric (each size class
-    /// 0.6 times as likely as the one below), then anywhere up to twice that.
-    fn size(&mut self) -> usize {
-        let mut class = 0;
-        while class < 9 && self.below(10) < 6 {
-            class += 1;
-        }
-        let base = MIN_SIZE << class;
-        (base + self.below(base as u64) as usize).min(MAX_SIZE)
+/// Clients alternate between the same-host path (even `n`) and TCP only (odd).
+fn alternating(n: u64) -> ClientConfig {
+    ClientConfig {
+        same_host: if n % 2 == 0 {
+            SameHost::Auto
+        } else {
+            SameHost::Off
+        },
+        ..ClientConfig::default()
     }
 }
 
@@ -316,7 +312,7 @@ impl Worker {
     }
 
     fn new_value(&mut self, slot: usize, k: &[u8], len: usize) {
-        let seed = self.rng.next();
+        let seed = self.rng.next_u64();
         fill(&mut self.values[slot], k, seed, len);
         self.plan.stats.written_bytes.fetch_add(len as u64, Relaxed);
     }
@@ -336,7 +332,7 @@ impl Worker {
         match pick {
             0..=21 => {
                 let k = self.random_key();
-                let len = self.rng.size();
+                let len = size(&mut self.rng);
                 self.new_value(0, &k, len);
                 (Op::Put, self.client.put(&k, &self.values[0]).await)
             }
@@ -371,7 +367,7 @@ impl Worker {
             68..=73 => {
                 let keys: Vec<Vec<u8>> = (0..BATCH / 2).map(|_| self.random_key()).collect();
                 for (i, k) in keys.iter().enumerate() {
-                    let len = self.rng.size();
+                    let len = size(&mut self.rng);
                     self.new_value(i, k, len);
                 }
                 let items: Vec<(&[u8], &[u8])> = keys
@@ -429,7 +425,7 @@ impl Worker {
     /// Alloc and write, then commit; one in ten aborted, one in ten abandoned half-written.
     async fn two_phase(&mut self) -> (Op, Result<(), ClientError>) {
         let k = self.random_key();
-        let len = self.rng.size();
+        let len = size(&mut self.rng);
         self.new_value(0, &k, len);
         let fate = self.rng.below(10);
         let op = match fate {
@@ -461,23 +457,15 @@ impl Worker {
 /// Opens a client (same-host and TCP in turn), puts and gets one small value, closes it;
 /// again and again.
 async fn churn(plan: Arc<Plan>) {
-    let mut rng = Rng(0xc4a2);
+    let mut rng = Rng::new(0xc4a2);
     let mut value = Vec::new();
     let mut turn = 0u64;
     while !plan.stop.load(Relaxed) {
         turn += 1;
-        let same_host = if turn % 2 == 0 {
-            SameHost::Auto
-        } else {
-            SameHost::Off
-        };
-        let cfg = ClientConfig {
-            same_host,
-            ..ClientConfig::default()
-        };
+        let cfg = alternating(turn);
         let k = key(rng.below(plan.keys));
         let len = MIN_SIZE + rng.below(60 << 10) as usize;
-        fill(&mut value, &k, rng.next(), len);
+        fill(&mut value, &k, rng.next_u64(), len);
         let r = async {
             let c = Client::connect(&plan.endpoint, cfg).await?;
             c.put(&k, &value).await?;
@@ -746,21 +734,13 @@ pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
     let mut local_paths = 0;
     let mut tasks = Vec::new();
     for i in 0..args.clients {
-        let same_host = if i % 2 == 0 {
-            SameHost::Auto
-        } else {
-            SameHost::Off
-        };
-        let cfg = ClientConfig {
-            same_host,
-            ..ClientConfig::default()
-        };
+        let cfg = alternating(i as u64);
         let client = rt.block_on(Client::connect(&plan.endpoint, cfg))?;
         local_paths += usize::from(client.is_local());
         let w = Worker {
             client,
             plan: plan.clone(),
-            rng: Rng(0x50a6_0000 + i as u64),
+            rng: Rng::new(0x50a6_0000 + i as u64),
             bufs: (0..BATCH).map(|_| vec![0; MAX_SIZE]).collect(),
             values: (0..BATCH).map(|_| Vec::with_capacity(MAX_SIZE)).collect(),
         };
@@ -1084,8 +1064,8 @@ mod tests {
 
     #[test]
     fn sizes_stay_in_range_and_favour_small_ones() {
-        let mut rng = Rng(1);
-        let sizes: Vec<usize> = (0..10_000).map(|_| rng.size()).collect();
+        let mut rng = Rng::new(1);
+        let sizes: Vec<usize> = (0..10_000).map(|_| size(&mut rng)).collect();
         assert!(sizes.iter().all(|s| (MIN_SIZE..=MAX_SIZE).contains(s)));
         let small = sizes.iter().filter(|&&s| s < 64 << 10).count();
         assert!(small > 5_000, "{small}");

@@ -45,8 +45,8 @@ pub fn load_or_generate(
     Ok((certs, key))
 }
 
-/// The TLS-over-TCP server configuration (`listen.tls`): TLS 1.3 only, ring crypto, kvpool's
-/// ALPN, the same certificate as QUIC.
+/// The TLS server configuration of `listen.tls` and, under QUIC's, of QUIC: TLS 1.3 only,
+/// ring crypto, kvpool's ALPN.
 pub fn tcp_server_config(
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -67,13 +67,7 @@ pub fn quic_server_config(
     key: PrivateKeyDer<'static>,
     max_streams: u32,
 ) -> anyhow::Result<quinn::ServerConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tcp_server_config(certs, key)?)?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport

@@ -269,15 +269,17 @@ impl Gen {
     }
 }
 
-/// splitmix64: tiny, fast, and the same on every platform.
-struct Rng(u64);
+/// splitmix64: tiny, fast, and the same on every platform (also the soak benchmark's).
+pub struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    /// The generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
-    fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -286,8 +288,8 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (n > 0).
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 
     /// Uniform in `lo..=hi`.
@@ -297,7 +299,7 @@ impl Rng {
 
     /// Uniform in `[0, 1)`.
     fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

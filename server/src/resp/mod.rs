@@ -111,6 +111,12 @@ impl InputMemory {
             .is_ok()
     }
 
+    /// Adds `bytes` whatever the limit (capacity the allocator gave beyond what was taken).
+    fn add(&self, bytes: u64) {
+        self.held
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn give(&self, bytes: u64) {
         self.held
             .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
@@ -369,9 +375,7 @@ impl Input {
         let now = self.buf.capacity().saturating_sub(INPUT_BASE) as u64;
         let memory = &self.door.input_memory;
         if now > self.charged {
-            memory
-                .held
-                .fetch_add(now - self.charged, std::sync::atomic::Ordering::Relaxed);
+            memory.add(now - self.charged);
         } else {
             memory.give(self.charged - now);
         }
