@@ -204,7 +204,13 @@ impl Segment {
                 (map, None, pages)
             }
             Backing::File(dir) => {
-                std::fs::create_dir_all(dir)?;
+                // Reachable by name for other users (the daemon's socket may live here), not
+                // listable; the segment files themselves are the owner's alone.
+                std::os::unix::fs::DirBuilderExt::mode(
+                    std::fs::DirBuilder::new().recursive(true),
+                    0o711,
+                )
+                .create(dir)?;
                 let path = dir.join(segment_file_name(spec.node, spec.id));
                 // A stale file from an earlier run is replaced, never reused: its version words
                 // would validate addresses of objects that no longer exist. It is retired first,
@@ -433,6 +439,30 @@ pub fn incarnation_word(map: &MmapRaw) -> Option<&AtomicU64> {
 /// Retires a segment file a dead daemon left behind: if it is a kvpool segment, zeroes its
 /// incarnation word so that clients still mapping it stop reading it. Best effort: a file that
 /// can't be opened or is not a segment is left to be replaced.
+/// Retires and removes node `node`'s segment files in `dir` numbered `count` and up: what an
+/// earlier life with more segments (or other namespaces with segments of their own) left and
+/// this one does not replace. Returns how many went.
+pub fn remove_beyond(dir: &Path, node: NodeId, count: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let prefix = format!("segment-{}-", node.0);
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let id = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".kvp"))
+            .and_then(|n| n.parse::<u32>().ok());
+        if id.is_some_and(|id| id >= count) {
+            retire_file(&e.path());
+            removed += std::fs::remove_file(e.path()).is_ok() as usize;
+        }
+    }
+    removed
+}
+
 fn retire_file(path: &Path) {
     let Ok(file) = OpenOptions::new().read(true).write(true).open(path) else {
         return;

@@ -555,6 +555,7 @@ impl Config {
                         .eviction
                         .parse()
                         .map_err(|e: String| anyhow::anyhow!("namespace {:?}: {e}", n.name))?,
+                    own_segment: false,
                 })
             })
             .collect::<anyhow::Result<_>>()?;

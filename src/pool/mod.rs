@@ -120,6 +120,10 @@ pub struct Pool {
     /// Allocations cancelled lately, for a clear error to their late commits.
     cancelled: Mutex<RecentCancels>,
     namespaces: Vec<Namespace>,
+    /// Per namespace, the segments it allocates from: the common ones, or its own.
+    ns_segments: Vec<std::ops::Range<usize>>,
+    /// Per segment, the namespace whose own it is (None: a common segment).
+    owners: Vec<Option<u32>>,
     next_generation: AtomicU64,
     segment_cursor: AtomicUsize,
     evict_cursor: AtomicUsize,
@@ -162,6 +166,66 @@ const EVICTION_ROUNDS: usize = 16;
 /// Bounds the work of one allocation under memory pressure.
 const MAX_EVICTIONS_PER_ALLOC: usize = 4096;
 
+/// The pool's segments: their data sizes and owners, and each namespace's segments.
+struct SegmentPlan {
+    /// Per segment id: (data bytes asked for, the namespace whose own it is).
+    segments: Vec<(u64, Option<u32>)>,
+    /// Per namespace id.
+    ns_segments: Vec<std::ops::Range<usize>>,
+}
+
+/// Lays out the pool's memory (`segments` × `segment_size`): a segment of its own for each
+/// namespace that asks for one, of its reservation rounded up to whole pages, first, and what
+/// is left split evenly among the common segments (ids `0..segments`, then the namespaces' own
+/// in namespace order). Without such namespaces, exactly the configured segments.
+fn plan_segments(cfg: &PoolConfig, ns: &[NamespaceConfig]) -> Result<SegmentPlan, String> {
+    let page = cfg.alloc.page_size.max(1);
+    let total = cfg
+        .segment_size
+        .checked_mul(u64::from(cfg.segments))
+        .ok_or("the pool's memory overflows")?;
+    let mut own = Vec::new();
+    for n in ns.iter().filter(|n| n.own_segment) {
+        let quota = n.quota_bytes.ok_or_else(|| {
+            format!(
+                "namespace {:?} asks for a segment of its own but has no quota to size it",
+                n.name
+            )
+        })?;
+        own.push(quota.div_ceil(page).saturating_mul(page).max(page));
+    }
+    let taken = own
+        .iter()
+        .try_fold(0u64, |a, &b| a.checked_add(b))
+        .unwrap_or(u64::MAX);
+    let common = total.saturating_sub(taken) / u64::from(cfg.segments);
+    if common < page {
+        return Err(format!(
+            "the namespaces' own segments ({taken} bytes) leave nothing of the pool's \
+             {total} bytes for the common segments: lower their quotas or add memory"
+        ));
+    }
+    let mut segments: Vec<(u64, Option<u32>)> = (0..cfg.segments).map(|_| (common, None)).collect();
+    let mut ns_segments = Vec::with_capacity(ns.len());
+    let mut sizes = own.into_iter();
+    for (id, n) in ns.iter().enumerate() {
+        if n.own_segment {
+            let size = sizes.next().expect("one size per own segment");
+            ns_segments.push(segments.len()..segments.len() + 1);
+            segments.push((size, Some(id as u32)));
+        } else {
+            ns_segments.push(0..cfg.segments as usize);
+        }
+    }
+    if segments.len() > u16::MAX as usize {
+        return Err(format!("{} segments are more than 65535", segments.len()));
+    }
+    Ok(SegmentPlan {
+        segments,
+        ns_segments,
+    })
+}
+
 impl Pool {
     /// Creates the segments and the index. With file-backed segments, the objects a previous
     /// life of this node left in the directory are recovered first (see [`Pool::recovery`]),
@@ -184,13 +248,26 @@ impl Pool {
             Backing::File(dir) => Some(recover::Previous::open(dir, cfg.node)),
             Backing::Anonymous => None,
         };
+        let mut ns_cfg = cfg.namespaces.clone();
+        if !ns_cfg.iter().any(|n| n.name == DEFAULT_NAMESPACE) {
+            ns_cfg.insert(0, NamespaceConfig::unlimited(DEFAULT_NAMESPACE));
+        }
+        for (i, n) in ns_cfg.iter().enumerate() {
+            if n.name.is_empty() || ns_cfg[..i].iter().any(|m| m.name == n.name) {
+                return Err(invalid(format!(
+                    "namespace name {:?} is empty or repeated",
+                    n.name
+                )));
+            }
+        }
+        let layout = plan_segments(cfg, &ns_cfg).map_err(invalid)?;
         let mut segments = Vec::new();
-        for id in 0..cfg.segments {
-            let alloc = Allocator::new(cfg.segment_size, cfg.alloc)
-                .map_err(|e| invalid(format!("segment size {}: {e}", cfg.segment_size)))?;
+        for (id, &(size, _)) in layout.segments.iter().enumerate() {
+            let alloc = Allocator::new(size, cfg.alloc)
+                .map_err(|e| invalid(format!("segment size {size}: {e}")))?;
             let spec = SegmentSpec {
                 node: cfg.node,
-                id,
+                id: id as u32,
                 data_len: alloc.capacity(),
                 granule: alloc.granule(),
                 backing: cfg.backing.clone(),
@@ -205,25 +282,21 @@ impl Pool {
                 alloc: Mutex::new(alloc),
             });
         }
-        let mut ns_cfg = cfg.namespaces.clone();
-        if !ns_cfg.iter().any(|n| n.name == DEFAULT_NAMESPACE) {
-            ns_cfg.insert(0, NamespaceConfig::unlimited(DEFAULT_NAMESPACE));
-        }
-        for (i, n) in ns_cfg.iter().enumerate() {
-            if n.name.is_empty() || ns_cfg[..i].iter().any(|m| m.name == n.name) {
-                return Err(invalid(format!(
-                    "namespace name {:?} is empty or repeated",
-                    n.name
-                )));
-            }
-        }
-        // Reservations are promises of memory: together they must fit in the pool.
+        // Reservations are promises of memory: together they must fit in the pool. A segment
+        // of a namespace's own is its reservation; the others' come out of the common segments.
         let capacity: u64 = segments.iter().map(|s| lock(&s.alloc).capacity()).sum();
+        let shared_capacity: u64 = segments
+            .iter()
+            .zip(&layout.segments)
+            .filter(|(_, (_, owner))| owner.is_none())
+            .map(|(s, _)| lock(&s.alloc).capacity())
+            .sum();
         let reserved = ns_cfg
             .iter()
+            .filter(|n| !n.own_segment)
             .filter_map(|n| n.quota_bytes)
             .try_fold(0u64, u64::checked_add)
-            .filter(|&r| r <= capacity)
+            .filter(|&r| r <= shared_capacity)
             .ok_or_else(|| {
                 invalid(format!(
                     "namespace quotas reserve more than the pool's {capacity} bytes \
@@ -235,7 +308,7 @@ impl Pool {
                         .join(", ")
                 ))
             })?;
-        let unreserved = capacity - reserved;
+        let unreserved = shared_capacity - reserved;
         let namespaces: Vec<Namespace> = ns_cfg
             .iter()
             .map(|n| Namespace::new(n, unreserved))
@@ -276,6 +349,8 @@ impl Pool {
                 .collect(),
             cancelled: Mutex::default(),
             namespaces,
+            ns_segments: layout.ns_segments,
+            owners: layout.segments.iter().map(|&(_, o)| o).collect(),
             // Generations start at a point drawn with the incarnation (below 2^40, leaving 2^62
             // for this life), so even the version words of a dead daemon's segment file would
             // not recognise this life's generations.
@@ -296,6 +371,10 @@ impl Pool {
             pool.journal(Journal::hold);
             pool.recovery = pool.recover(prev);
             pool.journal(Journal::release);
+        }
+        if let Backing::File(dir) = &cfg.backing {
+            // (After recovery, which read them.)
+            crate::segment::remove_beyond(dir, cfg.node, pool.segments.len() as u32);
         }
         Ok(pool)
     }
@@ -338,9 +417,27 @@ impl Pool {
         self.segments.iter().map(|s| &s.segment)
     }
 
-    /// Largest value this pool can ever hold.
+    /// Largest value this pool can ever hold (in its largest segment).
     pub fn max_value_len(&self) -> u64 {
-        self.segments[0].segment.data_len()
+        self.segments
+            .iter()
+            .map(|s| s.segment.data_len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The namespace whose own segment `segment` is; None for a common segment (or none).
+    pub fn segment_owner(&self, segment: u32) -> Option<u32> {
+        self.owners.get(segment as usize).copied().flatten()
+    }
+
+    /// The namespaces that keep their objects in the common segments.
+    pub fn common_namespaces(&self) -> impl Iterator<Item = u32> + '_ {
+        self.ns_segments
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.start == 0)
+            .map(|(i, _)| i as u32)
     }
 
     // ----- two-phase put -----
@@ -372,8 +469,10 @@ impl Pool {
     ) -> Result<GlobalAddr, PoolError> {
         let space = self.ns(ns)?;
         check_key(key)?;
+        let segments = self.ns_segments[ns as usize].clone();
+        let own = segments.start != 0;
         let size = self
-            .alloc_lock(0)
+            .alloc_lock(segments.start)
             .reserved_size(len)
             .ok_or(PoolError::TooLarge)?;
         let mut evicted = 0;
@@ -394,12 +493,12 @@ impl Pool {
         }
         // Every namespace within its limit fits in the pool, so this fails only when the free
         // memory is too scattered (or held in slabs of other sizes): then the namespace's own
-        // objects go first, then those in unreserved memory.
+        // objects go first, then (in the common segments) those in unreserved memory.
         let (segment, block) = loop {
-            if let Some(found) = self.try_allocate(len) {
+            if let Some(found) = self.try_allocate(segments.clone(), len) {
                 break found;
             }
-            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_for(ns, true, near, now) {
+            if evicted >= MAX_EVICTIONS_PER_ALLOC || !self.evict_for(ns, !own, near, now) {
                 self.unreserve(space, size);
                 return Err(PoolError::PoolFull);
             }
@@ -1223,11 +1322,16 @@ impl Pool {
         Ok(seg)
     }
 
-    fn try_allocate(&self, len: u64) -> Option<(usize, crate::alloc::Block)> {
-        let n = self.segments.len();
+    /// Allocates `len` bytes in one of `segments`, trying them round robin.
+    fn try_allocate(
+        &self,
+        segments: std::ops::Range<usize>,
+        len: u64,
+    ) -> Option<(usize, crate::alloc::Block)> {
+        let n = segments.len().max(1);
         let start = self.segment_cursor.fetch_add(1, Ordering::Relaxed) % n;
         (0..n)
-            .map(|i| (start + i) % n)
+            .map(|i| segments.start + (start + i) % n)
             .find_map(|s| self.alloc_lock(s).allocate(len).map(|b| (s, b)))
     }
 

@@ -20,6 +20,12 @@ pub struct NamespaceConfig {
     pub quota_bytes: Option<u64>,
     /// Eviction policy of the namespace's objects. Default [`PolicyKind::S3FifoLru`].
     pub eviction: PolicyKind,
+    /// Keep the namespace's objects in a segment of its own, of its reservation's size (which
+    /// it then needs), carved out of the pool's memory: a same-host client is handed the
+    /// segments of the namespaces it authenticated for only, so a tenant whose namespace has a
+    /// segment of its own never has another tenant's bytes in its address space, nor they its.
+    /// Default false: the namespace shares the pool's common segments.
+    pub own_segment: bool,
 }
 
 impl NamespaceConfig {
@@ -30,6 +36,7 @@ impl NamespaceConfig {
             name: name.to_string(),
             quota_bytes: None,
             eviction: PolicyKind::default(),
+            own_segment: false,
         }
     }
 }

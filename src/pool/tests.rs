@@ -22,6 +22,7 @@ fn cfg(segment_size: u64) -> PoolConfig {
                 name: "small".into(),
                 quota_bytes: Some(256 << 10),
                 eviction: PolicyKind::Lru,
+                own_segment: false,
             },
         ],
         ..PoolConfig::default()
@@ -46,6 +47,7 @@ fn every_policy_evicts_within_quota_and_spares_pins() {
                 name: DEFAULT_NAMESPACE.into(),
                 quota_bytes: Some(1 << 20),
                 eviction: policy,
+                own_segment: false,
             }],
             ..cfg(4 << 20)
         };
@@ -607,6 +609,7 @@ fn hits_with_shards(policy: PolicyKind, shards: usize, capacity: u64) -> u64 {
             name: DEFAULT_NAMESPACE.into(),
             quota_bytes: Some(capacity * reserved),
             eviction: policy,
+            own_segment: false,
         }],
         ..cfg(8 << 20)
     };

@@ -261,3 +261,69 @@ fn a_long_journal_is_compacted_and_still_recovers() {
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A namespace gains a segment of its own across a restart: its objects move into it, the
+/// others' stay in the common ones; when it loses it again, the file it leaves is removed and
+/// its objects come back into the common segments.
+#[test]
+fn objects_follow_their_namespace_into_and_out_of_its_own_segment() {
+    let dir = test_dir("own-segment");
+    let own = |own_segment| PoolConfig {
+        namespaces: vec![
+            NamespaceConfig::unlimited(DEFAULT_NAMESPACE),
+            NamespaceConfig {
+                quota_bytes: Some(1 << 20),
+                own_segment,
+                ..NamespaceConfig::unlimited("other")
+            },
+        ],
+        ..cfg(&dir)
+    };
+    let files = || {
+        let mut f: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".kvp"))
+            .collect();
+        f.sort();
+        f
+    };
+    let put_all = |p: &Pool| {
+        for ns in [0, 1] {
+            p.put(ns, b"k", &value(ns, 100_000), false, 0).unwrap();
+        }
+    };
+    let check = |p: &Pool, other_segment: Option<u32>| {
+        for ns in [0, 1] {
+            assert_eq!(p.get(ns, b"k", 1).unwrap(), value(ns, 100_000), "ns {ns}");
+            let at = p.lookup(ns, b"k", 0, 1).unwrap().unwrap().addr;
+            let want = if ns == 1 { other_segment } else { None };
+            assert_eq!(p.segment_owner(at.segment).map(|_| at.segment), want);
+        }
+    };
+    drop({
+        let p = Pool::new(&own(false), [1; 16]).unwrap();
+        put_all(&p);
+        p
+    });
+    assert_eq!(
+        files(),
+        [
+            segment_file_name(NodeId(0), 0),
+            segment_file_name(NodeId(0), 1)
+        ]
+    );
+    drop({
+        let p = Pool::new(&own(true), [2; 16]).unwrap();
+        assert_eq!(p.recovery().recovered, 2);
+        check(&p, Some(2));
+        p
+    });
+    assert_eq!(files().len(), 3);
+    let p = Pool::new(&own(false), [3; 16]).unwrap();
+    assert_eq!(p.recovery().recovered, 2);
+    check(&p, None);
+    assert_eq!(files().len(), 2, "the own segment's file is gone");
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}

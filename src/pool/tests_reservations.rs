@@ -7,12 +7,14 @@ use crate::eviction::PolicyKind;
 
 const BLOCK: u64 = 64 << 10;
 
-/// `default` and `c` share the memory nobody reserved; `a` and `b` reserve theirs.
+/// `default` and `c` share the memory nobody reserved; `a` and `b` reserve theirs, `b` as a
+/// segment of its own (so the model holds for both kinds of reservation).
 fn pool() -> Pool {
     let ns = |name: &str, quota: Option<u64>| NamespaceConfig {
         name: name.into(),
         quota_bytes: quota,
         eviction: PolicyKind::Lru,
+        own_segment: name == "b",
     };
     let cfg = PoolConfig {
         segment_size: 2 << 20,
@@ -294,4 +296,95 @@ fn default_and_pending_allocations_leave_a_reservation_alone() {
             .unwrap_or_else(|e| panic!("b's put {i}: {e}"));
     }
     assert_eq!(p.stats().namespaces[2].objects, 12);
+}
+
+/// A namespace with a segment of its own allocates only there, and nobody else does; the
+/// common segments hold what is left of the pool's memory.
+#[test]
+fn own_segments_hold_their_namespace_only() {
+    let own = |name: &str, quota: u64| NamespaceConfig {
+        quota_bytes: Some(quota),
+        own_segment: true,
+        ..NamespaceConfig::unlimited(name)
+    };
+    let cfg = PoolConfig {
+        segment_size: 1 << 20,
+        segments: 2,
+        backing: Backing::Anonymous,
+        huge_pages: HugePages::Off,
+        // 100 KiB rounds up to two pages.
+        namespaces: vec![
+            own("a", 4 * BLOCK),
+            own("b", 100 << 10),
+            NamespaceConfig::unlimited("c"),
+        ],
+        ..PoolConfig::default()
+    };
+    let p = Pool::new(&cfg, [5; 16]).unwrap();
+    let (a, b) = (p.namespace_id("a").unwrap(), p.namespace_id("b").unwrap());
+    let sizes: Vec<u64> = p.segments().map(|s| s.data_len()).collect();
+    assert_eq!(
+        sizes,
+        [
+            (1 << 20) - 3 * BLOCK,
+            (1 << 20) - 3 * BLOCK,
+            4 * BLOCK,
+            2 * BLOCK
+        ]
+    );
+    assert_eq!(
+        (0..4).map(|s| p.segment_owner(s)).collect::<Vec<_>>(),
+        [None, None, Some(a), Some(b)]
+    );
+    assert_eq!(p.common_namespaces().collect::<Vec<_>>(), [0, 3]);
+    // Each namespace's objects land in its segments, whoever fills the pool meanwhile.
+    for i in 0..64u32 {
+        for ns in [0, a, b, 3] {
+            let addr = p
+                .put(ns, &i.to_le_bytes(), &[ns as u8; 20 << 10], false, i as u64)
+                .unwrap();
+            let owner = p.segment_owner(addr.segment);
+            assert_eq!(owner, (ns == a || ns == b).then_some(ns), "ns {ns}");
+        }
+    }
+    let s = p.stats();
+    assert!(s.namespaces[a as usize].used_bytes <= 4 * BLOCK);
+    assert!(s.namespaces[b as usize].used_bytes <= 2 * BLOCK);
+    // A value larger than the namespace's segment is too large for it, not for the pool.
+    assert_eq!(
+        p.put(b, b"big", &vec![0; 3 * BLOCK as usize], false, 99)
+            .err(),
+        Some(PoolError::TooLarge)
+    );
+    p.put(0, b"big", &vec![0; 3 * BLOCK as usize], false, 99)
+        .unwrap();
+}
+
+#[test]
+fn own_segments_need_a_quota_and_room() {
+    let base = PoolConfig {
+        segment_size: 1 << 20,
+        backing: Backing::Anonymous,
+        huge_pages: HugePages::Off,
+        ..PoolConfig::default()
+    };
+    let no_quota = PoolConfig {
+        namespaces: vec![NamespaceConfig {
+            own_segment: true,
+            ..NamespaceConfig::unlimited("a")
+        }],
+        ..base.clone()
+    };
+    let e = Pool::new(&no_quota, [0; 16]).err().expect("no quota");
+    assert!(e.to_string().contains("no quota"), "{e}");
+    let all = PoolConfig {
+        namespaces: vec![NamespaceConfig {
+            quota_bytes: Some(1 << 20),
+            own_segment: true,
+            ..NamespaceConfig::unlimited("a")
+        }],
+        ..base
+    };
+    let e = Pool::new(&all, [0; 16]).err().expect("nothing left");
+    assert!(e.to_string().contains("leave nothing"), "{e}");
 }

@@ -73,6 +73,7 @@ impl InProcess {
                 name: kvpool::pool::DEFAULT_NAMESPACE.into(),
                 quota_bytes: Some(quota),
                 eviction: policy,
+                own_segment: false,
             }],
             ..PoolConfig::default()
         };
