@@ -44,6 +44,8 @@ pub mod error;
 #[cfg(not(loom))]
 pub mod eviction;
 #[cfg(not(loom))]
+pub mod fdpass;
+#[cfg(not(loom))]
 pub mod journal;
 #[cfg(not(loom))]
 pub mod membership;

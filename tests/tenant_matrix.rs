@@ -2,9 +2,10 @@
 //! tokens, tenant B (holding only `token-b`) can neither read, probe (exists, prefix match),
 //! list, remove nor take the quota of tenant A's namespace through any socket door of a real
 //! `kvpoold`: TCP, TLS over TCP, QUIC, the Unix socket, a same-host client (its calls), and the
-//! RESP front door. The Python door wraps the same client (python/tests/client). Not covered,
-//! because it does not hold: a same-host process reading the mapped segments directly, bypassing
-//! the calls (SECURITY.md, "Same host").
+//! RESP front door. The Python door wraps the same client (python/tests/client). A same-host
+//! process that bypasses the calls and reads what it maps is covered too: the node hands it
+//! descriptors of its own namespace's segment (and of the common ones) only, read-only for a
+//! read token, never A's (SECURITY.md, "Same host").
 #![cfg(not(loom))]
 
 mod common;
@@ -179,4 +180,193 @@ async fn tenant_b_cannot_reach_tenant_a_by_any_door() {
             .await
             .unwrap());
     }
+}
+
+/// One request over a raw Unix connection, and its reply with the descriptors riding on it.
+fn unix_call(
+    s: &mut std::os::unix::net::UnixStream,
+    id: u64,
+    op: kvpool::protocol::Op,
+) -> (kvpool::protocol::Reply, Vec<std::os::fd::OwnedFd>) {
+    use kvpool::protocol::{
+        decode_response_owned, encode, AlignedVec, FramePrefix, Limits, Priority, Request,
+    };
+    use std::os::fd::AsRawFd;
+    let hdr = encode(&Request {
+        id,
+        view: 0,
+        priority: Priority::Normal as u8,
+        deadline_us: 0,
+        op,
+    });
+    let p = FramePrefix {
+        header_len: hdr.len() as u32,
+        payload_len: 0,
+    };
+    s.write_all(&p.encode()).unwrap();
+    s.write_all(&hdr).unwrap();
+    let fds = loop {
+        if let Some(fds) = kvpool::fdpass::peek_fds(s.as_raw_fd()).unwrap() {
+            break fds;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut prefix = [0u8; 16];
+    s.read_exact(&mut prefix).unwrap();
+    let p = FramePrefix::parse(&prefix, &Limits::default()).unwrap();
+    assert_eq!(p.payload_len, 0);
+    let mut hdr = AlignedVec::<16>::new();
+    hdr.resize(p.header_len as usize, 0);
+    s.read_exact(&mut hdr).unwrap();
+    (decode_response_owned(&hdr).unwrap().reply, fds)
+}
+
+/// What a process holding `token` gets when it asks the node's Unix socket for its segments,
+/// bypassing the client: (segment id, writable, the file behind the descriptor).
+fn segments_handed_to(n: &Node, token: &str) -> Vec<(u32, bool, std::fs::File)> {
+    use kvpool::protocol::{Op, Reply, PROTOCOL_VERSION};
+    let mut s = std::os::unix::net::UnixStream::connect(&n.unix).unwrap();
+    let hello = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: token.into(),
+        client: "prober".into(),
+    };
+    let (r, fds) = unix_call(&mut s, 1, hello);
+    assert!(matches!(r, Reply::Hello(_)), "{r:?}");
+    assert!(fds.is_empty());
+    let (r, fds) = unix_call(&mut s, 2, Op::MapInfo);
+    let Reply::MapInfo { segments, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(segments.len(), fds.len(), "one descriptor per segment");
+    segments
+        .into_iter()
+        .zip(fds)
+        .map(|(m, fd)| (m.id, m.writable, std::fs::File::from(fd)))
+        .collect()
+}
+
+/// Does any of `files` hold `needle`?
+fn holds(files: &[(u32, bool, std::fs::File)], needle: &[u8]) -> bool {
+    files.iter().any(|(_, _, f)| {
+        let mut bytes = Vec::new();
+        (&*f).read_to_end(&mut bytes).unwrap();
+        bytes.windows(needle.len()).any(|w| w == needle)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_process_is_handed_its_own_segments_only() {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let dir = common::temp_dir("tenant-same-host");
+    let path = dir.join("kvpoold.toml");
+    let config = CONFIG.replace(
+        "tokens = [\"token-a\"]",
+        "tokens = [\"token-a\"]\nread_tokens = [\"reader-a\"]",
+    );
+    std::fs::write(&path, config).unwrap();
+    let n = Node::start(
+        "64MiB",
+        &["--config", path.to_str().unwrap(), "--resp", "127.0.0.1:0"],
+    );
+    let same_host = |token: &str, ns: &str| ClientConfig {
+        same_host: SameHost::Auto,
+        ..cfg(&n, token, ns)
+    };
+    let a = Client::connect(&n.tcp_url(), same_host("token-a", "a"))
+        .await
+        .unwrap();
+    assert!(a.is_local());
+    let secret = value(11, 64 << 10);
+    a.put(b"secret", &secret).await.unwrap();
+    let b = Client::connect(&n.tcp_url(), same_host("token-b", "b"))
+        .await
+        .unwrap();
+    assert!(b.is_local());
+    let b_value = value(12, 64 << 10);
+    b.put(b"mine", &b_value).await.unwrap();
+
+    // B, bypassing its client, gets the common segments and its own, written into freely...
+    let to_b = segments_handed_to(&n, "token-b");
+    assert_eq!(to_b.len(), 2, "the common segment and B's own");
+    assert!(to_b.iter().all(|(_, w, _)| *w));
+    assert!(holds(&to_b, &b_value[..256]));
+    // ...and not one byte of A's.
+    assert!(
+        !holds(&to_b, &secret[..256]),
+        "B's mapping holds A's secret"
+    );
+    // Any other token (the node has no node token, so it is admitted to the open namespaces)
+    // gets the common segment only.
+    let to_other = segments_handed_to(&n, "token-c");
+    assert_eq!(to_other.len(), 1);
+    assert!(!holds(&to_other, &secret[..256]) && !holds(&to_other, &b_value[..256]));
+
+    // A's reader gets A's segment read-only: its descriptor cannot write, nor be mapped to.
+    let to_reader = segments_handed_to(&n, "reader-a");
+    let mine: Vec<_> = to_reader.iter().filter(|(_, w, _)| !*w).collect();
+    assert_eq!(mine.len(), 1, "A's own segment, read-only");
+    assert!(holds(&to_reader, &secret[..256]));
+    let e = mine[0].2.write_at(b"x", 8192).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(9), "EBADF: {e}");
+    assert!(
+        !holds(&to_reader, &b_value[..256]),
+        "the reader sees B's bytes"
+    );
+
+    // Its client reads A's values through that mapping and may change nothing.
+    let reader = Client::connect(&n.tcp_url(), same_host("reader-a", "a"))
+        .await
+        .unwrap();
+    assert!(reader.is_local());
+    assert_eq!(
+        reader.get(b"secret").await.unwrap().as_deref(),
+        Some(&secret[..])
+    );
+    let refused = reader.put(b"forged", b"bytes").await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(kvpool::protocol::ErrorCode::Unauthorized),
+        "{refused}"
+    );
+    assert!(!reader.remove(b"secret").await.unwrap_or(false));
+    assert_eq!(
+        a.get(b"secret").await.unwrap().as_deref(),
+        Some(&secret[..])
+    );
+
+    // The RESP door holds the read token to reading too.
+    let mut r = std::net::TcpStream::connect(&n.resp).unwrap();
+    r.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut ask = |cmd: &[&[u8]]| {
+        let mut v = Vec::new();
+        kvpool::resp::encode::command(&mut v, cmd);
+        r.write_all(&v).unwrap();
+        // One line of reply.
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n") {
+            let mut b = [0u8; 1];
+            r.read_exact(&mut b).unwrap();
+            got.push(b[0]);
+        }
+        String::from_utf8(got).unwrap()
+    };
+    assert_eq!(ask(&[b"AUTH", b"a", b"reader-a"]), "+OK\r\n");
+    assert!(ask(&[b"SET", b"forged", b"x"]).starts_with("-NOPERM"));
+    assert!(ask(&[b"DEL", b"secret"]).starts_with("-NOPERM"));
+    assert_eq!(ask(&[b"EXISTS", b"secret"]), ":1\r\n");
+
+    // Nobody else can open the files by name: every segment file is the daemon user's alone,
+    // and so is the socket by default.
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let segment_files: Vec<_> = std::fs::read_dir(&n.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "kvp"))
+        .collect();
+    assert_eq!(segment_files.len(), 3, "{segment_files:?}");
+    for f in &segment_files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+    assert_eq!(mode(std::path::Path::new(&n.unix)), 0o600);
 }

@@ -45,6 +45,8 @@ pub(crate) struct Conn {
     limits: Limits,
     /// The socket, for [`Conn::looks_open`] (None for a QUIC stream). Owned by `r` and `w`.
     fd: Option<RawFd>,
+    /// The socket is a Unix socket (descriptors can come over it: [`Conn::call_with_fds`]).
+    unix: bool,
     /// The QUIC connection of a QUIC stream, for [`Conn::looks_open`].
     quic: Option<quinn::Connection>,
     /// When the connection last finished an exchange (set by the pool).
@@ -118,6 +120,7 @@ impl Conn {
             hdr: AlignedVec::new(),
             next_id: 1,
             fd,
+            unix: matches!(endpoint, Endpoint::Unix(_)),
             quic: quic.cloned(),
             last_used: Instant::now(),
             view: 0,
@@ -255,6 +258,43 @@ impl Conn {
         let id = self.send(op, payload).await?;
         self.flush().await?;
         self.recv(id).await
+    }
+
+    /// A call (no payload either way) over a Unix socket whose reply brings file descriptors,
+    /// attached to its first byte (`MapInfo`): they are taken with a peek as soon as that byte
+    /// arrives, before the reply is read as usual (which drops the kernel's own copies).
+    pub(crate) async fn call_with_fds(
+        &mut self,
+        op: Op,
+        within: Duration,
+    ) -> Result<(Reply, Vec<std::os::fd::OwnedFd>), ClientError> {
+        let fd = match self.fd {
+            Some(fd) if self.unix && self.r.buffer().is_empty() => fd,
+            _ => {
+                return Err(ClientError::Protocol(
+                    "descriptors come only over an idle Unix socket".into(),
+                ))
+            }
+        };
+        let id = self.send(op, &[]).await?;
+        self.flush().await?;
+        let deadline = Instant::now() + within;
+        let fds = loop {
+            if let Some(fds) = kvpool::fdpass::peek_fds(fd)? {
+                break fds;
+            }
+            if Instant::now() >= deadline {
+                return Err(ClientError::Timeout);
+            }
+            // The reply is a local daemon's answer to a request it serves at once.
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        };
+        let (reply, len) = self.recv(id).await?;
+        if len != 0 {
+            self.skip(len).await?;
+            return Err(ClientError::Protocol("unexpected payload".into()));
+        }
+        Ok((reply, fds))
     }
 
     /// A call whose reply carries no payload.

@@ -144,12 +144,16 @@ impl Link {
             let uds = Endpoint::Unix(hello.uds_path.clone().into());
             // Same host: control goes over the Unix socket, data through the mapping.
             if let Ok((mut c, h)) = Conn::open(&uds, cfg, (None, false)).await {
-                if let Ok(Reply::MapInfo {
-                    incarnation,
-                    segments,
-                }) = c.call_simple(Op::MapInfo, &[]).await
+                if let Ok((
+                    Reply::MapInfo {
+                        incarnation,
+                        segments,
+                    },
+                    fds,
+                )) = c.call_with_fds(Op::MapInfo, cfg.timeout).await
                 {
-                    match LocalMap::open(h.node, incarnation, &segments)
+                    match offered(segments, fds)
+                        .and_then(|maps| LocalMap::open(h.node, incarnation, maps))
                         .and_then(|m| same_incarnation(m, h.incarnation))
                     {
                         Ok(m) => {
@@ -208,14 +212,18 @@ impl Link {
         if !self.same_host {
             return Ok(());
         }
-        let mapped = match conn.call_simple(Op::MapInfo, &[]).await {
-            Ok(Reply::MapInfo {
-                incarnation,
-                segments,
-            }) => LocalMap::open(hello.node, incarnation, &segments)
+        let mapped = match conn.call_with_fds(Op::MapInfo, REMAP_WITHIN).await {
+            Ok((
+                Reply::MapInfo {
+                    incarnation,
+                    segments,
+                },
+                fds,
+            )) => offered(segments, fds)
+                .and_then(|maps| LocalMap::open(hello.node, incarnation, maps))
                 .and_then(|m| same_incarnation(m, hello.incarnation))
                 .map_err(|e| e.to_string()),
-            Ok(r) => Err(format!("unexpected reply {r:?}")),
+            Ok((r, _)) => Err(format!("unexpected reply {r:?}")),
             Err(e) if e.keeps_connection() => Err(e.to_string()),
             Err(e) => {
                 // The new connection broke: the next one does all this again.
@@ -1104,7 +1112,7 @@ impl Link {
         offset: u64,
         bytes: &[u8],
     ) -> Result<(), ClientError> {
-        if let Some(local) = self.local().filter(|l| l.covers(addr)) {
+        if let Some(local) = self.local().filter(|l| l.covers_writable(addr)) {
             match off_runtime(bytes.len() as u64, || local.write(addr, offset, bytes)) {
                 Ok(()) => return Ok(()),
                 Err(AddrFault::WrongIncarnation) => {}
@@ -1127,7 +1135,9 @@ impl Link {
         addr: &GlobalAddr,
         bytes: &[u8],
     ) -> Result<(), ClientError> {
-        if let Some(local) = local.filter(|l| l.incarnation() == addr.incarnation) {
+        if let Some(local) =
+            local.filter(|l| l.incarnation() == addr.incarnation && l.covers_writable(addr))
+        {
             return off_runtime(bytes.len() as u64, || local.write(addr, 0, bytes)).map_err(fault);
         }
         self.write(cfg, addr, 0, bytes).await
@@ -1313,6 +1323,34 @@ fn off_runtime<T>(bytes: u64, copy: impl FnOnce() -> T) -> T {
     } else {
         copy()
     }
+}
+
+/// How long a remap after a restart waits for the node's `MapInfo` reply.
+const REMAP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The segments a `MapInfo` reply offered, each with the descriptor that came with it. None
+/// offered (the token admits to no segment whose namespaces are all its own) is an error: the
+/// link then has no mapping and goes through the socket.
+fn offered(
+    segments: Vec<kvpool::protocol::SegmentMap>,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> std::io::Result<Vec<(kvpool::protocol::SegmentMap, std::os::fd::OwnedFd)>> {
+    if segments.len() != fds.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} segments offered with {} descriptors",
+                segments.len(),
+                fds.len()
+            ),
+        ));
+    }
+    if segments.is_empty() {
+        return Err(std::io::Error::other(
+            "the node offers no segment to this token",
+        ));
+    }
+    Ok(segments.into_iter().zip(fds).collect())
 }
 
 /// A mapping, when it is of the incarnation the handshake named.

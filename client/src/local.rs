@@ -14,7 +14,6 @@
 //!
 //! Uses nothing else of the crate (only the core's segment layout and seqlock).
 
-use std::fs::OpenOptions;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvpool::protocol::SegmentMap;
@@ -61,8 +60,11 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
 struct Mapped {
     map: MmapRaw,
     layout: SegmentLayout,
-    /// The segment file, for read-only mappings of parts of it ([`ReadView`]).
+    /// The segment file (the descriptor the node passed), for read-only mappings of parts of
+    /// it ([`ReadView`]).
     file: std::fs::File,
+    /// Mapped read-write; otherwise read-only: never stored into.
+    writable: bool,
 }
 
 impl Mapped {
@@ -89,19 +91,25 @@ pub(crate) struct LocalMap {
 }
 
 impl LocalMap {
-    /// Maps every segment the node offered, checking each header names the node and segment
-    /// and holds incarnation `incarnation` (the one the `MapInfo` reply named).
+    /// Maps every segment the node offered (its descriptor passed with the offer), checking
+    /// each header names the node and segment and holds incarnation `incarnation` (the one the
+    /// `MapInfo` reply named). A segment offered read-only is mapped read-only, and never
+    /// written through this mapping (writes to it go over the socket).
     pub(crate) fn open(
         node: u32,
         incarnation: u64,
-        maps: &[SegmentMap],
+        maps: Vec<(SegmentMap, std::os::fd::OwnedFd)>,
     ) -> std::io::Result<LocalMap> {
         let mut segments: Vec<Option<Mapped>> = Vec::new();
-        for m in maps {
-            let file = OpenOptions::new().read(true).write(true).open(&m.path)?;
-            let map = memmap2::MmapOptions::new()
-                .len(m.total_len as usize)
-                .map_raw(&file)?;
+        for (m, fd) in maps {
+            let file = std::fs::File::from(fd);
+            let mut options = memmap2::MmapOptions::new();
+            options.len(m.total_len as usize);
+            let map = if m.writable {
+                options.map_raw(&file)?
+            } else {
+                options.map_raw_read_only(&file)?
+            };
             // SAFETY: the header page is inside the mapping (total_len >= 4096 is checked by
             // decode against the mapped length) and is written once, before the node serves.
             let header = unsafe { std::slice::from_raw_parts(map.as_ptr(), 4096.min(map.len())) };
@@ -112,7 +120,13 @@ impl LocalMap {
                     "segment header names another node or segment",
                 ));
             }
-            let mapped = Mapped { map, layout, file };
+            let writable = m.writable;
+            let mapped = Mapped {
+                map,
+                layout,
+                file,
+                writable,
+            };
             if incarnation == 0 || mapped.incarnation_word().load(Ordering::Acquire) != incarnation
             {
                 // The file was replaced (the daemon restarted) between MapInfo and the open.
@@ -285,7 +299,18 @@ impl LocalMap {
         Ok(r)
     }
 
-    /// Copies `src` to `offset` inside the pending allocation at `addr`.
+    /// True when `addr` is in a segment this process mapped read-write (see
+    /// [`LocalMap::covers`]).
+    pub(crate) fn covers_writable(&self, addr: &GlobalAddr) -> bool {
+        addr.node.0 == self.node
+            && self
+                .segments
+                .get(addr.segment as usize)
+                .is_some_and(|s| s.as_ref().is_some_and(|m| m.writable))
+    }
+
+    /// Copies `src` to `offset` inside the pending allocation at `addr`. `NotWritable` for a
+    /// segment mapped read-only.
     pub(crate) fn write(
         &self,
         addr: &GlobalAddr,
@@ -293,18 +318,21 @@ impl LocalMap {
         src: &[u8],
     ) -> Result<(), AddrFault> {
         let (seg, at) = self.locate(addr, offset, src.len() as u64)?;
+        if !seg.writable {
+            return Err(AddrFault::NotWritable);
+        }
         let word =
             version_word(&seg.map, &seg.layout, addr.offset).ok_or(AddrFault::OutOfBounds)?;
         if !seqlock::is_writing(word, addr.generation) {
             return Err(AddrFault::NotWritable);
         }
-        // SAFETY: in bounds of the mapping (locate). This is a raw copy of plain bytes, never a
-        // reference, so it asserts no exclusivity in this process. Nothing in the daemon orders
-        // it against other writers of the allocation (same-host writes take no write claim):
-        // overlapping writers can only tear the bytes, which commit's checksum refuses, and a
-        // write racing the reaper after the allocation's deadline can land in reused memory,
-        // so callers must commit well within `pending_timeout_ms` (the version check above
-        // narrows, but cannot close, that window).
+        // SAFETY: in bounds of the mapping (locate), which is read-write (checked above). This
+        // is a raw copy of plain bytes, never a reference, so it asserts no exclusivity in this
+        // process. Nothing in the daemon orders it against other writers of the allocation
+        // (same-host writes take no write claim): overlapping writers can only tear the bytes,
+        // which commit's checksum refuses, and a write racing the reaper after the
+        // allocation's deadline can land in reused memory, so callers must commit well within
+        // `pending_timeout_ms` (the version check above narrows, but cannot close, that window).
         unsafe {
             copy_bytes(
                 src.as_ptr(),

@@ -129,6 +129,11 @@ pub struct ListenConfig {
     pub metrics: String,
     /// Unix socket path. Default `<data_dir>/kvpool.sock`.
     pub unix: Option<PathBuf>,
+    /// Permission bits of the Unix socket (`"0600"`: the daemon's user only, the default;
+    /// `"0666"`: every local user, who then authenticates by token like over TCP). Its segments
+    /// are handed to a connection as descriptors after authentication, never by path.
+    #[serde(deserialize_with = "de_mode")]
+    pub unix_mode: u32,
     /// The Redis-protocol (RESP2/RESP3) front door, e.g. `127.0.0.1:6380`. Default `""`: off.
     pub resp: String,
     /// The native protocol over TCP with TLS 1.3 (clients: `tls://host:port`), with QUIC's
@@ -310,9 +315,20 @@ pub struct NamespaceEntry {
     /// Byte quota on this node (`"4GiB"`); none when absent.
     #[serde(default, deserialize_with = "de_opt_size")]
     pub quota: Option<u64>,
-    /// Tokens that may use this namespace; empty (the default): every client the node admits.
+    /// Tokens that may use this namespace; empty (the default, with no `read_tokens` either):
+    /// every client the node admits.
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// Tokens that may only read this namespace (get, probe, list, watch): their writes and
+    /// removals are refused, and their same-host mapping of its segment is read-only.
+    #[serde(default)]
+    pub read_tokens: Vec<String>,
+    /// Keep the namespace in a segment of its own, of its quota's size (carved out of the
+    /// pool's memory), so that same-host clients of other tenants never map its bytes, nor it
+    /// theirs. Default: true for a namespace with a quota and tokens (a tenant), false
+    /// otherwise; true without a quota is refused.
+    #[serde(default)]
+    pub own_segment: Option<bool>,
     /// Eviction policy: `s3fifo-lru` (default), `s3fifo`, `lru` or `prefix-aware`.
     #[serde(default = "default_eviction")]
     pub eviction: String,
@@ -381,6 +397,7 @@ impl Default for ListenConfig {
             quic: "127.0.0.1:7371".into(),
             metrics: "127.0.0.1:7372".into(),
             unix: None,
+            unix_mode: 0o600,
             resp: String::new(),
             tls: String::new(),
             max_connections: 1024,
@@ -444,37 +461,43 @@ impl Config {
             .unwrap_or_else(|| self.data_dir().join("kvpool.sock"))
     }
 
-    /// Per namespace (in the pool's id order), the tokens that may use it.
-    pub fn namespace_tokens(&self, pool_namespaces: &[(String, u32)]) -> Vec<Vec<String>> {
-        let mut out = vec![Vec::new(); pool_namespaces.len()];
+    /// Per namespace (in the pool's id order), `f` of its `[[namespace]]` entry, or `absent`
+    /// for a namespace without one (`default` and `weights` when not configured).
+    fn per_namespace<T: Clone>(
+        &self,
+        pool_namespaces: &[(String, u32)],
+        absent: T,
+        f: impl Fn(&NamespaceEntry) -> T,
+    ) -> Vec<T> {
+        let mut out = vec![absent; pool_namespaces.len()];
         for (name, id) in pool_namespaces {
             if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
-                out[*id as usize] = n.tokens.clone();
+                out[*id as usize] = f(n);
             }
         }
         out
+    }
+
+    /// Per namespace (in the pool's id order), the tokens that may use it.
+    pub fn namespace_tokens(&self, pool_namespaces: &[(String, u32)]) -> Vec<Vec<String>> {
+        self.per_namespace(pool_namespaces, Vec::new(), |n| n.tokens.clone())
+    }
+
+    /// Per namespace (in the pool's id order), the tokens that may only read it.
+    pub fn namespace_read_tokens(&self, pool_namespaces: &[(String, u32)]) -> Vec<Vec<String>> {
+        self.per_namespace(pool_namespaces, Vec::new(), |n| n.read_tokens.clone())
     }
 
     /// Per namespace (in the pool's id order): (replicas, pinned replicas).
     pub fn replication(&self, pool_namespaces: &[(String, u32)]) -> Vec<(u32, u32)> {
-        let mut out = vec![(1, 2); pool_namespaces.len()];
-        for (name, id) in pool_namespaces {
-            if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
-                out[*id as usize] = (n.replicas.max(1), n.pinned_replicas.max(1));
-            }
-        }
-        out
+        self.per_namespace(pool_namespaces, (1, 2), |n| {
+            (n.replicas.max(1), n.pinned_replicas.max(1))
+        })
     }
 
     /// Per namespace (in the pool's id order): its bulk rate cap, bytes per second.
     pub fn bulk_rates(&self, pool_namespaces: &[(String, u32)]) -> Vec<Option<u64>> {
-        let mut out = vec![None; pool_namespaces.len()];
-        for (name, id) in pool_namespaces {
-            if let Some(n) = self.namespaces.iter().find(|n| &n.name == name) {
-                out[*id as usize] = n.bulk_rate.filter(|&r| r > 0);
-            }
-        }
-        out
+        self.per_namespace(pool_namespaces, None, |n| n.bulk_rate.filter(|&r| r > 0))
     }
 
     /// How this node learns the cluster: heartbeats to `peers`, or etcd.
@@ -555,7 +578,9 @@ impl Config {
                         .eviction
                         .parse()
                         .map_err(|e: String| anyhow::anyhow!("namespace {:?}: {e}", n.name))?,
-                    own_segment: false,
+                    own_segment: n.own_segment.unwrap_or(
+                        n.quota.is_some() && !(n.tokens.is_empty() && n.read_tokens.is_empty()),
+                    ),
                 })
             })
             .collect::<anyhow::Result<_>>()?;
@@ -637,6 +662,19 @@ pub(crate) fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> 
         SizeRepr::Num(n) => Ok(n),
         SizeRepr::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
     }
+}
+
+/// Permission bits: an octal string (`"0660"`) or a TOML integer (`0o660`), at most `0o777`.
+fn de_mode<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let n = match SizeRepr::deserialize(d)? {
+        SizeRepr::Num(n) => n,
+        SizeRepr::Text(s) => u64::from_str_radix(s.trim().trim_start_matches("0o"), 8)
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not an octal mode")))?,
+    };
+    u32::try_from(n)
+        .ok()
+        .filter(|&m| m <= 0o777)
+        .ok_or_else(|| serde::de::Error::custom(format!("mode {n:o} is beyond 0777")))
 }
 
 fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -728,6 +766,76 @@ mod tests {
             .unwrap()
             .pool_config()
             .is_err());
+    }
+
+    /// A tenant (a namespace with a quota and tokens, read-only ones too) gets a segment of its
+    /// own unless told otherwise; a namespace without tokens or a quota shares the common ones.
+    #[test]
+    fn tenants_get_segments_of_their_own() {
+        let c = Config::from_toml(
+            r#"
+            [listen]
+            unix_mode = "0660"
+            [[namespace]]
+            name = "tenant"
+            quota = "8MiB"
+            tokens = ["t"]
+            [[namespace]]
+            name = "readers"
+            quota = "8MiB"
+            read_tokens = ["r"]
+            [[namespace]]
+            name = "shared"
+            quota = "8MiB"
+            [[namespace]]
+            name = "no-quota"
+            tokens = ["n"]
+            [[namespace]]
+            name = "opted-out"
+            quota = "8MiB"
+            tokens = ["o"]
+            own_segment = false
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.listen.unix_mode, 0o660);
+        let own: Vec<(String, bool)> = c
+            .pool_config()
+            .unwrap()
+            .namespaces
+            .into_iter()
+            .map(|n| (n.name, n.own_segment))
+            .collect();
+        let want = [
+            ("default", false),
+            ("tenant", true),
+            ("readers", true),
+            ("shared", false),
+            ("no-quota", false),
+            ("opted-out", false),
+            ("weights", false),
+        ];
+        assert_eq!(
+            own,
+            want.map(|(n, o)| (n.to_string(), o)).to_vec(),
+            "own segments"
+        );
+        let ns: Vec<(String, u32)> = ["default", "tenant", "readers"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), i as u32))
+            .collect();
+        assert_eq!(c.namespace_read_tokens(&ns)[2], ["r"]);
+        assert_eq!(Config::default().listen.unix_mode, 0o600);
+        assert_eq!(
+            Config::from_toml("[listen]\nunix_mode = 0o666")
+                .unwrap()
+                .listen
+                .unix_mode,
+            0o666
+        );
+        assert!(Config::from_toml("[listen]\nunix_mode = \"0999\"").is_err());
+        assert!(Config::from_toml("[listen]\nunix_mode = \"01777\"").is_err());
     }
 
     #[test]

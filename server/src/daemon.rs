@@ -84,7 +84,10 @@ impl Daemon {
     /// the background tasks ([`join_cluster`], [`start_mover`], [`start_reaper`]).
     pub async fn start(config: Config) -> anyhow::Result<Daemon> {
         let data_dir = config.data_dir();
-        std::fs::create_dir_all(&data_dir)
+        // Other users may reach the socket by its name (`listen.unix_mode`), never list the
+        // directory; every file in it is the daemon user's alone (0600).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o711)
+            .create(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let policy = (config.wire_limits()?, conn_policy(&config)?);
         let max_connections = connection_cap(&config);
@@ -338,7 +341,7 @@ impl Sockets {
         let resp = bind_tcp(&config.listen.resp, "resp").await?;
         bound.resp = resp.as_ref().map(|l| l.local_addr()).transpose()?;
         let unix_path = config.unix_path();
-        let unix = bind_unix(&unix_path)?;
+        let unix = bind_unix(&unix_path, config.listen.unix_mode)?;
         bound.unix = Some(unix_path);
         let metrics = bind_tcp(&config.listen.metrics, "metrics").await?;
         bound.metrics = metrics.as_ref().map(|l| l.local_addr()).transpose()?;
@@ -460,6 +463,7 @@ fn shared(
         limits,
         token: config.auth.token.clone(),
         ns_tokens: config.namespace_tokens(&namespaces),
+        ns_read_tokens: config.namespace_read_tokens(&namespaces),
         started: Instant::now(),
         hello,
         cluster: membership.clone(),
@@ -696,7 +700,8 @@ fn connection_cap(config: &Config) -> usize {
     cap
 }
 
-fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+/// Binds the Unix socket at `path` with permission bits `mode` (`listen.unix_mode`).
+fn bind_unix(path: &std::path::Path, mode: u32) -> anyhow::Result<UnixListener> {
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             anyhow::bail!("another kvpoold is serving on {}", path.display());
@@ -704,7 +709,12 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    UnixListener::bind(path).with_context(|| format!("binding unix socket {}", path.display()))
+    let l = UnixListener::bind(path)
+        .with_context(|| format!("binding unix socket {}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of unix socket {}", path.display()))?;
+    Ok(l)
 }
 
 fn random_secret() -> anyhow::Result<[u8; 16]> {
@@ -787,6 +797,8 @@ mod tests {
             name: "team".into(),
             quota: None,
             tokens: vec!["team-token".into()],
+            read_tokens: Vec::new(),
+            own_segment: None,
             eviction: "lru".into(),
             replicas: 1,
             pinned_replicas: 3,

@@ -72,6 +72,7 @@ impl Harness {
             limits,
             token: NODE_TOKEN.into(),
             ns_tokens: vec![Vec::new(), vec![TEAM_TOKEN.into()]],
+            ns_read_tokens: Vec::new(),
             started: Instant::now(),
             cluster,
             cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32])
@@ -112,8 +113,7 @@ impl Harness {
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
         let serve = crate::handler::serve(
             self.shared.clone(),
-            Transport::Tcp,
-            None,
+            (Transport::Tcp, None, None),
             input,
             out.clone(),
             shutdown,

@@ -70,6 +70,12 @@ trait Accept {
     fn accept_opening(
         &self,
     ) -> impl Future<Output = io::Result<(Self::Open, Option<IpAddr>)>> + Send;
+
+    /// The Unix socket under an opened connection's read half (descriptors are passed over it:
+    /// `MapInfo`); None for other transports.
+    fn unix_fd(_r: &Self::R) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 struct TlsListener {
@@ -120,14 +126,20 @@ impl Accept for UnixListener {
         let sock = self.accept().await?.0;
         Ok((std::future::ready(Ok(sock.into_split())), None))
     }
+
+    fn unix_fd(r: &Self::R) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let sock: &tokio::net::UnixStream = r.as_ref();
+        Some(sock.as_raw_fd())
+    }
 }
 
 /// Accepts connections until shutdown, each served by its own task: by the native handler, or
 /// by the RESP front door when `door` is given.
-async fn accept_loop(
+async fn accept_loop<L: Accept>(
     mut ctx: Ctx,
     transport: Transport,
-    listener: impl Accept,
+    listener: L,
     door: Option<Arc<crate::resp::RespShared>>,
 ) {
     let mut errors = AcceptErrors::default();
@@ -173,7 +185,10 @@ async fn accept_loop(
             match open.await {
                 Ok((r, w)) => match door {
                     Some(door) => crate::resp::serve(shared, door, peer, r, w, stop).await,
-                    None => serve(shared, transport, peer, r, w, stop).await,
+                    None => {
+                        let unix = L::unix_fd(&r);
+                        serve(shared, (transport, peer, unix), r, w, stop).await
+                    }
                 },
                 Err(e) => tracing::debug!(error = %e, ?peer, "a connection failed to open"),
             }
@@ -221,7 +236,7 @@ async fn quic_streams(conn: quinn::Connection, mut ctx: Ctx) {
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
         let peer = Some(conn.remote_address().ip());
         tokio::spawn(async move {
-            serve(shared, Transport::Quic, peer, recv, send, stop).await;
+            serve(shared, (Transport::Quic, peer, None), recv, send, stop).await;
             drop((permit, done));
         });
     }

@@ -31,8 +31,11 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) limits: Limits,
     pub(crate) token: String,
-    /// Per namespace id, the tokens that may use it (empty: every accepted client).
+    /// Per namespace id, the tokens that may use it (empty, with no read tokens either: every
+    /// accepted client).
     pub(crate) ns_tokens: Vec<Vec<String>>,
+    /// Per namespace id, the tokens that may only read it (missing ids: none).
+    pub(crate) ns_read_tokens: Vec<Vec<String>>,
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
     pub(crate) cluster: Arc<Membership>,
@@ -74,8 +77,10 @@ impl AuthDenied {
 /// The namespaces one connection may use, decided by the token it authenticated with.
 #[derive(Clone, Debug)]
 pub(crate) struct Access {
-    /// Per namespace id.
+    /// Per namespace id: may read it.
     allowed: Vec<bool>,
+    /// Per namespace id: may also write it (put, remove, pin, ...).
+    writable: Vec<bool>,
 }
 
 impl Access {
@@ -85,9 +90,16 @@ impl Access {
         self.allowed.get(ns as usize).copied().unwrap_or(true)
     }
 
+    /// May this connection change namespace `ns` (not only read it)? As [`Access::allows`]
+    /// for an id the pool does not have.
+    pub(crate) fn writes(&self, ns: u32) -> bool {
+        self.writable.get(ns as usize).copied().unwrap_or(true)
+    }
+
     /// Every namespace: the connection proved the cluster secret.
     pub(crate) fn grant_all(&mut self) {
         self.allowed.iter_mut().for_each(|a| *a = true);
+        self.writable.iter_mut().for_each(|a| *a = true);
     }
 }
 
@@ -147,23 +159,34 @@ impl Shared {
         use kvpool::protocol::auth::{digests_equal, token_digest};
         let presented = token_digest(token.as_bytes());
         let matches = |t: &String| digests_equal(&presented, &token_digest(t.as_bytes()));
+        let any = |ts: &[String]| ts.iter().fold(false, |any, t| any | matches(t));
         let admin = !self.token.is_empty() & matches(&self.token);
-        let per_ns: Vec<bool> = self
+        let none = Vec::new();
+        let read_tokens = |i: usize| self.ns_read_tokens.get(i).unwrap_or(&none);
+        // Per namespace: (open to everyone, a write token matched, a read token matched).
+        let per_ns: Vec<(bool, bool, bool)> = self
             .ns_tokens
             .iter()
-            .map(|ts| ts.iter().fold(false, |any, t| any | matches(t)))
+            .enumerate()
+            .map(|(i, ts)| {
+                let rs = read_tokens(i);
+                (ts.is_empty() && rs.is_empty(), any(ts), any(rs))
+            })
             .collect();
-        let ns_token = per_ns.iter().fold(false, |any, &m| any | m);
+        let ns_token = per_ns.iter().fold(false, |acc, &(_, w, r)| acc | w | r);
         if !(self.token.is_empty() || admin || ns_token) {
             return None;
         }
-        let allowed = self
-            .ns_tokens
-            .iter()
-            .zip(&per_ns)
-            .map(|(ts, &m)| ts.is_empty() || admin || m)
-            .collect();
-        Some(Access { allowed })
+        Some(Access {
+            allowed: per_ns
+                .iter()
+                .map(|&(open, w, r)| open || admin || w || r)
+                .collect(),
+            writable: per_ns
+                .iter()
+                .map(|&(open, w, _)| open || admin || w)
+                .collect(),
+        })
     }
 
     /// [`Shared::authenticate`] for a peer presenting a token (a `Hello`, a RESP `AUTH`), with
@@ -497,6 +520,7 @@ mod tests {
             limits,
             token: "node-token".into(),
             ns_tokens: vec![Vec::new(), vec!["team-token".into()]],
+            ns_read_tokens: vec![Vec::new(), vec!["team-reader".into()]],
             started: Instant::now(),
             cluster,
             cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32]).unwrap(),
@@ -533,6 +557,23 @@ mod tests {
             ErrorCode::from(&NamespaceError::Unknown("nope".into())),
             ErrorCode::UnknownNamespace
         );
+    }
+
+    #[test]
+    fn a_read_token_reads_its_namespace_and_writes_nothing_of_it() {
+        let s = shared();
+        let reader = s.authenticate("team-reader").unwrap();
+        assert_eq!(s.namespace(&reader, "team"), Ok(1));
+        assert!(reader.allows(1) && !reader.writes(1));
+        // The open namespace stays open to it.
+        assert!(reader.allows(0) && reader.writes(0));
+        let team = s.authenticate("team-token").unwrap();
+        assert!(team.writes(1));
+        let node = s.authenticate("node-token").unwrap();
+        assert!(node.writes(1));
+        let mut peer = reader.clone();
+        peer.grant_all();
+        assert!(peer.writes(1));
     }
 
     #[test]

@@ -230,7 +230,9 @@ pub enum Op {
     /// then exit. Reply: `Done` once draining has started. Only on a connection that passed
     /// `ClusterAuth`.
     Drain,
-    /// Segment files and layouts for a same-host mapping (Unix socket only). Reply: `MapInfo`.
+    /// The segments a same-host client may map (Unix socket only): those holding only
+    /// namespaces the connection's token admits to. Reply: `MapInfo`, with a descriptor of each
+    /// segment riding on it (see [`SegmentMap`]).
     MapInfo,
     /// Asked of a key's owner before a copy from its previous owner is used: may a copy of
     /// each key on another node be served? Reply: `Statuses`, per key `Ok` (this node has
@@ -420,7 +422,7 @@ pub enum Reply {
     /// Segments to map, of the daemon's current incarnation.
     MapInfo {
         /// The daemon's incarnation: every address the mapping may serve carries it, and so
-        /// does the incarnation word of every segment file listed.
+        /// does the incarnation word of every segment listed.
         incarnation: u64,
         /// The segments.
         segments: Vec<SegmentMap>,
@@ -526,15 +528,18 @@ pub struct Replication {
     pub pinned_replicas: u32,
 }
 
-/// A segment a same-host client may map.
+/// A segment a same-host client may map. Its file is not named: the node passes an open
+/// descriptor of it with the `MapInfo` reply (one per segment, in order, as `SCM_RIGHTS` on the
+/// reply's first byte), opened read-write or read-only as `writable` says.
 #[derive(Clone, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
 pub struct SegmentMap {
     /// Segment number.
     pub id: u32,
-    /// File to map.
-    pub path: String,
     /// Length of the whole mapping.
     pub total_len: u64,
+    /// The descriptor is open for writing: the connection may write every namespace the
+    /// segment holds. Otherwise it is read-only and so must the mapping be.
+    pub writable: bool,
 }
 
 impl From<&ArchivedGlobalAddrAlias> for GlobalAddr {

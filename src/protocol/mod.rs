@@ -28,7 +28,7 @@ pub use message::*;
 pub use rkyv::util::AlignedVec;
 
 /// Protocol version spoken by this build; the handshake refuses any other.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The request id of an `Event` (sent unasked on a connection that watches keys); never the
 /// id of a request.

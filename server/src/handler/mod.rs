@@ -61,8 +61,11 @@ const RECEIVE_PIECE: usize = 256 << 10;
 /// while the connection is idle between requests.
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
-    transport: Transport,
-    peer_ip: Option<std::net::IpAddr>,
+    (transport, peer_ip, unix_fd): (
+        Transport,
+        Option<std::net::IpAddr>,
+        Option<std::os::fd::RawFd>,
+    ),
     r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
@@ -81,6 +84,7 @@ pub(crate) async fn serve<R, W>(
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
         peer_ip,
+        unix_fd,
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         stamp: 0,
@@ -207,6 +211,8 @@ struct Conn<'a, R, W> {
     access: Option<Access>,
     /// The peer's address (wrong tokens are counted per address); None over the Unix socket.
     peer_ip: Option<std::net::IpAddr>,
+    /// The Unix socket the connection is on (owned by `r` and `w`), for passing descriptors.
+    unix_fd: Option<std::os::fd::RawFd>,
     /// Proved the cluster secret (`ClusterAuth`): a cluster peer, may gossip and drain.
     peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.
@@ -534,8 +540,14 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             ));
         }
         let ns = op_namespace(op)?;
-        if !self.access.as_ref().is_some_and(|a| a.allows(ns)) {
+        let Some(access) = self.access.as_ref().filter(|a| a.allows(ns)) else {
             return Some((ErrorCode::Unauthorized, "not authorised for this namespace"));
+        };
+        if changes_namespace(op) && !access.writes(ns) {
+            return Some((
+                ErrorCode::Unauthorized,
+                "this token may only read this namespace",
+            ));
         }
         None
     }
@@ -694,6 +706,22 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         | ArchivedOp::Gossip { .. }
         | ArchivedOp::Drain => OpKind::Admin,
     }
+}
+
+/// Whether an operation changes its namespace (a read-only token may not send it).
+fn changes_namespace(op: &ArchivedOp) -> bool {
+    matches!(
+        op,
+        ArchivedOp::Put { .. }
+            | ArchivedOp::BatchPut { .. }
+            | ArchivedOp::Alloc { .. }
+            | ArchivedOp::Remove { .. }
+            | ArchivedOp::Clear { .. }
+            | ArchivedOp::Pin { .. }
+            | ArchivedOp::Expire { .. }
+            | ArchivedOp::Fail { .. }
+            | ArchivedOp::Cancel { .. }
+    )
 }
 
 /// The namespace an operation names, for authorisation.

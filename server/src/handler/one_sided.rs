@@ -1,7 +1,7 @@
 //! The one-sided family: access by address. `Alloc` reserves memory for values, `Write` fills
 //! it, `Commit` makes it visible (or `Abort` gives it back), `Read` reads an object's bytes, and
-//! `MapInfo` offers the segment files to a same-host client, which then reads and writes them
-//! directly.
+//! `MapInfo` hands a same-host client descriptors of the segments its token admits to, which
+//! it then reads (and, where it may write, writes) directly.
 
 use std::io;
 
@@ -150,8 +150,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         Ok(true)
     }
 
+    /// Offers the segments this connection may map, each as a descriptor passed with the reply
+    /// (never a path): a namespace's own segment when its token admits to the namespace, the
+    /// common segments when it admits to every namespace kept there; read-write only where it
+    /// may write every namespace the segment holds, read-only otherwise.
     pub(super) async fn map_info(&mut self, id: u64) -> Next {
-        if self.transport != Transport::Unix {
+        let (Transport::Unix, Some(sock)) = (self.transport, self.unix_fd) else {
             self.fail(
                 id,
                 ErrorCode::NotLocal,
@@ -159,23 +163,83 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             )
             .await?;
             return Ok(true);
-        }
+        };
         let pool = &*self.s.pool;
-        let maps = pool
-            .segments()
-            .filter_map(|s| {
-                Some(SegmentMap {
-                    id: s.layout().id,
-                    path: s.path()?.to_string_lossy().into_owned(),
-                    total_len: s.layout().total_len(),
-                })
-            })
-            .collect();
+        let Some(access) = self.access.as_ref() else {
+            return Ok(false);
+        };
+        let common = pool.common_namespaces();
+        let (common_read, common_write) = common.fold((true, true), |(r, w), ns| {
+            (r && access.allows(ns), w && access.writes(ns))
+        });
+        let mut maps = Vec::new();
+        let mut files = Vec::new();
+        for seg in pool.segments() {
+            let id = seg.layout().id;
+            let (read, write) = match pool.segment_owner(id) {
+                Some(ns) => (access.allows(ns), access.writes(ns)),
+                None => (common_read, common_write),
+            };
+            let Some(path) = seg.path().filter(|_| read) else {
+                continue;
+            };
+            if files.len() == kvpool::fdpass::MAX_FDS {
+                tracing::debug!("more segments than one message passes: the rest go unmapped");
+                break;
+            }
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path);
+            match file {
+                Ok(f) => {
+                    files.push(f);
+                    maps.push(SegmentMap {
+                        id,
+                        total_len: seg.layout().total_len(),
+                        writable: write,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot open a segment file to pass")
+                }
+            }
+        }
         let reply = Reply::MapInfo {
             incarnation: pool.incarnation(),
             segments: maps,
         };
-        self.reply(id, reply, &[]).await?;
+        let hdr = kvpool::protocol::encode(&kvpool::protocol::Response { id, reply });
+        let prefix = kvpool::protocol::FramePrefix {
+            header_len: hdr.len() as u32,
+            payload_len: 0,
+        };
+        let mut frame = prefix.encode().to_vec();
+        frame.extend_from_slice(&hdr);
+        // Whatever went before goes first, so the descriptors ride on this reply's first byte.
+        use tokio::io::AsyncWriteExt;
+        self.w.flush().await?;
+        let fds: Vec<std::os::fd::RawFd> = {
+            use std::os::fd::AsRawFd;
+            files.iter().map(|f| f.as_raw_fd()).collect()
+        };
+        let deadline = tokio::time::Instant::now() + self.s.conn.write;
+        let sent = loop {
+            match kvpool::fdpass::send_with_fds(sock, &frame, &fds) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        self.w.write_all(&frame[sent..]).await?;
         Ok(true)
     }
 

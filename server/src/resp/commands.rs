@@ -96,6 +96,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             Some(Session {
                 ns,
                 ns_name: kvpool::pool::DEFAULT_NAMESPACE.to_string(),
+                writes: access.writes(ns),
                 weights: s
                     .namespace(&access, kvpool::weights::DEFAULT_NAMESPACE)
                     .ok(),
@@ -188,6 +189,14 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             );
             return Ok(Next::Continue);
         }
+        let changes = matches!(cmd, C::Set | C::Mset | C::Del | C::Unlink | C::Flushdb);
+        if changes && !self.writes() {
+            encode::error(
+                &mut self.out,
+                "NOPERM kvpool: this token may only read this namespace",
+            );
+            return Ok(Next::Continue);
+        }
         match cmd {
             C::Ping if n == 2 => encode::bulk(&mut self.out, a.get(1)),
             C::Ping => encode::simple(&mut self.out, "PONG"),
@@ -254,6 +263,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         self.session = Some(Session {
             ns,
             ns_name: ns_name.to_string(),
+            writes: access.writes(ns),
             weights: self
                 .s
                 .namespace(&access, kvpool::weights::DEFAULT_NAMESPACE)
@@ -264,6 +274,11 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
 
     fn ns(&self) -> u32 {
         self.session.as_ref().map_or(0, |s| s.ns)
+    }
+
+    /// The session's token may change its namespace.
+    pub(crate) fn writes(&self) -> bool {
+        self.session.as_ref().is_some_and(|s| s.writes)
     }
 
     /// The `weights` namespace's id when the connection's token admits to it (the weights

@@ -314,7 +314,8 @@ impl Input {
             .arg(cmd, 0)
             .is_some_and(|n| n.eq_ignore_ascii_case(b"SET"));
         let streams = is_set && pb.index == 2 && pb.args == 3 && pb.len >= STREAM_AT;
-        if !streams || !conn.authenticated() {
+        if !streams || !conn.authenticated() || !conn.writes() {
+            // (A read-only session's SET is refused once parsed.)
             return None;
         }
         let key = self.parser.arg(cmd, 1).unwrap_or_default().to_vec();
@@ -388,6 +389,8 @@ impl Input {
 pub(crate) struct Session {
     pub(crate) ns: u32,
     pub(crate) ns_name: String,
+    /// The token may change the namespace (not only read it: `read_tokens`).
+    pub(crate) writes: bool,
     /// The `weights` namespace's id, when the token admits to it (the weights view).
     pub(crate) weights: Option<u32>,
 }
