@@ -204,13 +204,7 @@ impl Segment {
                 (map, None, pages)
             }
             Backing::File(dir) => {
-                // Reachable by name for other users (the daemon's socket may live here), not
-                // listable; the segment files themselves are the owner's alone.
-                std::os::unix::fs::DirBuilderExt::mode(
-                    std::fs::DirBuilder::new().recursive(true),
-                    0o711,
-                )
-                .create(dir)?;
+                create_dir(dir)?;
                 let path = dir.join(segment_file_name(spec.node, spec.id));
                 // A stale file from an earlier run is replaced, never reused: its version words
                 // would validate addresses of objects that no longer exist. It is retired first,
@@ -439,6 +433,17 @@ pub fn incarnation_word(map: &MmapRaw) -> Option<&AtomicU64> {
 /// Retires a segment file a dead daemon left behind: if it is a kvpool segment, zeroes its
 /// incarnation word so that clients still mapping it stop reading it. Best effort: a file that
 /// can't be opened or is not a segment is left to be replaced.
+/// Creates `dir` (and its parents) if missing, mode 0711: reachable by name for other users
+/// (the daemon's socket may live there), not listable; the files in it are the owner's alone.
+/// An existing directory is left as it is.
+pub fn create_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(dir)
+}
+
 /// Retires and removes node `node`'s segment files in `dir` numbered `count` and up: what an
 /// earlier life with more segments (or other namespaces with segments of their own) left and
 /// this one does not replace. Returns how many went.
@@ -446,15 +451,17 @@ pub fn remove_beyond(dir: &Path, node: NodeId, count: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    let prefix = format!("segment-{}-", node.0);
     let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name();
+        let name = name.to_str().unwrap_or_default();
+        // Segment ids are the file name's last number; the whole name must be what
+        // `segment_file_name` gives for it.
         let id = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|n| n.strip_suffix(".kvp"))
-            .and_then(|n| n.parse::<u32>().ok());
+            .rsplit(['-', '.'])
+            .nth(1)
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&id| segment_file_name(node, id) == name);
         if id.is_some_and(|id| id >= count) {
             retire_file(&e.path());
             removed += std::fs::remove_file(e.path()).is_ok() as usize;

@@ -183,58 +183,37 @@ async fn tenant_b_cannot_reach_tenant_a_by_any_door() {
 }
 
 /// One request over a raw Unix connection, and its reply with the descriptors riding on it.
-fn unix_call(
-    s: &mut std::os::unix::net::UnixStream,
+async fn unix_call(
+    s: &mut tokio::net::UnixStream,
     id: u64,
     op: kvpool::protocol::Op,
 ) -> (kvpool::protocol::Reply, Vec<std::os::fd::OwnedFd>) {
-    use kvpool::protocol::{
-        decode_response_owned, encode, AlignedVec, FramePrefix, Limits, Priority, Request,
-    };
     use std::os::fd::AsRawFd;
-    let hdr = encode(&Request {
-        id,
-        view: 0,
-        priority: Priority::Normal as u8,
-        deadline_us: 0,
-        op,
-    });
-    let p = FramePrefix {
-        header_len: hdr.len() as u32,
-        payload_len: 0,
-    };
-    s.write_all(&p.encode()).unwrap();
-    s.write_all(&hdr).unwrap();
+    common::raw::send(s, id, op, &[]).await;
     let fds = loop {
         if let Some(fds) = kvpool::fdpass::peek_fds(s.as_raw_fd()).unwrap() {
             break fds;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(1)).await;
     };
-    let mut prefix = [0u8; 16];
-    s.read_exact(&mut prefix).unwrap();
-    let p = FramePrefix::parse(&prefix, &Limits::default()).unwrap();
-    assert_eq!(p.payload_len, 0);
-    let mut hdr = AlignedVec::<16>::new();
-    hdr.resize(p.header_len as usize, 0);
-    s.read_exact(&mut hdr).unwrap();
-    (decode_response_owned(&hdr).unwrap().reply, fds)
+    let r = common::raw::recv(s).await.expect("a reply");
+    (r.reply, fds)
 }
 
 /// What a process holding `token` gets when it asks the node's Unix socket for its segments,
 /// bypassing the client: (segment id, writable, the file behind the descriptor).
-fn segments_handed_to(n: &Node, token: &str) -> Vec<(u32, bool, std::fs::File)> {
+async fn segments_handed_to(n: &Node, token: &str) -> Vec<(u32, bool, std::fs::File)> {
     use kvpool::protocol::{Op, Reply, PROTOCOL_VERSION};
-    let mut s = std::os::unix::net::UnixStream::connect(&n.unix).unwrap();
+    let mut s = tokio::net::UnixStream::connect(&n.unix).await.unwrap();
     let hello = Op::Hello {
         version: PROTOCOL_VERSION,
         token: token.into(),
         client: "prober".into(),
     };
-    let (r, fds) = unix_call(&mut s, 1, hello);
+    let (r, fds) = unix_call(&mut s, 1, hello).await;
     assert!(matches!(r, Reply::Hello(_)), "{r:?}");
     assert!(fds.is_empty());
-    let (r, fds) = unix_call(&mut s, 2, Op::MapInfo);
+    let (r, fds) = unix_call(&mut s, 2, Op::MapInfo).await;
     let Reply::MapInfo { segments, .. } = r else {
         panic!("{r:?}")
     };
@@ -287,7 +266,7 @@ async fn a_same_host_process_is_handed_its_own_segments_only() {
     b.put(b"mine", &b_value).await.unwrap();
 
     // B, bypassing its client, gets the common segments and its own, written into freely...
-    let to_b = segments_handed_to(&n, "token-b");
+    let to_b = segments_handed_to(&n, "token-b").await;
     assert_eq!(to_b.len(), 2, "the common segment and B's own");
     assert!(to_b.iter().all(|(_, w, _)| *w));
     assert!(holds(&to_b, &b_value[..256]));
@@ -298,12 +277,12 @@ async fn a_same_host_process_is_handed_its_own_segments_only() {
     );
     // Any other token (the node has no node token, so it is admitted to the open namespaces)
     // gets the common segment only.
-    let to_other = segments_handed_to(&n, "token-c");
+    let to_other = segments_handed_to(&n, "token-c").await;
     assert_eq!(to_other.len(), 1);
     assert!(!holds(&to_other, &secret[..256]) && !holds(&to_other, &b_value[..256]));
 
     // A's reader gets A's segment read-only: its descriptor cannot write, nor be mapped to.
-    let to_reader = segments_handed_to(&n, "reader-a");
+    let to_reader = segments_handed_to(&n, "reader-a").await;
     let mine: Vec<_> = to_reader.iter().filter(|(_, w, _)| !*w).collect();
     assert_eq!(mine.len(), 1, "A's own segment, read-only");
     assert!(holds(&to_reader, &secret[..256]));

@@ -289,12 +289,7 @@ impl Conn {
             // The reply is a local daemon's answer to a request it serves at once.
             tokio::time::sleep(Duration::from_micros(200)).await;
         };
-        let (reply, len) = self.recv(id).await?;
-        if len != 0 {
-            self.skip(len).await?;
-            return Err(ClientError::Protocol("unexpected payload".into()));
-        }
-        Ok((reply, fds))
+        Ok((self.recv_simple(id).await?, fds))
     }
 
     /// A call whose reply carries no payload.
@@ -303,7 +298,14 @@ impl Conn {
         op: Op,
         payload: &[&[u8]],
     ) -> Result<Reply, ClientError> {
-        let (reply, len) = self.call(op, payload).await?;
+        let id = self.send(op, payload).await?;
+        self.flush().await?;
+        self.recv_simple(id).await
+    }
+
+    /// Receives the response to request `id`, which must carry no payload.
+    async fn recv_simple(&mut self, id: u64) -> Result<Reply, ClientError> {
+        let (reply, len) = self.recv(id).await?;
         if len != 0 {
             self.skip(len).await?;
             return Err(ClientError::Protocol("unexpected payload".into()));

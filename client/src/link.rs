@@ -144,18 +144,8 @@ impl Link {
             let uds = Endpoint::Unix(hello.uds_path.clone().into());
             // Same host: control goes over the Unix socket, data through the mapping.
             if let Ok((mut c, h)) = Conn::open(&uds, cfg, (None, false)).await {
-                if let Ok((
-                    Reply::MapInfo {
-                        incarnation,
-                        segments,
-                    },
-                    fds,
-                )) = c.call_with_fds(Op::MapInfo, cfg.timeout).await
-                {
-                    match offered(segments, fds)
-                        .and_then(|maps| LocalMap::open(h.node, incarnation, maps))
-                        .and_then(|m| same_incarnation(m, h.incarnation))
-                    {
+                if let Ok((reply, fds)) = c.call_with_fds(Op::MapInfo, cfg.timeout).await {
+                    match map_offered(reply, fds, &h) {
                         Ok(m) => {
                             local = Some(m);
                             endpoint = uds;
@@ -213,17 +203,7 @@ impl Link {
             return Ok(());
         }
         let mapped = match conn.call_with_fds(Op::MapInfo, REMAP_WITHIN).await {
-            Ok((
-                Reply::MapInfo {
-                    incarnation,
-                    segments,
-                },
-                fds,
-            )) => offered(segments, fds)
-                .and_then(|maps| LocalMap::open(hello.node, incarnation, maps))
-                .and_then(|m| same_incarnation(m, hello.incarnation))
-                .map_err(|e| e.to_string()),
-            Ok((r, _)) => Err(format!("unexpected reply {r:?}")),
+            Ok((reply, fds)) => map_offered(reply, fds, hello).map_err(|e| e.to_string()),
             Err(e) if e.keeps_connection() => Err(e.to_string()),
             Err(e) => {
                 // The new connection broke: the next one does all this again.
@@ -1328,37 +1308,43 @@ fn off_runtime<T>(bytes: u64, copy: impl FnOnce() -> T) -> T {
 /// How long a remap after a restart waits for the node's `MapInfo` reply.
 const REMAP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The segments a `MapInfo` reply offered, each with the descriptor that came with it. None
-/// offered (the token admits to no segment whose namespaces are all its own) is an error: the
-/// link then has no mapping and goes through the socket.
-fn offered(
-    segments: Vec<kvpool::protocol::SegmentMap>,
+/// Maps the segments a `MapInfo` reply offered, each with the descriptor that came with it,
+/// when they are of the incarnation the handshake `hello` named. None offered (the token admits
+/// to no segment whose namespaces are all its own) is an error: the link then has no mapping
+/// and goes through the socket.
+fn map_offered(
+    reply: Reply,
     fds: Vec<std::os::fd::OwnedFd>,
-) -> std::io::Result<Vec<(kvpool::protocol::SegmentMap, std::os::fd::OwnedFd)>> {
+    hello: &HelloInfo,
+) -> std::io::Result<LocalMap> {
+    let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+    let Reply::MapInfo {
+        incarnation,
+        segments,
+    } = reply
+    else {
+        return Err(invalid(format!("unexpected reply {reply:?}")));
+    };
     if segments.len() != fds.len() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "{} segments offered with {} descriptors",
-                segments.len(),
-                fds.len()
-            ),
-        ));
+        return Err(invalid(format!(
+            "{} segments offered with {} descriptors",
+            segments.len(),
+            fds.len()
+        )));
     }
     if segments.is_empty() {
         return Err(std::io::Error::other(
             "the node offers no segment to this token",
         ));
     }
-    Ok(segments.into_iter().zip(fds).collect())
-}
-
-/// A mapping, when it is of the incarnation the handshake named.
-fn same_incarnation(m: LocalMap, incarnation: u64) -> std::io::Result<LocalMap> {
-    if m.incarnation() != incarnation {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "MapInfo names another incarnation than the handshake",
+    let m = LocalMap::open(
+        hello.node,
+        incarnation,
+        segments.into_iter().zip(fds).collect(),
+    )?;
+    if m.incarnation() != hello.incarnation {
+        return Err(invalid(
+            "MapInfo names another incarnation than the handshake".into(),
         ));
     }
     Ok(m)

@@ -162,11 +162,15 @@ impl LocalMap {
     /// True when `addr` is in memory this process has mapped (of any incarnation: an access
     /// then says whether the incarnation is right).
     pub(crate) fn covers(&self, addr: &GlobalAddr) -> bool {
-        addr.node.0 == self.node
-            && self
-                .segments
-                .get(addr.segment as usize)
-                .is_some_and(|s| s.is_some())
+        self.mapped(addr).is_some()
+    }
+
+    /// The mapping of `addr`'s segment, when this process has one.
+    fn mapped(&self, addr: &GlobalAddr) -> Option<&Mapped> {
+        if addr.node.0 != self.node {
+            return None;
+        }
+        self.segments.get(addr.segment as usize)?.as_ref()
     }
 
     /// Copies `dst.len()` bytes at `offset` of the committed object at `addr`. With `current`,
@@ -302,11 +306,7 @@ impl LocalMap {
     /// True when `addr` is in a segment this process mapped read-write (see
     /// [`LocalMap::covers`]).
     pub(crate) fn covers_writable(&self, addr: &GlobalAddr) -> bool {
-        addr.node.0 == self.node
-            && self
-                .segments
-                .get(addr.segment as usize)
-                .is_some_and(|s| s.as_ref().is_some_and(|m| m.writable))
+        self.mapped(addr).is_some_and(|m| m.writable)
     }
 
     /// Copies `src` to `offset` inside the pending allocation at `addr`. `NotWritable` for a

@@ -86,8 +86,7 @@ impl Daemon {
         let data_dir = config.data_dir();
         // Other users may reach the socket by its name (`listen.unix_mode`), never list the
         // directory; every file in it is the daemon user's alone (0600).
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o711)
-            .create(&data_dir)
+        kvpool::segment::create_dir(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let policy = (config.wire_limits()?, conn_policy(&config)?);
         let max_connections = connection_cap(&config);

@@ -120,10 +120,9 @@ pub struct Pool {
     /// Allocations cancelled lately, for a clear error to their late commits.
     cancelled: Mutex<RecentCancels>,
     namespaces: Vec<Namespace>,
-    /// Per namespace, the segments it allocates from: the common ones, or its own.
+    /// Per namespace, the segments it allocates from: the common ones (which start at 0), or
+    /// its own.
     ns_segments: Vec<std::ops::Range<usize>>,
-    /// Per segment, the namespace whose own it is (None: a common segment).
-    owners: Vec<Option<u32>>,
     next_generation: AtomicU64,
     segment_cursor: AtomicUsize,
     evict_cursor: AtomicUsize,
@@ -184,19 +183,23 @@ fn plan_segments(cfg: &PoolConfig, ns: &[NamespaceConfig]) -> Result<SegmentPlan
         .segment_size
         .checked_mul(u64::from(cfg.segments))
         .ok_or("the pool's memory overflows")?;
+    // (data bytes, namespace) of each own segment, in namespace order.
     let mut own = Vec::new();
-    for n in ns.iter().filter(|n| n.own_segment) {
+    for (id, n) in ns.iter().enumerate().filter(|(_, n)| n.own_segment) {
         let quota = n.quota_bytes.ok_or_else(|| {
             format!(
                 "namespace {:?} asks for a segment of its own but has no quota to size it",
                 n.name
             )
         })?;
-        own.push(quota.div_ceil(page).saturating_mul(page).max(page));
+        own.push((
+            quota.div_ceil(page).saturating_mul(page).max(page),
+            id as u32,
+        ));
     }
     let taken = own
         .iter()
-        .try_fold(0u64, |a, &b| a.checked_add(b))
+        .try_fold(0u64, |a, &(b, _)| a.checked_add(b))
         .unwrap_or(u64::MAX);
     let common = total.saturating_sub(taken) / u64::from(cfg.segments);
     if common < page {
@@ -205,18 +208,17 @@ fn plan_segments(cfg: &PoolConfig, ns: &[NamespaceConfig]) -> Result<SegmentPlan
              {total} bytes for the common segments: lower their quotas or add memory"
         ));
     }
-    let mut segments: Vec<(u64, Option<u32>)> = (0..cfg.segments).map(|_| (common, None)).collect();
-    let mut ns_segments = Vec::with_capacity(ns.len());
-    let mut sizes = own.into_iter();
-    for (id, n) in ns.iter().enumerate() {
-        if n.own_segment {
-            let size = sizes.next().expect("one size per own segment");
-            ns_segments.push(segments.len()..segments.len() + 1);
-            segments.push((size, Some(id as u32)));
-        } else {
-            ns_segments.push(0..cfg.segments as usize);
-        }
-    }
+    let commons = cfg.segments as usize;
+    let segments: Vec<(u64, Option<u32>)> = (0..commons)
+        .map(|_| (common, None))
+        .chain(own.iter().map(|&(size, n)| (size, Some(n))))
+        .collect();
+    let ns_segments = (0..ns.len())
+        .map(|i| match own.iter().position(|&(_, n)| n as usize == i) {
+            Some(k) => commons + k..commons + k + 1,
+            None => 0..commons,
+        })
+        .collect();
     if segments.len() > u16::MAX as usize {
         return Err(format!("{} segments are more than 65535", segments.len()));
     }
@@ -350,7 +352,6 @@ impl Pool {
             cancelled: Mutex::default(),
             namespaces,
             ns_segments: layout.ns_segments,
-            owners: layout.segments.iter().map(|&(_, o)| o).collect(),
             // Generations start at a point drawn with the incarnation (below 2^40, leaving 2^62
             // for this life), so even the version words of a dead daemon's segment file would
             // not recognise this life's generations.
@@ -428,7 +429,10 @@ impl Pool {
 
     /// The namespace whose own segment `segment` is; None for a common segment (or none).
     pub fn segment_owner(&self, segment: u32) -> Option<u32> {
-        self.owners.get(segment as usize).copied().flatten()
+        self.ns_segments
+            .iter()
+            .position(|r| r.start != 0 && r.contains(&(segment as usize)))
+            .map(|ns| ns as u32)
     }
 
     /// The namespaces that keep their objects in the common segments.

@@ -7,17 +7,16 @@ use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, FramePrefix, Limits, Op, Reply, Request, Response,
     PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Sends a request's prefix and header announcing `payload_len` bytes, and none of them.
-pub async fn send_head(s: &mut TcpStream, id: u64, op: Op, payload_len: u64) {
+pub async fn send_head(s: &mut (impl AsyncWrite + Unpin), id: u64, op: Op, payload_len: u64) {
     send_head_in_view(s, (id, 0), op, payload_len).await;
 }
 
 /// [`send_head`] of a request routed by view stamp `view`.
 pub async fn send_head_in_view(
-    s: &mut TcpStream,
+    s: &mut (impl AsyncWrite + Unpin),
     (id, view): (u64, u64),
     op: Op,
     payload_len: u64,
@@ -38,14 +37,14 @@ pub async fn send_head_in_view(
 }
 
 /// Sends a whole request: prefix, header and `payload`.
-pub async fn send(s: &mut TcpStream, id: u64, op: Op, payload: &[u8]) {
+pub async fn send(s: &mut (impl AsyncWrite + Unpin), id: u64, op: Op, payload: &[u8]) {
     send_head(s, id, op, payload.len() as u64).await;
     s.write_all(payload).await.unwrap();
 }
 
 /// Reads one response, skipping its payload a piece at a time; None when the node closed the
 /// connection. Panics when no reply starts within 10 s.
-pub async fn recv(s: &mut TcpStream) -> Option<Response> {
+pub async fn recv(s: &mut (impl AsyncRead + Unpin)) -> Option<Response> {
     let mut prefix = [0u8; 16];
     tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut prefix))
         .await
@@ -66,7 +65,7 @@ pub async fn recv(s: &mut TcpStream) -> Option<Response> {
 }
 
 /// Greets the node as client `client` (no token) and checks it answered `Hello`.
-pub async fn hello(s: &mut TcpStream, client: &str) {
+pub async fn hello(s: &mut (impl AsyncRead + AsyncWrite + Unpin), client: &str) {
     let op = Op::Hello {
         version: PROTOCOL_VERSION,
         token: String::new(),

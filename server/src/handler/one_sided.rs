@@ -4,15 +4,18 @@
 //! it then reads (and, where it may write, writes) directly.
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 
-use kvpool::protocol::io::discard;
+use kvpool::protocol::io::{discard, write_frame};
 use kvpool::protocol::{AllocItem, AllocResult, CommitItem, ErrorCode, Reply, SegmentMap};
 use kvpool::{GlobalAddr, Millis, PoolError};
 use rkyv::Archived;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{payload_failure, Conn, Next};
 use crate::metrics::Transport;
+use crate::service::Access;
 
 /// Largest one-sided read buffer a connection keeps between reads (larger reads allocate
 /// their own): a weights chunk of the default size fits.
@@ -151,11 +154,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     }
 
     /// Offers the segments this connection may map, each as a descriptor passed with the reply
-    /// (never a path): a namespace's own segment when its token admits to the namespace, the
-    /// common segments when it admits to every namespace kept there; read-write only where it
-    /// may write every namespace the segment holds, read-only otherwise.
+    /// (never a path); see [`segments_to_offer`].
     pub(super) async fn map_info(&mut self, id: u64) -> Next {
-        let (Transport::Unix, Some(sock)) = (self.transport, self.unix_fd) else {
+        let (Transport::Unix, Some(sock), Some(access)) =
+            (self.transport, self.unix_fd, self.access.as_ref())
+        else {
             self.fail(
                 id,
                 ErrorCode::NotLocal,
@@ -164,67 +167,17 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .await?;
             return Ok(true);
         };
-        let pool = &*self.s.pool;
-        let Some(access) = self.access.as_ref() else {
-            return Ok(false);
-        };
-        let common = pool.common_namespaces();
-        let (common_read, common_write) = common.fold((true, true), |(r, w), ns| {
-            (r && access.allows(ns), w && access.writes(ns))
-        });
-        let mut maps = Vec::new();
-        let mut files = Vec::new();
-        for seg in pool.segments() {
-            let id = seg.layout().id;
-            let (read, write) = match pool.segment_owner(id) {
-                Some(ns) => (access.allows(ns), access.writes(ns)),
-                None => (common_read, common_write),
-            };
-            let Some(path) = seg.path().filter(|_| read) else {
-                continue;
-            };
-            if files.len() == kvpool::fdpass::MAX_FDS {
-                tracing::debug!("more segments than one message passes: the rest go unmapped");
-                break;
-            }
-            use std::os::unix::fs::OpenOptionsExt;
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(write)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(path);
-            match file {
-                Ok(f) => {
-                    files.push(f);
-                    maps.push(SegmentMap {
-                        id,
-                        total_len: seg.layout().total_len(),
-                        writable: write,
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot open a segment file to pass")
-                }
-            }
-        }
+        let (maps, files) = segments_to_offer(&self.s.pool, access);
         let reply = Reply::MapInfo {
-            incarnation: pool.incarnation(),
+            incarnation: self.s.pool.incarnation(),
             segments: maps,
         };
+        let mut frame = Vec::new();
         let hdr = kvpool::protocol::encode(&kvpool::protocol::Response { id, reply });
-        let prefix = kvpool::protocol::FramePrefix {
-            header_len: hdr.len() as u32,
-            payload_len: 0,
-        };
-        let mut frame = prefix.encode().to_vec();
-        frame.extend_from_slice(&hdr);
+        write_frame(&mut frame, &hdr, &[]).await?;
         // Whatever went before goes first, so the descriptors ride on this reply's first byte.
-        use tokio::io::AsyncWriteExt;
         self.w.flush().await?;
-        let fds: Vec<std::os::fd::RawFd> = {
-            use std::os::fd::AsRawFd;
-            files.iter().map(|f| f.as_raw_fd()).collect()
-        };
+        let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let deadline = tokio::time::Instant::now() + self.s.conn.write;
         let sent = loop {
             match kvpool::fdpass::send_with_fds(sock, &frame, &fds) {
@@ -278,4 +231,52 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 
 fn code_of(r: Result<(), PoolError>) -> u16 {
     r.err().map_or(0, |e| ErrorCode::from(e) as u16)
+}
+
+/// The segments `access` may map and a descriptor of each: a namespace's own segment when the
+/// token admits to the namespace, the common segments when it admits to every namespace kept
+/// there; read-write only where it may write every namespace the segment holds, read-only
+/// otherwise. At most [`kvpool::fdpass::MAX_FDS`].
+fn segments_to_offer(
+    pool: &kvpool::Pool,
+    access: &Access,
+) -> (Vec<SegmentMap>, Vec<std::fs::File>) {
+    let (common_read, common_write) = pool.common_namespaces().fold((true, true), |(r, w), ns| {
+        (r && access.allows(ns), w && access.writes(ns))
+    });
+    let mut maps = Vec::new();
+    let mut files = Vec::new();
+    for seg in pool.segments() {
+        let id = seg.layout().id;
+        let (read, write) = match pool.segment_owner(id) {
+            Some(ns) => (access.allows(ns), access.writes(ns)),
+            None => (common_read, common_write),
+        };
+        let Some(path) = seg.path().filter(|_| read) else {
+            continue;
+        };
+        if files.len() == kvpool::fdpass::MAX_FDS {
+            tracing::debug!("more segments than one message passes: the rest go unmapped");
+            break;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path);
+        match file {
+            Ok(f) => {
+                files.push(f);
+                maps.push(SegmentMap {
+                    id,
+                    total_len: seg.layout().total_len(),
+                    writable: write,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot open a segment file to pass")
+            }
+        }
+    }
+    (maps, files)
 }
