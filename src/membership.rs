@@ -123,6 +123,13 @@ impl Membership {
         self.history.continuous(key, generation, replicas)
     }
 
+    /// The node that took `key` over directly from this node, when this node's object of it
+    /// allocated at `generation` was the owner's copy up to then (see
+    /// [`crate::placement::history::History::handed_to`]).
+    pub fn handed_to(&self, key: &[u8], generation: u64) -> Option<crate::NodeId> {
+        self.history.handed_to(key, generation)
+    }
+
     /// Merges a peer's view (gossip), refuting any record of this node in it that is at least
     /// as new as its own and differs. `mark`: the pool's generation mark now. With etcd
     /// membership, gossip is answered, not merged.

@@ -511,6 +511,10 @@ impl Eviction for Density {
             .min()
     }
 
+    fn worth(&self, h: Handle) -> u64 {
+        self.meta.get(h as usize).map_or(0, |m| m.last)
+    }
+
     fn len(&self) -> usize {
         self.members.len()
     }

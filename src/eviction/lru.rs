@@ -67,6 +67,10 @@ impl Eviction for Lru {
         self.order.front().map(|h| self.stamp[h as usize])
     }
 
+    fn worth(&self, h: Handle) -> u64 {
+        self.stamp.get(h as usize).copied().unwrap_or(0)
+    }
+
     fn len(&self) -> usize {
         self.order.len()
     }

@@ -97,6 +97,10 @@ pub trait Eviction: Send + fmt::Debug {
     /// its namespace's order (S3-FIFO: from the FIFO the namespace is not evicting from) carries
     /// [`OUT_OF_TURN`], so that every candidate in turn goes first.
     fn peek_stamp(&self) -> Option<u64>;
+    /// How much the policy would rather keep `h` than the other objects it holds, as a number
+    /// that only orders them (higher: kept longer; recency first). What the cluster's mover
+    /// goes by to hand the hottest objects to their new owners first.
+    fn worth(&self, h: Handle) -> u64;
     /// Objects held.
     fn len(&self) -> usize;
     /// True when no object is held.

@@ -100,6 +100,10 @@ impl Eviction for PrefixAware {
         self.lru.peek_stamp()
     }
 
+    fn worth(&self, h: Handle) -> u64 {
+        self.lru.worth(h)
+    }
+
     fn len(&self) -> usize {
         self.lru.len()
     }

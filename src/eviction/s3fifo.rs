@@ -426,6 +426,16 @@ impl Eviction for S3Fifo {
         Some(if in_turn { stamp } else { stamp | OUT_OF_TURN })
     }
 
+    /// Objects that proved their reuse (in the main queue, or read again in the small one)
+    /// above the rest, each by its last stamp.
+    fn worth(&self, h: Handle) -> u64 {
+        let i = h as usize;
+        let stamp = self.stamp.get(i).copied().unwrap_or(0);
+        let reused =
+            self.links.list_of(h) == Some(MAIN) || self.freq.get(i).is_some_and(|&f| f > 0);
+        stamp | (u64::from(reused) << 62)
+    }
+
     fn len(&self) -> usize {
         self.small.len() + self.main.len()
     }

@@ -46,6 +46,8 @@ struct Adopted {
     serving: ClusterView,
     /// The hypothetical view of the transition into this view (see the module docs).
     between: ClusterView,
+    /// The view itself, whole (the records a handover is judged by).
+    whole: ClusterView,
 }
 
 /// The views this node adopted, and the floor below which every object is suspect.
@@ -81,6 +83,7 @@ impl History {
             mark,
             serving,
             between,
+            whole: view.clone(),
         });
         if self.views.len() > HISTORY {
             self.views.pop_front();
@@ -114,6 +117,62 @@ impl History {
         };
         owns(&self.views[first].serving)
             && self.views.iter().skip(first + 1).all(|a| owns(&a.between))
+    }
+
+    /// The node that took `key` over directly from this node, when this node's object of it,
+    /// allocated at `generation`, was the owner's copy up to the handover: what the mover may
+    /// hand an unpinned object to after a drain or a join (one owner per key). `None` unless
+    /// all of this holds:
+    ///
+    /// - the object was continuous (see [`History::continuous`], one replica) from its
+    ///   allocation up to the transition `j` in which this node stopped owning the key;
+    /// - across that transition nobody but this node and the new owner `o` can have owned the
+    ///   key: in its hypothetical view, with this node added as serving, the two highest
+    ///   ranked for the key are this node and `o`, and one of the two kept the same serving
+    ///   record on both sides of it (this node during a join, `o` during this node's drain), so
+    ///   in every view in between one of them served and owned the key;
+    /// - `o` owned the key in every transition since, and owns it now.
+    ///
+    /// Then the writes of the key acknowledged anywhere are this object's and, after it, only
+    /// `o`'s: `o` refuses the copy when it has acknowledged one (it does not vouch for it).
+    pub fn handed_to(&self, key: &[u8], generation: u64) -> Option<NodeId> {
+        if generation < self.floor {
+            return None;
+        }
+        let first = self
+            .views
+            .partition_point(|a| a.mark <= generation)
+            .checked_sub(1)?;
+        let mine = |v: &ClusterView| v.owner(key) == Some(self.me);
+        if !mine(&self.views[first].serving) {
+            return None;
+        }
+        let j = (first + 1..self.views.len()).find(|&i| !mine(&self.views[i].between))?;
+        let (prev, lost) = (&self.views[j - 1].whole, &self.views[j]);
+        let o = lost.serving.owner(key)?;
+        let me_before = prev
+            .node(self.me)
+            .filter(|n| n.state == NodeState::Serving)?;
+        let mut across = lost.between.clone();
+        if across.node(self.me).is_none() {
+            across.nodes.push(me_before.clone());
+        }
+        let mut top = across.owners(key, 2);
+        top.sort();
+        let mut want = vec![self.me, o];
+        want.sort();
+        let steady = |id: NodeId| {
+            prev.node(id)
+                .is_some_and(|n| n.state == NodeState::Serving && lost.whole.node(id) == Some(n))
+        };
+        let kept = (top == want && (steady(self.me) || steady(o)))
+            && self
+                .views
+                .iter()
+                .skip(j + 1)
+                .all(|a| a.between.owner(key) == Some(o))
+            && self.views.back()?.serving.owner(key) == Some(o);
+        kept.then_some(o)
     }
 
     /// The hypothetical view of the transition `prev` → `next`: every node serving in either,
@@ -353,5 +412,127 @@ mod tests {
         h.adopt(&view(&[(0, Serving, 3)]), 6);
         assert!(!h.continuous(b"k", 1, 1));
         assert!(h.continuous(b"k", 6, 1));
+    }
+
+    /// Keys among `0..n` with their owner in `v`.
+    fn keys_of(v: &ClusterView, owner: u32) -> Vec<Vec<u8>> {
+        (0..600u32)
+            .map(|i| i.to_le_bytes().to_vec())
+            .filter(|k| v.owner(k) == Some(NodeId(owner)))
+            .collect()
+    }
+
+    #[test]
+    fn a_drain_hands_each_key_to_its_new_owner() {
+        let before = view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 1)]);
+        let after = view(&[
+            (0, NodeState::Draining, 2),
+            (1, Serving, 1),
+            (2, Serving, 1),
+        ]);
+        let mut h = History::new(NodeId(0));
+        h.adopt(&before, 1);
+        h.adopt(&after, 10);
+        let mine = keys_of(&before, 0);
+        assert!(!mine.is_empty());
+        for k in &mine {
+            assert_eq!(h.handed_to(k, 5), after.owner(k), "to the key's owner now");
+            // Written after the handover (a peer's copy here, say): not this node's to give.
+            assert_eq!(h.handed_to(k, 10), None);
+        }
+        // Keys this node never owned are not handed anywhere.
+        for k in keys_of(&before, 1) {
+            assert_eq!(h.handed_to(&k, 5), None);
+        }
+        // A later view that leaves the key with its new owner keeps the handover valid; one in
+        // which another node may have owned it in between does not.
+        let mut later = History::new(NodeId(0));
+        later.adopt(&before, 1);
+        later.adopt(&after, 10);
+        later.adopt(
+            &view(&[
+                (0, NodeState::Draining, 2),
+                (1, Serving, 1),
+                (2, Serving, 1),
+                (3, Joining, 1),
+            ]),
+            11,
+        );
+        assert!(mine.iter().all(|k| later.handed_to(k, 5) == after.owner(k)));
+        later.adopt(
+            &view(&[
+                (0, NodeState::Draining, 2),
+                (1, Serving, 1),
+                (2, Serving, 1),
+                (3, Serving, 2),
+            ]),
+            12,
+        );
+        let now = view(&[(1, Serving, 1), (2, Serving, 1), (3, Serving, 2)]);
+        for k in &mine {
+            let expect = (now.owner(k) == after.owner(k)).then(|| now.owner(k).unwrap());
+            assert_eq!(later.handed_to(k, 5), expect);
+        }
+    }
+
+    #[test]
+    fn a_join_hands_the_joiner_its_keys() {
+        let keys = keys_moving(0, 2, &[0, 1, 2]);
+        assert!(!keys.is_empty());
+        let mut h = History::new(NodeId(0));
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1)]), 1);
+        h.adopt(
+            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Joining, 1)]),
+            10,
+        );
+        assert!(
+            keys.iter().all(|k| h.handed_to(k, 5).is_none()),
+            "2 not serving yet"
+        );
+        h.adopt(
+            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 2)]),
+            11,
+        );
+        assert!(keys.iter().all(|k| h.handed_to(k, 5) == Some(NodeId(2))));
+        // Ownership that went away and came back: the copy is older than node 2's time.
+        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 2)]), 12);
+        assert!(keys.iter().all(|k| h.handed_to(k, 5).is_none()));
+    }
+
+    #[test]
+    fn no_handover_when_a_third_node_may_have_owned_the_key_in_between() {
+        // Node 0 drains while node 3 joins, both seen in one step: in a view between them
+        // neither served, and node 1 or 2 may have taken writes of 0's keys.
+        let before = view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 1)]);
+        let after = view(&[
+            (0, NodeState::Draining, 2),
+            (1, Serving, 1),
+            (2, Serving, 1),
+            (3, Serving, 2),
+        ]);
+        let mut h = History::new(NodeId(0));
+        h.adopt(&before, 1);
+        h.adopt(&after, 10);
+        let to_3: Vec<_> = keys_of(&before, 0)
+            .into_iter()
+            .filter(|k| after.owner(k) == Some(NodeId(3)))
+            .collect();
+        assert!(!to_3.is_empty());
+        assert!(to_3.iter().all(|k| h.handed_to(k, 5).is_none()));
+        // Fenced: nothing held before is this node's to give.
+        let mut f = History::new(NodeId(0));
+        f.adopt(&before, 1);
+        f.adopt(
+            &view(&[
+                (0, NodeState::Draining, 2),
+                (1, Serving, 1),
+                (2, Serving, 1),
+            ]),
+            10,
+        );
+        f.fence(11);
+        assert!(keys_of(&before, 0)
+            .iter()
+            .all(|k| f.handed_to(k, 5).is_none()));
     }
 }

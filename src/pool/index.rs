@@ -191,6 +191,20 @@ impl NsIndex {
             .map(|s| self.keys.get(s.key))
     }
 
+    /// Visits every unpinned object: its key, entry and worth to the eviction policy (see
+    /// [`crate::eviction::Eviction::worth`]).
+    pub(crate) fn unpinned(&self, visit: &mut dyn FnMut(&[u8], &Entry, u64)) {
+        for (h, s) in self.slots.iter().enumerate() {
+            if !s.entry.pinned && !s.key.is_none() {
+                visit(
+                    self.keys.get(s.key),
+                    &s.entry,
+                    self.policy.worth(h as Handle),
+                );
+            }
+        }
+    }
+
     /// Visits the keys of slots `from..from + budget` (freed slots have empty keys and are
     /// skipped); returns how many slots it looked at and the slot to continue from, None once
     /// past the last. A slot keeps its

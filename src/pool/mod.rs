@@ -99,6 +99,19 @@ pub fn default_dir(node: NodeId) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/dev/shm/kvpool-{}", node.0))
 }
 
+/// An unpinned object as [`Pool::unpinned_objects`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unpinned {
+    /// Its key.
+    pub key: Vec<u8>,
+    /// The generation of its allocation.
+    pub generation: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Its eviction policy's [`crate::eviction::Eviction::worth`] (higher: hotter).
+    pub worth: u64,
+}
+
 /// A committed object as found by a lookup: where it is and its checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Located {
@@ -694,6 +707,18 @@ impl Pool {
         checksum_given: u64,
         hashed: u64,
     ) -> Result<(), PoolError> {
+        self.commit_prehashed_if(addr, checksum_given, hashed, None)
+            .map(|_| ())
+    }
+
+    /// [`Pool::commit_prehashed`] under [`Pool::commit_if`]'s condition on the key's presence.
+    pub fn commit_prehashed_if(
+        &self,
+        addr: &GlobalAddr,
+        checksum_given: u64,
+        hashed: u64,
+        present: Option<bool>,
+    ) -> Result<bool, PoolError> {
         let (near, _) = self.seal(addr)?;
         if hashed != checksum_given {
             self.drop_sealed(addr);
@@ -701,8 +726,15 @@ impl Pool {
         }
         let mut shard = lock(&self.shards[near]);
         let p = self.take_sealed(addr)?;
+        if let Some(want) = present {
+            if shard.ns[p.ns as usize].contains(&p.key) != want {
+                drop(shard);
+                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+                return Ok(false);
+            }
+        }
         self.publish(&mut shard, p, addr, checksum_given);
-        Ok(())
+        Ok(true)
     }
 
     /// Seals a pending allocation for its commit: no write may open in it from now on, and
@@ -1170,6 +1202,34 @@ impl Pool {
                     .map(<[u8]>::to_vec),
             );
         }
+        Ok(out)
+    }
+
+    /// The unpinned objects of namespace `ns` whose key `pick` accepts, hottest first (by their
+    /// eviction policy's [`crate::eviction::Eviction::worth`]): a snapshot, one shard locked at
+    /// a time, for handing objects to their new owners when the cluster changes. `pick` runs
+    /// under a shard's lock: it must be cheap.
+    pub fn unpinned_objects(
+        &self,
+        ns: u32,
+        mut pick: impl FnMut(&[u8]) -> bool,
+    ) -> Result<Vec<Unpinned>, PoolError> {
+        self.ns(ns)?;
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            lock(shard).ns[ns as usize].unpinned(&mut |key, e, worth| {
+                if pick(key) {
+                    out.push(Unpinned {
+                        key: key.to_vec(),
+                        generation: e.generation,
+                        len: e.len,
+                        worth,
+                    });
+                }
+            });
+        }
+        // Ticks are pool-wide, so worths compare across shards.
+        out.sort_by_key(|u| std::cmp::Reverse(u.worth));
         Ok(out)
     }
 

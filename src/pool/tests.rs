@@ -654,3 +654,48 @@ fn shards_of_one_namespace_evict_as_one_policy() {
         );
     }
 }
+
+#[test]
+fn unpinned_objects_come_hottest_first_without_the_pinned() {
+    for policy in PolicyKind::ALL {
+        let c = PoolConfig {
+            namespaces: vec![NamespaceConfig {
+                eviction: policy,
+                ..NamespaceConfig::unlimited(DEFAULT_NAMESPACE)
+            }],
+            ..cfg(4 << 20)
+        };
+        let p = Pool::new(&c, [1; 16]).unwrap();
+        p.put(0, b"pinned", &value(0, 100), true, 0).unwrap();
+        for i in 0..8u32 {
+            p.put(0, &i.to_le_bytes(), &value(i, 100 + i as usize), false, 0)
+                .unwrap();
+        }
+        // Keys 5 and 2 read again, 2 last: the two hottest.
+        for _ in 0..2 {
+            p.get(0, &5u32.to_le_bytes(), 0).unwrap();
+            p.get(0, &2u32.to_le_bytes(), 0).unwrap();
+        }
+        let all = p.unpinned_objects(0, |_| true).unwrap();
+        assert_eq!(
+            all.len(),
+            8,
+            "{policy}: every unpinned object, no pinned one"
+        );
+        let first: BTreeSetOf = all[..2].iter().map(|u| u.key.clone()).collect();
+        let want: BTreeSetOf = [2u32, 5].iter().map(|i| i.to_le_bytes().to_vec()).collect();
+        assert_eq!(first, want, "{policy}: the objects read again come first");
+        for u in &all {
+            let i = u32::from_le_bytes(u.key[..4].try_into().unwrap());
+            assert_eq!(u.len, 100 + u64::from(i));
+            assert_eq!(
+                Some((u.generation, false)),
+                p.provenance(0, &u.key).unwrap()
+            );
+        }
+        let picked = p.unpinned_objects(0, |k| k[0] % 2 == 0).unwrap();
+        assert_eq!(picked.len(), 4, "{policy}: only what pick accepts");
+    }
+}
+
+type BTreeSetOf = std::collections::BTreeSet<Vec<u8>>;
