@@ -15,6 +15,9 @@ use kvpool_client::{Client, ErrorCode, SameHost};
 use tokio::io::AsyncWriteExt;
 
 const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
+/// For the tests of what a read may take from a key's previous owner: nodes that keep their
+/// copies when the view changes instead of handing them over (tests/elastic.rs).
+const NO_HANDOVER: &[&str] = &["--handover", "false"];
 
 /// Starts node `id` with `memory`, joining through `seed` (none for the first node, which
 /// generates the cluster secret the others are given).
@@ -257,9 +260,9 @@ async fn a_node_killed_under_load_turns_its_keys_into_misses_never_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_node_takes_a_share_of_new_writes_and_old_keys_stay_reachable() {
-    let n0 = start(0, "64MiB", None, &[]);
-    let _n1 = start(1, "64MiB", Some(&n0), &[]);
-    let _n2 = start(2, "64MiB", Some(&n0), &[]);
+    let n0 = start(0, "64MiB", None, NO_HANDOVER);
+    let _n1 = start(1, "64MiB", Some(&n0), NO_HANDOVER);
+    let _n2 = start(2, "64MiB", Some(&n0), NO_HANDOVER);
     let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Auto))
         .await
         .unwrap();
@@ -267,7 +270,7 @@ async fn a_joining_node_takes_a_share_of_new_writes_and_old_keys_stay_reachable(
     assert_eq!(fill(&c, 0..3_000).await, 3_000);
     let before = check(&c, 0..3_000).await as f64 / 3_000.0;
 
-    let _n3 = start(3, "64MiB", Some(&n0), &[]);
+    let _n3 = start(3, "64MiB", Some(&n0), NO_HANDOVER);
     wait_view(&c, "4 serving", |v| serving(v) == 4).await;
     assert_eq!(fill(&c, 10_000..14_000).await, 4_000);
     let share = c.node_stats(3).await.unwrap().objects as f64 / 4_000.0;
@@ -541,8 +544,8 @@ async fn put_retrying(c: &Client, key: &[u8], value: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_previous_owner_never_shadows_a_write_acknowledged_after_the_owner_came_back() {
-    let n0 = start(0, "64MiB", None, &[]);
-    let mut n1 = start(1, "8MiB", Some(&n0), &[]);
+    let n0 = start(0, "64MiB", None, NO_HANDOVER);
+    let mut n1 = start(1, "8MiB", Some(&n0), NO_HANDOVER);
     let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
         .await
         .unwrap();
@@ -569,7 +572,7 @@ async fn a_previous_owner_never_shadows_a_write_acknowledged_after_the_owner_cam
     // It comes back (a fresh process): version 2 is written to it and acknowledged, by this
     // client (whose previous view has node 0 as the owner), and the other keys are removed
     // on node 1 (only there, as a client routing with another view might).
-    let n1b = start(1, "8MiB", Some(&n0), &[]);
+    let n1b = start(1, "8MiB", Some(&n0), NO_HANDOVER);
     wait_view(&c, "node 1 back", |v| serving(v) == 2).await;
     for (i, k) in rewritten.iter().enumerate() {
         put_retrying(&c, k, &value(100 + i as u64, 1024)).await;
@@ -692,8 +695,8 @@ async fn newest_or_miss(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_never_serves_its_copy_from_before_a_joined_node_took_the_key_and_left() {
-    let n0 = start(0, "64MiB", None, &[]);
-    let _n1 = start(1, "64MiB", Some(&n0), &[]);
+    let n0 = start(0, "64MiB", None, NO_HANDOVER);
+    let _n1 = start(1, "64MiB", Some(&n0), NO_HANDOVER);
     let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
         .await
         .unwrap();
@@ -705,7 +708,7 @@ async fn an_owner_never_serves_its_copy_from_before_a_joined_node_took_the_key_a
     put_all(&c, &keys, |i| i as u64).await;
 
     // Node 2 joins and takes a share; version 1 of those keys is written to it only.
-    let mut n2 = start(2, "64MiB", Some(&n0), &[]);
+    let mut n2 = start(2, "64MiB", Some(&n0), NO_HANDOVER);
     wait_view(&c, "3 serving", |v| serving(v) == 3).await;
     let view = c.routing_view();
     let (moved, stayed): (Vec<_>, Vec<_>) =
@@ -745,6 +748,8 @@ fn start_slow_down(id: u32, seed: Option<&Node>, down_after_ms: &str) -> Node {
         "100",
         "--down-after-ms",
         down_after_ms,
+        "--handover",
+        "false",
     ];
     let (peer, secret);
     if let Some(s) = seed {
@@ -813,8 +818,8 @@ fn signal(node: &Node, signal: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_and_marked_down_never_serves_its_old_copy_when_it_comes_back() {
-    let n0 = start(0, "64MiB", None, &[]);
-    let n1 = start(1, "64MiB", Some(&n0), &[]);
+    let n0 = start(0, "64MiB", None, NO_HANDOVER);
+    let n1 = start(1, "64MiB", Some(&n0), NO_HANDOVER);
     let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
         .await
         .unwrap();

@@ -26,6 +26,7 @@ use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
 use crate::bulk::{Bulk, CLUSTER_NS};
+use crate::handover::{handover_pass, Budget, HandoverPass};
 use crate::peer::{Peer, PeerAuth, PeerError};
 use crate::written::Written;
 
@@ -137,6 +138,13 @@ impl Membership {
         self.read().continuous(key, generation, replicas)
     }
 
+    /// The node that took `key` over directly from this node, when this node's unpinned
+    /// object of it allocated at `generation` was the owner's copy up to then: where the mover
+    /// may hand it (see [`kvpool::placement::history::History::handed_to`]).
+    pub(crate) fn handed_to(&self, key: &[u8], generation: u64) -> Option<NodeId> {
+        self.read().handed_to(key, generation)
+    }
+
     /// The others marked this node down (or, with etcd, its lease expired): what they did
     /// meanwhile is unknown here, so no object held now is served as an owner's copy.
     pub(crate) fn fence(&self) {
@@ -164,6 +172,18 @@ impl Membership {
     /// here (see [`crate::written`]).
     pub(crate) fn vouches(&self, ns: u32, key: &[u8], replicas: usize) -> bool {
         self.written.vouches(ns, key, NodeId(self.me), replicas)
+    }
+
+    /// Runs `f`, the commit of a cluster peer's copy of `key`, only while no write or remove
+    /// of the key acknowledged here can be newer than the copy (see [`Written::if_vouched`]).
+    pub(crate) fn if_vouched<T>(
+        &self,
+        (ns, key): (u32, &[u8]),
+        replicas: usize,
+        f: impl FnOnce() -> T,
+    ) -> Option<T> {
+        self.written
+            .if_vouched((ns, key), NodeId(self.me), replicas, f)
     }
 
     /// Where the view comes from.
@@ -596,26 +616,7 @@ impl Copy<'_> {
             let Some(obj) = obj else {
                 continue; // removed meanwhile
             };
-            let put = Op::Put {
-                ns: self.ns,
-                key: self.keys[i].clone(),
-                checksum: obj.checksum(),
-                pin: true,
-            };
-            let len = obj.bytes().len() as u64;
-            let mut turn = self
-                .bulk
-                .admit(CLUSTER_NS, Priority::Background, len, None)
-                .ok();
-            let payload = [obj.bytes()];
-            let call = p.call(put, &payload);
-            let sent = match turn.as_mut() {
-                Some(t) => {
-                    let grant = t.chunk(len).await;
-                    crate::bulk::under(grant, self.bulk.hold(), call).await
-                }
-                None => call.await,
-            };
+            let sent = send_copy(self.bulk, p, 0, (self.ns, &self.keys[i], true), &obj).await;
             match sent {
                 Ok(Reply::Done) => {
                     confirmed[i] += 1;
@@ -625,6 +626,34 @@ impl Copy<'_> {
                 Ok(_) | Err(_) => failed[i] = true,
             }
         }
+    }
+}
+
+/// Sends `obj` to peer `p` as its copy of `key` (`Put`, stamped with `view`, 0 for none), in
+/// its turn among this node's bulk transfers at background priority.
+pub(crate) async fn send_copy(
+    bulk: &Bulk,
+    p: &mut Peer,
+    view: u64,
+    (ns, key, pin): (u32, &[u8], bool),
+    obj: &kvpool::pool::ObjectRef<'_>,
+) -> Result<Reply, PeerError> {
+    let put = Op::Put {
+        ns,
+        key: key.to_vec(),
+        checksum: obj.checksum(),
+        pin,
+    };
+    let len = obj.bytes().len() as u64;
+    let mut turn = bulk.admit(CLUSTER_NS, Priority::Background, len, None).ok();
+    let payload = [obj.bytes()];
+    let call = p.call_in_view(view, put, &payload);
+    match turn.as_mut() {
+        Some(t) => {
+            let grant = t.chunk(len).await;
+            crate::bulk::under(grant, bulk.hold(), call).await
+        }
+        None => call.await,
     }
 }
 
@@ -638,8 +667,12 @@ pub(crate) struct Mover {
     pub(crate) creds: PeerAuth,
     pub(crate) timing: Timing,
     pub(crate) started: Instant,
-    /// Longest a drain waits for pinned objects to find a new home.
+    /// Longest a drain waits for pinned objects to find a new home (and unpinned ones are
+    /// handed over).
     pub(crate) drain_timeout: Duration,
+    /// Unpinned objects handed to their new owners on a change (`[cluster] handover`), and
+    /// what a pass may send; None: off.
+    pub(crate) handover: Option<Budget>,
 }
 
 impl Mover {
@@ -655,6 +688,36 @@ impl Mover {
             self.started,
         )
         .await
+    }
+
+    /// One handover pass (unpinned objects), stopping at `until`; nothing when off.
+    async fn hand_over(&self, until: Option<Instant>) -> HandoverPass {
+        let Some(budget) = &self.handover else {
+            return HandoverPass::default();
+        };
+        let budget = Budget {
+            timeout: self.timing.heartbeat * 4,
+            until,
+            ..budget.clone()
+        };
+        let out = handover_pass(
+            &self.pool,
+            &self.m,
+            (&self.creds, &self.bulk),
+            &budget,
+            self.started,
+        )
+        .await;
+        if !out.is_empty() {
+            tracing::info!(
+                handed = out.handed,
+                bytes = out.bytes,
+                dropped = out.dropped,
+                kept = out.kept,
+                "handed unpinned objects to their new owners"
+            );
+        }
+        out
     }
 }
 
@@ -690,8 +753,10 @@ pub(crate) async fn mover(mv: Mover, mut stop: watch::Receiver<bool>) {
                 "moved pinned objects"
             );
         }
-        // Until every pinned object here is where it belongs, a pass every few seconds.
-        pending = pass.stranded > 0 || pass.short > 0;
+        let handed = mv.hand_over(None).await;
+        // Until every pinned object here is where it belongs (and every unpinned one that can
+        // be handed over is), a pass every few seconds.
+        pending = pass.stranded > 0 || pass.short > 0 || handed.kept > 0;
     }
 }
 
@@ -716,6 +781,20 @@ async fn drain_and_leave(mv: &Mover) {
                 stranded = pass.stranded,
                 "drain timeout: leaving with pinned objects that found no home"
             );
+            break;
+        }
+        tokio::time::sleep(mv.timing.heartbeat).await;
+    }
+    // Then the unpinned objects, hottest first, until the deadline: what is left is lost.
+    loop {
+        let handed = mv.hand_over(Some(deadline)).await;
+        if handed.kept == 0 || Instant::now() >= deadline {
+            if handed.kept > 0 {
+                tracing::warn!(
+                    kept = handed.kept,
+                    "drain timeout: leaving with unpinned objects not handed over"
+                );
+            }
             break;
         }
         tokio::time::sleep(mv.timing.heartbeat).await;

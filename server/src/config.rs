@@ -66,6 +66,13 @@ pub struct ClusterConfig {
     pub drain_timeout_ms: u64,
     /// Drain before exiting on SIGTERM when other nodes are serving. Default true.
     pub drain_on_shutdown: bool,
+    /// Hand unpinned objects (KV blocks) to their new owners when this node drains or another
+    /// joins, hottest first, as background bulk traffic (docs/CLUSTER.md, "Elastic"). Only
+    /// namespaces with one replica take part. Default true.
+    pub handover: bool,
+    /// Most bytes one handover pass sends (`"8GiB"` or a number; 0: no limit). Default 0.
+    #[serde(deserialize_with = "de_size")]
+    pub handover_max_bytes: u64,
     /// File holding the cluster secret, which every node of the cluster shares and clients
     /// never see: cluster control (gossip, drain, moving objects) needs it. Default none: the
     /// node uses `<data_dir>/cluster.secret`, generating it (mode 0600) when absent and the
@@ -85,6 +92,8 @@ impl Default for ClusterConfig {
             down_after_ms: 2_000,
             drain_timeout_ms: 60_000,
             drain_on_shutdown: true,
+            handover: true,
+            handover_max_bytes: 0,
             secret_file: None,
         }
     }
@@ -735,6 +744,7 @@ mod tests {
             [cluster]
             peers = ["127.0.0.1:9100", "127.0.0.1:9200"]
             heartbeat_ms = 100
+            handover_max_bytes = "1GiB"
             "#,
         )
         .unwrap();
@@ -742,6 +752,14 @@ mod tests {
         assert_eq!(c.cluster.peers.len(), 2);
         assert_eq!(c.cluster.heartbeat_ms, 100);
         assert_eq!(c.cluster.down_after_ms, 2_000, "the default");
+        assert!(c.cluster.handover, "the default");
+        assert_eq!(c.cluster.handover_max_bytes, 1 << 30);
+        assert!(
+            !Config::from_toml("[cluster]\nhandover = false")
+                .unwrap()
+                .cluster
+                .handover
+        );
         let ns = [("default".to_string(), 0), ("tenant-a".to_string(), 1)];
         assert_eq!(c.replication(&ns), vec![(1, 2), (1, 3)]);
         assert_eq!(c.namespaces[0].quota, Some(64 << 20));

@@ -122,7 +122,18 @@ impl Daemon {
             &shutdown,
         ));
         let mover = (creds.clone(), timing.clone(), cluster_drain_timeout);
-        tasks.push(start_mover(&shared, mover, &shutdown));
+        let handover = config.cluster.handover.then(|| crate::handover::Budget {
+            replicas: shared
+                .hello
+                .replication
+                .iter()
+                .map(|r| r.replicas)
+                .collect(),
+            max_bytes: config.cluster.handover_max_bytes,
+            timeout: timing.heartbeat * 4,
+            until: None,
+        });
+        tasks.push(start_mover(&shared, mover, handover, &shutdown));
         tasks.push(start_reaper(pool.clone(), shared.started, &shutdown));
         tasks.push(start_lease_reaper(shared.clone(), &shutdown));
         Ok(Daemon {
@@ -610,11 +621,13 @@ fn join_cluster(
     }
 }
 
-/// Moves pinned objects to their owners when the view changes or this node drains (within
-/// `drain_timeout`), proving itself to them with `creds`.
+/// Moves pinned objects to their owners, and hands unpinned ones over (`handover`), when the
+/// view changes or this node drains (within `drain_timeout`), proving itself to them with
+/// `creds`.
 fn start_mover(
     shared: &Shared,
     (creds, timing, drain_timeout): (PeerAuth, Timing, Duration),
+    handover: Option<crate::handover::Budget>,
     shutdown: &watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let pinned = shared.hello.replication.iter();
@@ -629,6 +642,7 @@ fn start_mover(
         timing,
         started: shared.started,
         drain_timeout,
+        handover,
     };
     tokio::spawn(cluster::mover(mover, shutdown.clone()))
 }

@@ -13,6 +13,7 @@
 //!   wire protocol (authenticate a token, put, get, exists, remove), for every front door;
 //! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
+//! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
 //!   served over them;
 //! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over a
@@ -34,6 +35,7 @@ mod etcd_gateway;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod handler;
+mod handover;
 mod http;
 mod listeners;
 pub mod metrics;

@@ -70,11 +70,30 @@ impl Written {
         g.keys.remove(&fp);
     }
 
+    /// Runs `f` (a commit of a peer's copy of `key`) only if this node vouches for that copy
+    /// ([`Written::vouches`]), under the lock that every [`Written::note`] takes: a write or
+    /// remove of the key noted before is seen and refuses the copy, and one noted after comes
+    /// after the copy's commit and replaces or removes it. None when refused.
+    pub(crate) fn if_vouched<T>(
+        &self,
+        (ns, key): (u32, &[u8]),
+        me: NodeId,
+        replicas: usize,
+        f: impl FnOnce() -> T,
+    ) -> Option<T> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Self::vouched(&g, ns, key, me, replicas).then(f)
+    }
+
     /// True when a copy of `key` on another node can't shadow a write acknowledged here: no
     /// write or remove of it since the horizon, and `me` was not among its first `replicas`
     /// owners at the horizon.
     pub(crate) fn vouches(&self, ns: u32, key: &[u8], me: NodeId, replicas: usize) -> bool {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Self::vouched(&g, ns, key, me, replicas)
+    }
+
+    fn vouched(g: &Inner, ns: u32, key: &[u8], me: NodeId, replicas: usize) -> bool {
         if g.keys.contains(&fingerprint(ns, key)) {
             return false;
         }
@@ -129,5 +148,18 @@ mod tests {
         assert!(theirs.iter().all(|k| w.vouches(0, k, me, 1)));
         // With two replicas this node owned every key of a two-node view.
         assert!(theirs.iter().all(|k| !w.vouches(0, k, me, 2)));
+    }
+
+    #[test]
+    fn a_peer_copy_commits_only_while_vouched_for() {
+        let w = Written::default();
+        let me = NodeId(1);
+        assert_eq!(w.if_vouched((0, b"k"), me, 1, || 7), Some(7));
+        w.note(0, b"k", || view(&[0, 1]));
+        let mut ran = false;
+        assert_eq!(w.if_vouched((0, b"k"), me, 1, || ran = true), None);
+        assert!(!ran, "refused without running the commit");
+        w.forget(0, b"k");
+        assert_eq!(w.if_vouched((0, b"k"), me, 1, || 8), Some(8));
     }
 }

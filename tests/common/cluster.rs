@@ -57,19 +57,7 @@ pub async fn wait_view(
 /// Drains node `id` of `nodes` (ids are their index) through node 0, as the cluster's admin
 /// (its secret), and waits (at most 30 s) for its process to exit.
 pub async fn drain(nodes: &mut [Node], id: u32) {
-    let secret = std::fs::read(nodes[0].secret_file()).unwrap();
-    let admin = Client::connect(
-        &nodes[0].tcp_url(),
-        ClientConfig {
-            cluster_secret: Some(
-                kvpool::protocol::auth::ClusterSecret::from_file_contents(&secret).unwrap(),
-            ),
-            ..cfg(SameHost::Off)
-        },
-    )
-    .await
-    .unwrap();
-    admin.drain_node(id).await.unwrap();
+    admin(&nodes[0]).await.drain_node(id).await.unwrap();
     let mut child = nodes[id as usize].child.take().unwrap();
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {
@@ -79,6 +67,18 @@ pub async fn drain(nodes: &mut [Node], id: u32) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A client of `node` holding the cluster's secret: an operator's tool, or (for its puts) a
+/// cluster peer.
+pub async fn admin(node: &Node) -> Client {
+    let secret = std::fs::read(node.secret_file()).unwrap();
+    let secret = kvpool::protocol::auth::ClusterSecret::from_file_contents(&secret).unwrap();
+    let c = ClientConfig {
+        cluster_secret: Some(secret),
+        ..cfg(SameHost::Off)
+    };
+    Client::connect(&node.tcp_url(), c).await.unwrap()
 }
 
 pub fn serving(v: &ClusterView) -> usize {

@@ -235,8 +235,29 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked.
-        Ok(pool
-            .commit_prehashed(&addr, item.checksum, hashed)
-            .map_err(Into::into))
+        if !(self.peer && !pin) {
+            return Ok(pool
+                .commit_prehashed(&addr, item.checksum, hashed)
+                .map_err(Into::into));
+        }
+        // A peer's copy of an unpinned object (the mover handing over a key this node now
+        // owns): taken only while no write or remove acknowledged here can be newer, and never
+        // over an object this node holds, so an older copy never replaces a newer value.
+        let replicas = self
+            .s
+            .replication(ns)
+            .map_or(1, |r| r.replicas.max(1) as usize);
+        let commit = || pool.commit_prehashed_if(&addr, item.checksum, hashed, Some(false));
+        Ok(
+            match self.s.cluster.if_vouched((ns, item.key), replicas, commit) {
+                Some(Ok(true)) => Ok(()),
+                Some(Ok(false)) => Err(ErrorCode::Superseded),
+                Some(Err(e)) => Err(e.into()),
+                None => {
+                    let _ = pool.abort(&addr);
+                    Err(ErrorCode::Superseded)
+                }
+            },
+        )
     }
 }
