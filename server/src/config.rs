@@ -70,7 +70,8 @@ pub struct ClusterConfig {
     /// joins, hottest first, as background bulk traffic (docs/CLUSTER.md, "Elastic"). Only
     /// namespaces with one replica take part. Default true.
     pub handover: bool,
-    /// Most bytes one handover pass sends (`"8GiB"` or a number; 0: no limit). Default 0.
+    /// Most bytes one handover pass sends (`"8GiB"` or a number; 0: no limit); the colder rest
+    /// follows in later passes (one every 5 s; every heartbeat in a drain). Default 0.
     #[serde(deserialize_with = "de_size")]
     pub handover_max_bytes: u64,
     /// File holding the cluster secret, which every node of the cluster shares and clients
