@@ -15,6 +15,7 @@
 //! it when the owner could not be reached, for the next pass. Pinned objects are the mover's
 //! ([`crate::cluster::move_pass`]).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -102,14 +103,14 @@ pub(crate) async fn handover_pass(
             by_owner.entry(to).or_default().push(o);
         }
         for (to, objects) in by_owner {
-            if !peers.contains_key(&to) {
+            if let Entry::Vacant(e) = peers.entry(to) {
                 let p = match view.node(to) {
                     Some(n) => Peer::connect(&n.tcp, creds, me.0, budget.timeout)
                         .await
                         .ok(),
                     None => None,
                 };
-                peers.insert(to, p);
+                e.insert(p);
             }
             let Some(p) = peers.get_mut(&to).and_then(Option::as_mut) else {
                 out.kept += objects.len();

@@ -235,7 +235,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked.
-        if !(self.peer && !pin) {
+        if !self.peer || pin {
             return Ok(pool
                 .commit_prehashed(&addr, item.checksum, hashed)
                 .map_err(Into::into));
