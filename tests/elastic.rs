@@ -39,17 +39,22 @@ async fn held(c: &Client, ids: &[u32]) -> u64 {
     n
 }
 
-/// Three nodes holding keys `0..N`; then node 1 drains. Returns the keys found afterwards.
-async fn drain_one(handover: bool) -> usize {
+/// Three serving nodes holding keys `0..N`, and a client through node 0 that reads owners only.
+async fn three_filled(handover: bool) -> ([Node; 3], Client) {
     let n0 = start(0, None, handover);
     let n1 = start(1, Some(&n0), handover);
     let n2 = start(2, Some(&n0), handover);
     let c = owners_only(&n0).await;
     wait_view(&c, "3 serving", |v| serving(v) == 3).await;
     assert_eq!(fill(&c, 0..N).await, N as usize);
+    ([n0, n1, n2], c)
+}
+
+/// Three nodes holding keys `0..N`; then node 1 drains. Returns the keys found afterwards.
+async fn drain_one(handover: bool) -> usize {
+    let (mut nodes, c) = three_filled(handover).await;
     let on_1 = c.node_stats(1).await.unwrap().objects;
     assert!(on_1 > N / 5, "node 1 holds its share: {on_1}");
-    let mut nodes = [n0, n1, n2];
     drain(&mut nodes, 1).await;
     wait_view(&c, "2 serving", |v| serving(v) == 2).await;
     check(&c, 0..N).await
@@ -68,13 +73,8 @@ async fn a_drained_node_hands_its_unpinned_blocks_to_their_new_owners() {
 /// Three nodes holding keys `0..N`; then node 3 joins. Returns the keys found on their owners
 /// afterwards, and how many node 3 was handed.
 async fn join_one(handover: bool) -> (usize, u64) {
-    let n0 = start(0, None, handover);
-    let _n1 = start(1, Some(&n0), handover);
-    let _n2 = start(2, Some(&n0), handover);
-    let c = owners_only(&n0).await;
-    wait_view(&c, "3 serving", |v| serving(v) == 3).await;
-    assert_eq!(fill(&c, 0..N).await, N as usize);
-    let _n3 = start(3, Some(&n0), handover);
+    let (nodes, c) = three_filled(handover).await;
+    let _n3 = start(3, Some(&nodes[0]), handover);
     wait_view(&c, "4 serving", |v| serving(v) == 4).await;
     if !handover {
         // Give a handover (there should be none) time to happen.

@@ -695,16 +695,11 @@ impl Mover {
         let Some(budget) = &self.handover else {
             return HandoverPass::default();
         };
-        let budget = Budget {
-            timeout: self.timing.heartbeat * 4,
-            until,
-            ..budget.clone()
-        };
         let out = handover_pass(
             &self.pool,
             &self.m,
             (&self.creds, &self.bulk),
-            &budget,
+            (budget, self.timing.heartbeat * 4, until),
             self.started,
         )
         .await;

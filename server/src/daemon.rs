@@ -130,8 +130,6 @@ impl Daemon {
                 .map(|r| r.replicas)
                 .collect(),
             max_bytes: config.cluster.handover_max_bytes,
-            timeout: timing.heartbeat * 4,
-            until: None,
         });
         tasks.push(start_mover(&shared, mover, handover, &shutdown));
         tasks.push(start_reaper(pool.clone(), shared.started, &shutdown));

@@ -27,17 +27,13 @@ use crate::bulk::Bulk;
 use crate::cluster::{send_copy, Membership};
 use crate::peer::{Peer, PeerAuth, PeerError};
 
-/// What a handover pass may do.
+/// What handover passes may do (`[cluster] handover`).
 #[derive(Clone, Debug)]
 pub(crate) struct Budget {
     /// Per namespace id: copies of each unpinned object (only namespaces with one take part).
     pub(crate) replicas: Vec<u32>,
     /// Most bytes one pass sends (0: no limit).
     pub(crate) max_bytes: u64,
-    /// Longest one call to a new owner may take.
-    pub(crate) timeout: Duration,
-    /// The pass stops sending at this instant (a drain's deadline).
-    pub(crate) until: Option<Instant>,
 }
 
 /// Outcome of one handover pass.
@@ -65,12 +61,13 @@ impl HandoverPass {
 /// Most keys per `Lookup` a pass sends.
 const BATCH: usize = 512;
 
-/// One handover pass (see the module docs). `started` is the daemon's clock origin.
+/// One handover pass (see the module docs): each call to a new owner bounded by `timeout`,
+/// nothing sent after `until` (a drain's deadline). `started` is the daemon's clock origin.
 pub(crate) async fn handover_pass(
     pool: &Pool,
     m: &Membership,
     (creds, bulk): (&PeerAuth, &Bulk),
-    budget: &Budget,
+    (budget, timeout, until): (&Budget, Duration, Option<Instant>),
     started: Instant,
 ) -> HandoverPass {
     let view = m.view();
@@ -105,9 +102,7 @@ pub(crate) async fn handover_pass(
         for (to, objects) in by_owner {
             if let Entry::Vacant(e) = peers.entry(to) {
                 let p = match view.node(to) {
-                    Some(n) => Peer::connect(&n.tcp, creds, me.0, budget.timeout)
-                        .await
-                        .ok(),
+                    Some(n) => Peer::connect(&n.tcp, creds, me.0, timeout).await.ok(),
                     None => None,
                 };
                 e.insert(p);
@@ -123,7 +118,7 @@ pub(crate) async fn handover_pass(
                 ns,
                 stamp: view.stamp(),
                 started,
-                until: budget.until,
+                until,
             };
             let mut chunks = objects.chunks(BATCH);
             for chunk in chunks.by_ref() {

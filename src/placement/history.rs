@@ -414,7 +414,7 @@ mod tests {
         assert!(h.continuous(b"k", 6, 1));
     }
 
-    /// Keys among `0..n` with their owner in `v`.
+    /// Keys among the first 600 that `owner` owns in `v`.
     fn keys_of(v: &ClusterView, owner: u32) -> Vec<Vec<u8>> {
         (0..600u32)
             .map(|i| i.to_le_bytes().to_vec())

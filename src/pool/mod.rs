@@ -625,17 +625,27 @@ impl Pool {
     ) -> Result<bool, PoolError> {
         let (near, seg) = self.seal(addr)?;
         self.check_sealed(addr, seg, checksum_given)?;
+        self.publish_if(near, addr, checksum_given, present)
+    }
+
+    /// The end of a checked commit of the sealed `addr`: takes it out of the pending table
+    /// and publishes it under its key's index-shard lock (shard `near`), only when the key's
+    /// presence is `present` (None: always); otherwise releases the allocation.
+    fn publish_if(
+        &self,
+        near: usize,
+        addr: &GlobalAddr,
+        checksum: u64,
+        present: Option<bool>,
+    ) -> Result<bool, PoolError> {
         let mut shard = lock(&self.shards[near]);
         let p = self.take_sealed(addr)?;
-        if let Some(want) = present {
-            if shard.ns[p.ns as usize].contains(&p.key) != want {
-                drop(shard);
-                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
-                return Ok(false);
-            }
+        if present.is_some_and(|want| shard.ns[p.ns as usize].contains(&p.key) != want) {
+            drop(shard);
+            self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            return Ok(false);
         }
-        self.publish(&mut shard, p, addr, checksum_given);
-        drop(shard);
+        self.publish(&mut shard, p, addr, checksum);
         Ok(true)
     }
 
@@ -724,17 +734,7 @@ impl Pool {
             self.drop_sealed(addr);
             return Err(PoolError::ChecksumMismatch);
         }
-        let mut shard = lock(&self.shards[near]);
-        let p = self.take_sealed(addr)?;
-        if let Some(want) = present {
-            if shard.ns[p.ns as usize].contains(&p.key) != want {
-                drop(shard);
-                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
-                return Ok(false);
-            }
-        }
-        self.publish(&mut shard, p, addr, checksum_given);
-        Ok(true)
+        self.publish_if(near, addr, checksum_given, present)
     }
 
     /// Seals a pending allocation for its commit: no write may open in it from now on, and
