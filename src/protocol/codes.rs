@@ -61,7 +61,9 @@ pub enum ErrorCode {
     /// or a same-host mapping is of a daemon that is gone: nothing it named exists (a miss).
     WrongIncarnation = 50,
     /// (`Vouch`) This node acknowledged a write or remove of the key that a copy on another
-    /// node could be older than (or it can't rule one out): don't serve that copy.
+    /// node could be older than (or it can't rule one out): don't serve that copy. (A cluster
+    /// peer's unpinned `Put`, a handover copy) refused for that reason, or because the key is
+    /// here already.
     Superseded = 55,
     /// (Handoff) The key's producer posted a tombstone (`Fail`): it will not be written; the
     /// reason travels with the event or error.
