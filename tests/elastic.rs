@@ -9,7 +9,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{admin, cfg, check, drain, fill, serving, wait_view};
-use common::{value, Node};
+use common::{bin, value, Node};
+use kvpool_bench::replay::cache::Unbounded;
+use kvpool_bench::replay::cli::BUNDLED_TRACE;
+use kvpool_bench::replay::elastic::{replay_around, Outcome, Plan};
+use kvpool_bench::replay::pool_engine::Remote;
+use kvpool_bench::replay::trace::{Trace, TraceFormat};
 use kvpool_client::{Client, ClientConfig, SameHost};
 
 const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
@@ -37,6 +42,13 @@ async fn held(c: &Client, ids: &[u32]) -> u64 {
         n += c.node_stats(id).await.map_or(0, |s| s.objects);
     }
     n
+}
+
+/// The value of the metric series `name` (no labels) on a metrics page; 0 when absent.
+fn metric(page: &str, name: &str) -> u64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Three serving nodes holding keys `0..N`, and a client through node 0 that reads owners only.
@@ -84,10 +96,20 @@ async fn join_one(handover: bool) -> (usize, u64) {
     }
     // Handed over: node 3 holds its share, and each key is held once (the previous owners
     // dropped what they handed).
+    // The previous owners count what they handed on their metrics page; node 3 started empty,
+    // so that is exactly what it holds, and nothing is left pending.
     let t = Instant::now();
     loop {
         let on_3 = c.node_stats(3).await.map_or(0, |s| s.objects);
-        if on_3 > N / 8 && held(&c, &[0, 1, 2, 3]).await == N {
+        let handed: u64 = nodes
+            .iter()
+            .map(|n| metric(&n.scrape(), "kvpool_handover_objects_total"))
+            .sum();
+        let pending: u64 = nodes
+            .iter()
+            .map(|n| metric(&n.scrape(), "kvpool_handover_pending"))
+            .sum();
+        if on_3 > N / 8 && held(&c, &[0, 1, 2, 3]).await == N && handed == on_3 && pending == 0 {
             return (check(&c, 0..N).await, on_3);
         }
         assert!(t.elapsed() < Duration::from_secs(30), "never handed over");
@@ -133,4 +155,75 @@ async fn a_handed_over_copy_never_replaces_a_newer_value() {
     // A copy over a copy: the key is present, so refused too.
     assert!(peer.put(b"fresh", &new).await.is_err());
     assert_eq!(c.get(b"fresh").await.unwrap(), Some(old));
+}
+
+/// Three nodes with room for every block replay the first 300 requests of the bundled trace
+/// through `kvpool-bench elastic`'s harness; half-way, node 2 drains (`kvpool cluster drain
+/// --wait`, the replay held until it has left).
+fn replay_through_a_drain(handover: bool, trace: &Trace, plan: &Plan) -> Outcome {
+    let n0 = start(0, None, handover);
+    let nodes = [start(1, Some(&n0), handover), start(2, Some(&n0), handover)];
+    let mut remote = Remote::connect(&n0.tcp_url(), "default", 4096, 0).unwrap();
+    let t = Instant::now();
+    while remote.cluster_nodes().unwrap() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(30), "3 nodes never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let drain = format!(
+        "{} -e {} cluster drain 2 --wait --cluster-secret-file {}",
+        bin("kvpool").display(),
+        n0.tcp_url(),
+        n0.secret_file().display()
+    );
+    let o = replay_around(trace, &mut remote, plan, Some(&drain)).unwrap();
+    drop(nodes);
+    o
+}
+
+/// `kvpool-bench elastic` against real daemons: with room for every block, the windows after a
+/// drain that handed its blocks over hit exactly what an unbounded cache does, request for
+/// request; without the handover the drained node's share is missed. Every loaded block is
+/// checked byte for byte by the harness.
+#[test]
+fn the_elastic_harness_sees_a_drain_keep_the_cache() {
+    let trace = Trace::load(
+        std::path::Path::new(BUNDLED_TRACE),
+        TraceFormat::Auto,
+        None,
+        None,
+        Some(300),
+    )
+    .unwrap();
+    let at = trace.requests[150].arrival_ms as f64 / 1e3;
+    let end = trace.requests[299].arrival_ms as f64 / 1e3;
+    let plan = Plan {
+        wait_event: true,
+        ..Plan::new(at, 20.0, end - at, 10.0, 50.0).unwrap()
+    };
+    let ceiling = replay_around(&trace, &mut Unbounded::default(), &plan, None).unwrap();
+    let after = |o: &Outcome| -> (u64, u64) {
+        let w = o.windows.iter().filter(|w| w.index >= 0);
+        w.fold((0, 0), |(h, e), w| (h + w.hits, e + w.errors))
+    };
+    let (ceiling_hits, _) = after(&ceiling);
+    assert!(ceiling_hits > 300, "the slice reuses blocks: {ceiling_hits}");
+
+    let kept = replay_through_a_drain(true, &trace, &plan);
+    let lost = replay_through_a_drain(false, &trace, &plan);
+    println!(
+        "after the drain: {} hits with handover, {} without, {} unbounded (drain took {:?} s)",
+        after(&kept).0,
+        after(&lost).0,
+        ceiling_hits,
+        kept.event_seconds
+    );
+    assert!(kept.event_seconds.is_some() && lost.event_seconds.is_some());
+    assert_eq!(after(&kept), (ceiling_hits, 0), "every block kept");
+    let hits = |o: &Outcome| o.windows.iter().map(|w| (w.index, w.hits)).collect::<Vec<_>>();
+    assert_eq!(hits(&kept), hits(&ceiling), "window for window");
+    assert!(
+        after(&lost).0 < ceiling_hits * 9 / 10,
+        "the control lost the drained node's share: {} of {ceiling_hits}",
+        after(&lost).0
+    );
 }

@@ -55,7 +55,9 @@ common=(replay --engine pool --policy "$POLICY" --capacity "$CAPACITY" --block-b
         --no-plot "${limit[@]}")
 
 seed=$(start c0 0)
-for i in $(seq 1 $((NODES - 1))); do start "c$i" "$i" --peer "$seed" > /dev/null; done
+for i in $(seq 1 $((NODES - 1))); do
+  start "c$i" "$i" --peer "$seed" --cluster-secret-file "$work/c0/cluster.secret" > /dev/null
+done
 for _ in $(seq 100); do
   n=$("$bin/kvpool" -e "tcp://$seed" cluster status --json | grep -o '"state":"serving"' | wc -l)
   [ "$n" -eq "$NODES" ] && break; sleep 0.1

@@ -15,6 +15,8 @@
 //! - `soak`: issue 18's soak: a mixed load at saturation against a pool that runs full, with
 //!   the daemon's RSS, open descriptors and pending allocations sampled and judged for
 //!   flatness after the warm-up, and every read checked.
+//! - `elastic`: issue 18's hit rate in the minutes around a node joining or draining, real
+//!   daemons replaying a trace in real time, against a control run without the event.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
@@ -49,6 +51,9 @@ enum Command {
     /// kvpool, with Belady and unbounded bounds, pooled versus private fleets and a TTFT model;
     /// writes CSV, JSON and PNG charts.
     Replay(Box<kvpool_bench::replay::cli::ReplayArgs>),
+    /// The hit rate window by window around a cluster event (a node joining or draining) on
+    /// real daemons replaying a trace in real time; a run without an event is the control.
+    Elastic(kvpool_bench::replay::elastic::ElasticArgs),
     /// Writes a deterministic synthetic prefix workload (chat, rag, agent, scan) as JSONL in the
     /// bundled trace's format.
     GenTrace(kvpool_bench::replay::cli::GenTraceArgs),
@@ -72,6 +77,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Perf(args) => perf::run(args),
         Command::Replay(args) => kvpool_bench::replay::cli::run(&args).map(|_| ()),
+        Command::Elastic(args) => kvpool_bench::replay::elastic::run(&args),
         Command::GenTrace(args) => kvpool_bench::replay::cli::gen_trace(&args),
         Command::Weights(args) => weights::run(args),
         Command::Handoff(args) => handoff::run(args),

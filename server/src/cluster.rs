@@ -27,6 +27,7 @@ use tokio::sync::watch;
 
 use crate::bulk::{Bulk, CLUSTER_NS};
 use crate::handover::{handover_pass, Budget, HandoverPass};
+use crate::metrics::Metrics;
 use crate::peer::{Peer, PeerAuth, PeerError};
 use crate::written::Written;
 
@@ -673,6 +674,8 @@ pub(crate) struct Mover {
     /// Unpinned objects handed to their new owners on a change (`[cluster] handover`), and
     /// what a pass may send; None: off.
     pub(crate) handover: Option<Budget>,
+    /// Where the handover's counts go.
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Mover {
@@ -703,6 +706,12 @@ impl Mover {
             self.started,
         )
         .await;
+        self.metrics.handover_pass(
+            out.handed as u64,
+            out.bytes,
+            out.dropped as u64,
+            out.kept as u64,
+        );
         if !out.is_empty() {
             tracing::info!(
                 handed = out.handed,

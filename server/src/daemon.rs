@@ -641,6 +641,7 @@ fn start_mover(
         started: shared.started,
         drain_timeout,
         handover,
+        metrics: shared.metrics.clone(),
     };
     tokio::spawn(cluster::mover(mover, shutdown.clone()))
 }

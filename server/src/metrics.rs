@@ -260,6 +260,14 @@ struct Daemon {
     bulk_bytes: [Counter; 4],
     /// Bulk requests refused because their deadline could not be met.
     bulk_refused: Counter,
+    /// Unpinned objects handed to their new owner after a view change, and their bytes.
+    handover_objects: Counter,
+    handover_bytes: Counter,
+    /// Copies here dropped without sending: the new owner already held the key, or refused
+    /// the copy because it has a newer value or remove.
+    handover_dropped: Counter,
+    /// Objects the last handover pass left here for a later one.
+    handover_pending: Gauge,
 }
 
 /// The daemon's counters.
@@ -279,6 +287,16 @@ impl Metrics {
     /// A bulk request refused up front: its deadline could not be met.
     pub fn bulk_refused(&self) {
         self.daemon.bulk_refused.inc();
+    }
+
+    /// One handover pass: `handed` objects (`bytes`) now held by their new owners, `dropped`
+    /// copies given up without sending, `pending` left for a later pass.
+    pub fn handover_pass(&self, handed: u64, bytes: u64, dropped: u64, pending: u64) {
+        let d = &self.daemon;
+        d.handover_objects.inc_by(handed);
+        d.handover_bytes.inc_by(bytes);
+        d.handover_dropped.inc_by(dropped);
+        d.handover_pending.set(pending.min(i64::MAX as u64) as i64);
     }
 
     /// Records one operation.
@@ -382,6 +400,18 @@ fn family<S: EncodeLabelSet, M: EncodeMetric>(
         metric.encode(family.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+/// Writes a metric family of one series without labels.
+fn single(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    kind: MetricType,
+    metric: &impl EncodeMetric,
+) -> std::fmt::Result {
+    metric.encode(enc.encode_descriptor(name, help, unit, kind)?)
 }
 
 fn gauge(v: u64) -> ConstGauge<u64> {
@@ -602,6 +632,38 @@ impl Scrape {
             counter_t,
         )?;
         d.bulk_refused.encode(refused)?;
+        single(
+            e,
+            "kvpool_handover_objects",
+            "Unpinned objects handed to their new owner after a view change (drain or join).",
+            None,
+            counter_t,
+            &d.handover_objects,
+        )?;
+        single(
+            e,
+            "kvpool_handover",
+            "Bytes of the unpinned objects handed to their new owner.",
+            bytes,
+            counter_t,
+            &d.handover_bytes,
+        )?;
+        single(
+            e,
+            "kvpool_handover_dropped",
+            "Copies dropped without sending: the new owner held the key or a newer value or remove.",
+            None,
+            counter_t,
+            &d.handover_dropped,
+        )?;
+        single(
+            e,
+            "kvpool_handover_pending",
+            "Objects another node now owns that the last handover pass left here for a later one.",
+            None,
+            gauge_t,
+            &d.handover_pending,
+        )?;
         family(
             e,
             "kvpool_operations",

@@ -12,12 +12,14 @@
 //! - [`cache`]: the simulated policies (LRU, Belady, unbounded);
 //! - [`pool_engine`]: the real pool, in-process or over the network;
 //! - [`cluster`]: pooled versus private fleets;
+//! - [`elastic`]: the hit rate around a node joining or draining, on real daemons in real time;
 //! - [`ttft`]: time to first token with and without the cache;
 //! - [`sweep`]: grids of runs, CSV and JSON; [`plot`]: PNG charts; [`cli`]: the subcommand.
 
 pub mod cache;
 pub mod cli;
 pub mod cluster;
+pub mod elastic;
 pub mod plot;
 pub mod pool_engine;
 pub mod sweep;

@@ -26,11 +26,28 @@ fn fill(buf: &mut [u8], block: u64) {
     }
 }
 
+/// A loaded block whose bytes are not the ones stored: the pool returned wrong data. A replay
+/// stops on it, whatever else it tolerates.
+#[derive(Debug)]
+pub struct WrongBytes(pub u64);
+
+impl std::fmt::Display for WrongBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "block {} came back with other bytes: the pool returned wrong data",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for WrongBytes {}
+
 fn check(buf: &[u8], block: u64) -> anyhow::Result<()> {
     let mut want = vec![0u8; buf.len()];
     fill(&mut want, block);
     if buf != want {
-        bail!("block {block} came back with other bytes: the pool returned wrong data");
+        return Err(WrongBytes(block).into());
     }
     Ok(())
 }
