@@ -166,7 +166,10 @@ fn replay_through_a_drain(handover: bool, trace: &Trace, plan: &Plan) -> Outcome
     let mut remote = Remote::connect(&n0.tcp_url(), "default", 4096, 0).unwrap();
     let t = Instant::now();
     while remote.cluster_nodes().unwrap() < 3 {
-        assert!(t.elapsed() < Duration::from_secs(30), "3 nodes never served");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "3 nodes never served"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let drain = format!(
@@ -206,7 +209,10 @@ fn the_elastic_harness_sees_a_drain_keep_the_cache() {
         w.fold((0, 0), |(h, e), w| (h + w.hits, e + w.errors))
     };
     let (ceiling_hits, _) = after(&ceiling);
-    assert!(ceiling_hits > 300, "the slice reuses blocks: {ceiling_hits}");
+    assert!(
+        ceiling_hits > 300,
+        "the slice reuses blocks: {ceiling_hits}"
+    );
 
     let kept = replay_through_a_drain(true, &trace, &plan);
     let lost = replay_through_a_drain(false, &trace, &plan);
@@ -219,7 +225,12 @@ fn the_elastic_harness_sees_a_drain_keep_the_cache() {
     );
     assert!(kept.event_seconds.is_some() && lost.event_seconds.is_some());
     assert_eq!(after(&kept), (ceiling_hits, 0), "every block kept");
-    let hits = |o: &Outcome| o.windows.iter().map(|w| (w.index, w.hits)).collect::<Vec<_>>();
+    let hits = |o: &Outcome| {
+        o.windows
+            .iter()
+            .map(|w| (w.index, w.hits))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(hits(&kept), hits(&ceiling), "window for window");
     assert!(
         after(&lost).0 < ceiling_hits * 9 / 10,
