@@ -706,12 +706,7 @@ impl Mover {
             self.started,
         )
         .await;
-        self.metrics.handover_pass(
-            out.handed as u64,
-            out.bytes,
-            out.dropped as u64,
-            out.kept as u64,
-        );
+        self.metrics.handover_pass(&out);
         if !out.is_empty() {
             tracing::info!(
                 handed = out.handed,

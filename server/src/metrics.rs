@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 
 use crate::admission::AcceptErrors;
 use crate::config::NamespaceMetrics;
+use crate::handover::HandoverPass;
 
 /// Operation types, as labelled in the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,14 +290,15 @@ impl Metrics {
         self.daemon.bulk_refused.inc();
     }
 
-    /// One handover pass: `handed` objects (`bytes`) now held by their new owners, `dropped`
-    /// copies given up without sending, `pending` left for a later pass.
-    pub fn handover_pass(&self, handed: u64, bytes: u64, dropped: u64, pending: u64) {
+    /// One handover pass: the objects (and bytes) now held by their new owners, the copies
+    /// given up without sending, and those kept here for a later pass.
+    pub(crate) fn handover_pass(&self, pass: &HandoverPass) {
         let d = &self.daemon;
-        d.handover_objects.inc_by(handed);
-        d.handover_bytes.inc_by(bytes);
-        d.handover_dropped.inc_by(dropped);
-        d.handover_pending.set(pending.min(i64::MAX as u64) as i64);
+        d.handover_objects.inc_by(pass.handed as u64);
+        d.handover_bytes.inc_by(pass.bytes);
+        d.handover_dropped.inc_by(pass.dropped as u64);
+        d.handover_pending
+            .set(pass.kept.min(i64::MAX as usize) as i64);
     }
 
     /// Records one operation.
@@ -584,13 +586,14 @@ impl Scrape {
                 )
             }),
         )?;
-        let errors = e.encode_descriptor(
+        single(
+            e,
             "kvpool_protocol_errors",
             "Frames that broke the protocol.",
             None,
             counter_t,
+            &d.protocol_errors,
         )?;
-        d.protocol_errors.encode(errors)?;
         self.encode_resp(e)?;
         family(
             e,
@@ -625,13 +628,14 @@ impl Scrape {
             counter_t,
             prios.map(|p| ([("priority", p.name())], d.bulk_bytes[p as usize].clone())),
         )?;
-        let refused = e.encode_descriptor(
+        single(
+            e,
             "kvpool_bulk_deadline_refusals",
             "Bulk requests refused up front because their deadline could not be met.",
             None,
             counter_t,
+            &d.bulk_refused,
         )?;
-        d.bulk_refused.encode(refused)?;
         single(
             e,
             "kvpool_handover_objects",
@@ -703,34 +707,38 @@ impl Scrape {
                 .iter()
                 .map(|(c, n)| ([("command", *n)], d.resp_errors[c.index()].clone())),
         )?;
-        let resp_errors = e.encode_descriptor(
+        single(
+            e,
             "kvpool_resp_protocol_errors",
             "RESP connections closed for bytes that were not RESP.",
             None,
             counter_t,
+            &d.resp_protocol_errors,
         )?;
-        d.resp_protocol_errors.encode(resp_errors)?;
-        let refusals = e.encode_descriptor(
+        single(
+            e,
             "kvpool_resp_input_refusals",
             "RESP connections closed because the door's input buffers were full ([resp] input_memory).",
             None,
             counter_t,
+            &d.resp_input_refusals,
         )?;
-        d.resp_input_refusals.encode(refusals)?;
-        let failures = e.encode_descriptor(
+        single(
+            e,
             "kvpool_auth_failures",
             "Wrong tokens presented (Hello, RESP AUTH).",
             None,
             counter_t,
+            &d.auth_failures,
         )?;
-        d.auth_failures.encode(failures)?;
-        let throttled = e.encode_descriptor(
+        single(
+            e,
             "kvpool_auth_throttled",
             "Authentications refused unchecked: the peer address failed too often ([limits] auth_failures).",
             None,
             counter_t,
+            &d.auth_throttled,
         )?;
-        d.auth_throttled.encode(throttled)?;
         Ok(())
     }
 

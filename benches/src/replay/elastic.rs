@@ -172,6 +172,52 @@ struct Event {
     started: Instant,
 }
 
+impl Event {
+    /// Starts `cmd` (`sh -c`).
+    fn start(cmd: &str) -> anyhow::Result<Event> {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .spawn()
+            .with_context(|| format!("running {cmd:?}"))?;
+        Ok(Event {
+            child,
+            started: Instant::now(),
+        })
+    }
+
+    /// How long the command ran, once it has exited; None while it runs. A failed command is
+    /// an error.
+    fn poll(&mut self) -> anyhow::Result<Option<Duration>> {
+        match self.child.try_wait()? {
+            None => Ok(None),
+            Some(status) if status.success() => Ok(Some(self.started.elapsed())),
+            Some(status) => bail!("the event command failed: {status}"),
+        }
+    }
+
+    /// Waits for the command to exit, at most `limit` (then kills it: an error).
+    fn wait(&mut self, limit: Duration) -> anyhow::Result<Duration> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(took) = self.poll()? {
+                return Ok(took);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("the event command was still running after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Longest the replay holds for the event's command (`wait_event`), and longest it waits for
+/// one still running after the replay.
+const EVENT_LIMIT: Duration = Duration::from_secs(600);
+const AFTER_LIMIT: Duration = Duration::from_secs(120);
+
 /// Replays `trace` against `cache` by `plan`, running `event` (`sh -c`) when the trace reaches
 /// the event.
 pub fn replay_around(
@@ -181,8 +227,9 @@ pub fn replay_around(
     event: Option<&str>,
 ) -> anyhow::Result<Outcome> {
     let mut o = Outcome::default();
+    // The command until its time comes, then the running command until it has exited.
+    let mut waiting = event;
     let mut running: Option<Event> = None;
-    let mut fired = event.is_none();
     let mut paced_start: Option<Instant> = None;
     for r in trace
         .requests
@@ -202,41 +249,25 @@ pub fn replay_around(
         } else {
             o.max_lag_s = o.max_lag_s.max((now - due).as_secs_f64());
         }
-        if !fired && r.arrival_ms >= plan.at_ms {
-            fired = true;
-            let cmd = event.unwrap_or_default();
+        if let Some(cmd) = waiting.filter(|_| r.arrival_ms >= plan.at_ms) {
+            waiting = None;
             eprintln!(
                 "event at trace time {:.0} s: {cmd}",
                 r.arrival_ms as f64 / 1e3
             );
-            let child = Command::new("sh")
-                .arg("-c")
-                .arg(cmd)
-                .spawn()
-                .with_context(|| format!("running {cmd:?}"))?;
-            running = Some(Event {
-                child,
-                started: Instant::now(),
-            });
+            let mut e = Event::start(cmd)?;
             if plan.wait_event {
-                let e = running.as_mut().expect("set above");
-                let status = e.child.wait()?;
-                if !status.success() {
-                    bail!("the event command failed: {status}");
-                }
-                let took = e.started.elapsed();
+                let took = e.wait(EVENT_LIMIT)?;
                 o.event_seconds = Some(took.as_secs_f64());
                 // The rest keeps its pace from here.
                 paced_start = Some(start + took);
+            } else {
+                running = Some(e);
             }
         }
-        if let Some(e) = running.as_mut().filter(|_| o.event_seconds.is_none()) {
-            if let Some(status) = e.child.try_wait()? {
-                if !status.success() {
-                    bail!("the event command failed: {status}");
-                }
-                o.event_seconds = Some(e.started.elapsed().as_secs_f64());
-            }
+        if let Some(took) = running.as_mut().map(Event::poll).transpose()?.flatten() {
+            o.event_seconds = Some(took.as_secs_f64());
+            running = None;
         }
         let index = plan.window_of(r.arrival_ms);
         if o.windows.last().is_none_or(|w| w.index != index) {
@@ -252,27 +283,12 @@ pub fn replay_around(
         w.hits += hits as u64;
         w.errors += u64::from(failed);
     }
-    if let Some(mut e) = running {
-        if o.event_seconds.is_none() {
-            // Still running (a drain that waits for the node to leave): give it a bounded while.
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                if let Some(status) = e.child.try_wait()? {
-                    if !status.success() {
-                        bail!("the event command failed: {status}");
-                    }
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    let _ = e.child.kill();
-                    let _ = e.child.wait();
-                    bail!("the event command was still running 2 minutes after the replay");
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    } else if !fired {
+    if waiting.is_some() {
         bail!("the trace ends before the event's time");
+    }
+    // Still running (a drain that waits for the node to leave): it must still end, and well.
+    if let Some(mut e) = running {
+        e.wait(AFTER_LIMIT)?;
     }
     Ok(o)
 }
