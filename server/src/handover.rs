@@ -1,6 +1,7 @@
 //! Handover: when the cluster changes, this node hands the unpinned objects (KV blocks) it no
-//! longer owns to the node that took each key over, hottest first, so a drain or a join does
-//! not cost the cache its share of the keys (see docs/CLUSTER.md, "Elastic").
+//! longer owns to the node that took each key over, the hottest ones within the budget, so a
+//! drain or a join does not cost the cache its share of the keys (see docs/RELIABILITY.md,
+//! "Elastic").
 //!
 //! A pass lists the unpinned objects of every namespace with one copy per key (`replicas =
 //! 1`) whose key another node owns now, keeps those that
@@ -120,6 +121,15 @@ pub(crate) async fn handover_pass(
                 started,
                 until,
             };
+            // Chosen hottest first, sent coldest first: the owner files each copy as its most
+            // recent object, so the hottest, sent last, is the last its LRU end reaches (after
+            // a join this kept 1 and 4.3 points more hits in minutes 2 and 3, RELIABILITY.md).
+            // A drain (`until`) sends hottest first: running out of time then costs the
+            // coldest, and its order made no measurable difference to the hit rate.
+            let mut objects = objects;
+            if until.is_none() {
+                objects.reverse();
+            }
             let mut chunks = objects.chunks(BATCH);
             for chunk in chunks.by_ref() {
                 if send.chunk(p, chunk, &mut out).await.is_err() {

@@ -65,7 +65,8 @@ pub struct ElasticArgs {
     #[arg(long)]
     pub run: Option<String>,
     /// Hold the replay until the event's command has finished (then go on at the same pace):
-    /// measures the cluster after the event rather than while it happens.
+    /// measures the cluster after the event rather than while it happens. A command still
+    /// running after 10 minutes fails the run.
     #[arg(long)]
     pub wait_event: bool,
     /// Name of the run in the output.
