@@ -10,7 +10,11 @@
 //!   marked down is also *fenced*: what the others did meanwhile is unknown to it, so the objects
 //!   it holds are no longer served as an owner's copy ([`History::fence`]).
 //! - **Liveness** (static membership): a peer address not heard from for `down_after` has its
-//!   node marked down. A node starts `joining`, and turns `serving` two heartbeats after its
+//!   node marked down, unless another peer said it heard that node directly within
+//!   `down_after` ([`Membership::relayed`]): a link that only this node lost (a partial or
+//!   asymmetric partition) then does not mark a live node down, which would fence it and make
+//!   the view flap as it refutes. Only direct hearings are relayed, never relayed ones, so a
+//!   dead node stops being vouched for `down_after` after its last answer, as before. A node starts `joining`, and turns `serving` two heartbeats after its
 //!   first [`Membership::tick`] (the heartbeats' start), having pulled its peers' views.
 //! - **etcd** ([`Source::Etcd`]): the view is replaced wholesale by the one derived from etcd's
 //!   records and leases ([`EtcdRecords`]); versions are etcd revisions, kept moving forward by
@@ -24,6 +28,7 @@ use crate::addr::NodeId;
 use crate::placement::history::History;
 use crate::placement::{ClusterView, NodeInfo, NodeState};
 use crate::pool::Millis;
+use crate::protocol::Heard;
 
 /// Where the view comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +68,13 @@ pub struct Membership {
     history: History,
     /// The first tick (the heartbeats' start): joining lasts two heartbeats from here.
     first_tick: Option<Millis>,
-    /// Per peer address, when it last answered.
+    /// Per peer address, when it last answered (or, until it first does, when watching it
+    /// began).
     heard: HashMap<String, Millis>,
+    /// Per peer address, when it last answered: what heartbeats relay.
+    answered: HashMap<String, Millis>,
+    /// Per node, the latest time another peer said it heard that node directly.
+    relayed: HashMap<u32, Millis>,
 }
 
 impl Membership {
@@ -81,6 +91,8 @@ impl Membership {
             history,
             first_tick: None,
             heard: HashMap::new(),
+            answered: HashMap::new(),
+            relayed: HashMap::new(),
         }
     }
 
@@ -257,17 +269,54 @@ impl Membership {
     /// Stops watching the peer at `addr` (it turned out to be this node under another name).
     pub fn forget(&mut self, addr: &str) {
         self.heard.remove(addr);
+        self.answered.remove(addr);
     }
 
     /// The peer at `addr` answered a heartbeat at `now`; its answer was its view, merged here.
     pub fn heard(&mut self, addr: &str, view: &ClusterView, now: Millis, mark: u64) -> Step {
         self.heard.insert(addr.to_string(), now);
+        self.answered.insert(addr.to_string(), now);
         self.merge(view, mark)
+    }
+
+    /// The nodes this node heard from directly within `down_after` before `now`, with how
+    /// long ago: what its heartbeats relay to its peers.
+    pub fn heard_directly(&self, now: Millis, down_after: Millis) -> Vec<Heard> {
+        let mut out: Vec<Heard> = self
+            .answered
+            .iter()
+            .filter(|(_, &at)| now.saturating_sub(at) < down_after)
+            .filter_map(|(addr, &at)| {
+                let n = self.view.nodes.iter().find(|n| n.tcp == *addr)?;
+                (n.id != self.me).then_some(Heard {
+                    node: n.id,
+                    age_ms: now.saturating_sub(at),
+                })
+            })
+            .collect();
+        // Two addresses of one node: its latest hearing.
+        out.sort_unstable_by_key(|h| (h.node, h.age_ms));
+        out.dedup_by_key(|h| h.node);
+        out
+    }
+
+    /// A peer relayed at `now` the nodes it heard from directly (its
+    /// [`Membership::heard_directly`]): none of them is marked down for silence here until
+    /// `down_after` after that hearing. Entries about this node, or about a node not in the
+    /// view, are ignored (so what is kept is bounded by the view).
+    pub fn relayed(&mut self, heard: &[Heard], now: Millis) {
+        let known = |id: u32| id != self.me && self.view.node(NodeId(id)).is_some();
+        for h in heard.iter().filter(|h| known(h.node)) {
+            let at = now.saturating_sub(h.age_ms);
+            let e = self.relayed.entry(h.node).or_insert(at);
+            *e = (*e).max(at);
+        }
     }
 
     /// Time passes (the heartbeats call this every heartbeat): a joining node that has pulled
     /// its peers' views for two heartbeats since the first tick turns serving; a peer address
-    /// silent for `down_after` has its node (as the view knows the address) marked down.
+    /// silent for `down_after` has its node (as the view knows the address) marked down, unless
+    /// a peer relayed a hearing of that node within `down_after`.
     pub fn tick(&mut self, now: Millis, timing: Timing, mark: u64) -> Step {
         let mut step = Step::default();
         let first = *self.first_tick.get_or_insert(now);
@@ -282,6 +331,11 @@ impl Membership {
             .filter(|(_, &at)| now.saturating_sub(at) >= timing.down_after)
             .filter_map(|(addr, _)| self.view.nodes.iter().find(|n| n.tcp == *addr))
             .map(|n| n.id)
+            .filter(|id| {
+                self.relayed
+                    .get(id)
+                    .is_none_or(|&at| now.saturating_sub(at) >= timing.down_after)
+            })
             .collect();
         for id in silent {
             step.changed |= self.mark_down(id, mark).changed;
@@ -547,6 +601,60 @@ mod tests {
         assert_eq!(state(&m, 2), NodeState::Serving);
         assert!(!m.tick(1001, TIMING, 0).changed, "down once");
         assert_eq!(m.announce_targets(), ["n2"]);
+    }
+
+    #[test]
+    fn a_peer_another_still_hears_is_not_marked_down_until_that_hearing_is_old() {
+        // Node 1 lost its link to node 3; node 2 still hears 3 and relays that.
+        let mut m = Membership::new(rec(1, NodeState::Serving, 1), Source::Gossip);
+        let peers = ClusterView::from_nodes(vec![
+            rec(2, NodeState::Serving, 1),
+            rec(3, NodeState::Serving, 1),
+        ]);
+        let _ = m.merge(&peers, 0);
+        m.watch("n2", 0);
+        m.watch("n3", 0);
+        assert_eq!(
+            m.heard_directly(500, 1000),
+            [],
+            "watched, never heard: nothing to relay"
+        );
+        let _ = m.heard("n2", &peers, 900, 0);
+        assert_eq!(
+            m.heard_directly(1000, 1000),
+            [Heard {
+                node: 2,
+                age_ms: 100
+            }]
+        );
+        // Node 2 heard 3 at 800; what it says about node 1 is ignored.
+        let relayed = [
+            Heard {
+                node: 3,
+                age_ms: 100,
+            },
+            Heard { node: 1, age_ms: 0 },
+        ];
+        m.relayed(&relayed, 900);
+        // An older hearing relayed later does not move it back.
+        m.relayed(
+            &[Heard {
+                node: 3,
+                age_ms: 900,
+            }],
+            950,
+        );
+        let state = |m: &Membership, id| m.view().node(NodeId(id)).unwrap().state;
+        assert!(!m.tick(1000, TIMING, 0).changed, "silent here, heard by 2");
+        assert!(!m.tick(1799, TIMING, 0).changed);
+        assert_eq!(state(&m, 3), NodeState::Serving);
+        assert!(
+            m.tick(1800, TIMING, 0).changed,
+            "no hearing of 3 within down_after"
+        );
+        assert_eq!(state(&m, 3), NodeState::Down);
+        assert_eq!(state(&m, 2), NodeState::Serving);
+        assert_eq!(m.heard_directly(1900, 1000), [], "2's answer is old now");
     }
 
     #[test]

@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::raw::{recv, send};
 use common::{value, Node};
 use kvpool::protocol::{
-    encode, ErrorCode, FramePrefix, Op, PutItem, Reply, Request, Response, PROTOCOL_VERSION,
+    encode, ErrorCode, FramePrefix, Op, PutItem, Reply, Request, Response, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
 };
 use kvpool::GlobalAddr;
 use kvpool_client::{Client, ClientConfig, ClientError, SameHost};
@@ -475,23 +476,36 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
     );
     assert!(closed(&mut s).await);
 
-    // Another protocol version.
-    let mut s = raw_conn(&n).await;
-    send(
-        &mut s,
-        1,
-        Op::Hello {
-            version: 999,
+    // Protocol versions: newer than this build's, or older than the oldest it accepts, are
+    // refused and the connection closed; the oldest accepted one is answered in that version.
+    for version in [999, PROTOCOL_VERSION + 1, MIN_PROTOCOL_VERSION - 1] {
+        let mut s = raw_conn(&n).await;
+        let other = Op::Hello {
+            version,
             token: String::new(),
-            client: "old".into(),
-        },
-        &[],
-    )
-    .await;
-    assert_eq!(
-        error_code(&recv(&mut s).await.unwrap()),
-        ErrorCode::UnsupportedVersion
-    );
+            client: "other version".into(),
+        };
+        send(&mut s, 1, other, &[]).await;
+        assert_eq!(
+            error_code(&recv(&mut s).await.unwrap()),
+            ErrorCode::UnsupportedVersion,
+            "version {version}"
+        );
+        assert!(closed(&mut s).await, "version {version}");
+    }
+    let mut s = raw_conn(&n).await;
+    let older = Op::Hello {
+        version: MIN_PROTOCOL_VERSION,
+        token: String::new(),
+        client: "older client".into(),
+    };
+    send(&mut s, 1, older, &[]).await;
+    match recv(&mut s).await.unwrap().reply {
+        Reply::Hello(h) => assert_eq!(h.version, MIN_PROTOCOL_VERSION),
+        r => panic!("an older client's Hello answered {r:?}"),
+    }
+    send(&mut s, 2, Op::Stats, &[]).await;
+    assert!(matches!(recv(&mut s).await.unwrap().reply, Reply::Stats(_)));
 
     // A header that fails validation, with a payload: answered, payload skipped, stream in sync.
     let mut s = raw_conn(&n).await;

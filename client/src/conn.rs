@@ -13,7 +13,7 @@ use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
-    Request, Response, PROTOCOL_VERSION,
+    Request, Response, MIN_PROTOCOL_VERSION,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -132,8 +132,10 @@ impl Conn {
                 max_batch: u32::MAX,
             },
         };
+        // Everything a client sends is protocol 5 (6 added only node-to-node traffic), so it
+        // asks for 5: nodes of 5 and of 6 alike accept it, whichever is upgraded first.
         let hello = Op::Hello {
-            version: PROTOCOL_VERSION,
+            version: MIN_PROTOCOL_VERSION,
             token: cfg.token.clone(),
             client: cfg.client_name.clone(),
         };

@@ -3,10 +3,12 @@
 //! view says they belong.
 //!
 //! Static membership (the embedded default): every node heartbeats every peer it knows (the
-//! configured `peers` plus every node in its view) with `Gossip`, carrying its whole view; the
-//! peer merges it and answers with its own, which is merged back. A peer that has not answered
-//! for `down_after_ms` is marked down; a node that finds itself marked down raises its epoch
-//! to refute it (see [`kvpool::placement`]). Views therefore converge within a few heartbeats,
+//! configured `peers` plus every node in its view) with `Heartbeat`, carrying its whole view
+//! and the nodes it heard from directly lately; the peer merges the view and answers with its
+//! own, which is merged back. A peer that has not answered for `down_after_ms` is marked down,
+//! unless another peer relayed a hearing of it within `down_after_ms` (so losing one link does
+//! not mark a live node down); a node that finds itself marked down raises its epoch to refute
+//! it (see [`kvpool::placement`]). Views therefore converge within a few heartbeats,
 //! and nodes that agree on every record agree on the view's version and stamp.
 //!
 //! A node starts `joining` (it owns nothing yet), pulls its peers' views for two heartbeats,
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 use kvpool::membership::{self, Step};
 use kvpool::placement::routing::{self, Outcome};
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
-use kvpool::protocol::{LocatedWire, Op, Priority, Reply};
+use kvpool::protocol::{Heard, LocatedWire, Op, Priority, Reply, PROTOCOL_VERSION};
 use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
@@ -244,6 +246,16 @@ impl Membership {
         self.view()
     }
 
+    /// A peer's `Heartbeat` relayed the nodes it heard from directly (see
+    /// [`membership::Membership::relayed`]).
+    pub(crate) fn relayed(&self, heard: &[Heard]) {
+        let now = self.now();
+        self.step(|c, _| {
+            c.relayed(heard, now);
+            Step::default()
+        });
+    }
+
     /// Replaces the view wholesale with one derived from etcd, keeping this node's own record.
     pub(crate) fn replace(&self, view: ClusterView) {
         self.step(|c, mark| c.replace(view, mark));
@@ -351,7 +363,15 @@ async fn peer_loop(
             }
         }
         let Some(p) = peer.as_mut() else { continue };
-        match p.call(Op::Gossip { view: m.view() }, &[]).await {
+        let view = m.view();
+        let op = if p.hello.version >= PROTOCOL_VERSION {
+            let heard = m.read().heard_directly(m.now(), timing.millis().down_after);
+            Op::Heartbeat { view, heard }
+        } else {
+            // A node of protocol 5 (a rolling upgrade): it takes no relayed hearings.
+            Op::Gossip { view }
+        };
+        match p.call(op, &[]).await {
             Ok(Reply::View(v)) => {
                 let now = m.now();
                 m.step(|c, mark| c.heard(&addr, &v, now, mark));

@@ -1,5 +1,5 @@
-//! A daemon's own connection to another daemon: heartbeats (`Gossip`) and moving pinned
-//! objects (`Lookup`, `Put`). Plain TCP, one request at a time, every call bounded by a
+//! A daemon's own connection to another daemon: heartbeats (`Heartbeat`, or `Gossip` to a
+//! node of protocol 5) and moving objects (`Lookup`, `Put`). Plain TCP, one request at a time, every call bounded by a
 //! timeout. Requests go with view stamp 0: the daemon addresses the peer on purpose. Every
 //! connection proves the cluster secret right after the handshake (`ClusterAuth`) and checks
 //! the peer's proof in turn, so objects and views only ever go to a node of the cluster.
@@ -10,7 +10,7 @@ use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
-    Request, Response, PROTOCOL_VERSION,
+    Request, Response, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -57,8 +57,26 @@ pub(crate) struct Peer {
 
 impl Peer {
     /// Connects to `addr` (`host:port`), shakes hands with the token and proves the cluster
-    /// secret; fails unless the peer proves it too.
+    /// secret; fails unless the peer proves it too. Asks for this build's protocol version,
+    /// and connects again asking for [`MIN_PROTOCOL_VERSION`] when the peer is older
+    /// (`UnsupportedVersion`): `hello.version` says which one the connection speaks.
     pub(crate) async fn connect(
+        addr: &str,
+        creds: &PeerAuth,
+        node: u32,
+        timeout: Duration,
+    ) -> Result<Peer, PeerError> {
+        match Peer::connect_as(PROTOCOL_VERSION, addr, creds, node, timeout).await {
+            Err(PeerError::Server {
+                code: ErrorCode::UnsupportedVersion,
+                ..
+            }) => Peer::connect_as(MIN_PROTOCOL_VERSION, addr, creds, node, timeout).await,
+            r => r,
+        }
+    }
+
+    async fn connect_as(
+        version: u32,
         addr: &str,
         creds: &PeerAuth,
         node: u32,
@@ -95,7 +113,7 @@ impl Peer {
             },
         };
         let hello = Op::Hello {
-            version: PROTOCOL_VERSION,
+            version,
             token: creds.token.clone(),
             client: format!("kvpoold node {node}"),
         };
@@ -181,5 +199,109 @@ impl Peer {
             return Err(PeerError::Protocol("unexpected reply payload".into()));
         }
         Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvpool::protocol::io::{read_header, read_prefix, write_frame};
+    use kvpool::protocol::{decode_request, ArchivedOp};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A node of protocol 5 as far as the handshake goes: refuses a `Hello` of any other
+    /// version (closing the connection), answers one of 5 and the cluster proof. Returns the
+    /// versions it was asked for.
+    async fn old_node(l: TcpListener, secret: ClusterSecret) -> Vec<u32> {
+        let mut asked = Vec::new();
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            let (mut r, mut w) = s.into_split();
+            let mut hdr = AlignedVec::new();
+            let limits = Limits::default();
+            let challenge = [7u8; 32];
+            loop {
+                let Ok(Some(prefix)) = read_prefix(&mut r, &limits).await else {
+                    break;
+                };
+                read_header(&mut r, &prefix, &mut hdr).await.unwrap();
+                let req = decode_request(&hdr).unwrap();
+                let id = req.id.to_native();
+                let reply = match &req.op {
+                    ArchivedOp::Hello { version, .. } => {
+                        asked.push(version.to_native());
+                        if version.to_native() != 5 {
+                            Reply::Error {
+                                code: ErrorCode::UnsupportedVersion as u16,
+                                message: "this node speaks protocol 5".into(),
+                            }
+                        } else {
+                            let mut h = empty_hello();
+                            h.version = 5;
+                            h.node = 9;
+                            h.challenge = challenge;
+                            Reply::Hello(h)
+                        }
+                    }
+                    ArchivedOp::ClusterAuth { nonce, .. } => Reply::ClusterAuth {
+                        proof: secret.node_proof(9, &challenge, nonce),
+                    },
+                    _ => return asked,
+                };
+                let close = matches!(reply, Reply::Error { .. });
+                let hdr = encode(&Response { id, reply });
+                write_frame(&mut w, &hdr, &[]).await.unwrap();
+                w.flush().await.unwrap();
+                if close {
+                    break;
+                }
+            }
+            if asked.last() == Some(&5) {
+                return asked;
+            }
+        }
+    }
+
+    fn empty_hello() -> HelloInfo {
+        HelloInfo {
+            version: 0,
+            node: 0,
+            incarnation: 1,
+            namespaces: Vec::new(),
+            host_id: String::new(),
+            uds_path: String::new(),
+            max_payload: 0,
+            max_batch: 0,
+            view: Default::default(),
+            replication: Vec::new(),
+            challenge: [0; auth::AUTH_LEN],
+        }
+    }
+
+    #[tokio::test]
+    async fn an_older_peer_is_connected_to_again_in_its_version() {
+        let text = ClusterSecret::generate_file_contents().unwrap();
+        let secret = ClusterSecret::from_file_contents(text.as_bytes()).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let node = tokio::spawn(old_node(l, secret.clone()));
+        let creds = PeerAuth {
+            token: String::new(),
+            secret,
+        };
+        let p = Peer::connect(&addr, &creds, 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            p.hello.version, 5,
+            "the connection speaks the older version"
+        );
+        assert_eq!(p.hello.node, 9);
+        drop(p);
+        assert_eq!(
+            node.await.unwrap(),
+            [PROTOCOL_VERSION, MIN_PROTOCOL_VERSION]
+        );
     }
 }

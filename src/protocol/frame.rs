@@ -141,6 +141,16 @@ mod tests {
     use crate::protocol::{ArchivedOp, Op, Request};
 
     #[test]
+    fn archived_headers_keep_the_size_older_peers_decode() {
+        // rkyv finds the root of an archive at the end of the buffer by its size: a Request or
+        // Response of another size would be misread by a node of an older version the
+        // handshake still accepts (MIN_PROTOCOL_VERSION).
+        use crate::protocol::{ArchivedRequest, ArchivedResponse};
+        assert_eq!(std::mem::size_of::<ArchivedRequest>(), 112);
+        assert_eq!(std::mem::size_of::<ArchivedResponse>(), 128);
+    }
+
+    #[test]
     fn prefix_checks_magic_and_limits() {
         let l = Limits::default();
         let p = FramePrefix {

@@ -93,7 +93,8 @@ pub type Key = Vec<u8>;
 pub enum Op {
     /// First frame of every connection. Payload: none.
     Hello {
-        /// [`crate::protocol::PROTOCOL_VERSION`].
+        /// The protocol version the connection speaks: [`crate::protocol::PROTOCOL_VERSION`],
+        /// or down to [`crate::protocol::MIN_PROTOCOL_VERSION`] to talk to an older node.
         version: u32,
         /// Auth token; empty when none.
         token: String,
@@ -349,6 +350,26 @@ pub enum Op {
         /// Why (at most 1 KiB; a longer one is refused with `TooLarge`).
         reason: String,
     },
+    /// Node to node heartbeat, protocol 6 on: `Gossip` plus the nodes the sender heard from
+    /// directly within its `down_after`, so a receiver that cannot reach one of them itself (a
+    /// partition of one link) does not mark it down while others still hear it. Reply: `View`,
+    /// as for `Gossip`. Only on a connection that passed `ClusterAuth`. (New variants go last:
+    /// a variant's tag is its position, and peers of protocol 5 still decode the others.)
+    Heartbeat {
+        /// The sender's view.
+        view: ClusterView,
+        /// Who the sender heard directly lately (at most one entry per node of its view).
+        heard: Vec<Heard>,
+    },
+}
+
+/// One node a `Heartbeat`'s sender heard from directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct Heard {
+    /// The node.
+    pub node: u32,
+    /// How long before the heartbeat was sent, in milliseconds.
+    pub age_ms: u64,
 }
 
 /// One value of a `BatchPut`.

@@ -27,8 +27,17 @@ pub use message::*;
 /// Buffer for headers: rkyv reads archives in place, which needs 16-byte alignment.
 pub use rkyv::util::AlignedVec;
 
-/// Protocol version spoken by this build; the handshake refuses any other.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// Protocol version spoken by this build: a node's `HelloInfo` says it, and its clients and
+/// peers ask for it in their `Hello`.
+///
+/// 6 added `Heartbeat` (node to node only); nothing else changed since 5.
+pub const PROTOCOL_VERSION: u32 = 6;
+
+/// The oldest version a node of this build accepts in a `Hello` (older ones get
+/// `UnsupportedVersion`). A connection that asked for an older version than the node's is
+/// answered in it; a node that gets `UnsupportedVersion` from a peer (an older node, in a
+/// rolling upgrade) connects again asking for this one and gossips as that version did.
+pub const MIN_PROTOCOL_VERSION: u32 = 5;
 
 /// The request id of an `Event` (sent unasked on a connection that watches keys); never the
 /// id of a request.

@@ -97,6 +97,17 @@ impl Node {
     /// Starts a node like [`Node::start`], its command line prefixed by `wrapper` (e.g.
     /// `prlimit --nofile=128:128`), with `KVPOOL_LOG=warn` and its log captured line by line.
     pub fn start_logged(wrapper: &[&str], memory: &str, extra: &[&str]) -> (Node, Log) {
+        Node::start_logged_at(wrapper, memory, extra, &["127.0.0.1:0"; 3])
+    }
+
+    /// [`Node::start_logged`] with explicit tcp, quic and metrics addresses (e.g. inside a
+    /// network namespace, the wrapper being `ip netns exec <ns>`).
+    pub fn start_logged_at(
+        wrapper: &[&str],
+        memory: &str,
+        extra: &[&str],
+        addrs: &[&str; 3],
+    ) -> (Node, Log) {
         let kvpoold = bin("kvpoold");
         let cmd = match wrapper.split_first() {
             Some((first, rest)) => {
@@ -107,7 +118,6 @@ impl Node {
             None => Command::new(&kvpoold),
         };
         let log = Log::default();
-        let addrs = &["127.0.0.1:0"; 3];
         let node = Node::launch(cmd, temp_dir("node"), memory, extra, addrs, Some(&log));
         (node, log)
     }

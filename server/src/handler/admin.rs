@@ -2,14 +2,15 @@
 //! node's namespaces, limits and view; and `Stats`.
 
 use kvpool::protocol::auth;
-use kvpool::protocol::{ErrorCode, Reply, PROTOCOL_VERSION};
+use kvpool::protocol::{ErrorCode, Reply, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use rkyv::string::ArchivedString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{Conn, Next};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
-    /// A wrong version or token closes the connection.
+    /// A version outside `MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION` or a wrong token closes the
+    /// connection.
     pub(super) async fn hello(
         &mut self,
         id: u64,
@@ -17,11 +18,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         token: &ArchivedString,
         client: &ArchivedString,
     ) -> Next {
-        if version != PROTOCOL_VERSION {
+        if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
             self.fail(
                 id,
                 ErrorCode::UnsupportedVersion,
-                &format!("this node speaks protocol {PROTOCOL_VERSION}"),
+                &format!(
+                    "this node speaks protocol {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}, not {version}"
+                ),
             )
             .await?;
             return Ok(false);
@@ -48,6 +51,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         };
         let mut hello = self.s.hello.clone();
         hello.challenge = self.challenge;
+        // The connection speaks the version it asked for.
+        hello.version = version;
         hello.namespaces.retain(|(_, id)| access.allows(*id));
         hello.replication.retain(|r| access.allows(r.ns));
         hello.view = self.s.cluster.view();

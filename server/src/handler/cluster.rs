@@ -2,7 +2,7 @@
 //! peer may `Gossip` (merge views) and `Drain` (ask this node to leave); `View` shows this
 //! node's view; `Vouch` tells a key's previous owner whether its copy may still be served.
 
-use kvpool::protocol::{ErrorCode, Key, Reply};
+use kvpool::protocol::{ErrorCode, Heard, Key, Reply};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -43,10 +43,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         Ok(true)
     }
 
+    /// `Gossip` and `Heartbeat` (`heard`: the hearings it relays).
     pub(super) async fn gossip(
         &mut self,
         id: u64,
         view: &Archived<kvpool::placement::ClusterView>,
+        heard: Option<&Archived<Vec<Heard>>>,
     ) -> Next {
         if !self.peer {
             self.fail(
@@ -65,6 +67,16 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     return Ok(true);
                 }
             };
+        if let Some(heard) = heard {
+            let heard: Vec<Heard> = heard
+                .iter()
+                .map(|h| Heard {
+                    node: h.node.to_native(),
+                    age_ms: h.age_ms.to_native(),
+                })
+                .collect();
+            self.s.cluster.relayed(&heard);
+        }
         let after = self.s.cluster.merge(&theirs);
         self.reply(id, Reply::View(after), &[]).await?;
         Ok(true)

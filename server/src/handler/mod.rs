@@ -501,7 +501,8 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 self.pin(id, ns.to_native(), keys, *pinned).await
             }
             ArchivedOp::ClusterAuth { nonce, proof } => self.cluster_auth(id, nonce, proof).await,
-            ArchivedOp::Gossip { view } => self.gossip(id, view).await,
+            ArchivedOp::Gossip { view } => self.gossip(id, view, None).await,
+            ArchivedOp::Heartbeat { view, heard } => self.gossip(id, view, Some(heard)).await,
             ArchivedOp::View => self.view(id).await,
             ArchivedOp::Drain => self.drain(id).await,
             ArchivedOp::Vouch { ns, keys } => self.vouch(id, ns.to_native(), keys).await,
@@ -704,6 +705,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         | ArchivedOp::MapInfo
         | ArchivedOp::ClusterAuth { .. }
         | ArchivedOp::Gossip { .. }
+        | ArchivedOp::Heartbeat { .. }
         | ArchivedOp::Drain => OpKind::Admin,
     }
 }
