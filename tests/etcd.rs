@@ -2,8 +2,10 @@
 //! its own data dir) and `kvpoold`s registered in it with fast timings (down after 1 s: etcd
 //! grants its 2 s minimum lease). Three nodes serve by weight, one is killed with SIGKILL, a
 //! fourth joins, etcd itself is killed and restarted while the nodes keep serving, and a fifth
-//! joins afterwards. Skips, saying why, where no `etcd` binary is installed (Debian:
-//! `apt-get install etcd-server`). Every wait is bounded.
+//! joins afterwards. A second etcd has its authentication on (tokens expiring after 1 s): the
+//! nodes log in as a user that may only touch their prefix, a wrong password is refused and
+//! said, and an expired token is traded again. Without an `etcd` binary (Debian: `apt-get
+//! install etcd-server`) they fail in CI and say SKIPPED elsewhere. Every wait is bounded.
 
 mod common;
 
@@ -38,20 +40,98 @@ struct Etcd {
     dir: PathBuf,
     client: u16,
     peer: u16,
+    /// More flags for every launch.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
 impl Etcd {
     fn start(bin: PathBuf) -> Etcd {
+        Etcd::start_with(bin, &[])
+    }
+
+    fn start_with(bin: PathBuf, extra: &[&str]) -> Etcd {
         let mut e = Etcd {
             bin,
             dir: temp_dir("etcd"),
             client: free_port(),
             peer: free_port(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         e.launch();
         e
+    }
+
+    /// One call to etcd's JSON gateway (`token`: etcd's auth token); the status and body.
+    fn post(&self, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.client)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{auth}\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let status = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (status, body)
+    }
+
+    /// Turns etcd's authentication on: a root user, and `user` (password `password`) with a
+    /// role that may read and write `prefix` and nothing else.
+    fn enable_auth(&self, user: &str, password: &str, prefix: &str) {
+        use base64::Engine as _;
+        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut().unwrap() += 1;
+        let calls = [
+            (
+                "/v3/auth/user/add",
+                r#"{"name":"root","password":"root-pw"}"#.to_string(),
+            ),
+            (
+                "/v3/auth/user/grant",
+                r#"{"user":"root","role":"root"}"#.to_string(),
+            ),
+            ("/v3/auth/role/add", r#"{"name":"kvpool-rw"}"#.to_string()),
+            (
+                "/v3/auth/role/grant",
+                format!(
+                    r#"{{"name":"kvpool-rw","perm":{{"permType":"READWRITE","key":"{}","range_end":"{}"}}}}"#,
+                    b64(prefix.as_bytes()),
+                    b64(&end)
+                ),
+            ),
+            (
+                "/v3/auth/user/add",
+                format!(r#"{{"name":"{user}","password":"{password}"}}"#),
+            ),
+            (
+                "/v3/auth/user/grant",
+                format!(r#"{{"user":"{user}","role":"kvpool-rw"}}"#),
+            ),
+            ("/v3/auth/enable", "{}".to_string()),
+        ];
+        for (path, body) in calls {
+            let (status, reply) = self.post(path, &body, None);
+            assert_eq!(status, 200, "{path} {body}: {reply}");
+        }
+        let (status, reply) = self.post("/v3/kv/put", r#"{"key":"eA==","value":"eA=="}"#, None);
+        assert_eq!(
+            status, 400,
+            "with authentication on, no token is refused: {reply}"
+        );
     }
 
     fn url(&self) -> String {
@@ -75,6 +155,7 @@ impl Etcd {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("kvpool-test={peer}")])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -129,23 +210,26 @@ fn free_port() -> u16 {
 /// Starts node `id` with `memory`, registered in `etcd`, with the cluster secret kept next to
 /// etcd's data.
 fn start(id: u32, memory: &str, etcd: &Etcd) -> Node {
-    let id = id.to_string();
-    let url = etcd.url();
+    let args = node_args(id, etcd);
+    Node::start(memory, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The flags of node `id` registered in `etcd`.
+fn node_args(id: u32, etcd: &Etcd) -> Vec<String> {
     let secret = etcd.dir.join("cluster.secret");
     if !secret.exists() {
         common::write_secret(&secret, 42);
     }
-    let secret = secret.to_str().unwrap().to_string();
-    let mut args: Vec<&str> = vec![
-        "--node-id",
-        &id,
-        "--etcd",
-        &url,
-        "--cluster-secret-file",
-        &secret,
+    let mut args: Vec<String> = vec![
+        "--node-id".into(),
+        id.to_string(),
+        "--etcd".into(),
+        etcd.url(),
+        "--cluster-secret-file".into(),
+        secret.to_str().unwrap().into(),
     ];
-    args.extend_from_slice(TIMING);
-    Node::start(memory, &args)
+    args.extend(TIMING.iter().map(|s| s.to_string()));
+    args
 }
 
 async fn connect(n: &Node) -> Client {
@@ -327,4 +411,82 @@ async fn etcd_membership_survives_a_crash_a_join_and_an_etcd_restart() {
     })
     .await;
     drop((n0, n1));
+}
+
+/// etcd's own authentication on, with tokens that expire after 1 s unused: nodes given a user
+/// that may read and write only the cluster's prefix register and serve; a node with a wrong
+/// password says why and never enters the view; and once the tokens have expired, a node's
+/// next change (a drain) is put with a new token, without the session failing first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_authentication_admits_the_cluster_user_and_refuses_a_wrong_password() {
+    let bin = find_etcd();
+    let test = "etcd_authentication_admits_the_cluster_user_and_refuses_a_wrong_password";
+    if !common::deps::require(bin.is_some(), test, "etcd", "apt-get install etcd-server") {
+        return;
+    }
+    let bin = bin.unwrap();
+    let etcd = Etcd::start_with(bin, &["--auth-token-ttl", "1"]);
+    etcd.enable_auth("kvpool", "kvpool-pw", "/kvpool/");
+    let good = etcd.dir.join("etcd.password");
+    std::fs::write(&good, "kvpool-pw\n").unwrap();
+    let bad = etcd.dir.join("wrong.password");
+    std::fs::write(&bad, "not-it\n").unwrap();
+    let start_as = |id: u32, password: &PathBuf| {
+        let mut args = node_args(id, &etcd);
+        args.extend([
+            "--etcd-user".to_string(),
+            "kvpool".into(),
+            "--etcd-password-file".into(),
+            password.to_str().unwrap().into(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Node::start_logged(&[], "64MiB", &args)
+    };
+    let (n0, log0) = start_as(0, &good);
+    let (mut n1, log1) = start_as(1, &good);
+    let (c0, c1) = (connect(&n0).await, connect(&n1).await);
+    agree(&[&c0, &c1], "both nodes serve", |v| serving(v) == 2).await;
+
+    let (n9, log9) = start_as(9, &bad);
+    let t = Instant::now();
+    while log9.count("authentication failed") == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a wrong password was never reported: {:?}",
+            log9.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let line = log9
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("authentication failed"));
+    assert!(
+        line.as_deref().unwrap_or("").contains("kvpool"),
+        "names the user: {line:?}"
+    );
+    let v = c0.view().await.unwrap();
+    assert!(
+        v.node(NodeId(9)).is_none(),
+        "a node with a wrong password is not in the view"
+    );
+
+    // Every token has expired by now (1 s unused; keepalives need none). Node 1 is stopped
+    // (SIGTERM with a peer serving: it drains, puts `draining` then `down`, and exits): its
+    // puts go with a new token, and the other node sees it leave.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(n1.stop().success());
+    agree(&[&c0], "node 1 has left", |v| {
+        serving(v) == 1 && state(v, 1) == Some(NodeState::Down)
+    })
+    .await;
+    for (name, log) in [("node 0", &log0), ("node 1", &log1)] {
+        assert_eq!(
+            log.count("etcd: lost"),
+            0,
+            "{name} lost etcd (a refused token must be traded again within the call): {:?}",
+            log.lines()
+        );
+    }
+    drop((n0, n9));
 }

@@ -9,7 +9,7 @@ use kvpool::pool::NamespaceConfig;
 use kvpool::protocol::Limits;
 use serde::{Deserialize, Deserializer};
 
-use crate::etcd_gateway::EtcdConfig;
+use crate::etcd_gateway::{EtcdAuth, EtcdConfig};
 use crate::http::Url;
 
 /// Everything `kvpoold` can be told.
@@ -55,6 +55,14 @@ pub struct ClusterConfig {
     /// Prefix of this cluster's keys in etcd, so several clusters can share one. Default
     /// `"/kvpool/"`.
     pub etcd_prefix: String,
+    /// User of etcd's own authentication (`etcdctl auth enable`): the node trades this user's
+    /// password for a token and sends it with every request, so the user needs read and write
+    /// permission on `etcd_prefix`. Needs `etcd_password_file`. Default none (etcd's
+    /// authentication off).
+    pub etcd_user: Option<String>,
+    /// File holding `etcd_user`'s password (its text with surrounding whitespace removed), so
+    /// the password is in neither the config nor the command line. Default none.
+    pub etcd_password_file: Option<PathBuf>,
     /// The TCP address other nodes and clients reach this node at. Default: the bound TCP
     /// address.
     pub advertise: Option<String>,
@@ -67,8 +75,9 @@ pub struct ClusterConfig {
     /// Drain before exiting on SIGTERM when other nodes are serving. Default true.
     pub drain_on_shutdown: bool,
     /// Hand unpinned objects (KV blocks) to their new owners when this node drains or another
-    /// joins, hottest first, as background bulk traffic (docs/CLUSTER.md, "Elastic"). Only
-    /// namespaces with one replica take part. Default true.
+    /// joins, the hottest within `handover_max_bytes`, as background bulk traffic
+    /// (docs/RELIABILITY.md, "Elastic"). Only namespaces with one replica take part. Default
+    /// true.
     pub handover: bool,
     /// Most bytes one handover pass sends (`"8GiB"` or a number; 0: no limit); the colder rest
     /// follows in later passes (one every 5 s; every heartbeat in a drain). Default 0.
@@ -88,6 +97,8 @@ impl Default for ClusterConfig {
             peers: Vec::new(),
             etcd: Vec::new(),
             etcd_prefix: "/kvpool/".into(),
+            etcd_user: None,
+            etcd_password_file: None,
             advertise: None,
             heartbeat_ms: 500,
             down_after_ms: 2_000,
@@ -529,9 +540,27 @@ impl Config {
             .iter()
             .map(|u| Url::parse(u).map_err(|e| anyhow::anyhow!("cluster.etcd: {e}")))
             .collect::<anyhow::Result<_>>()?;
+        let auth = match (&c.etcd_user, &c.etcd_password_file) {
+            (None, None) => None,
+            (Some(user), Some(file)) if !user.is_empty() => {
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    anyhow::anyhow!("cluster.etcd_password_file {}: {e}", file.display())
+                })?;
+                let password = text.trim().to_string();
+                if password.is_empty() {
+                    bail!("cluster.etcd_password_file {} is empty", file.display());
+                }
+                Some(EtcdAuth {
+                    user: user.clone(),
+                    password,
+                })
+            }
+            _ => bail!("cluster: etcd_user and etcd_password_file go together"),
+        };
         Ok(MembershipConfig::Etcd(EtcdConfig {
             endpoints,
             prefix: c.etcd_prefix.clone(),
+            auth,
         }))
     }
 
@@ -876,6 +905,42 @@ mod tests {
             Config::default().membership().unwrap(),
             MembershipConfig::Static { .. }
         ));
+    }
+
+    #[test]
+    fn etcd_authentication_needs_a_user_and_a_password_file() {
+        let dir = kvpool_system_tests::temp_dir("etcd-auth-config");
+        let file = dir.join("etcd.password");
+        std::fs::write(&file, "  s3cret\n").unwrap();
+        let with = |extra: &str| {
+            Config::from_toml(&format!("[cluster]\netcd = [\"http://h:1\"]\n{extra}"))
+                .unwrap()
+                .membership()
+        };
+        let both = format!(
+            "etcd_user = \"kvpool\"\netcd_password_file = \"{}\"",
+            file.display()
+        );
+        match with(&both).unwrap() {
+            MembershipConfig::Etcd(e) => {
+                let a = e.auth.unwrap();
+                assert_eq!((a.user.as_str(), a.password.as_str()), ("kvpool", "s3cret"));
+                assert!(
+                    !format!("{a:?}").contains("s3cret"),
+                    "the password is not logged"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(with("etcd_user = \"kvpool\"").is_err(), "no password file");
+        let alone = format!("etcd_password_file = \"{}\"", file.display());
+        assert!(with(&alone).is_err(), "no user");
+        let missing = "etcd_user = \"kvpool\"\netcd_password_file = \"/nonexistent/pw\"";
+        let err = with(missing).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/pw"), "{err}");
+        std::fs::write(&file, "\n").unwrap();
+        assert!(with(&both).is_err(), "an empty password");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

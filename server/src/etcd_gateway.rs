@@ -19,6 +19,11 @@
 //! its lease if etcd still has it (etcd refreshes leases when it restarts) or takes a new one,
 //! registers again, and ranges and watches afresh. A record of this node left by an earlier run
 //! with an epoch at least as high as the node's own is outranked before the first put.
+//!
+//! With etcd's own authentication (`etcd_user`), the node trades the user's password for a
+//! token (`/v3/auth/authenticate`) at the start of every session and sends it as the
+//! `Authorization` header; a call etcd answers 401 (the token expired) authenticates again and
+//! is repeated once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +47,24 @@ pub(crate) struct EtcdConfig {
     pub(crate) endpoints: Vec<Url>,
     /// Prefix of every key of this cluster.
     pub(crate) prefix: String,
+    /// etcd's own authentication (`etcd_user`, `etcd_password_file`); None: etcd has it off.
+    pub(crate) auth: Option<EtcdAuth>,
+}
+
+/// A user of etcd's own authentication: the node trades the password for a token
+/// (`/v3/auth/authenticate`) and sends the token with every request.
+#[derive(Clone)]
+pub(crate) struct EtcdAuth {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What can go wrong with etcd.
@@ -62,6 +85,17 @@ pub(crate) enum EtcdError {
     /// The watch stream ended.
     #[error("watch ended")]
     WatchEnded,
+    /// etcd refused the token (expired, or etcd restarted): authenticate again.
+    #[error("etcd refused the auth token: {0}")]
+    Unauthenticated(String),
+    /// etcd refused the user and password.
+    #[error("etcd authentication of user {user:?} failed: {reason}")]
+    Auth {
+        /// The user.
+        user: String,
+        /// etcd's answer.
+        reason: String,
+    },
 }
 
 /// Largest reply, or message of the watch stream, read from etcd.
@@ -89,6 +123,8 @@ pub(crate) async fn run(
             endpoints: cfg.endpoints,
             current: 0,
             timeout: call_timeout,
+            auth: cfg.auth,
+            token: None,
         },
         prefix: cfg.prefix,
         ttl,
@@ -246,6 +282,8 @@ impl Registrar {
     /// Registers, builds the view, then follows the watch, keeps the lease alive and publishes
     /// this node's changes. Ok when `stop` fired; an error when etcd was lost.
     async fn session(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), EtcdError> {
+        // A fresh token for every session: a watch opened with a stale one just stays silent.
+        self.etcd.token = None;
         let lease = self.lease().await?;
         if let Some(theirs) = self.etcd.get(&self.keys.record).await? {
             if let Some(theirs) = decode_record(&theirs) {
@@ -404,6 +442,9 @@ struct Etcd {
     endpoints: Vec<Url>,
     current: usize,
     timeout: Duration,
+    auth: Option<EtcdAuth>,
+    /// The token `auth` was traded for, once it has been.
+    token: Option<String>,
 }
 
 impl Etcd {
@@ -492,10 +533,13 @@ impl Etcd {
             "range_end": B64.encode(prefix_end(prefix.as_bytes())),
             "start_revision": from.to_string(),
         }});
+        let token = self.token().await?;
         let url = self.endpoints[self.current].clone();
         let json = body.to_string().into_bytes();
         let r = tokio::time::timeout(self.timeout, async {
-            let mut b = http::post(&url, "/v3/watch", &json, MAX_REPLY).await?;
+            let mut b = http::post(&url, "/v3/watch", &json, token.as_deref(), MAX_REPLY)
+                .await
+                .map_err(refused)?;
             let first = b.next_line().await?.ok_or(EtcdError::WatchEnded)?;
             let v: Value =
                 serde_json::from_slice(&first).map_err(|e| EtcdError::Reply(e.to_string()))?;
@@ -512,12 +556,31 @@ impl Etcd {
         r
     }
 
-    /// One call: the reply's JSON (the first message, for a streaming endpoint).
+    /// One call: the reply's JSON (the first message, for a streaming endpoint). A token etcd
+    /// refuses (expired) is traded again once.
     async fn call(&mut self, path: &str, req: Value, stream: bool) -> Result<Value, EtcdError> {
+        match self.call_once(path, &req, stream).await {
+            Err(EtcdError::Unauthenticated(_)) if self.auth.is_some() => {
+                self.token = None;
+                self.call_once(path, &req, stream).await
+            }
+            r => r,
+        }
+    }
+
+    async fn call_once(
+        &mut self,
+        path: &str,
+        req: &Value,
+        stream: bool,
+    ) -> Result<Value, EtcdError> {
+        let token = self.token().await?;
         let url = self.endpoints[self.current].clone();
         let json = req.to_string().into_bytes();
         let r = tokio::time::timeout(self.timeout, async {
-            let mut b = http::post(&url, path, &json, MAX_REPLY).await?;
+            let mut b = http::post(&url, path, &json, token.as_deref(), MAX_REPLY)
+                .await
+                .map_err(refused)?;
             let reply = if stream {
                 b.next_line().await?.unwrap_or_default()
             } else {
@@ -532,14 +595,72 @@ impl Etcd {
         })
         .await
         .unwrap_or(Err(EtcdError::Timeout(self.timeout)));
-        if r.is_err() {
+        if matches!(r, Err(ref e) if !matches!(e, EtcdError::Unauthenticated(_))) {
             self.next_endpoint();
         }
         r
     }
 
+    /// The token to send, trading the user and password for one first when there is none;
+    /// None when etcd's authentication is not used.
+    async fn token(&mut self) -> Result<Option<String>, EtcdError> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        if let Some(t) = &self.token {
+            return Ok(Some(t.clone()));
+        }
+        let url = self.endpoints[self.current].clone();
+        let json = json!({ "name": auth.user, "password": auth.password })
+            .to_string()
+            .into_bytes();
+        let failed = |reason: String| EtcdError::Auth {
+            user: auth.user.clone(),
+            reason,
+        };
+        let r = tokio::time::timeout(self.timeout, async {
+            let reply =
+                match http::post(&url, "/v3/auth/authenticate", &json, None, MAX_REPLY).await {
+                    Ok(mut b) => b.read_all().await?,
+                    // etcd answers a wrong password 400 with its reason in the body.
+                    Err(HttpError::Status { body, .. }) => {
+                        let v: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+                        let why = v["message"].as_str().map(str::to_string);
+                        return Err(failed(why.unwrap_or_else(|| v.to_string())));
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+            let v: Value =
+                serde_json::from_slice(&reply).map_err(|e| EtcdError::Reply(e.to_string()))?;
+            match v["token"].as_str() {
+                Some(t) if !t.is_empty() => Ok(t.to_string()),
+                _ => Err(failed(format!("no token in {}", reply_error(&v)))),
+            }
+        })
+        .await
+        .unwrap_or(Err(EtcdError::Timeout(self.timeout)));
+        match r {
+            Ok(t) => {
+                self.token = Some(t.clone());
+                Ok(Some(t))
+            }
+            Err(e) => {
+                self.next_endpoint();
+                Err(e)
+            }
+        }
+    }
+
     fn next_endpoint(&mut self) {
         self.current = (self.current + 1) % self.endpoints.len().max(1);
+    }
+}
+
+/// An HTTP error as etcd means it: 401 is a token it refuses (grpc code 16).
+fn refused(e: HttpError) -> EtcdError {
+    match e {
+        HttpError::Status { status: 401, body } => EtcdError::Unauthenticated(body),
+        e => e.into(),
     }
 }
 

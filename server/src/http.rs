@@ -63,20 +63,32 @@ impl Url {
     }
 }
 
-/// Sends `POST path` with a JSON body and reads the status and headers; the body is read from
-/// the returned [`Body`], at most `max` bytes at a time (the whole body, or one line of a
-/// streamed one).
+/// Sends `POST path` with a JSON body (and `authorization`, when given, as the
+/// `Authorization` header) and reads the status and headers; the body is read from the
+/// returned [`Body`], at most `max` bytes at a time (the whole body, or one line of a streamed
+/// one).
 pub(crate) async fn post(
     url: &Url,
     path: &str,
     json: &[u8],
+    authorization: Option<&str>,
     max: usize,
 ) -> Result<Body, HttpError> {
+    let auth = match authorization {
+        // A value with a line break would smuggle headers (the token comes from the server).
+        Some(a) if a.bytes().any(|b| b == b'\r' || b == b'\n') => {
+            return Err(HttpError::Malformed(
+                "line break in the authorization value",
+            ))
+        }
+        Some(a) => format!("Authorization: {a}\r\n"),
+        None => String::new(),
+    };
     let mut s = TcpStream::connect(&url.authority).await?;
     s.set_nodelay(true)?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
+         Content-Length: {}\r\n{auth}Connection: close\r\n\r\n",
         url.authority,
         json.len()
     );
@@ -327,7 +339,7 @@ mod tests {
     #[tokio::test]
     async fn content_length_and_chunked_bodies_decode() {
         let url = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
-        let mut b = post(&url, "/", b"{}", 100).await.unwrap();
+        let mut b = post(&url, "/", b"{}", None, 100).await.unwrap();
         assert_eq!(b.read_all().await.unwrap(), b"hello");
 
         let url = serve_once(
@@ -335,24 +347,50 @@ mod tests {
               5\r\nb\":2}\r\n0\r\n\r\n",
         )
         .await;
-        let mut b = post(&url, "/", b"{}", 100).await.unwrap();
+        let mut b = post(&url, "/", b"{}", None, 100).await.unwrap();
         assert_eq!(b.next_line().await.unwrap().unwrap(), b"{\"a\":1}");
         assert_eq!(b.next_line().await.unwrap().unwrap(), b"{\"b\":2}");
         assert!(b.next_line().await.unwrap().is_none());
     }
 
     #[tokio::test]
+    async fn the_authorization_header_is_sent_and_cannot_carry_a_line_break() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url {
+            authority: l.local_addr().unwrap().to_string(),
+        };
+        let head = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        let mut b = post(&url, "/v3/kv/put", b"{}", Some("tok.en"), 100)
+            .await
+            .unwrap();
+        assert_eq!(b.read_all().await.unwrap(), b"");
+        let head = head.await.unwrap();
+        assert!(head.contains("\r\nAuthorization: tok.en\r\n"), "{head}");
+
+        let smuggled = post(&url, "/", b"{}", Some("t\r\nX-Evil: 1"), 100).await;
+        assert!(matches!(smuggled, Err(HttpError::Malformed(_))));
+    }
+
+    #[tokio::test]
     async fn oversized_and_failed_responses_are_errors() {
         let url = serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n0123456789").await;
-        let mut b = post(&url, "/", b"{}", 4).await.unwrap();
+        let mut b = post(&url, "/", b"{}", None, 4).await.unwrap();
         assert!(matches!(b.read_all().await, Err(HttpError::TooLarge(4))));
 
         let url = serve_once(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n").await;
-        let mut b = post(&url, "/", b"{}", 16).await.unwrap();
+        let mut b = post(&url, "/", b"{}", None, 16).await.unwrap();
         assert!(b.next_line().await.is_err(), "an endless line is cut off");
 
         let url = serve_once(b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\nnope").await;
-        match post(&url, "/", b"{}", 100).await {
+        match post(&url, "/", b"{}", None, 100).await {
             Err(HttpError::Status { status: 404, body }) => assert_eq!(body, "nop"),
             other => panic!("{:?}", other.map(|_| ())),
         }

@@ -69,6 +69,12 @@ struct Cli {
     /// Prefix of this cluster's keys in etcd [default: /kvpool/].
     #[arg(long, env = "KVPOOL_ETCD_PREFIX")]
     etcd_prefix: Option<String>,
+    /// User of etcd's own authentication (with --etcd-password-file).
+    #[arg(long, env = "KVPOOL_ETCD_USER")]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long)]
+    etcd_password_file: Option<PathBuf>,
     /// The TCP address other nodes and clients reach this node at [default: the bound address].
     #[arg(long, env = "KVPOOL_ADVERTISE")]
     advertise: Option<String>,
@@ -179,6 +185,12 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.etcd_prefix {
         c.cluster.etcd_prefix = v.clone();
+    }
+    if let Some(v) = &cli.etcd_user {
+        c.cluster.etcd_user = Some(v.clone());
+    }
+    if let Some(v) = &cli.etcd_password_file {
+        c.cluster.etcd_password_file = Some(v.clone());
     }
     if let Some(v) = &cli.advertise {
         c.cluster.advertise = Some(v.clone());
