@@ -98,19 +98,7 @@ impl Peer {
                 max_batch: u32::MAX,
             },
             timeout,
-            hello: HelloInfo {
-                version: 0,
-                node: 0,
-                incarnation: 0,
-                namespaces: Vec::new(),
-                host_id: String::new(),
-                uds_path: String::new(),
-                max_payload: 0,
-                max_batch: 0,
-                view: Default::default(),
-                replication: Vec::new(),
-                challenge: [0; auth::AUTH_LEN],
-            },
+            hello: no_hello(),
         };
         let hello = Op::Hello {
             version,
@@ -202,6 +190,23 @@ impl Peer {
     }
 }
 
+/// The `HelloInfo` of a peer that has not answered yet.
+fn no_hello() -> HelloInfo {
+    HelloInfo {
+        version: 0,
+        node: 0,
+        incarnation: 0,
+        namespaces: Vec::new(),
+        host_id: String::new(),
+        uds_path: String::new(),
+        max_payload: 0,
+        max_batch: 0,
+        view: Default::default(),
+        replication: Vec::new(),
+        challenge: [0; auth::AUTH_LEN],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kvpool::protocol::io::{read_header, read_prefix, write_frame};
@@ -237,7 +242,7 @@ mod tests {
                                 message: "this node speaks protocol 5".into(),
                             }
                         } else {
-                            let mut h = empty_hello();
+                            let mut h = no_hello();
                             h.version = 5;
                             h.node = 9;
                             h.challenge = challenge;
@@ -260,22 +265,6 @@ mod tests {
             if asked.last() == Some(&5) {
                 return asked;
             }
-        }
-    }
-
-    fn empty_hello() -> HelloInfo {
-        HelloInfo {
-            version: 0,
-            node: 0,
-            incarnation: 1,
-            namespaces: Vec::new(),
-            host_id: String::new(),
-            uds_path: String::new(),
-            max_payload: 0,
-            max_batch: 0,
-            view: Default::default(),
-            replication: Vec::new(),
-            challenge: [0; auth::AUTH_LEN],
         }
     }
 
