@@ -14,8 +14,9 @@
 //!   `down_after` ([`Membership::relayed`]): a link that only this node lost (a partial or
 //!   asymmetric partition) then does not mark a live node down, which would fence it and make
 //!   the view flap as it refutes. Only direct hearings are relayed, never relayed ones, so a
-//!   dead node stops being vouched for `down_after` after its last answer, as before. A node starts `joining`, and turns `serving` two heartbeats after its
-//!   first [`Membership::tick`] (the heartbeats' start), having pulled its peers' views.
+//!   dead node stops being vouched for `down_after` after its last answer, as before. A node
+//!   starts `joining`, and turns `serving` two heartbeats after its first
+//!   [`Membership::tick`] (the heartbeats' start), having pulled its peers' views.
 //! - **etcd** ([`Source::Etcd`]): the view is replaced wholesale by the one derived from etcd's
 //!   records and leases ([`EtcdRecords`]); versions are etcd revisions, kept moving forward by
 //!   changes made here before etcd has them; gossip from other nodes is answered, not merged.
@@ -59,6 +60,23 @@ pub struct Step {
     pub fenced: bool,
 }
 
+/// The last sign of life of a peer address.
+#[derive(Clone, Copy, Debug)]
+enum Hearing {
+    /// Never answered; watched since then.
+    Watched(Millis),
+    /// Last answered then: a hearing that heartbeats relay.
+    Answered(Millis),
+}
+
+impl Hearing {
+    fn at(self) -> Millis {
+        match self {
+            Hearing::Watched(t) | Hearing::Answered(t) => t,
+        }
+    }
+}
+
 /// One node's membership state.
 #[derive(Debug)]
 pub struct Membership {
@@ -68,11 +86,8 @@ pub struct Membership {
     history: History,
     /// The first tick (the heartbeats' start): joining lasts two heartbeats from here.
     first_tick: Option<Millis>,
-    /// Per peer address, when it last answered (or, until it first does, when watching it
-    /// began).
-    heard: HashMap<String, Millis>,
-    /// Per peer address, when it last answered: what heartbeats relay.
-    answered: HashMap<String, Millis>,
+    /// Per peer address, when it last answered, or when watching it began.
+    heard: HashMap<String, Hearing>,
     /// Per node, the latest time another peer said it heard that node directly.
     relayed: HashMap<u32, Millis>,
 }
@@ -91,7 +106,6 @@ impl Membership {
             history,
             first_tick: None,
             heard: HashMap::new(),
-            answered: HashMap::new(),
             relayed: HashMap::new(),
         }
     }
@@ -263,19 +277,19 @@ impl Membership {
     /// Starts watching the peer at `addr` at `now`: silent from here for `down_after`, it is
     /// marked down.
     pub fn watch(&mut self, addr: &str, now: Millis) {
-        self.heard.entry(addr.to_string()).or_insert(now);
+        self.heard
+            .entry(addr.to_string())
+            .or_insert(Hearing::Watched(now));
     }
 
     /// Stops watching the peer at `addr` (it turned out to be this node under another name).
     pub fn forget(&mut self, addr: &str) {
         self.heard.remove(addr);
-        self.answered.remove(addr);
     }
 
     /// The peer at `addr` answered a heartbeat at `now`; its answer was its view, merged here.
     pub fn heard(&mut self, addr: &str, view: &ClusterView, now: Millis, mark: u64) -> Step {
-        self.heard.insert(addr.to_string(), now);
-        self.answered.insert(addr.to_string(), now);
+        self.heard.insert(addr.to_string(), Hearing::Answered(now));
         self.merge(view, mark)
     }
 
@@ -283,15 +297,15 @@ impl Membership {
     /// long ago: what its heartbeats relay to its peers.
     pub fn heard_directly(&self, now: Millis, down_after: Millis) -> Vec<Heard> {
         let mut out: Vec<Heard> = self
-            .answered
+            .heard
             .iter()
-            .filter(|(_, &at)| now.saturating_sub(at) < down_after)
-            .filter_map(|(addr, &at)| {
+            .filter_map(|(addr, h)| {
+                let Hearing::Answered(at) = *h else {
+                    return None;
+                };
+                let age_ms = now.saturating_sub(at);
                 let n = self.view.nodes.iter().find(|n| n.tcp == *addr)?;
-                (n.id != self.me).then_some(Heard {
-                    node: n.id,
-                    age_ms: now.saturating_sub(at),
-                })
+                (age_ms < down_after && n.id != self.me).then_some(Heard { node: n.id, age_ms })
             })
             .collect();
         // Two addresses of one node: its latest hearing.
@@ -328,7 +342,7 @@ impl Membership {
         let silent: Vec<u32> = self
             .heard
             .iter()
-            .filter(|(_, &at)| now.saturating_sub(at) >= timing.down_after)
+            .filter(|(_, h)| now.saturating_sub(h.at()) >= timing.down_after)
             .filter_map(|(addr, _)| self.view.nodes.iter().find(|n| n.tcp == *addr))
             .map(|n| n.id)
             .filter(|id| {

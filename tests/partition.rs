@@ -15,7 +15,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::cfg;
+use common::cluster::{cfg, cluster_args};
 use common::deps::require;
 use common::Node;
 use kvpool::placement::{ClusterView, NodeState};
@@ -97,23 +97,15 @@ impl Drop for Net {
 fn start(net: &Net, id: usize, seed: Option<&Node>) -> Node {
     let wrapper = ["ip", "netns", "exec", net.nodes[id].as_str()];
     let tcp = format!("{}:0", Net::addr(id));
-    let node_id = id.to_string();
-    let down_after = DOWN_AFTER_MS.to_string();
-    let mut extra = vec![
-        "--node-id",
-        &node_id,
-        "--heartbeat-ms",
-        HEARTBEAT_MS,
-        "--down-after-ms",
-        &down_after,
-    ];
-    let (peer, secret);
-    if let Some(s) = seed {
-        peer = s.tcp.clone();
-        secret = s.secret_file().to_str().unwrap().to_string();
-        extra.extend_from_slice(&["--peer", &peer, "--cluster-secret-file", &secret]);
-    }
-    Node::start_logged_at(&wrapper, "64MiB", &extra, &[&tcp, "", ""]).0
+    let mut args = cluster_args(id as u32, seed);
+    args.extend([
+        "--heartbeat-ms".into(),
+        HEARTBEAT_MS.into(),
+        "--down-after-ms".into(),
+        DOWN_AFTER_MS.to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Node::start_logged_at(&wrapper, "64MiB", &args, &[&tcp, "", ""]).0
 }
 
 /// A client of `node` over its Unix socket (the test runs outside the namespaces).

@@ -186,8 +186,8 @@ enum ClusterCmd {
     },
     /// Drain a node: it takes no new objects, moves its pinned objects to their new owners,
     /// hands its unpinned ones (KV blocks) to theirs, hottest first, until `drain_timeout_ms`
-    /// (`[cluster] handover`), then leaves the cluster and exits. Needs the cluster secret (and the node token when
-    /// nodes have one).
+    /// (`[cluster] handover`), then leaves the cluster and exits. Needs the cluster secret
+    /// (and the node token when nodes have one).
     Drain {
         /// Node id.
         node: u32,

@@ -575,10 +575,23 @@ impl Etcd {
         stream: bool,
     ) -> Result<Value, EtcdError> {
         let token = self.token().await?;
+        self.exchange(path, req, token.as_deref(), stream).await
+    }
+
+    /// One request to the current endpoint, bounded by the timeout: the reply's JSON (the
+    /// first message, for a streaming endpoint). A failure other than a refused token moves
+    /// the next request on to the next endpoint.
+    async fn exchange(
+        &mut self,
+        path: &str,
+        req: &Value,
+        token: Option<&str>,
+        stream: bool,
+    ) -> Result<Value, EtcdError> {
         let url = self.endpoints[self.current].clone();
         let json = req.to_string().into_bytes();
         let r = tokio::time::timeout(self.timeout, async {
-            let mut b = http::post(&url, path, &json, token.as_deref(), MAX_REPLY)
+            let mut b = http::post(&url, path, &json, token, MAX_REPLY)
                 .await
                 .map_err(refused)?;
             let reply = if stream {
@@ -610,43 +623,33 @@ impl Etcd {
         if let Some(t) = &self.token {
             return Ok(Some(t.clone()));
         }
-        let url = self.endpoints[self.current].clone();
-        let json = json!({ "name": auth.user, "password": auth.password })
-            .to_string()
-            .into_bytes();
+        let user = auth.user.clone();
+        let req = json!({ "name": auth.user, "password": auth.password });
         let failed = |reason: String| EtcdError::Auth {
-            user: auth.user.clone(),
+            user: user.clone(),
             reason,
         };
-        let r = tokio::time::timeout(self.timeout, async {
-            let reply =
-                match http::post(&url, "/v3/auth/authenticate", &json, None, MAX_REPLY).await {
-                    Ok(mut b) => b.read_all().await?,
-                    // etcd answers a wrong password 400 with its reason in the body.
-                    Err(HttpError::Status { body, .. }) => {
-                        let v: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
-                        let why = v["message"].as_str().map(str::to_string);
-                        return Err(failed(why.unwrap_or_else(|| v.to_string())));
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-            let v: Value =
-                serde_json::from_slice(&reply).map_err(|e| EtcdError::Reply(e.to_string()))?;
-            match v["token"].as_str() {
-                Some(t) if !t.is_empty() => Ok(t.to_string()),
-                _ => Err(failed(format!("no token in {}", reply_error(&v)))),
+        let v = match self
+            .exchange("/v3/auth/authenticate", &req, None, false)
+            .await
+        {
+            Ok(v) => v,
+            // etcd answers a wrong password 400 with its reason in the body.
+            Err(EtcdError::Http(HttpError::Status { body, .. })) => {
+                let v: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+                let why = v["message"].as_str().map(str::to_string);
+                return Err(failed(why.unwrap_or_else(|| v.to_string())));
             }
-        })
-        .await
-        .unwrap_or(Err(EtcdError::Timeout(self.timeout)));
-        match r {
-            Ok(t) => {
-                self.token = Some(t.clone());
-                Ok(Some(t))
+            Err(e) => return Err(e),
+        };
+        match v["token"].as_str() {
+            Some(t) if !t.is_empty() => {
+                self.token = Some(t.to_string());
+                Ok(self.token.clone())
             }
-            Err(e) => {
+            _ => {
                 self.next_endpoint();
-                Err(e)
+                Err(failed(format!("no token in {}", reply_error(&v))))
             }
         }
     }

@@ -1,8 +1,9 @@
 //! A daemon's own connection to another daemon: heartbeats (`Heartbeat`, or `Gossip` to a
-//! node of protocol 5) and moving objects (`Lookup`, `Put`). Plain TCP, one request at a time, every call bounded by a
-//! timeout. Requests go with view stamp 0: the daemon addresses the peer on purpose. Every
-//! connection proves the cluster secret right after the handshake (`ClusterAuth`) and checks
-//! the peer's proof in turn, so objects and views only ever go to a node of the cluster.
+//! node of protocol 5) and moving objects (`Lookup`, `Put`). Plain TCP, one request at a
+//! time, every call bounded by a timeout. Requests go with view stamp 0: the daemon addresses
+//! the peer on purpose. Every connection proves the cluster secret right after the handshake
+//! (`ClusterAuth`) and checks the peer's proof in turn, so objects and views only ever go to a
+//! node of the cluster.
 
 use std::time::Duration;
 

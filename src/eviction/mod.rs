@@ -98,8 +98,8 @@ pub trait Eviction: Send + fmt::Debug {
     /// [`OUT_OF_TURN`], so that every candidate in turn goes first.
     fn peek_stamp(&self) -> Option<u64>;
     /// How much the policy would rather keep `h` than the other objects it holds, as a number
-    /// that only orders them (higher: kept longer; recency first). What the cluster's mover
-    /// goes by to hand the hottest objects to their new owners first.
+    /// that only orders them (higher: kept longer; recency first). What the cluster's
+    /// handover goes by to choose the hottest objects to hand to their new owners.
     fn worth(&self, h: Handle) -> u64;
     /// Objects held.
     fn len(&self) -> usize;

@@ -271,6 +271,23 @@ mod tests {
             .collect()
     }
 
+    /// Node 2 joins nodes 0 and 1 and goes down again, as node 0 adopts it: with 0 and 1 at
+    /// mark 1, 2 joining at 10, serving at 11, down at 12.
+    fn node_2_joins_and_goes() -> [(ClusterView, u64); 4] {
+        [
+            (view(&[(0, Serving, 1), (1, Serving, 1)]), 1),
+            (
+                view(&[(0, Serving, 1), (1, Serving, 1), (2, Joining, 1)]),
+                10,
+            ),
+            (
+                view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 2)]),
+                11,
+            ),
+            (view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 2)]), 12),
+        ]
+    }
+
     #[test]
     fn an_object_is_continuous_while_ownership_stays() {
         let mut h = History::new(NodeId(0));
@@ -300,17 +317,10 @@ mod tests {
         let keys = keys_moving(0, 2, &[0, 1, 2]);
         assert!(!keys.is_empty());
         let mut h = History::new(NodeId(0));
-        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1)]), 1);
-        // v0 written here at generation 5.
-        h.adopt(
-            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Joining, 1)]),
-            10,
-        );
-        h.adopt(
-            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 2)]),
-            11,
-        );
-        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 2)]), 12);
+        // v0 written here at generation 5, after the first view.
+        for (v, mark) in node_2_joins_and_goes() {
+            h.adopt(&v, mark);
+        }
         for k in &keys {
             assert!(!h.continuous(k, 5, 1), "node 2 owned it in between");
             // A write taken after ownership came back is fine.
@@ -480,22 +490,17 @@ mod tests {
         let keys = keys_moving(0, 2, &[0, 1, 2]);
         assert!(!keys.is_empty());
         let mut h = History::new(NodeId(0));
-        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1)]), 1);
-        h.adopt(
-            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Joining, 1)]),
-            10,
-        );
+        let [two, joining, serving, down] = node_2_joins_and_goes();
+        h.adopt(&two.0, two.1);
+        h.adopt(&joining.0, joining.1);
         assert!(
             keys.iter().all(|k| h.handed_to(k, 5).is_none()),
             "2 not serving yet"
         );
-        h.adopt(
-            &view(&[(0, Serving, 1), (1, Serving, 1), (2, Serving, 2)]),
-            11,
-        );
+        h.adopt(&serving.0, serving.1);
         assert!(keys.iter().all(|k| h.handed_to(k, 5) == Some(NodeId(2))));
         // Ownership that went away and came back: the copy is older than node 2's time.
-        h.adopt(&view(&[(0, Serving, 1), (1, Serving, 1), (2, Down, 2)]), 12);
+        h.adopt(&down.0, down.1);
         assert!(keys.iter().all(|k| h.handed_to(k, 5).is_none()));
     }
 

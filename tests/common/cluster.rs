@@ -20,16 +20,25 @@ pub fn cfg(same_host: SameHost) -> ClientConfig {
 /// generates the cluster secret the others are given); `extra` goes on its command line after
 /// the cluster flags (timing flags such as `--heartbeat-ms` among them).
 pub fn start_node(id: u32, memory: &str, seed: Option<&Node>, extra: &[&str]) -> Node {
-    let id = id.to_string();
-    let mut args: Vec<&str> = vec!["--node-id", &id];
-    let (peer, secret);
+    let mut args = cluster_args(id, seed);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Node::start(memory, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The flags of node `id` joining through `seed` (its address and the cluster secret it
+/// generated), or of the first node.
+pub fn cluster_args(id: u32, seed: Option<&Node>) -> Vec<String> {
+    let mut args = vec!["--node-id".to_string(), id.to_string()];
     if let Some(s) = seed {
-        peer = s.tcp.clone();
-        secret = s.secret_file().to_str().unwrap().to_string();
-        args.extend_from_slice(&["--peer", &peer, "--cluster-secret-file", &secret]);
+        let secret = s.secret_file().to_str().unwrap().to_string();
+        args.extend([
+            "--peer".into(),
+            s.tcp.clone(),
+            "--cluster-secret-file".into(),
+            secret,
+        ]);
     }
-    args.extend_from_slice(extra);
-    Node::start(memory, &args)
+    args
 }
 
 /// Polls `node`'s view until `want` holds (at most 20 s).
