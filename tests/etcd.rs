@@ -4,7 +4,10 @@
 //! fourth joins, etcd itself is killed and restarted while the nodes keep serving, and a fifth
 //! joins afterwards. A second etcd has its authentication on (tokens expiring after 1 s): the
 //! nodes log in as a user that may only touch their prefix, a wrong password is refused and
-//! said, and an expired token is traded again. Without an `etcd` binary (Debian: `apt-get
+//! said, and an expired token is traded again. A third etcd serves TLS with client
+//! certificates required: nodes given its CA and a client certificate register over
+//! `https://`; a node that trusts another CA, or presents no certificate, never enters the
+//! view. Without an `etcd` binary (Debian: `apt-get
 //! install etcd-server`) they fail in CI and say SKIPPED elsewhere. Every wait is bounded.
 
 mod common;
@@ -42,6 +45,8 @@ struct Etcd {
     peer: u16,
     /// More flags for every launch.
     extra: Vec<String>,
+    /// A second client listener, for TLS (`https_url`); its flags are in `extra`.
+    https: Option<u16>,
     child: Option<Child>,
 }
 
@@ -57,10 +62,44 @@ impl Etcd {
             client: free_port(),
             peer: free_port(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            https: None,
             child: None,
         };
         e.launch();
         e
+    }
+
+    /// An etcd that also serves TLS clients, with the certificate and key `pki` wrote for it,
+    /// and requires a client certificate signed by `pki`'s CA there.
+    fn start_tls(bin: PathBuf, pki: &TestPki) -> Etcd {
+        let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+        let mut e = Etcd {
+            bin,
+            dir: temp_dir("etcd-tls"),
+            client: free_port(),
+            peer: free_port(),
+            extra: vec![
+                "--cert-file".into(),
+                path(&pki.etcd_cert),
+                "--key-file".into(),
+                path(&pki.etcd_key),
+                "--trusted-ca-file".into(),
+                path(&pki.ca),
+                "--client-cert-auth".into(),
+            ],
+            https: Some(free_port()),
+            child: None,
+        };
+        e.launch();
+        e
+    }
+
+    /// The TLS listener's URL.
+    fn https_url(&self) -> String {
+        format!(
+            "https://127.0.0.1:{}",
+            self.https.expect("started with TLS")
+        )
     }
 
     /// One call to etcd's JSON gateway (`token`: etcd's auth token); the status and body.
@@ -147,11 +186,15 @@ impl Etcd {
             .append(true)
             .open(self.dir.join("etcd.log"))
             .unwrap();
+        let mut clients = self.url();
+        if self.https.is_some() {
+            clients = format!("{clients},{}", self.https_url());
+        }
         let child = Command::new(&self.bin)
             .args(["--name", "kvpool-test"])
             .args(["--data-dir", self.dir.join("data").to_str().unwrap()])
-            .args(["--listen-client-urls", &self.url()])
-            .args(["--advertise-client-urls", &self.url()])
+            .args(["--listen-client-urls", &clients])
+            .args(["--advertise-client-urls", &clients])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("kvpool-test={peer}")])
@@ -195,6 +238,68 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A CA and the certificates it signed, as PEM files in a directory of their own: etcd's
+/// (for 127.0.0.1; also a client certificate, because etcd's gateway presents it to etcd's own
+/// gRPC server), a node's client certificate, and another CA that signed nothing.
+struct TestPki {
+    dir: PathBuf,
+    ca: PathBuf,
+    etcd_cert: PathBuf,
+    etcd_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    other_ca: PathBuf,
+}
+
+impl TestPki {
+    fn new() -> TestPki {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let dir = temp_dir("etcd-pki");
+        let ca = |name: &str| {
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.distinguished_name.push(rcgen::DnType::CommonName, name);
+            rcgen::CertifiedIssuer::self_signed(p, rcgen::KeyPair::generate().unwrap()).unwrap()
+        };
+        let (issuer, other) = (ca("kvpool test CA"), ca("another CA"));
+        let write = |name: &str, pem: String| {
+            let p = dir.join(name);
+            std::fs::write(&p, pem).unwrap();
+            p
+        };
+        let leaf = |names: &[&str], usages, file: &str| {
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            let mut p = rcgen::CertificateParams::new(names).unwrap();
+            p.extended_key_usages = usages;
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, file.to_string());
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = p.signed_by(&key, &issuer).unwrap();
+            (
+                write(&format!("{file}.pem"), cert.pem()),
+                write(&format!("{file}-key.pem"), key.serialize_pem()),
+            )
+        };
+        let (etcd_cert, etcd_key) = leaf(&["127.0.0.1"], vec![ServerAuth, ClientAuth], "etcd");
+        let (client_cert, client_key) = leaf(&["kvpool-node"], vec![ClientAuth], "node");
+        TestPki {
+            ca: write("ca.pem", issuer.pem()),
+            other_ca: write("other-ca.pem", other.pem()),
+            etcd_cert,
+            etcd_key,
+            client_cert,
+            client_key,
+            dir,
+        }
+    }
+}
+
+impl Drop for TestPki {
+    fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -489,4 +594,73 @@ async fn etcd_authentication_admits_the_cluster_user_and_refuses_a_wrong_passwor
         );
     }
     drop((n0, n9));
+}
+
+/// etcd serving TLS with client certificates required (`--client-cert-auth`): nodes given
+/// `--etcd https://…`, the CA and a client certificate register and serve; a node that trusts
+/// only another CA refuses etcd's certificate and says so, and a node that presents no
+/// certificate is refused by etcd; neither enters the view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_verifies_etcd_and_presents_the_node_certificate() {
+    let bin = find_etcd();
+    let test = "etcd_over_tls_verifies_etcd_and_presents_the_node_certificate";
+    if !common::deps::require(bin.is_some(), test, "etcd", "apt-get install etcd-server") {
+        return;
+    }
+    let pki = TestPki::new();
+    let etcd = Etcd::start_tls(bin.unwrap(), &pki);
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let start_tls = |id: u32, ca: &PathBuf, client: bool| {
+        let mut args = node_args(id, &etcd);
+        let at = args.iter().position(|a| a == "--etcd").unwrap() + 1;
+        args[at] = etcd.https_url();
+        args.extend(["--etcd-ca-file".to_string(), path(ca)]);
+        if client {
+            args.extend([
+                "--etcd-cert-file".to_string(),
+                path(&pki.client_cert),
+                "--etcd-key-file".into(),
+                path(&pki.client_key),
+            ]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Node::start_logged(&[], "64MiB", &args)
+    };
+    let (n0, _log0) = start_tls(0, &pki.ca, true);
+    let (n1, _log1) = start_tls(1, &pki.ca, true);
+    let (c0, c1) = (connect(&n0).await, connect(&n1).await);
+    agree(&[&c0, &c1], "both nodes serve over TLS", |v| {
+        serving(v) == 2
+    })
+    .await;
+    assert_eq!(fill(&c0, 0..1_000).await, 1_000);
+    assert_eq!(check(&c1, 0..1_000).await, 1_000);
+
+    let (n8, log8) = start_tls(8, &pki.other_ca, true);
+    let (n9, log9) = start_tls(9, &pki.ca, false);
+    for (what, log, says) in [
+        ("another CA", &log8, "certificate"),
+        ("no client certificate", &log9, "etcd: lost"),
+    ] {
+        let t = Instant::now();
+        while !log
+            .lines()
+            .iter()
+            .any(|l| l.contains("etcd: lost") && l.contains(says))
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{what}: the failure was never logged: {:?}",
+                log.lines()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let v = c0.view().await.unwrap();
+    for id in [8, 9] {
+        assert!(v.node(NodeId(id)).is_none(), "node {id} is not in the view");
+    }
+    assert_eq!(serving(&v), 2);
+    drop((n0, n1, n8, n9));
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use kvpool::pool::NamespaceConfig;
@@ -49,8 +50,9 @@ pub struct Config {
 pub struct ClusterConfig {
     /// TCP addresses (`host:port`) of other nodes to heartbeat (static membership). Default none.
     pub peers: Vec<String>,
-    /// etcd client URLs (`http://host:port`): membership through etcd instead of heartbeats
-    /// (then `peers` must be empty). Default none.
+    /// etcd client URLs (`http://host:port`, or `https://host:port` with `etcd_ca_file`):
+    /// membership through etcd instead of heartbeats (then `peers` must be empty). Default
+    /// none.
     pub etcd: Vec<String>,
     /// Prefix of this cluster's keys in etcd, so several clusters can share one. Default
     /// `"/kvpool/"`.
@@ -63,6 +65,15 @@ pub struct ClusterConfig {
     /// File holding `etcd_user`'s password (its text with surrounding whitespace removed), so
     /// the password is in neither the config nor the command line. Default none.
     pub etcd_password_file: Option<PathBuf>,
+    /// CA certificates (PEM) that etcd's server certificate is verified against, for
+    /// `https://` URLs (which need it); the certificate must also name the URL's host or IP
+    /// address. Default none.
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM) presented to etcd over TLS, for etcd's
+    /// `--client-cert-auth`. Needs `etcd_key_file` and `https://` URLs. Default none.
+    pub etcd_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `etcd_cert_file`. Default none.
+    pub etcd_key_file: Option<PathBuf>,
     /// The TCP address other nodes and clients reach this node at. Default: the bound TCP
     /// address.
     pub advertise: Option<String>,
@@ -99,6 +110,9 @@ impl Default for ClusterConfig {
             etcd_prefix: "/kvpool/".into(),
             etcd_user: None,
             etcd_password_file: None,
+            etcd_ca_file: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
             advertise: None,
             heartbeat_ms: 500,
             down_after_ms: 2_000,
@@ -539,7 +553,7 @@ impl Config {
             .etcd
             .iter()
             .map(|u| Url::parse(u).map_err(|e| anyhow::anyhow!("cluster.etcd: {e}")))
-            .collect::<anyhow::Result<_>>()?;
+            .collect::<anyhow::Result<Vec<Url>>>()?;
         let auth = match (&c.etcd_user, &c.etcd_password_file) {
             (None, None) => None,
             (Some(user), Some(file)) if !user.is_empty() => {
@@ -557,11 +571,39 @@ impl Config {
             }
             _ => bail!("cluster: etcd_user and etcd_password_file go together"),
         };
+        let tls = self.etcd_tls(&endpoints)?;
         Ok(MembershipConfig::Etcd(EtcdConfig {
             endpoints,
             prefix: c.etcd_prefix.clone(),
             auth,
+            tls,
         }))
+    }
+
+    /// The TLS client configuration for etcd's `https://` endpoints: needed by them, refused
+    /// without them (a CA or certificate that would never be used is a mistake worth saying).
+    fn etcd_tls(&self, endpoints: &[Url]) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
+        let c = &self.cluster;
+        let https = endpoints.iter().any(|u| u.tls);
+        let client = match (&c.etcd_cert_file, &c.etcd_key_file) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            _ => bail!("cluster: etcd_cert_file and etcd_key_file go together"),
+        };
+        match (&c.etcd_ca_file, https) {
+            (None, false) if client.is_none() => Ok(None),
+            (Some(ca), true) => crate::tls::https_client_config(ca, client)
+                .map(|t| Some(Arc::new(t)))
+                .map_err(|e| anyhow::anyhow!("cluster.etcd_ca_file: {e:#}")),
+            (None, true) => bail!(
+                "cluster.etcd has https:// URLs: set cluster.etcd_ca_file to the CA that \
+                 signed etcd's certificate"
+            ),
+            (_, false) => bail!(
+                "cluster: etcd_ca_file, etcd_cert_file and etcd_key_file are for https:// \
+                 etcd URLs, and every URL is http://"
+            ),
+        }
     }
 
     /// The wire limits.
@@ -887,7 +929,7 @@ mod tests {
     }
 
     #[test]
-    fn etcd_membership_excludes_peers_and_needs_http_urls() {
+    fn etcd_membership_excludes_peers_and_needs_http_or_https_urls() {
         let c = Config::from_toml(
             "[cluster]\netcd = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379/\"]",
         )
@@ -900,7 +942,12 @@ mod tests {
         let both = "[cluster]\netcd = [\"http://h:1\"]\npeers = [\"h:2\"]";
         assert!(Config::from_toml(both).unwrap().membership().is_err());
         let tls = "[cluster]\netcd = [\"https://h:1\"]";
-        assert!(Config::from_toml(tls).unwrap().membership().is_err());
+        let e = Config::from_toml(tls).unwrap().membership().unwrap_err();
+        assert!(e.to_string().contains("etcd_ca_file"), "{e}");
+        assert!(Config::from_toml("[cluster]\netcd = [\"ftp://h:1\"]")
+            .unwrap()
+            .membership()
+            .is_err());
         assert!(matches!(
             Config::default().membership().unwrap(),
             MembershipConfig::Static { .. }
@@ -941,6 +988,47 @@ mod tests {
         std::fs::write(&file, "\n").unwrap();
         assert!(with(&both).is_err(), "an empty password");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn etcd_over_tls_needs_a_ca_and_https_urls() {
+        let dir = kvpool_system_tests::temp_dir("etcd-tls-config");
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let (ca, key) = (dir.join("ca.pem"), dir.join("key.pem"));
+        std::fs::write(&ca, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        let with = |urls: &str, extra: &str| {
+            Config::from_toml(&format!("[cluster]\netcd = [{urls}]\n{extra}"))
+                .unwrap()
+                .membership()
+        };
+        let (https, http) = ("\"https://127.0.0.1:1\"", "\"http://127.0.0.1:1\"");
+        let ca_line = format!("etcd_ca_file = \"{}\"", ca.display());
+        let client = format!(
+            "{ca_line}\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"",
+            ca.display(),
+            key.display()
+        );
+        for (urls, extra) in [(https, ca_line.as_str()), (https, client.as_str())] {
+            match with(urls, extra).unwrap() {
+                MembershipConfig::Etcd(e) => assert!(e.tls.is_some() && e.endpoints[0].tls),
+                other => panic!("{other:?}"),
+            }
+        }
+        match with(http, "").unwrap() {
+            MembershipConfig::Etcd(e) => assert!(e.tls.is_none()),
+            other => panic!("{other:?}"),
+        }
+        let half = format!("{ca_line}\netcd_cert_file = \"{}\"", ca.display());
+        assert!(with(https, &half).is_err(), "a certificate without its key");
+        assert!(with(http, &ca_line).is_err(), "a CA with no https URL");
+        let missing = "etcd_ca_file = \"/nonexistent/ca.pem\"";
+        let e = with(https, missing).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        let not_pem = format!("etcd_ca_file = \"{}\"", dir.join("none.pem").display());
+        std::fs::write(dir.join("none.pem"), "not a certificate\n").unwrap();
+        assert!(with(https, &not_pem).is_err(), "a file with no certificate");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //! token (`/v3/auth/authenticate`) at the start of every session and sends it as the
 //! `Authorization` header; a call etcd answers 401 (the token expired) authenticates again and
 //! is repeated once.
+//!
+//! `https://` endpoints are reached over TLS (`etcd_ca_file`: the CA that etcd's certificate
+//! is verified by; `etcd_cert_file`/`etcd_key_file`: the client certificate for etcd's
+//! `--client-cert-auth`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +53,8 @@ pub(crate) struct EtcdConfig {
     pub(crate) prefix: String,
     /// etcd's own authentication (`etcd_user`, `etcd_password_file`); None: etcd has it off.
     pub(crate) auth: Option<EtcdAuth>,
+    /// TLS for `https://` endpoints (`etcd_ca_file`, and the client certificate if any).
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// A user of etcd's own authentication: the node trades the password for a token
@@ -124,6 +130,7 @@ pub(crate) async fn run(
             current: 0,
             timeout: call_timeout,
             auth: cfg.auth,
+            tls: cfg.tls,
             token: None,
         },
         prefix: cfg.prefix,
@@ -443,6 +450,7 @@ struct Etcd {
     current: usize,
     timeout: Duration,
     auth: Option<EtcdAuth>,
+    tls: Option<Arc<rustls::ClientConfig>>,
     /// The token `auth` was traded for, once it has been.
     token: Option<String>,
 }
@@ -537,9 +545,16 @@ impl Etcd {
         let url = self.endpoints[self.current].clone();
         let json = body.to_string().into_bytes();
         let r = tokio::time::timeout(self.timeout, async {
-            let mut b = http::post(&url, "/v3/watch", &json, token.as_deref(), MAX_REPLY)
-                .await
-                .map_err(refused)?;
+            let mut b = http::post(
+                &url,
+                self.tls.as_ref(),
+                "/v3/watch",
+                &json,
+                token.as_deref(),
+                MAX_REPLY,
+            )
+            .await
+            .map_err(refused)?;
             let first = b.next_line().await?.ok_or(EtcdError::WatchEnded)?;
             let v: Value =
                 serde_json::from_slice(&first).map_err(|e| EtcdError::Reply(e.to_string()))?;
@@ -591,7 +606,7 @@ impl Etcd {
         let url = self.endpoints[self.current].clone();
         let json = req.to_string().into_bytes();
         let r = tokio::time::timeout(self.timeout, async {
-            let mut b = http::post(&url, path, &json, token, MAX_REPLY)
+            let mut b = http::post(&url, self.tls.as_ref(), path, &json, token, MAX_REPLY)
                 .await
                 .map_err(refused)?;
             let reply = if stream {

@@ -63,7 +63,8 @@ struct Cli {
     /// Another node's TCP address to heartbeat (static membership); repeat for several.
     #[arg(long = "peer", env = "KVPOOL_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
-    /// etcd client URL (http://host:port) for membership instead of peers; repeat for several.
+    /// etcd client URL (http://host:port or https://host:port) for membership instead of
+    /// peers; repeat for several.
     #[arg(long = "etcd", env = "KVPOOL_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
     /// Prefix of this cluster's keys in etcd [default: /kvpool/].
@@ -75,6 +76,15 @@ struct Cli {
     /// File holding the etcd user's password.
     #[arg(long)]
     etcd_password_file: Option<PathBuf>,
+    /// CA certificates (PEM) to verify etcd's certificate by (https:// URLs).
+    #[arg(long)]
+    etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) to present to etcd (with --etcd-key-file).
+    #[arg(long)]
+    etcd_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert-file.
+    #[arg(long)]
+    etcd_key_file: Option<PathBuf>,
     /// The TCP address other nodes and clients reach this node at [default: the bound address].
     #[arg(long, env = "KVPOOL_ADVERTISE")]
     advertise: Option<String>,
@@ -191,6 +201,15 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.etcd_password_file {
         c.cluster.etcd_password_file = Some(v.clone());
+    }
+    if let Some(v) = &cli.etcd_ca_file {
+        c.cluster.etcd_ca_file = Some(v.clone());
+    }
+    if let Some(v) = &cli.etcd_cert_file {
+        c.cluster.etcd_cert_file = Some(v.clone());
+    }
+    if let Some(v) = &cli.etcd_key_file {
+        c.cluster.etcd_key_file = Some(v.clone());
     }
     if let Some(v) = &cli.advertise {
         c.cluster.advertise = Some(v.clone());
