@@ -125,6 +125,41 @@ async fn batches_are_one_round_trip_and_fill_caller_buffers() {
         let e = c.get_into(&keys[0], &mut small).await.unwrap_err();
         assert!(matches!(e, ClientError::BufferTooSmall { .. }), "{e}");
         assert!(c.exists(&keys[0]).await.unwrap());
+
+        // Scattered: each value over pieces of uneven sizes, filled in order (twice: the
+        // second time on the same host from the client's own index, checked as current).
+        for _ in 0..2 {
+            let mut bufs: Vec<Vec<u8>> = (0..22).map(|_| vec![0u8; 200_000]).collect();
+            let mut dsts: Vec<Vec<&mut [u8]>> = bufs
+                .iter_mut()
+                .map(|b| {
+                    let (a, rest) = b.split_at_mut(7);
+                    let (b2, rest) = rest.split_at_mut(4096);
+                    let (c3, d4) = rest.split_at_mut(60_000);
+                    vec![a, b2, c3, d4]
+                })
+                .collect();
+            let got = c.batch_get_scatter(&refs[..22], &mut dsts).await.unwrap();
+            for i in 0..22 {
+                if i < 20 {
+                    assert_eq!(got[i], Some(vals[i].len()), "{i}");
+                    assert_eq!(&bufs[i][..vals[i].len()], &vals[i][..], "{i}");
+                    assert!(bufs[i][vals[i].len()..].iter().all(|&b| b == 0));
+                } else {
+                    assert_eq!(got[i], None);
+                }
+            }
+        }
+        // Pieces smaller than the value together: an error, the connection usable after.
+        let mut a = vec![0u8; 50_000];
+        let mut b = vec![0u8; 40_000];
+        let mut short = vec![vec![&mut a[..], &mut b[..]]];
+        let e = c
+            .batch_get_scatter(&refs[..1], &mut short)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::BufferTooSmall { .. }), "{e}");
+        assert!(c.exists(&keys[0]).await.unwrap());
     }
 }
 

@@ -125,6 +125,15 @@ impl Client {
         self.rt.block_on(self.inner.batch_get_into(keys, dsts))
     }
 
+    /// See [`crate::Client::batch_get_scatter`].
+    pub fn batch_get_scatter(
+        &self,
+        keys: &[&[u8]],
+        dsts: &mut [Vec<&mut [u8]>],
+    ) -> Result<Vec<Option<usize>>, ClientError> {
+        self.rt.block_on(self.inner.batch_get_scatter(keys, dsts))
+    }
+
     /// See [`crate::Client::match_prefix`].
     pub fn match_prefix(&self, prefix: crate::Prefix<'_>) -> Result<usize, ClientError> {
         self.rt.block_on(self.inner.match_prefix(prefix))

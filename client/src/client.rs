@@ -29,7 +29,7 @@ use kvpool::{AddrFault, GlobalAddr};
 use crate::config::ClientConfig;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::link::{unexpected, Link, Located};
+use crate::link::{unexpected, Dst, Link, Located};
 use crate::local::{LocalMap, LocalReadError};
 
 #[macro_use]
@@ -408,6 +408,22 @@ impl Client {
         keys: &[&[u8]],
         dsts: &mut [&mut [u8]],
     ) -> Result<Vec<Option<usize>>, ClientError> {
+        let mut dsts: Vec<Dst<'_>> = dsts.iter_mut().map(|d| vec![&mut **d]).collect();
+        self.get_many(keys, &mut dsts, false, 0).await
+    }
+
+    /// [`Client::batch_get_into`] with each value scattered over several buffers: `dsts[i]`
+    /// are `keys[i]`'s, filled in order (a KV block that holds every layer, into an engine's
+    /// per-layer pages). Returns each value's length, or None for a miss; a value longer than
+    /// its buffers together is [`ClientError::BufferTooSmall`], a shorter one fills the first
+    /// bytes. On the same host each value is copied from the node's memory straight into its
+    /// buffers and checked in the same pass; over a socket it is received straight into them
+    /// and hashed as it arrives. No staging copy either way.
+    pub async fn batch_get_scatter(
+        &self,
+        keys: &[&[u8]],
+        dsts: &mut [Vec<&mut [u8]>],
+    ) -> Result<Vec<Option<usize>>, ClientError> {
         self.get_many(keys, dsts, false, 0).await
     }
 
@@ -466,9 +482,8 @@ impl Client {
         let keys = prefix.keys();
         let n = keys.len().min(dsts.len());
         let refs: Vec<&[u8]> = keys[..n].iter().map(|k| &k[..]).collect();
-        let got = self
-            .get_many(&refs, &mut dsts[..n], true, LOAD_LEASE_MS)
-            .await?;
+        let mut dsts: Vec<Dst<'_>> = dsts[..n].iter_mut().map(|d| vec![&mut **d]).collect();
+        let got = self.get_many(&refs, &mut dsts, true, LOAD_LEASE_MS).await?;
         Ok(got.iter().take_while(|g| g.is_some()).count())
     }
 
@@ -634,7 +649,7 @@ impl Client {
             return Some(Err(ClientError::BufferTooSmall { need, have }));
         }
         Some(
-            match local.read_verified_scatter(&located.addr, pieces, located.checksum) {
+            match local.read_verified_scatter(&located.addr, pieces, located.checksum, false) {
                 Ok(()) => Ok(need as usize),
                 Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
                 Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),

@@ -342,18 +342,35 @@ impl Conn {
     /// connection (and others, when it polls several reads) never stops draining sockets for
     /// longer than one piece's hash.
     pub(crate) async fn read_into_hashed(&mut self, dst: &mut [u8]) -> Result<u64, ClientError> {
-        let mut h = xxhash_rust::xxh3::Xxh3Default::new();
-        let mut at = 0;
-        while at < dst.len() {
-            let end = dst.len().min(at + HASH_PIECE);
-            let n = self.r.read(&mut dst[at..end]).await?;
-            if n == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        self.read_pieces(&mut [dst], true).await
+    }
+
+    /// Reads one value into `pieces`, filling them in order; with `hash`, hashes it (xxh3-64,
+    /// over all the pieces as one) as it arrives, as [`Conn::read_into_hashed`] does, and
+    /// returns the hash (0 without).
+    pub(crate) async fn read_pieces(
+        &mut self,
+        pieces: &mut [&mut [u8]],
+        hash: bool,
+    ) -> Result<u64, ClientError> {
+        let mut h = hash.then(xxhash_rust::xxh3::Xxh3Default::new);
+        for dst in pieces.iter_mut() {
+            let Some(h) = h.as_mut() else {
+                self.r.read_exact(dst).await?;
+                continue;
+            };
+            let mut at = 0;
+            while at < dst.len() {
+                let end = dst.len().min(at + HASH_PIECE);
+                let n = self.r.read(&mut dst[at..end]).await?;
+                if n == 0 {
+                    return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+                }
+                h.update(&dst[at..at + n]);
+                at += n;
             }
-            h.update(&dst[at..at + n]);
-            at += n;
         }
-        Ok(h.digest())
+        Ok(h.map_or(0, |h| h.digest()))
     }
 
     pub(crate) async fn skip(&mut self, n: u64) -> Result<(), ClientError> {

@@ -683,7 +683,7 @@ impl Link {
         view: u64,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [Dst<'_>],
         prefix: bool,
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
@@ -705,7 +705,7 @@ impl Link {
         view: u64,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [Dst<'_>],
         prefix: bool,
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
@@ -777,7 +777,7 @@ impl Link {
         cfg: &ClientConfig,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [Dst<'_>],
         out: &mut [Option<usize>],
         prefix: bool,
     ) -> Result<Vec<usize>, ClientError> {
@@ -907,7 +907,7 @@ impl Link {
         view: u64,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [Dst<'_>],
         prefix: bool,
     ) -> Result<Vec<Option<usize>>, ClientError> {
         let op = Op::BatchGet {
@@ -916,7 +916,7 @@ impl Link {
             prefix,
         };
         let verify = cfg.verify_checksums;
-        let lane = Lane::of(dsts.iter().map(|d| d.len() as u64).sum());
+        let lane = Lane::of(dsts.iter().map(|d| dst_len(d)).sum());
         self.run_in(lane, cfg, view, async move |c: &mut Conn| {
             let (reply, _) = c.call(op, &[]).await?;
             let Reply::Values(metas) = reply else {
@@ -932,10 +932,10 @@ impl Link {
                     out.push(None);
                     continue;
                 };
-                match dst.get_mut(..m.len as usize) {
-                    Some(d) => {
-                        c.read_into(d).await?;
-                        if verify && checksum(d) != m.checksum {
+                match fit(dst, m.len) {
+                    Some(mut pieces) => {
+                        let sum = c.read_pieces(&mut pieces, verify).await?;
+                        if verify && sum != m.checksum {
                             err = Some(ClientError::Checksum);
                         }
                         out.push(Some(m.len as usize));
@@ -944,7 +944,7 @@ impl Link {
                         c.skip(m.len).await?;
                         err = Some(ClientError::BufferTooSmall {
                             need: m.len,
-                            have: dst.len() as u64,
+                            have: dst_len(dst),
                         });
                         out.push(None);
                     }
@@ -967,7 +967,7 @@ impl Link {
             let known = self.seen().get(ns, key);
             if let (Some(l), Some(local)) = (known, self.local().filter(|_| self.watch.alive())) {
                 let mut buf = vec![0u8; l.addr.len as usize];
-                if read_checked(cfg, &local, &l, &mut buf, true)? {
+                if read_checked(cfg, &local, &l, &mut [&mut buf[..]], true)? {
                     let report = self.seen().touch(ns, key);
                     if let Some(batch) = report {
                         self.report_reads(cfg, batch).await;
@@ -1130,7 +1130,7 @@ impl Link {
         cfg: &ClientConfig,
         located: &[Option<Located>],
         which: &[usize],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [Dst<'_>],
         (out, fallback): (&mut [Option<usize>], &mut Vec<usize>),
     ) -> Result<(), ClientError> {
         let Some(local) = self.local() else {
@@ -1160,29 +1160,40 @@ impl Link {
         dst: &mut [u8],
     ) -> Result<bool, ClientError> {
         match self.local() {
-            Some(local) => read_checked(cfg, &local, l, dst, false),
+            Some(local) => read_checked(cfg, &local, l, &mut [dst], false),
             None => Ok(false),
         }
     }
 }
 
-/// A read from the mapping, checked by checksum in the same pass unless checksums are off;
-/// Ok(false) when the bytes can't be served from it: the object was replaced meanwhile (with
-/// `current`, also when it is no longer its key's value though a holder keeps it), or the
-/// address is of another incarnation than the mapping.
+/// A read from the mapping into `pieces` (exactly the object's length, filled in order),
+/// checked by checksum in the same pass unless checksums are off; Ok(false) when the bytes
+/// can't be served from it: the object was replaced meanwhile (with `current`, also when it is
+/// no longer its key's value though a holder keeps it), or the address is of another
+/// incarnation than the mapping.
 fn read_checked(
     cfg: &ClientConfig,
     local: &LocalMap,
     l: &Located,
-    dst: &mut [u8],
+    pieces: &mut [&mut [u8]],
     current: bool,
 ) -> Result<bool, ClientError> {
-    let r = if cfg.verify_checksums {
-        local.read_verified(&l.addr, dst, l.checksum, current)
-    } else {
-        local
-            .read(&l.addr, 0, dst, current)
-            .map_err(LocalReadError::Fault)
+    let r = match (pieces, cfg.verify_checksums) {
+        ([dst], true) => local.read_verified(&l.addr, dst, l.checksum, current),
+        (pieces, true) => local.read_verified_scatter(&l.addr, pieces, l.checksum, current),
+        (pieces, false) => {
+            // Each piece is version-checked on its own: a reuse between two of them fails
+            // the later one's check (the generation moved on), so no mix of two values passes.
+            let mut at = 0;
+            pieces
+                .iter_mut()
+                .try_for_each(|p| {
+                    let r = local.read(&l.addr, at, p, current);
+                    at += p.len() as u64;
+                    r
+                })
+                .map_err(LocalReadError::Fault)
+        }
     };
     match r {
         Ok(()) => Ok(true),
@@ -1201,18 +1212,16 @@ const PARALLEL_COPY_MIN: u64 = 8 << 20;
 /// key index, Some(what `read` said) or None for a key with no location. A buffer too small is
 /// an error before anything is copied. Runs off the runtime's workers when large, and spread
 /// over every core from [`PARALLEL_COPY_MIN`] bytes on (one contiguous run of keys per thread).
-fn copy_all(
+fn copy_all<'d>(
     located: &[Option<Located>],
-    dsts: &mut [&mut [u8]],
-    read: impl Fn(&Located, &mut [u8]) -> Result<bool, ClientError> + Sync,
+    dsts: &'d mut [Dst<'_>],
+    read: impl Fn(&Located, &mut [&mut [u8]]) -> Result<bool, ClientError> + Sync,
 ) -> Result<Vec<(usize, Option<bool>)>, ClientError> {
-    let mut jobs: Vec<(usize, &Located, &mut [u8])> = Vec::new();
+    let mut jobs: Vec<(usize, &Located, Vec<&'d mut [u8]>)> = Vec::new();
     for (i, (l, d)) in located.iter().zip(dsts.iter_mut()).enumerate() {
         if let Some(l) = l {
-            let (need, have) = (l.addr.len, d.len() as u64);
-            let dst = d
-                .get_mut(..need as usize)
-                .ok_or(ClientError::BufferTooSmall { need, have })?;
+            let (need, have) = (l.addr.len, dst_len(d));
+            let dst = fit(d, need).ok_or(ClientError::BufferTooSmall { need, have })?;
             jobs.push((i, l, dst));
         }
     }
@@ -1225,12 +1234,12 @@ fn copy_all(
             .min(jobs.len())
             .max(1)
     };
-    let run =
-        |part: &mut [(usize, &Located, &mut [u8])]| -> Result<Vec<(usize, bool)>, ClientError> {
-            part.iter_mut()
-                .map(|(i, l, dst)| Ok((*i, read(l, dst)?)))
-                .collect()
-        };
+    type Job<'j, 'd> = (usize, &'j Located, Vec<&'d mut [u8]>);
+    let run = |part: &mut [Job<'_, '_>]| -> Result<Vec<(usize, bool)>, ClientError> {
+        part.iter_mut()
+            .map(|(i, l, dst)| Ok((*i, read(l, dst)?)))
+            .collect()
+    };
     let done: Vec<(usize, bool)> = off_runtime(bytes, || {
         if threads == 1 {
             return run(&mut jobs);
@@ -1260,6 +1269,32 @@ fn copy_all(
         }
     }
     Ok(out)
+}
+
+/// Where one value of a batched get goes: buffers it fills in order (one, for a plain get
+/// into a buffer; several, to scatter it, e.g. a KV block into per-layer pages). A value
+/// shorter than them fills the first bytes.
+pub(crate) type Dst<'b> = Vec<&'b mut [u8]>;
+
+/// The bytes `dst` holds.
+pub(crate) fn dst_len(dst: &[&mut [u8]]) -> u64 {
+    dst.iter().map(|p| p.len() as u64).sum()
+}
+
+/// The first `len` bytes of `dst`, as pieces (the last one cut short); None when it holds
+/// fewer.
+fn fit<'a>(dst: &'a mut [&mut [u8]], len: u64) -> Option<Vec<&'a mut [u8]>> {
+    let mut left = usize::try_from(len).ok()?;
+    let mut out = Vec::with_capacity(dst.len().min(8));
+    for p in dst.iter_mut() {
+        if left == 0 {
+            break;
+        }
+        let take = left.min(p.len());
+        out.push(&mut p[..take]);
+        left -= take;
+    }
+    (left == 0).then_some(out)
 }
 
 /// With `prefix`, nothing after the first miss.

@@ -218,19 +218,21 @@ impl LocalMap {
     }
 
     /// [`LocalMap::read_verified`] into several buffers: the object's bytes in order, as many
-    /// as `pieces` hold together, which must be exactly the object's length.
+    /// as `pieces` hold together, which must be exactly the object's length. (`current` as
+    /// for [`LocalMap::read`].)
     pub(crate) fn read_verified_scatter(
         &self,
         addr: &GlobalAddr,
         pieces: &mut [&mut [u8]],
         checksum: u64,
+        current: bool,
     ) -> Result<(), LocalReadError> {
         let len: u64 = pieces.iter().map(|p| p.len() as u64).sum();
         if len != addr.len {
             return Err(LocalReadError::Fault(AddrFault::OutOfBounds));
         }
         let sum = self
-            .read_span(addr, 0, len, false, |src| {
+            .read_span(addr, 0, len, current, |src| {
                 // SAFETY: read_span's contract: `src` has `len` readable bytes of the mapping
                 // (possibly written concurrently: the kernel reads it only through the raw
                 // pointer); the pieces are exclusive buffers, which cannot overlap it.

@@ -95,7 +95,8 @@ class Client:
     ) -> list[int]:
         """``batch_get_into`` with each value filling several registered ``(pointer, length)``
         pieces in order (an object holding every layer of a KV block, into per-layer pages):
-        per key its length or a negative status. On the same host, no staging copy."""
+        per key its length or a negative status. No staging copy: on the same host copied
+        from kvpoold's memory, otherwise received from the socket straight into the pieces."""
     def batch_put_from(
         self,
         keys: Sequence[Key],

@@ -351,7 +351,7 @@ class EngineStore:
         filled in order; one round trip per node). True for a key whose value filled exactly
         its pieces; a miss, a value of another size or any failure is False. On the same host
         the bytes go from the node's memory straight into the pieces, verified in the same
-        pass."""
+        pass; over a socket they are received straight into them, hashed as they arrive."""
         n = len(keys)
         if n == 0:
             return []

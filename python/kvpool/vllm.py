@@ -25,8 +25,9 @@ reuse them: the connector then neither looks up nor stores (one warning).
 for that block in vLLM's logical ``[heads, tokens, content]`` order (K and V of the block). It
 is gathered from the paged KV cache into a registered host staging buffer (the copy a GPU
 deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per batch;
-loads go the other way, except into a host-memory cache on kvpoold's own host, whose registered
-pages each object is copied into directly (``EngineStore.load_scattered``).
+loads go the other way, except into a host-memory cache, whose registered pages each object
+is loaded into directly (``EngineStore.load_scattered``: copied from kvpoold's memory on its
+host, received from the socket elsewhere).
 
 **Asynchrony.** Loads run on a loader thread. By default (``load_async``) the scheduler parks the
 request in ``WAITING_FOR_REMOTE_KVS`` while other requests compute, and the worker reports it in
@@ -905,9 +906,9 @@ class KvpoolConnector(KVConnectorBase_V1):
 
     def _load(self, job: BlockJob, is_async: bool) -> None:
         batch = max(1, int(self.config["batch_blocks"]))
-        # Straight into the pages only on the same host: elsewhere the bytes arrive over a
-        # socket anyway, and the reused staging slots are the cheaper place to land them.
-        if self._direct and self.store.is_local and self._host_pages(job.block_ids):
+        # Straight into a host-memory cache's pages: copied from kvpoold's memory on its host,
+        # received from the socket into them elsewhere; no staging slot, no scatter.
+        if self._direct and self._host_pages(job.block_ids):
             self._load_direct(job, is_async, batch)
             return
         i = 0
@@ -935,9 +936,9 @@ class KvpoolConnector(KVConnectorBase_V1):
                 self._load_failed(job, bad, is_async)
 
     def _load_direct(self, job: BlockJob, is_async: bool, batch: int) -> None:
-        """Loads straight into a host-memory cache's registered pages: each block's object is
-        copied into its 32 (or however many) layer pages in one verified pass, with no staging
-        copy and no scatter. A block that fails may be left half-written; it is reported in
+        """Loads straight into a host-memory cache's registered pages: each block's object goes
+        into its 32 (or however many) layer pages in one verified pass (copied from kvpoold's
+        memory, or received from the socket), with no staging copy and no scatter. A block that fails may be left half-written; it is reported in
         ``get_block_ids_with_load_errors`` and vLLM recomputes it over those bytes."""
         for i in range(0, len(job.block_ids), batch):
             ids = job.block_ids[i : i + batch]

@@ -283,8 +283,8 @@ impl NativeClient {
     /// negative status (-704 a miss, -600 a piece not registered, overlapping, or lengths that
     /// are not the value's). On the same host each value is copied from the node's memory
     /// straight into its pieces, checked against its checksum in the same pass (one lookup
-    /// round trip per node, no staging copy); otherwise the values are fetched in one batch
-    /// and then scattered.
+    /// round trip per node, no staging copy); otherwise the values are fetched in one batch,
+    /// each received from the socket straight into its pieces.
     fn batch_get_scatter(
         &self,
         py: Python<'_>,
@@ -403,46 +403,55 @@ impl NativeClient {
         if remote.is_empty() {
             return Ok(out);
         }
-        // Not mapped here (another host, or the mapping off): one batch into temporary
-        // buffers of the pieces' sizes, then scattered.
-        let sizes: Vec<usize> = remote
+        // Not mapped here (another host, or the mapping off): one batch, each value received
+        // from the socket straight into its pieces and hashed as it arrives.
+        let rkeys: Vec<&[u8]> = remote.iter().map(|&i| &keys[i][..]).collect();
+        let mut dsts: Vec<Vec<&mut [u8]>> = remote
+            .iter()
+            .map(|&i| {
+                pieces[i]
+                    .iter()
+                    // SAFETY: every piece lies inside a registration (checked above), is
+                    // writable memory the caller keeps valid for the call, and overlaps no
+                    // other piece of any key.
+                    .map(|&(p, len)| unsafe { slice_mut(p, len) })
+                    .collect()
+            })
+            .collect();
+        let want: Vec<usize> = remote
             .iter()
             .map(|&i| pieces[i].iter().map(|p| p.1).sum())
             .collect();
-        let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
-        let rkeys: Vec<&[u8]> = remote.iter().map(|&i| &keys[i][..]).collect();
-        let ranges: Vec<Range> = bufs
-            .iter_mut()
-            .map(|b| (b.as_mut_ptr() as usize, b.len()))
-            .collect();
-        // SAFETY: each range is a buffer of `bufs`, alive and untouched for the call; distinct
-        // allocations never overlap.
-        match unsafe { get_many(py, &c, &rkeys, &ranges) } {
+        let status = |got: Result<Option<usize>, Failure>, want: usize| match got {
+            Err(Failure::Client(kvpool_client::ClientError::BufferTooSmall { .. })) => {
+                code::INVALID_PARAMS
+            }
+            Err(f) => f.code(),
+            Ok(Some(len)) if len == want => len as i64,
+            Ok(Some(_)) => code::INVALID_PARAMS,
+            Ok(None) => code::OBJECT_NOT_FOUND,
+        };
+        match py.detach(|| c.batch_get_scatter(&rkeys, &mut dsts)) {
             Ok(got) => {
-                for ((&i, g), buf) in remote.iter().zip(got).zip(&bufs) {
-                    out[i] = match g {
-                        Err(Failure::Client(kvpool_client::ClientError::BufferTooSmall {
-                            ..
-                        })) => code::INVALID_PARAMS,
-                        Err(f) => f.code(),
-                        Ok(Some(len)) if len == buf.len() => {
-                            let mut from = 0;
-                            for &(p, plen) in &pieces[i] {
-                                // SAFETY: as above: a registered, writable piece that nothing
-                                // else in this call writes; `buf` has `plen` bytes at `from`.
-                                unsafe { slice_mut(p, plen) }
-                                    .copy_from_slice(&buf[from..from + plen]);
-                                from += plen;
-                            }
-                            len as i64
-                        }
-                        Ok(Some(_)) => code::INVALID_PARAMS,
-                        Ok(None) => code::OBJECT_NOT_FOUND,
-                    };
+                for ((&i, g), &w) in remote.iter().zip(got).zip(&want) {
+                    out[i] = status(Ok(g), w);
                 }
             }
-            Err(f) => {
-                let status = f.code();
+            // A value longer than its pieces fails the whole batch: each key alone, so the
+            // others are still loaded.
+            Err(kvpool_client::ClientError::BufferTooSmall { .. }) => {
+                for ((&i, key), (dst, &w)) in
+                    remote.iter().zip(&rkeys).zip(dsts.iter_mut().zip(&want))
+                {
+                    let got = py
+                        .detach(|| c.batch_get_scatter(&[key], std::slice::from_mut(dst)))
+                        .map(|mut g| g.pop().flatten())
+                        .map_err(Failure::from);
+                    out[i] = status(got, w);
+                }
+            }
+            Err(e) => {
+                let status = Failure::from(e).code();
                 remote.iter().for_each(|&i| out[i] = status);
             }
         }

@@ -12,10 +12,10 @@ use super::fanout::{add_key, asked_of, pick, Batch};
 use super::routing::Routing;
 use super::Client;
 use crate::error::ClientError;
-use crate::link::{owned, unexpected, Link};
+use crate::link::{owned, unexpected, Dst, Link};
 
 /// Destination buffers by key index; a buffer is out (None) while a request fills it.
-type Slots<'b> = [Option<&'b mut [u8]>];
+type Slots<'b> = [Option<Dst<'b>>];
 
 impl Client {
     /// Per key of `keys`: may the copy of `keys[i]` on its previous owner `p` be served, for
@@ -200,14 +200,17 @@ impl Client {
     pub(super) async fn get_many(
         &self,
         keys: &[&[u8]],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [Dst<'_>],
         prefix: bool,
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
-        assert_eq!(keys.len(), dsts.len(), "one destination buffer per key");
+        assert_eq!(keys.len(), dsts.len(), "one destination per key");
         routed!(self, r => {
-            let mut slots: Vec<Option<&mut [u8]>> =
-                dsts.iter_mut().map(|d| Some(&mut **d)).collect();
+            // Reborrowed afresh in every attempt: a failed one may not have given back all.
+            let mut slots: Vec<Option<Dst<'_>>> = dsts
+                .iter_mut()
+                .map(|d| Some(d.iter_mut().map(|p| &mut **p).collect()))
+                .collect();
             let all = (0..keys.len()).collect();
             let (mut out, misses) = self
                 .get_from_owners(&r, keys, &mut slots, (all, prefix), lease_ms)
@@ -383,7 +386,7 @@ impl Client {
 }
 
 /// The batches, each with the destination buffers of its keys taken out of `slots`.
-fn take_bufs<'b>(batches: Vec<Batch>, slots: &mut Slots<'b>) -> Vec<Batch<Vec<&'b mut [u8]>>> {
+fn take_bufs<'b>(batches: Vec<Batch>, slots: &mut Slots<'b>) -> Vec<Batch<Vec<Dst<'b>>>> {
     batches
         .into_iter()
         .map(|b| Batch {
@@ -400,7 +403,7 @@ fn take_bufs<'b>(batches: Vec<Batch>, slots: &mut Slots<'b>) -> Vec<Batch<Vec<&'
 }
 
 /// Puts a batch's buffers back into `slots`; returns its node and key indexes.
-fn give_back<'b>(b: Batch<Vec<&'b mut [u8]>>, slots: &mut Slots<'b>) -> (u32, Vec<usize>) {
+fn give_back<'b>(b: Batch<Vec<Dst<'b>>>, slots: &mut Slots<'b>) -> (u32, Vec<usize>) {
     for (&i, buf) in b.idx.iter().zip(b.tag) {
         slots[i] = Some(buf);
     }

@@ -310,11 +310,14 @@ def save_request_1(engine: Engine, prompt: list[int]) -> list[int]:
     return save.block_ids
 
 
+@pytest.mark.parametrize("same_host", [True, False])
 def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
-    kvpoold, models
+    kvpoold, models, same_host
 ):
+    """Saved by one engine, loaded by another into other block ids: on kvpoold's host from
+    its memory, and over TCP straight from the socket into the pages (both without staging)."""
     path = model_dir(models, "llama3-8b")
-    a = Engine(path, kvpoold.url)
+    a = Engine(path, kvpoold.url, same_host=same_host)
     # 5 full blocks and a partial one: the partial block is never stored.
     prompt1 = tokens(5 * BLOCK + 8, seed=1)
     saved_ids = save_request_1(a, prompt1)
@@ -327,7 +330,13 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
 
     # Engine B: another scheduler and worker, same model. A filler request takes blocks first,
     # so request 2's prefix lands in other block ids than request 1's.
-    b = Engine(path, kvpoold.url)
+    b = Engine(path, kvpoold.url, same_host=same_host)
+    assert b.worker.store.is_local is same_host
+    scattered = []  # blocks loaded straight into the pages (no staging slot)
+    direct = b.worker.store.load_scattered
+    b.worker.store.load_scattered = lambda keys, pieces: (
+        scattered.append(len(keys)) or direct(keys, pieces)
+    )
     b.add("filler", tokens(5 * BLOCK, seed=9), max_tokens=8)
     b.step(fill_seed=3)
     prompt2 = prompt1[: 5 * BLOCK] + tokens(20, seed=2)
@@ -349,6 +358,7 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
         assert torch.equal(pa, pb)
     s = b.worker.store.stats()
     assert s["hits"] == 5 and s["misses"] == 0 and s["errors"] == 0
+    assert sum(scattered) == 5
     # r2's one new full block (index 5) was saved after its prefill; the loaded ones were not.
     assert b.worker.store.stats()["stores"] == 1 + 5  # r2's block 5 + the filler's 5
     a.close()
