@@ -408,7 +408,7 @@ impl Client {
         keys: &[&[u8]],
         dsts: &mut [&mut [u8]],
     ) -> Result<Vec<Option<usize>>, ClientError> {
-        let mut dsts: Vec<Dst<'_>> = dsts.iter_mut().map(|d| vec![&mut **d]).collect();
+        let mut dsts: Vec<Dst<'_, '_>> = dsts.iter_mut().map(std::slice::from_mut).collect();
         self.get_many(keys, &mut dsts, false, 0).await
     }
 
@@ -424,7 +424,8 @@ impl Client {
         keys: &[&[u8]],
         dsts: &mut [Vec<&mut [u8]>],
     ) -> Result<Vec<Option<usize>>, ClientError> {
-        self.get_many(keys, dsts, false, 0).await
+        let mut dsts: Vec<Dst<'_, '_>> = dsts.iter_mut().map(|d| &mut d[..]).collect();
+        self.get_many(keys, &mut dsts, false, 0).await
     }
 
     // ----- context caching: prefixes of KV blocks -----
@@ -482,7 +483,7 @@ impl Client {
         let keys = prefix.keys();
         let n = keys.len().min(dsts.len());
         let refs: Vec<&[u8]> = keys[..n].iter().map(|k| &k[..]).collect();
-        let mut dsts: Vec<Dst<'_>> = dsts[..n].iter_mut().map(|d| vec![&mut **d]).collect();
+        let mut dsts: Vec<Dst<'_, '_>> = dsts[..n].iter_mut().map(std::slice::from_mut).collect();
         let got = self.get_many(&refs, &mut dsts, true, LOAD_LEASE_MS).await?;
         Ok(got.iter().take_while(|g| g.is_some()).count())
     }

@@ -683,7 +683,7 @@ impl Link {
         view: u64,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [Dst<'_>],
+        dsts: &mut [Dst<'_, '_>],
         prefix: bool,
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
@@ -705,7 +705,7 @@ impl Link {
         view: u64,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [Dst<'_>],
+        dsts: &mut [Dst<'_, '_>],
         prefix: bool,
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
@@ -777,7 +777,7 @@ impl Link {
         cfg: &ClientConfig,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [Dst<'_>],
+        dsts: &mut [Dst<'_, '_>],
         out: &mut [Option<usize>],
         prefix: bool,
     ) -> Result<Vec<usize>, ClientError> {
@@ -907,7 +907,7 @@ impl Link {
         view: u64,
         ns: u32,
         keys: &[&[u8]],
-        dsts: &mut [Dst<'_>],
+        dsts: &mut [Dst<'_, '_>],
         prefix: bool,
     ) -> Result<Vec<Option<usize>>, ClientError> {
         let op = Op::BatchGet {
@@ -933,8 +933,8 @@ impl Link {
                     continue;
                 };
                 match fit(dst, m.len) {
-                    Some(mut pieces) => {
-                        let sum = c.read_pieces(&mut pieces, verify).await?;
+                    Some(mut fitted) => {
+                        let sum = c.read_pieces(fitted.pieces(), verify).await?;
                         if verify && sum != m.checksum {
                             err = Some(ClientError::Checksum);
                         }
@@ -1130,7 +1130,7 @@ impl Link {
         cfg: &ClientConfig,
         located: &[Option<Located>],
         which: &[usize],
-        dsts: &mut [Dst<'_>],
+        dsts: &mut [Dst<'_, '_>],
         (out, fallback): (&mut [Option<usize>], &mut Vec<usize>),
     ) -> Result<(), ClientError> {
         let Some(local) = self.local() else {
@@ -1214,10 +1214,10 @@ const PARALLEL_COPY_MIN: u64 = 8 << 20;
 /// over every core from [`PARALLEL_COPY_MIN`] bytes on (one contiguous run of keys per thread).
 fn copy_all<'d>(
     located: &[Option<Located>],
-    dsts: &'d mut [Dst<'_>],
+    dsts: &'d mut [Dst<'_, '_>],
     read: impl Fn(&Located, &mut [&mut [u8]]) -> Result<bool, ClientError> + Sync,
 ) -> Result<Vec<(usize, Option<bool>)>, ClientError> {
-    let mut jobs: Vec<(usize, &Located, Vec<&'d mut [u8]>)> = Vec::new();
+    let mut jobs: Vec<(usize, &Located, Fit<'d>)> = Vec::new();
     for (i, (l, d)) in located.iter().zip(dsts.iter_mut()).enumerate() {
         if let Some(l) = l {
             let (need, have) = (l.addr.len, dst_len(d));
@@ -1234,10 +1234,9 @@ fn copy_all<'d>(
             .min(jobs.len())
             .max(1)
     };
-    type Job<'j, 'd> = (usize, &'j Located, Vec<&'d mut [u8]>);
-    let run = |part: &mut [Job<'_, '_>]| -> Result<Vec<(usize, bool)>, ClientError> {
+    let run = |part: &mut [(usize, &Located, Fit<'_>)]| -> Result<Vec<(usize, bool)>, ClientError> {
         part.iter_mut()
-            .map(|(i, l, dst)| Ok((*i, read(l, dst)?)))
+            .map(|(i, l, dst)| Ok((*i, read(l, dst.pieces())?)))
             .collect()
     };
     let done: Vec<(usize, bool)> = off_runtime(bytes, || {
@@ -1274,18 +1273,36 @@ fn copy_all<'d>(
 /// Where one value of a batched get goes: buffers it fills in order (one, for a plain get
 /// into a buffer; several, to scatter it, e.g. a KV block into per-layer pages). A value
 /// shorter than them fills the first bytes.
-pub(crate) type Dst<'b> = Vec<&'b mut [u8]>;
+pub(crate) type Dst<'a, 'b> = &'a mut [&'b mut [u8]];
 
 /// The bytes `dst` holds.
 pub(crate) fn dst_len(dst: &[&mut [u8]]) -> u64 {
     dst.iter().map(|p| p.len() as u64).sum()
 }
 
-/// The first `len` bytes of `dst`, as pieces (the last one cut short); None when it holds
-/// fewer.
-fn fit<'a>(dst: &'a mut [&mut [u8]], len: u64) -> Option<Vec<&'a mut [u8]>> {
+/// The first bytes of a [`Dst`] that one value fills: one buffer's front (the plain get, no
+/// allocation), or the pieces it reaches, the last one cut short.
+enum Fit<'a> {
+    One([&'a mut [u8]; 1]),
+    Many(Vec<&'a mut [u8]>),
+}
+
+impl<'a> Fit<'a> {
+    fn pieces(&mut self) -> &mut [&'a mut [u8]] {
+        match self {
+            Fit::One(one) => one,
+            Fit::Many(many) => many,
+        }
+    }
+}
+
+/// The first `len` bytes of `dst`; None when it holds fewer.
+fn fit<'a>(dst: &'a mut [&mut [u8]], len: u64) -> Option<Fit<'a>> {
     let mut left = usize::try_from(len).ok()?;
-    let mut out = Vec::with_capacity(dst.len().min(8));
+    if let [one] = dst {
+        return one.get_mut(..left).map(|d| Fit::One([d]));
+    }
+    let mut out = Vec::with_capacity(dst.len());
     for p in dst.iter_mut() {
         if left == 0 {
             break;
@@ -1294,7 +1311,7 @@ fn fit<'a>(dst: &'a mut [&mut [u8]], len: u64) -> Option<Vec<&'a mut [u8]>> {
         out.push(&mut p[..take]);
         left -= take;
     }
-    (left == 0).then_some(out)
+    (left == 0).then_some(Fit::Many(out))
 }
 
 /// With `prefix`, nothing after the first miss.

@@ -15,7 +15,7 @@ use crate::error::ClientError;
 use crate::link::{owned, unexpected, Dst, Link};
 
 /// Destination buffers by key index; a buffer is out (None) while a request fills it.
-type Slots<'b> = [Option<Dst<'b>>];
+type Slots<'a, 'b> = [Option<Dst<'a, 'b>>];
 
 impl Client {
     /// Per key of `keys`: may the copy of `keys[i]` on its previous owner `p` be served, for
@@ -200,17 +200,15 @@ impl Client {
     pub(super) async fn get_many(
         &self,
         keys: &[&[u8]],
-        dsts: &mut [Dst<'_>],
+        dsts: &mut [Dst<'_, '_>],
         prefix: bool,
         lease_ms: u64,
     ) -> Result<Vec<Option<usize>>, ClientError> {
         assert_eq!(keys.len(), dsts.len(), "one destination per key");
         routed!(self, r => {
             // Reborrowed afresh in every attempt: a failed one may not have given back all.
-            let mut slots: Vec<Option<Dst<'_>>> = dsts
-                .iter_mut()
-                .map(|d| Some(d.iter_mut().map(|p| &mut **p).collect()))
-                .collect();
+            let mut slots: Vec<Option<Dst<'_, '_>>> =
+                dsts.iter_mut().map(|d| Some(&mut **d)).collect();
             let all = (0..keys.len()).collect();
             let (mut out, misses) = self
                 .get_from_owners(&r, keys, &mut slots, (all, prefix), lease_ms)
@@ -255,7 +253,7 @@ impl Client {
         &self,
         r: &Routing,
         keys: &[&[u8]],
-        slots: &mut Slots<'_>,
+        slots: &mut Slots<'_, '_>,
         (mut todo, prefix): (Vec<usize>, bool),
         lease_ms: u64,
     ) -> Result<(Vec<Option<usize>>, Vec<usize>), ClientError> {
@@ -310,7 +308,7 @@ impl Client {
         &self,
         r: &Routing,
         keys: &[&[u8]],
-        slots: &mut Slots<'_>,
+        slots: &mut Slots<'_, '_>,
         out: &mut [Option<usize>],
         mut misses: Vec<usize>,
         prefix: bool,
@@ -386,7 +384,10 @@ impl Client {
 }
 
 /// The batches, each with the destination buffers of its keys taken out of `slots`.
-fn take_bufs<'b>(batches: Vec<Batch>, slots: &mut Slots<'b>) -> Vec<Batch<Vec<Dst<'b>>>> {
+fn take_bufs<'a, 'b>(
+    batches: Vec<Batch>,
+    slots: &mut Slots<'a, 'b>,
+) -> Vec<Batch<Vec<Dst<'a, 'b>>>> {
     batches
         .into_iter()
         .map(|b| Batch {
@@ -403,7 +404,7 @@ fn take_bufs<'b>(batches: Vec<Batch>, slots: &mut Slots<'b>) -> Vec<Batch<Vec<Ds
 }
 
 /// Puts a batch's buffers back into `slots`; returns its node and key indexes.
-fn give_back<'b>(b: Batch<Vec<Dst<'b>>>, slots: &mut Slots<'b>) -> (u32, Vec<usize>) {
+fn give_back<'a, 'b>(b: Batch<Vec<Dst<'a, 'b>>>, slots: &mut Slots<'a, 'b>) -> (u32, Vec<usize>) {
     for (&i, buf) in b.idx.iter().zip(b.tag) {
         slots[i] = Some(buf);
     }
