@@ -56,38 +56,35 @@ impl Etcd {
     }
 
     fn start_with(bin: PathBuf, extra: &[&str]) -> Etcd {
-        let mut e = Etcd {
-            bin,
-            dir: temp_dir("etcd"),
-            client: free_port(),
-            peer: free_port(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            https: None,
-            child: None,
-        };
-        e.launch();
-        e
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Etcd::launched(bin, extra, None)
     }
 
     /// An etcd that also serves TLS clients, with the certificate and key `pki` wrote for it,
     /// and requires a client certificate signed by `pki`'s CA there.
     fn start_tls(bin: PathBuf, pki: &TestPki) -> Etcd {
-        let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+        let mut extra = Vec::new();
+        for (flag, file) in [
+            ("--cert-file", &pki.etcd_cert),
+            ("--key-file", &pki.etcd_key),
+            ("--trusted-ca-file", &pki.ca),
+        ] {
+            extra.extend([flag.to_string(), file.to_str().unwrap().to_string()]);
+        }
+        extra.push("--client-cert-auth".into());
+        Etcd::launched(bin, extra, Some(free_port()))
+    }
+
+    /// A started etcd on fresh ports and data dir, with `extra` flags and, with `https`, a
+    /// TLS client listener on that port too.
+    fn launched(bin: PathBuf, extra: Vec<String>, https: Option<u16>) -> Etcd {
         let mut e = Etcd {
             bin,
-            dir: temp_dir("etcd-tls"),
+            dir: temp_dir("etcd"),
             client: free_port(),
             peer: free_port(),
-            extra: vec![
-                "--cert-file".into(),
-                path(&pki.etcd_cert),
-                "--key-file".into(),
-                path(&pki.etcd_key),
-                "--trusted-ca-file".into(),
-                path(&pki.ca),
-                "--client-cert-auth".into(),
-            ],
-            https: Some(free_port()),
+            extra,
+            https,
             child: None,
         };
         e.launch();

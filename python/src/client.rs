@@ -422,36 +422,22 @@ impl NativeClient {
             .iter()
             .map(|&i| pieces[i].iter().map(|p| p.1).sum())
             .collect();
-        let status = |got: Result<Option<usize>, Failure>, want: usize| match got {
-            Err(Failure::Client(kvpool_client::ClientError::BufferTooSmall { .. })) => {
-                code::INVALID_PARAMS
-            }
-            Err(f) => f.code(),
-            Ok(Some(len)) if len == want => len as i64,
-            Ok(Some(_)) => code::INVALID_PARAMS,
-            Ok(None) => code::OBJECT_NOT_FOUND,
-        };
-        match py.detach(|| c.batch_get_scatter(&rkeys, &mut dsts)) {
+        match get_scattered(py, &c, &rkeys, &mut dsts) {
             Ok(got) => {
-                for ((&i, g), &w) in remote.iter().zip(got).zip(&want) {
-                    out[i] = status(Ok(g), w);
+                for ((&i, g), &want) in remote.iter().zip(got).zip(&want) {
+                    out[i] = match g {
+                        Err(Failure::Client(kvpool_client::ClientError::BufferTooSmall {
+                            ..
+                        })) => code::INVALID_PARAMS,
+                        Err(f) => f.code(),
+                        Ok(Some(len)) if len == want => len as i64,
+                        Ok(Some(_)) => code::INVALID_PARAMS,
+                        Ok(None) => code::OBJECT_NOT_FOUND,
+                    };
                 }
             }
-            // A value longer than its pieces fails the whole batch: each key alone, so the
-            // others are still loaded.
-            Err(kvpool_client::ClientError::BufferTooSmall { .. }) => {
-                for ((&i, key), (dst, &w)) in
-                    remote.iter().zip(&rkeys).zip(dsts.iter_mut().zip(&want))
-                {
-                    let got = py
-                        .detach(|| c.batch_get_scatter(&[key], std::slice::from_mut(dst)))
-                        .map(|mut g| g.pop().flatten())
-                        .map_err(Failure::from);
-                    out[i] = status(got, w);
-                }
-            }
-            Err(e) => {
-                let status = Failure::from(e).code();
+            Err(f) => {
+                let status = f.code();
                 remote.iter().for_each(|&i| out[i] = status);
             }
         }
@@ -888,10 +874,7 @@ impl NativeClient {
 /// A same-host scatter batch of at least this many bytes is copied on every core.
 const SCATTER_PARALLEL_MIN: u64 = 8 << 20;
 
-/// Fetches `keys[i]` into `ranges[i]`: per key its length, None for a miss, or its own
-/// failure; a failure of the whole batch (the node unreachable) is the outer error. On a batch
-/// refused because one buffer is too small, each key is fetched alone, so every other key
-/// still gets its value and the small one its own error.
+/// Fetches `keys[i]` into `ranges[i]` ([`get_scattered`] with one buffer per key).
 ///
 /// # Safety
 /// Every range must be writable memory that stays valid for the call, and no two may overlap.
@@ -901,17 +884,34 @@ unsafe fn get_many(
     keys: &[&[u8]],
     ranges: &[Range],
 ) -> Result<Vec<Result<Option<usize>, Failure>>, Failure> {
-    let mut dsts: Vec<&mut [u8]> = ranges
+    let mut dsts: Vec<Vec<&mut [u8]>> = ranges
         .iter()
         // SAFETY: the caller's contract.
-        .map(|&(a, n)| unsafe { slice_mut(a, n) })
+        .map(|&(a, n)| vec![unsafe { slice_mut(a, n) }])
         .collect();
-    match py.detach(|| c.batch_get_into(keys, &mut dsts)) {
+    get_scattered(py, c, keys, &mut dsts)
+}
+
+/// Fetches `keys[i]` into `dsts[i]` (its buffers, filled in order): per key its length, None
+/// for a miss, or its own failure; a failure of the whole batch (the node unreachable) is the
+/// outer error. On a batch refused because one key's buffers are too small, each key is
+/// fetched alone, so every other key still gets its value and the small one its own error.
+fn get_scattered(
+    py: Python<'_>,
+    c: &blocking::Client,
+    keys: &[&[u8]],
+    dsts: &mut [Vec<&mut [u8]>],
+) -> Result<Vec<Result<Option<usize>, Failure>>, Failure> {
+    match py.detach(|| c.batch_get_scatter(keys, dsts)) {
         Ok(got) => Ok(got.into_iter().map(Ok).collect()),
         Err(kvpool_client::ClientError::BufferTooSmall { .. }) => Ok(keys
             .iter()
             .zip(dsts.iter_mut())
-            .map(|(k, d)| py.detach(|| c.get_into(k, d)).map_err(Failure::from))
+            .map(|(k, d)| {
+                py.detach(|| c.batch_get_scatter(&[k], std::slice::from_mut(d)))
+                    .map(|mut g| g.pop().flatten())
+                    .map_err(Failure::from)
+            })
             .collect()),
         Err(e) => Err(e.into()),
     }
