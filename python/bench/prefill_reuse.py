@@ -19,10 +19,15 @@ cached prefix costs (the ideal counts it as free).
 
 The default model (2 layers, hidden 2048, 32 heads of 64, 8 KV heads) spends about a fifth of a
 4 096-token prefill in attention; a smaller hidden size makes attention a larger share and the
-ideal further out of reach (``--layers 4 --hidden 1024``: over a third).
+ideal further out of reach (``--layers 4 --hidden 1024``: over a third). ``--shape llama3-8b``
+builds layers of Llama-3-8B's shape instead (hidden 4096, MLP 14336, 32 query heads and 8 KV
+heads of 128, RoPE theta 500 000; the vocabulary stays 32 000, which only the embedding lookup
+and the last token's logits touch): about 0.9 GB of weights per layer, and attention a smaller
+share of the prefill, as in the real model.
 
 Usage: python python/bench/prefill_reuse.py --kvpoold target/release/kvpoold [--tokens 4096]
-[--repeats 3] [--layers 2] [--hidden 2048] [--threads 1] [--out bench-out/prefill-reuse.json]
+[--repeats 3] [--layers 2] [--hidden 2048 | --shape llama3-8b] [--threads 1]
+[--out bench-out/prefill-reuse.json]
 
 The model is a random-weight LlamaForCausalLM built from a config (seed 0, fp32, nothing
 downloaded). It starts its own kvpoold (free loopback ports, data under /dev/shm), stopped at
@@ -52,16 +57,28 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 BLOCK = 16
 
 
-def build_model(layers: int, hidden: int) -> LlamaForCausalLM:
+def build_model(layers: int, hidden: int, shape: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
+    if shape == "llama3-8b":
+        dims = {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "rope_theta": 500000.0,
+        }
+    else:
+        dims = {
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 11 // 4,
+            "num_attention_heads": hidden // 64,
+            "num_key_value_heads": max(1, hidden // 256),
+        }
     cfg = LlamaConfig(
         vocab_size=32000,
-        hidden_size=hidden,
-        intermediate_size=hidden * 11 // 4,
         num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(1, hidden // 256),
         max_position_embeddings=8192,
+        **dims,
     )
     return LlamaForCausalLM(cfg).to(torch.float32).eval()
 
@@ -94,6 +111,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument(
+        "--shape",
+        choices=("default", "llama3-8b"),
+        default="default",
+        help="llama3-8b: layers of Llama-3-8B's shape (--hidden is then ignored)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     ap.add_argument("--memory", default="1GiB")
     ap.add_argument("--out", default="bench-out/prefill-reuse.json")
@@ -111,7 +134,7 @@ def main() -> None:
 
 def run(a: argparse.Namespace, url: str) -> dict:
     torch.set_num_threads(a.threads)
-    model = build_model(a.layers, a.hidden)
+    model = build_model(a.layers, a.hidden, a.shape)
     params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(1)
 
@@ -128,7 +151,8 @@ def run(a: argparse.Namespace, url: str) -> dict:
         )
     kv_per_token = caches["tcp"].block_bytes // BLOCK
     print(
-        f"model: {a.layers} layers, hidden {a.hidden}, {params / 1e6:.0f} M parameters, "
+        f"model: {a.layers} layers ({a.shape} shape), hidden {model.config.hidden_size}, "
+        f"{params / 1e6:.0f} M parameters, "
         f"fp32, {kv_per_token // 1024} KiB of KV per token; prompts of {a.tokens} tokens; "
         f"torch {torch.__version__} on {torch.get_num_threads()} threads; "
         f"load average {os.getloadavg()[0]:.2f}"
@@ -206,7 +230,14 @@ def run(a: argparse.Namespace, url: str) -> dict:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "model": {"layers": a.layers, "hidden": a.hidden, "parameters": params},
+        "model": {
+            "layers": a.layers,
+            "shape": a.shape,
+            "hidden": model.config.hidden_size,
+            "intermediate": model.config.intermediate_size,
+            "kv_heads": model.config.num_key_value_heads,
+            "parameters": params,
+        },
         "kv_bytes_per_token": kv_per_token,
         "no_cache_runs": base,
         "rows": rows,
