@@ -43,8 +43,11 @@ pub enum PoolError {
     /// The namespace id is not configured on this node.
     #[error("unknown namespace")]
     UnknownNamespace,
-    /// Keys are 1 to 256 bytes.
-    #[error("key must be 1 to {MAX_KEY_LEN} bytes")]
+    /// Keys are 1 to 256 bytes, or fewer where the node is configured so
+    /// (`limits.max_key_len`).
+    #[error(
+        "key must be 1 to {MAX_KEY_LEN} bytes, or fewer where the node sets limits.max_key_len"
+    )]
     BadKey,
     /// The value is larger than a segment can ever hold.
     #[error("value too large for this pool")]

@@ -341,3 +341,270 @@ async fn a_request_that_stops_half_way_is_dropped_and_idling_is_not() {
     assert!(stored, "the stalled put's space never came back");
     assert_eq!(c.get(b"whole-put").await.unwrap().as_deref(), Some(&v[..]));
 }
+
+/// A raw connection that has said `Hello` with `token`, or the node's refusal of it.
+async fn hello_with(to: &str, token: &str) -> (TcpStream, kvpool::protocol::Reply) {
+    let mut s = TcpStream::connect(to).await.unwrap();
+    let op = Op::Hello {
+        version: kvpool::protocol::PROTOCOL_VERSION,
+        token: token.into(),
+        client: "limits".into(),
+    };
+    send(&mut s, 1, op).await;
+    let r = common::raw::recv(&mut s).await.expect("a reply to Hello");
+    (s, r.reply)
+}
+
+/// `Alloc` of `n` one-byte values named `{tag}-{i}`, in the default namespace (id 0).
+async fn alloc(s: &mut TcpStream, id: u64, tag: &str, n: usize) -> kvpool::protocol::Reply {
+    let items = (0..n)
+        .map(|i| kvpool::protocol::AllocItem {
+            key: format!("{tag}-{i}").into_bytes(),
+            len: 1,
+        })
+        .collect();
+    let op = Op::Alloc {
+        ns: 0,
+        items,
+        pin: false,
+        depths: Vec::new(),
+    };
+    send(s, id, op).await;
+    common::raw::recv(s).await.expect("a reply to Alloc").reply
+}
+
+/// The value of `kvpool_limit_refusals{limit="<limit>"}` on the node's metrics page.
+fn refusals(n: &Node, limit: &str) -> u64 {
+    let needle = format!("kvpool_limit_refusals_total{{limit=\"{limit}\"}} ");
+    let page = n.scrape();
+    let line = page
+        .lines()
+        .find(|l| l.starts_with(&needle))
+        .unwrap_or_else(|| panic!("no {needle} in\n{page}"));
+    line[needle.len()..].trim().parse().unwrap()
+}
+
+/// Pending allocations per connection: an `Alloc` that would take a connection past
+/// `max_pending_per_connection` is refused whole with `LimitExceeded`, naming the setting, and
+/// counted; what the connection commits or aborts, or what another connection commits for it,
+/// makes room again; another connection has its own allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_allocations_are_capped_per_connection() {
+    use kvpool::protocol::{CommitItem, ErrorCode, Reply};
+    let cfg = config_file("[limits]\nmax_pending_per_connection = 4\n");
+    let n = Node::start("64MiB", &["-c", &cfg]);
+    let mut s = TcpStream::connect(&n.tcp).await.unwrap();
+    hello(&mut s).await;
+    let addrs = |r: Reply| match r {
+        Reply::Allocated(v) => v
+            .into_iter()
+            .map(|a| a.addr.expect("allocated"))
+            .collect::<Vec<_>>(),
+        other => panic!("expected Allocated, got {other:?}"),
+    };
+    let refused = |r: Reply| match r {
+        Reply::Error { code, message } => {
+            assert_eq!(
+                ErrorCode::from_u16(code),
+                ErrorCode::LimitExceeded,
+                "{message}"
+            );
+            assert!(message.contains("max_pending_per_connection"), "{message}");
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    };
+    let first = addrs(alloc(&mut s, 2, "a", 3).await);
+    refused(alloc(&mut s, 3, "b", 2).await); // 3 + 2 > 4: nothing allocated
+    assert_eq!(refusals(&n, "pending_per_connection"), 1);
+    let one = addrs(alloc(&mut s, 4, "c", 1).await); // 4 pending now
+    refused(alloc(&mut s, 5, "d", 1).await);
+
+    // Another connection has its own allowance, and commits one of the first connection's
+    // allocations for it: that one no longer counts against the first.
+    let mut other = TcpStream::connect(&n.tcp).await.unwrap();
+    hello(&mut other).await;
+    addrs(alloc(&mut other, 2, "e", 4).await);
+    let commit = |addr| Op::Commit {
+        items: vec![CommitItem {
+            addr,
+            checksum: kvpool::checksum::checksum(&[0u8]),
+        }],
+    };
+    send(&mut other, 3, commit(first[0])).await;
+    let r = common::raw::recv(&mut other).await.unwrap().reply;
+    assert!(matches!(&r, Reply::Statuses(s) if s == &[0]), "{r:?}");
+    addrs(alloc(&mut s, 6, "f", 1).await);
+    refused(alloc(&mut s, 7, "g", 1).await);
+
+    // Aborting and committing over the connection itself make room too.
+    send(
+        &mut s,
+        8,
+        Op::Abort {
+            addrs: vec![first[1]],
+        },
+    )
+    .await;
+    let r = common::raw::recv(&mut s).await.unwrap().reply;
+    assert!(matches!(&r, Reply::Statuses(st) if st == &[0]), "{r:?}");
+    send(&mut s, 9, commit(one[0])).await;
+    let r = common::raw::recv(&mut s).await.unwrap().reply;
+    assert!(matches!(&r, Reply::Statuses(st) if st == &[0]), "{r:?}");
+    addrs(alloc(&mut s, 10, "h", 2).await);
+    refused(alloc(&mut s, 11, "i", 1).await);
+    assert_eq!(refusals(&n, "pending_per_connection"), 4);
+    still_serves(&n).await;
+}
+
+/// Connections per token: past `max_connections_per_token` a `Hello` with that token is
+/// refused with `LimitExceeded` and the connection closed, whatever door it comes through
+/// (native TCP and RESP `AUTH` count together); other tokens and connections without one are
+/// not affected; a closed connection gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_capped_per_token_across_doors() {
+    use kvpool::protocol::{ErrorCode, Reply};
+    let cfg = config_file(
+        "[limits]\nmax_connections_per_token = 2\n\n\
+         [[namespace]]\nname = \"a\"\ntokens = [\"token-a\"]\n\n\
+         [[namespace]]\nname = \"b\"\ntokens = [\"token-b\"]\n",
+    );
+    let n = Node::start("64MiB", &["-c", &cfg, "--resp", "127.0.0.1:0"]);
+    let (first, r) = hello_with(&n.tcp, "token-a").await;
+    assert!(matches!(r, Reply::Hello(_)), "{r:?}");
+    // The second place goes to a RESP connection.
+    let mut resp = TcpStream::connect(&n.resp).await.unwrap();
+    let mut auth = Vec::new();
+    kvpool::resp::encode::command(&mut auth, &[&b"AUTH"[..], b"a", b"token-a"]);
+    resp.write_all(&auth).await.unwrap();
+    let mut line = vec![0u8; 5];
+    resp.read_exact(&mut line).await.unwrap();
+    assert_eq!(&line, b"+OK\r\n");
+
+    let (mut third, r) = hello_with(&n.tcp, "token-a").await;
+    match r {
+        Reply::Error { code, message } => {
+            assert_eq!(
+                ErrorCode::from_u16(code),
+                ErrorCode::LimitExceeded,
+                "{message}"
+            );
+            assert!(message.contains("max_connections_per_token"), "{message}");
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+    assert!(closed_within(&mut third, Duration::from_secs(5)).await);
+    // RESP is refused too, with an error reply, and keeps its connection unauthenticated.
+    let mut resp2 = TcpStream::connect(&n.resp).await.unwrap();
+    resp2.write_all(&auth).await.unwrap();
+    let mut reply = [0u8; 256];
+    let got = tokio::time::timeout(Duration::from_secs(5), resp2.read(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&reply[..got]);
+    assert!(
+        text.starts_with("-ERR") && text.contains("max_connections_per_token"),
+        "{text}"
+    );
+    assert_eq!(refusals(&n, "connections_per_token"), 2);
+
+    // Another token, and no token (the default namespace is open), are not counted here.
+    for token in ["token-b", "token-b", ""] {
+        let (_s, r) = hello_with(&n.tcp, token).await;
+        assert!(matches!(r, Reply::Hello(_)), "{token}: {r:?}");
+    }
+    // A closed connection gives its place back (the node notices the close at once; a few
+    // tries cover the time it takes).
+    drop(first);
+    let mut admitted = false;
+    for _ in 0..50 {
+        if let (_s, Reply::Hello(_)) = hello_with(&n.tcp, "token-a").await {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        admitted,
+        "a place freed by a closed connection is taken again"
+    );
+    drop(resp);
+}
+
+/// QUIC streams count against `max_connections_per_peer` as TCP connections do: a stream over
+/// the cap is reset, so a client's handshake on it fails, and a closed client's streams give
+/// their places back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_streams_count_against_the_per_peer_cap() {
+    let cfg = config_file("[listen]\nmax_connections_per_peer = 2\n");
+    let n = Node::start("64MiB", &["-c", &cfg]);
+    let quic = || ClientConfig {
+        ca: Some(n.cert()),
+        ..remote()
+    };
+    let a = Client::connect(&n.quic_url(), quic()).await.unwrap();
+    let b = Client::connect(&n.quic_url(), quic()).await.unwrap();
+    a.put(b"a", b"1").await.unwrap();
+    b.put(b"b", b"2").await.unwrap();
+    let err = Client::connect(&n.quic_url(), quic()).await.err();
+    assert!(err.is_some(), "a third stream from one address is refused");
+    assert!(refusals(&n, "connections_per_peer") >= 1);
+    drop(a);
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(c) = Client::connect(&n.quic_url(), quic()).await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let c = again.expect("a place freed by a closed client is taken again");
+    assert_eq!(c.get(b"b").await.unwrap().as_deref(), Some(&b"2"[..]));
+}
+
+/// `max_key_len` below the format's 256 bytes: longer keys are refused with `BadKey` through
+/// the native door and RESP alike, and counted; keys within it work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_longer_than_the_configured_limit_are_refused() {
+    let cfg = config_file("[limits]\nmax_key_len = 16\n");
+    let n = Node::start("64MiB", &["-c", &cfg, "--resp", "127.0.0.1:0"]);
+    let c = Client::connect(&n.tcp_url(), remote()).await.unwrap();
+    c.put(&[b'k'; 16], b"fits").await.unwrap();
+    let err = c.put(&[b'k'; 17], b"too long").await.unwrap_err();
+    assert!(err.to_string().contains("max_key_len"), "{err}");
+    assert_eq!(
+        c.get(&[b'k'; 16]).await.unwrap().as_deref(),
+        Some(&b"fits"[..])
+    );
+    let mut resp = TcpStream::connect(&n.resp).await.unwrap();
+    let mut set = Vec::new();
+    kvpool::resp::encode::command(&mut set, &[&b"SET"[..], &[b'r'; 17], b"v"]);
+    resp.write_all(&set).await.unwrap();
+    let mut reply = [0u8; 256];
+    let got = tokio::time::timeout(Duration::from_secs(5), resp.read(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&reply[..got]);
+    assert!(
+        text.starts_with("-ERR") && text.contains("max_key_len"),
+        "{text}"
+    );
+    assert_eq!(refusals(&n, "key_length"), 2);
+    // Out of range settings are refused at start.
+    let bad = config_file("[limits]\nmax_key_len = 257\n");
+    let out = std::process::Command::new(common::bin("kvpoold"))
+        .args(["-c", &bad, "--memory", "16MiB", "--tcp", "127.0.0.1:0"])
+        .args([
+            "--quic",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(common::temp_dir("bad-key-len"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_key_len"));
+}

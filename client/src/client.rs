@@ -817,6 +817,14 @@ fn code_result(code: ErrorCode) -> Result<(), ClientError> {
             code: ErrorCode::Failed,
             message: "its key was cancelled (a `cancel` of the request) before the commit".into(),
         }),
+        ErrorCode::BadKey => Err(ClientError::Server {
+            code,
+            message: format!(
+                "the key is empty or longer than the node takes (its limits.max_key_len, at \
+                 most {} bytes)",
+                kvpool::MAX_KEY_LEN
+            ),
+        }),
         code => Err(ClientError::Server {
             code,
             message: format!("{code:?}"),

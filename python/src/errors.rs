@@ -99,9 +99,10 @@ fn server_code(c: ErrorCode) -> i64 {
     match c {
         ErrorCode::Ok => code::OK,
         ErrorCode::BadKey => code::INVALID_KEY,
-        ErrorCode::TooLarge | ErrorCode::PoolFull | ErrorCode::QuotaExceeded => {
-            code::NO_AVAILABLE_HANDLE
-        }
+        ErrorCode::TooLarge
+        | ErrorCode::PoolFull
+        | ErrorCode::QuotaExceeded
+        | ErrorCode::LimitExceeded => code::NO_AVAILABLE_HANDLE,
         ErrorCode::NotFound | ErrorCode::Stale | ErrorCode::WrongIncarnation => {
             code::OBJECT_NOT_FOUND
         }

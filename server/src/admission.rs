@@ -1,8 +1,9 @@
-//! Who gets a connection: the open-file limit and the descriptors kept in reserve, a cap on
-//! connections per peer address, and what an accept loop does when accepting fails (back off,
-//! and say so in the log at a bounded rate).
+//! Who gets a connection: the open-file limit and the descriptors kept in reserve, caps on
+//! connections per peer address and per token, and what an accept loop does when accepting
+//! fails (back off, and say so in the log at a bounded rate).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -52,58 +53,79 @@ pub(crate) fn connection_cap(configured: usize, fd_limit: u64, reserve: u64) -> 
         .max(1)
 }
 
-/// Open connections per peer IP address, capped.
-pub(crate) struct PeerCounts {
+/// Open connections per key (a peer's IP address, or an authenticated token's digest), capped.
+pub(crate) struct Counts<K: Hash + Eq + Clone> {
     max: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<HashMap<K, usize>>,
 }
 
 /// One counted connection; uncounted when dropped.
-pub(crate) struct PeerSlot {
-    counts: Arc<PeerCounts>,
-    ip: IpAddr,
+pub(crate) struct Slot<K: Hash + Eq + Clone> {
+    counts: Arc<Counts<K>>,
+    key: K,
 }
 
-impl PeerCounts {
-    /// `max` connections per address; 0 for no cap.
-    pub(crate) fn new(max: usize) -> Arc<PeerCounts> {
-        Arc::new(PeerCounts {
+/// Connections per peer IP address (`listen.max_connections_per_peer`).
+pub(crate) type PeerCounts = Counts<IpAddr>;
+/// Connections per authenticated token, by its SHA-256 digest
+/// (`limits.max_connections_per_token`). An entry lives while a connection holds its slot, so
+/// the map never holds more entries than there are open connections.
+pub(crate) type TokenCounts = Counts<[u8; 32]>;
+/// One connection counted against its token.
+pub(crate) type TokenSlot = Slot<[u8; 32]>;
+
+impl<K: Hash + Eq + Clone> Counts<K> {
+    /// `max` connections per key; 0 for no cap.
+    pub(crate) fn new(max: usize) -> Arc<Counts<K>> {
+        Arc::new(Counts {
             max,
             open: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Counts a new connection from `ip`, or `None` when that address is at its cap.
-    pub(crate) fn enter(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+    /// The cap (0: none).
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Counts a new connection of `key`, or `None` when that key is at its cap.
+    pub(crate) fn enter(self: &Arc<Self>, key: K) -> Option<Slot<K>> {
         if self.max == 0 {
-            return Some(PeerSlot {
+            return Some(Slot {
                 counts: self.clone(),
-                ip,
+                key,
             });
         }
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(ip).or_insert(0);
+        let n = open.entry(key.clone()).or_insert(0);
         if *n >= self.max {
             return None;
         }
         *n += 1;
-        Some(PeerSlot {
+        Some(Slot {
             counts: self.clone(),
-            ip,
+            key,
         })
     }
 }
 
-impl Drop for PeerSlot {
+impl<K: Hash + Eq + Clone> Slot<K> {
+    /// What this slot is counted under.
+    pub(crate) fn key(&self) -> &K {
+        &self.key
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Slot<K> {
     fn drop(&mut self) {
         if self.counts.max == 0 {
             return;
         }
         let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
+        if let Some(n) = open.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&self.ip);
+                open.remove(&self.key);
             }
         }
     }

@@ -230,6 +230,17 @@ pub struct LimitsConfig {
     /// Keys and prefixes one connection may watch at once (`Watch`, `Subscribe`: handoff
     /// notifications); beyond it a `Watch` is refused whole. Default 65 536.
     pub max_watches_per_connection: u32,
+    /// Allocations one connection may have pending at once (`Alloc` without its `Commit` or
+    /// `Abort`; those reaped or committed elsewhere no longer count); an `Alloc` beyond it is
+    /// refused whole with `LimitExceeded`. Default 65 536 (four of the largest batch).
+    pub max_pending_per_connection: u32,
+    /// Connections (and QUIC streams) one token may have authenticated at once, across every
+    /// door (native `Hello`, RESP `AUTH`/`HELLO`); 0 for no cap. A connection without a token
+    /// is not counted here (`listen.max_connections_per_peer` caps it by address). Default 0.
+    pub max_connections_per_token: u32,
+    /// Longest key, in bytes, 1 to 256 (the format's maximum); a longer key is refused with
+    /// `BadKey` by every door. Default 256.
+    pub max_key_len: u32,
     /// How long a producer's tombstone (`Fail`) is kept, ms. Default 60 000.
     pub tombstone_ms: u64,
     /// A reply the peer does not read for this long (no progress writing it) is dropped with
@@ -455,6 +466,9 @@ impl Default for LimitsConfig {
             idle_timeout_ms: 0,
             max_holds_per_connection: 65_536,
             max_watches_per_connection: 65_536,
+            max_pending_per_connection: 65_536,
+            max_connections_per_token: 0,
+            max_key_len: kvpool::MAX_KEY_LEN as u32,
             tombstone_ms: 60_000,
             write_timeout_ms: 30_000,
             read_timeout_ms: 30_000,
@@ -612,6 +626,15 @@ impl Config {
         if l.max_header == 0 || l.max_header > u32::MAX as u64 || l.max_batch == 0 {
             bail!("limits: max_header must be 1..4GiB and max_batch at least 1");
         }
+        if !(1..=kvpool::MAX_KEY_LEN as u32).contains(&l.max_key_len) {
+            bail!(
+                "limits: max_key_len must be 1..={} (the format's longest key)",
+                kvpool::MAX_KEY_LEN
+            );
+        }
+        if l.max_pending_per_connection == 0 {
+            bail!("limits: max_pending_per_connection must be at least 1");
+        }
         Ok(Limits {
             max_header: l.max_header as u32,
             max_payload: l.max_payload,
@@ -698,6 +721,7 @@ impl Config {
             shards: m.shards,
             pending_timeout_ms: m.pending_timeout_ms,
             max_lease_ms: m.max_lease_ms,
+            max_key_len: self.limits.max_key_len as usize,
             namespaces,
         })
     }

@@ -487,6 +487,9 @@ fn shared(
             config.limits.auth_failures,
             std::time::Duration::from_millis(config.limits.auth_failure_refill_ms),
         ),
+        tokens: crate::admission::TokenCounts::new(
+            config.limits.max_connections_per_token as usize,
+        ),
     }
 }
 
@@ -520,6 +523,7 @@ fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
         read: Duration::from_millis(config.limits.read_timeout_ms.max(1)),
         max_holds: config.limits.max_holds_per_connection as usize,
         max_watches: config.limits.max_watches_per_connection as usize,
+        max_pending: config.limits.max_pending_per_connection as usize,
     })
 }
 

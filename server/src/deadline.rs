@@ -30,6 +30,8 @@ pub(crate) struct ConnPolicy {
     pub(crate) max_holds: usize,
     /// Most keys and prefixes one connection may watch at once.
     pub(crate) max_watches: usize,
+    /// Most allocations one connection may have pending at once.
+    pub(crate) max_pending: usize,
 }
 
 /// Runs `f`, failing with `TimedOut` if it has not finished by `deadline` (`None`: no deadline).

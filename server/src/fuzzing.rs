@@ -89,11 +89,13 @@ impl Harness {
                 read: Duration::from_secs(30),
                 max_holds: 64,
                 max_watches: 64,
+                max_pending: 64,
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             // Off: every input starts from the same state.
             auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
+            tokens: crate::admission::TokenCounts::new(0),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

@@ -1,7 +1,8 @@
 //! Accept loops, one per transport, in the mini-redis shape: a semaphore bounds concurrent
 //! connections (accepting waits when it is exhausted), each connection gets its own task, and
-//! every task holds a clone of `done` so shutdown can wait for all of them to drain. A TCP peer
-//! address over its connection cap is closed at once; a failed accept (out of descriptors)
+//! every task holds a clone of `done` so shutdown can wait for all of them to drain. A peer
+//! address over its connection cap (TCP connections and QUIC streams alike) is closed or reset
+//! at once; a failed accept (out of descriptors)
 //! pauses the loop, longer while failures continue, and is logged at a bounded rate.
 
 use std::future::Future;
@@ -16,7 +17,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::admission::{AcceptErrors, LogLimiter, PeerCounts, LOG_EVERY};
 use crate::handler::serve;
-use crate::metrics::Transport;
+use crate::metrics::{Limit, Transport};
 use crate::service::Shared;
 
 /// What every accept loop needs.
@@ -26,7 +27,7 @@ pub(crate) struct Ctx {
     pub(crate) limit: Arc<Semaphore>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) done: mpsc::Sender<()>,
-    /// Open TCP connections per peer address.
+    /// Open connections (and QUIC streams) per peer address.
     pub(crate) peers: Arc<PeerCounts>,
 }
 
@@ -169,6 +170,7 @@ async fn accept_loop<L: Accept>(
             None => None,
             Some((_, Some(slot))) => Some(slot),
             Some((ip, None)) => {
+                ctx.shared.metrics.limit_refused(Limit::ConnectionsPerPeer);
                 if let Some(more) = refusals.allow(Instant::now()) {
                     tracing::warn!(
                         %ip,
@@ -197,6 +199,9 @@ async fn accept_loop<L: Accept>(
     }
 }
 
+/// The application error code a QUIC stream over the per-peer cap is reset and stopped with.
+const STREAM_REFUSED: quinn::VarInt = quinn::VarInt::from_u32(1);
+
 /// QUIC: every bidirectional stream of every connection is served like one TCP connection.
 pub(crate) async fn quic(endpoint: quinn::Endpoint, mut ctx: Ctx) {
     loop {
@@ -221,6 +226,8 @@ pub(crate) async fn quic(endpoint: quinn::Endpoint, mut ctx: Ctx) {
 }
 
 async fn quic_streams(conn: quinn::Connection, mut ctx: Ctx) {
+    let ip = conn.remote_address().ip();
+    let mut refusals = LogLimiter::new(LOG_EVERY);
     loop {
         let Some(permit) = permit(&mut ctx).await else {
             return;
@@ -229,15 +236,29 @@ async fn quic_streams(conn: quinn::Connection, mut ctx: Ctx) {
             s = conn.accept_bi() => s,
             _ = ctx.shutdown.wait_for(|s| *s) => return,
         };
-        let (send, recv) = match stream {
+        let (mut send, mut recv) = match stream {
             Ok(s) => s,
             Err(_) => return, // the peer closed the connection
         };
+        // A stream is a connection to the per-address cap, as a TCP connection is: one QUIC
+        // peer can't hold more of the node's connections than a TCP peer can.
+        let Some(slot) = ctx.peers.enter(ip) else {
+            ctx.shared.metrics.limit_refused(Limit::ConnectionsPerPeer);
+            if let Some(more) = refusals.allow(Instant::now()) {
+                tracing::warn!(
+                    %ip,
+                    "resetting a QUIC stream over the per-peer cap \
+                     (listen.max_connections_per_peer; {more} more since the last report)"
+                );
+            }
+            let _ = send.reset(STREAM_REFUSED);
+            let _ = recv.stop(STREAM_REFUSED);
+            continue;
+        };
         let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
-        let peer = Some(conn.remote_address().ip());
         tokio::spawn(async move {
-            serve(shared, (Transport::Quic, peer, None), recv, send, stop).await;
-            drop((permit, done));
+            serve(shared, (Transport::Quic, Some(ip), None), recv, send, stop).await;
+            drop((permit, done, slot));
         });
     }
 }

@@ -241,6 +241,36 @@ impl RespCommand {
     }
 }
 
+/// A limit on what a peer controls ([limits] and [listen], docs/RELIABILITY.md), as labelled on
+/// `kvpool_limit_refusals`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `listen.max_connections_per_peer`: a connection (or QUIC stream) closed on arrival.
+    ConnectionsPerPeer,
+    /// `limits.max_connections_per_token`: a `Hello` or RESP `AUTH` refused.
+    ConnectionsPerToken,
+    /// `limits.max_pending_per_connection`: an `Alloc` refused whole.
+    PendingPerConnection,
+    /// `limits.max_holds_per_connection`: a `Hold` refused whole.
+    HoldsPerConnection,
+    /// `limits.max_watches_per_connection`: a `Watch` or `Subscribe` refused whole.
+    WatchesPerConnection,
+    /// `limits.max_batch`: a batch refused whole.
+    Batch,
+    /// `limits.max_key_len`: a key refused.
+    KeyLength,
+}
+
+const LIMITS: [(Limit, &str); 7] = [
+    (Limit::ConnectionsPerPeer, "connections_per_peer"),
+    (Limit::ConnectionsPerToken, "connections_per_token"),
+    (Limit::PendingPerConnection, "pending_per_connection"),
+    (Limit::HoldsPerConnection, "holds_per_connection"),
+    (Limit::WatchesPerConnection, "watches_per_connection"),
+    (Limit::Batch, "batch"),
+    (Limit::KeyLength, "key_length"),
+];
+
 /// The daemon's own series: every one a lock-free atomic, indexed by its labels.
 #[derive(Debug, Default)]
 struct Daemon {
@@ -254,6 +284,8 @@ struct Daemon {
     resp_input_refusals: Counter,
     auth_failures: Counter,
     auth_throttled: Counter,
+    /// Requests and connections refused by a limit, by limit.
+    limit_refusals: [Counter; LIMITS.len()],
     bytes_in: Counter,
     bytes_out: Counter,
     /// Bulk chunks and their bytes by priority (Background .. High).
@@ -353,6 +385,11 @@ impl Metrics {
         self.daemon.auth_throttled.inc();
     }
 
+    /// A request or connection refused by `limit`.
+    pub fn limit_refused(&self, limit: Limit) {
+        self.daemon.limit_refusals[limit as usize].inc();
+    }
+
     /// A RESP connection closed because the door's input buffers were full
     /// (`[resp] input_memory`).
     pub fn resp_input_refused(&self) {
@@ -372,6 +409,7 @@ impl Metrics {
         registry.register_collector(Box::new(Scrape {
             daemon: self.daemon.clone(),
             pool: pool.stats(),
+            long_keys: pool.long_keys_refused(),
             namespaces,
         }));
         let mut out = String::with_capacity(16 << 10);
@@ -385,6 +423,9 @@ impl Metrics {
 struct Scrape {
     daemon: Arc<Daemon>,
     pool: PoolStats,
+    /// Keys the pool refused for their length (every door's keys reach the pool's check; the
+    /// RESP door's own check counts in the daemon's series).
+    long_keys: u64,
     namespaces: bool,
 }
 
@@ -738,6 +779,20 @@ impl Scrape {
             None,
             counter_t,
             &d.auth_throttled,
+        )?;
+        family(
+            e,
+            "kvpool_limit_refusals",
+            "Requests and connections refused by a limit on what a peer controls, by limit.",
+            None,
+            counter_t,
+            LIMITS.map(|(l, n)| {
+                let mut v = d.limit_refusals[l as usize].get();
+                if l == Limit::KeyLength {
+                    v += self.long_keys;
+                }
+                ([("limit", n)], ConstCounter::new(v))
+            }),
         )?;
         Ok(())
     }

@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) bulk: Arc<crate::bulk::Bulk>,
     /// Wrong tokens per peer address (`[limits] auth_failures`).
     pub(crate) auth_failures: crate::auth_limit::AuthFailures,
+    /// Authenticated connections per token (`[limits] max_connections_per_token`).
+    pub(crate) tokens: Arc<crate::admission::TokenCounts>,
 }
 
 /// Why a token was not accepted.
@@ -208,6 +210,40 @@ impl Shared {
         })
     }
 
+    /// Moves a connection's count under `limits.max_connections_per_token` to `token`, just
+    /// accepted: `held` is its slot so far (none for an empty token, and none before). Refused,
+    /// with `held` left as it was, when `token` has the cap open already; a connection that
+    /// authenticates again with its own token keeps its slot.
+    pub(crate) fn admit_token(
+        &self,
+        token: &str,
+        held: &mut Option<crate::admission::TokenSlot>,
+    ) -> Result<(), String> {
+        if token.is_empty() {
+            *held = None;
+            return Ok(());
+        }
+        let digest = kvpool::protocol::auth::token_digest(token.as_bytes());
+        if held.as_ref().is_some_and(|h| *h.key() == digest) {
+            return Ok(());
+        }
+        match self.tokens.enter(digest) {
+            Some(slot) => {
+                *held = Some(slot);
+                Ok(())
+            }
+            None => {
+                self.metrics
+                    .limit_refused(crate::metrics::Limit::ConnectionsPerToken);
+                Err(format!(
+                    "this token has {} connections open already \
+                     (limits.max_connections_per_token)",
+                    self.tokens.max()
+                ))
+            }
+        }
+    }
+
     /// The id of the namespace called `name`, if `access` may use it.
     pub(crate) fn namespace(&self, access: &Access, name: &str) -> Result<u32, NamespaceError> {
         let ns = self
@@ -223,6 +259,7 @@ impl Shared {
     /// Refuses a batch of more than `limits.max_batch` items.
     pub(crate) fn batch_check(&self, n: usize) -> Result<(), ErrorCode> {
         if n > self.limits.max_batch as usize {
+            self.metrics.limit_refused(crate::metrics::Limit::Batch);
             return Err(ErrorCode::BatchTooLarge);
         }
         Ok(())
@@ -532,10 +569,12 @@ mod tests {
                 read: Duration::from_secs(1),
                 max_holds: 8,
                 max_watches: 8,
+                max_pending: 8,
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60)),
+            tokens: crate::admission::TokenCounts::new(2),
         }
     }
 

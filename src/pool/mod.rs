@@ -72,6 +72,10 @@ pub struct PoolConfig {
     pub pending_timeout_ms: Millis,
     /// Longest lease a reader may take. Default 30 s.
     pub max_lease_ms: Millis,
+    /// Longest key, in bytes: 1 to [`MAX_KEY_LEN`] (a larger value, or 0, is taken as
+    /// [`MAX_KEY_LEN`]). A longer key is refused with [`PoolError::BadKey`] by every call that
+    /// takes one. Default [`MAX_KEY_LEN`].
+    pub max_key_len: usize,
     /// Namespaces; `default` is added when missing.
     pub namespaces: Vec<NamespaceConfig>,
 }
@@ -89,6 +93,7 @@ impl Default for PoolConfig {
             shards: 1,
             pending_timeout_ms: 30_000,
             max_lease_ms: 30_000,
+            max_key_len: MAX_KEY_LEN,
             namespaces: vec![NamespaceConfig::unlimited(DEFAULT_NAMESPACE)],
         }
     }
@@ -142,6 +147,8 @@ pub struct Pool {
     /// Logical time: one tick per insert or access, to compare objects of different shards.
     clock: AtomicU64,
     pending_timeout: Millis,
+    /// [`PoolConfig::max_key_len`], within 1 to [`MAX_KEY_LEN`].
+    max_key_len: usize,
     max_lease: Millis,
     counters: stats::Counters,
     /// Bytes held by the namespaces without a reservation, which share `unreserved`.
@@ -373,6 +380,10 @@ impl Pool {
             evict_cursor: AtomicUsize::new(0),
             clock: AtomicU64::new(0),
             pending_timeout: cfg.pending_timeout_ms,
+            max_key_len: match cfg.max_key_len {
+                0 => MAX_KEY_LEN,
+                n => n.min(MAX_KEY_LEN),
+            },
             max_lease: cfg.max_lease_ms,
             counters: stats::Counters::default(),
             observer: std::sync::OnceLock::new(),
@@ -485,7 +496,7 @@ impl Pool {
         now: Millis,
     ) -> Result<GlobalAddr, PoolError> {
         let space = self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let segments = self.ns_segments[ns as usize].clone();
         let own = segments.start != 0;
         let size = self
@@ -894,6 +905,37 @@ impl Pool {
         self.observer.set(observer).is_ok()
     }
 
+    /// Refuses a key this pool does not take: empty, or longer than its
+    /// [`PoolConfig::max_key_len`].
+    pub fn check_key(&self, key: &[u8]) -> Result<(), PoolError> {
+        if key.len() > self.max_key_len {
+            self.counters.long_keys.fetch_add(1, Ordering::Relaxed);
+            return Err(PoolError::BadKey);
+        }
+        if key.is_empty() {
+            return Err(PoolError::BadKey);
+        }
+        Ok(())
+    }
+
+    /// Longest key this pool takes ([`PoolConfig::max_key_len`]).
+    pub fn max_key_len(&self) -> usize {
+        self.max_key_len
+    }
+
+    /// Keys refused so far for being longer than [`Pool::max_key_len`].
+    pub fn long_keys_refused(&self) -> u64 {
+        self.counters.long_keys.load(Ordering::Relaxed)
+    }
+
+    /// Is the allocation of `generation` still pending (neither committed, aborted, cancelled
+    /// and freed, nor reaped)? A server counts a connection's allocations with it.
+    pub fn is_pending(&self, generation: u64) -> bool {
+        self.pending_lock(generation)
+            .by_generation
+            .contains_key(&generation)
+    }
+
     /// Gives a pending allocation back without committing it.
     pub fn abort(&self, addr: &GlobalAddr) -> Result<(), PoolError> {
         self.check_addr(addr)?;
@@ -929,7 +971,7 @@ impl Pool {
     pub fn cancel(&self, ns: u32, keys: &[&[u8]]) -> Result<u64, PoolError> {
         let space = self.ns(ns)?;
         for key in keys {
-            check_key(key)?;
+            self.check_key(key)?;
         }
         let mut order: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
         order.sort_unstable();
@@ -1017,7 +1059,7 @@ impl Pool {
         _now: Millis,
     ) -> Result<ObjectRef<'a>, PoolError> {
         self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].get(key, self.tick()) else {
             self.count_read(ns, false);
@@ -1064,7 +1106,7 @@ impl Pool {
         take: impl FnOnce(&mut index::Entry) -> bool,
     ) -> Result<Option<Located>, PoolError> {
         self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let mut shard = self.shard_lock(key);
         let found = shard.ns[ns as usize]
             .get(key, self.tick())
@@ -1081,7 +1123,7 @@ impl Pool {
     /// object was removed meanwhile and this was its last reader.
     pub fn unhold(&self, ns: u32, key: &[u8], generation: u64) -> Result<(), PoolError> {
         self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         self.release_reader(ns, key, generation);
         Ok(())
     }
@@ -1118,7 +1160,7 @@ impl Pool {
         let (mut n, mut asked) = (0, 0);
         for key in keys.by_ref() {
             asked += 1;
-            check_key(key)?;
+            self.check_key(key)?;
             if !self.shard_lock(key).ns[ns as usize].contains(key) {
                 break;
             }
@@ -1156,7 +1198,7 @@ impl Pool {
     /// object exists.
     pub fn release(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
         self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let mut shard = self.shard_lock(key);
         Ok(shard.ns[ns as usize]
             .peek_mut(key)
@@ -1168,7 +1210,7 @@ impl Pool {
     /// namespace's quota like any other. Returns whether the object exists.
     pub fn set_pinned(&self, ns: u32, key: &[u8], pinned: bool) -> Result<bool, PoolError> {
         let space = self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].peek_mut(key) else {
             return Ok(false);
@@ -1236,7 +1278,7 @@ impl Pool {
     /// Removes an object. Returns whether it existed. Readers still streaming it finish first.
     pub fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
         let space = self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let mut shard = self.shard_lock(key);
         let Some(e) = shard.ns[ns as usize].remove(key) else {
             return Ok(false);
@@ -1251,7 +1293,7 @@ impl Pool {
     /// (see [`Pool::generation_mark`]), so they order an object's writes against other events.
     pub fn provenance(&self, ns: u32, key: &[u8]) -> Result<Option<(u64, bool)>, PoolError> {
         self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let shard = self.shard_lock(key);
         Ok(shard.ns[ns as usize]
             .peek(key)
@@ -1267,7 +1309,7 @@ impl Pool {
         generation: u64,
     ) -> Result<bool, PoolError> {
         let space = self.ns(ns)?;
-        check_key(key)?;
+        self.check_key(key)?;
         let mut shard = self.shard_lock(key);
         if shard.ns[ns as usize].peek(key).map(|e| e.generation) != Some(generation) {
             return Ok(false);
@@ -1667,7 +1709,8 @@ impl Drop for PendingWrite<'_> {
     }
 }
 
-/// Refuses a key the pool would refuse (empty, or longer than [`crate::MAX_KEY_LEN`]).
+/// Refuses a key that no pool takes (empty, or longer than [`crate::MAX_KEY_LEN`]); a pool
+/// may take less ([`Pool::check_key`]).
 pub fn check_key(key: &[u8]) -> Result<(), PoolError> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(PoolError::BadKey);

@@ -12,6 +12,8 @@ pub(crate) struct Counters {
     pub(crate) evictions: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) reaped: AtomicU64,
+    /// Keys refused for their length (longer than `max_key_len`).
+    pub(crate) long_keys: AtomicU64,
 }
 
 /// Occupancy of one segment.

@@ -36,6 +36,9 @@ pub enum ErrorCode {
     NotFound = 15,
     /// Bytes don't match their checksum.
     ChecksumMismatch = 16,
+    /// A limit on what one connection or one client may hold or open was reached (pending
+    /// allocations per connection, connections per token): the message names the setting.
+    LimitExceeded = 17,
     /// The address belongs to another node.
     WrongNode = 20,
     /// No such segment.
@@ -87,7 +90,7 @@ impl ErrorCode {
     /// The code for a number; unknown numbers map to `Internal`.
     pub fn from_u16(v: u16) -> ErrorCode {
         use ErrorCode::*;
-        const ALL: [ErrorCode; 33] = [
+        const ALL: [ErrorCode; 34] = [
             Ok,
             Malformed,
             FrameTooLarge,
@@ -103,6 +106,7 @@ impl ErrorCode {
             QuotaExceeded,
             NotFound,
             ChecksumMismatch,
+            LimitExceeded,
             WrongNode,
             NoSegment,
             WrongKey,

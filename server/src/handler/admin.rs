@@ -37,6 +37,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return Ok(false);
             }
         };
+        if let Err(why) = self.s.admit_token(token.as_str(), &mut self.token_slot) {
+            self.fail(id, ErrorCode::LimitExceeded, &why).await?;
+            return Ok(false);
+        }
         tracing::debug!(
             client = client.as_str(),
             transport = self.transport.name(),

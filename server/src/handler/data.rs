@@ -11,6 +11,7 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{payload_failure, Conn, Next};
+use crate::metrics::Limit;
 
 /// One value of a `Put` or `BatchPut`: its key, length in the payload and checksum.
 pub(super) struct Item<'k> {
@@ -60,6 +61,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if items.len() > max_batch || total != Some(payload) {
             discard(&mut self.r, payload).await?;
             let (code, msg) = if items.len() > max_batch {
+                self.s.metrics.limit_refused(Limit::Batch);
                 (ErrorCode::BatchTooLarge, "too many items")
             } else {
                 (
@@ -96,6 +98,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         now: Millis,
     ) -> Next {
         if keys.len() > self.s.limits.max_batch as usize {
+            self.s.metrics.limit_refused(Limit::Batch);
             self.fail(id, ErrorCode::BatchTooLarge, "too many keys")
                 .await?;
             return Ok(true);

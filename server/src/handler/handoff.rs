@@ -31,6 +31,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let watched = self.watching.as_ref().map_or(0, |r| r.watched);
         if watched + keys.len() > self.s.conn.max_watches {
             let max = self.s.conn.max_watches;
+            self.s
+                .metrics
+                .limit_refused(crate::metrics::Limit::WatchesPerConnection);
             let msg = format!(
                 "this connection would watch more than {max} keys (limits.max_watches_per_connection)"
             );
@@ -90,6 +93,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let watched = self.watching.as_ref().map_or(0, |r| r.watched);
         if watched + 1 > self.s.conn.max_watches {
             let max = self.s.conn.max_watches;
+            self.s
+                .metrics
+                .limit_refused(crate::metrics::Limit::WatchesPerConnection);
             let msg = format!("this connection already watches {max} keys and prefixes");
             self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
             return Ok(true);
@@ -150,7 +156,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         // (A reason over MAX_REASON bytes is cut by the registry.)
         for k in keys.iter() {
-            if kvpool::pool::check_key(k.as_slice()).is_err() {
+            if self.s.pool.check_key(k.as_slice()).is_err() {
                 return self.answer(id, Err(ErrorCode::BadKey)).await;
             }
         }

@@ -100,6 +100,8 @@ pub(crate) async fn serve<R, W>(
             deadline: None,
         },
         bulk_in: None,
+        token_slot: None,
+        pending: Default::default(),
     };
     let mut hdr = AlignedVec::<16>::new();
     let hello_by = tokio::time::Instant::now() + shared.conn.handshake;
@@ -229,6 +231,14 @@ struct Conn<'a, R, W> {
     class: ReqClass,
     /// The request's incoming payload's turns, when it is bulk.
     bulk_in: Option<Ticket<'a>>,
+    /// This connection's count under the token it authenticated with
+    /// (`limits.max_connections_per_token`); released when the connection is dropped.
+    token_slot: Option<crate::admission::TokenSlot>,
+    /// Generations of the allocations this connection's `Alloc`s made that may still be
+    /// pending: at most `max_pending_per_connection`. Those committed or aborted over this
+    /// connection leave at once; the others (committed elsewhere, reaped) when an `Alloc` would
+    /// pass the cap.
+    pending: std::collections::HashSet<u64>,
 }
 
 /// What the bulk scheduler needs to know of the request being served.
@@ -571,7 +581,20 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     async fn answer(&mut self, id: u64, r: Result<Reply, ErrorCode>) -> Next {
         match r {
             Ok(reply) => self.reply(id, reply, &[]).await?,
-            Err(code) => self.fail(id, code, &format!("{code:?}")).await?,
+            Err(code) => {
+                let message = match code {
+                    ErrorCode::BadKey => format!(
+                        "BadKey: keys are 1 to {} bytes on this node (limits.max_key_len)",
+                        self.s.pool.max_key_len()
+                    ),
+                    ErrorCode::BatchTooLarge => format!(
+                        "BatchTooLarge: at most {} items per request (limits.max_batch)",
+                        self.s.limits.max_batch
+                    ),
+                    _ => format!("{code:?}"),
+                };
+                self.fail(id, code, &message).await?
+            }
         }
         Ok(true)
     }

@@ -14,7 +14,7 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{payload_failure, Conn, Next};
-use crate::metrics::Transport;
+use crate::metrics::{Limit, Transport};
 use crate::service::Access;
 
 /// Largest one-sided read buffer a connection keeps between reads (larger reads allocate
@@ -30,11 +30,20 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         items: &Archived<Vec<AllocItem>>,
         (pin, depths): (bool, &Archived<Vec<u32>>),
     ) -> Next {
-        if items.len() > self.s.limits.max_batch as usize {
-            self.fail(id, ErrorCode::BatchTooLarge, "too many items")
-                .await?;
+        if let Err(code) = self.s.batch_check(items.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        if !self.room_for_pending(items.len()) {
+            let max = self.s.conn.max_pending;
+            self.s.metrics.limit_refused(Limit::PendingPerConnection);
+            let msg = format!(
+                "this connection would have more than {max} allocations pending \
+                 (limits.max_pending_per_connection): commit or abort some first"
+            );
+            self.fail(id, ErrorCode::LimitExceeded, &msg).await?;
             return Ok(true);
         }
+        let pending = &mut self.pending;
         let results = items
             .iter()
             .enumerate()
@@ -45,10 +54,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .s
                     .begin_put(ns, i.key.as_slice(), i.len.to_native(), pin, depth)
                 {
-                    Ok(a) => AllocResult {
-                        addr: Some(a),
-                        code: 0,
-                    },
+                    Ok(a) => {
+                        pending.insert(a.generation);
+                        AllocResult {
+                            addr: Some(a),
+                            code: 0,
+                        }
+                    }
                     Err(e) => AllocResult {
                         addr: None,
                         code: ErrorCode::from(e) as u16,
@@ -58,6 +70,19 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .collect();
         self.reply(id, Reply::Allocated(results), &[]).await?;
         Ok(true)
+    }
+
+    /// Can `more` allocations be added without this connection having more than
+    /// `max_pending_per_connection` pending? Forgets, first, those that are no longer pending
+    /// (committed or aborted, over any connection; cancelled; reaped), but only when the list
+    /// would otherwise pass the cap, so the usual `Alloc` pays nothing for it.
+    fn room_for_pending(&mut self, more: usize) -> bool {
+        let max = self.s.conn.max_pending;
+        if self.pending.len() + more > max {
+            let pool = &*self.s.pool;
+            self.pending.retain(|&g| pool.is_pending(g));
+        }
+        self.pending.len() + more <= max
     }
 
     /// The payload (`len` bytes) goes to `addr` at `offset`.
@@ -80,16 +105,18 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         now: Millis,
     ) -> Next {
         let pool = &*self.s.pool;
+        let pending = &mut self.pending;
         let r = self.s.batch_check(items.len()).map(|()| {
             Reply::Statuses(
                 items
                     .iter()
                     .map(|i| {
-                        code_of(pool.commit(
-                            &GlobalAddr::from(&i.addr),
-                            i.checksum.to_native(),
-                            now,
-                        ))
+                        let addr = GlobalAddr::from(&i.addr);
+                        let r = pool.commit(&addr, i.checksum.to_native(), now);
+                        if r.is_ok() {
+                            pending.remove(&addr.generation);
+                        }
+                        code_of(r)
                     })
                     .collect(),
             )
@@ -99,11 +126,19 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 
     pub(super) async fn abort(&mut self, id: u64, addrs: &Archived<Vec<GlobalAddr>>) -> Next {
         let pool = &*self.s.pool;
+        let pending = &mut self.pending;
         let r = self.s.batch_check(addrs.len()).map(|()| {
             Reply::Statuses(
                 addrs
                     .iter()
-                    .map(|a| code_of(pool.abort(&GlobalAddr::from(a))))
+                    .map(|a| {
+                        let addr = GlobalAddr::from(a);
+                        let r = pool.abort(&addr);
+                        if r.is_ok() {
+                            pending.remove(&addr.generation);
+                        }
+                        code_of(r)
+                    })
                     .collect(),
             )
         });

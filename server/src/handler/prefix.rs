@@ -56,6 +56,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         if self.holds.len() + keys.len() > self.s.conn.max_holds {
             let max = self.s.conn.max_holds;
+            self.s
+                .metrics
+                .limit_refused(crate::metrics::Limit::HoldsPerConnection);
             let msg = format!(
                 "this connection would hold more than {max} objects (limits.max_holds_per_connection)"
             );

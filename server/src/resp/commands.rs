@@ -36,6 +36,8 @@ pub(crate) struct Conn<'a, W> {
     pub(super) routing: Routing,
     /// The weights view's last manifest (`weights`).
     pub(super) manifests: weights::ManifestCache,
+    /// This connection's count under its `AUTH` token (`limits.max_connections_per_token`).
+    token_slot: Option<crate::admission::TokenSlot>,
 }
 
 /// A command's arguments.
@@ -115,6 +117,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             view: (s.cluster.stamp(), s.cluster.view()),
             routing: Routing::ByView,
             manifests: None,
+            token_slot: None,
         }
     }
 
@@ -260,6 +263,9 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             .s
             .namespace(&access, ns_name)
             .map_err(|_| WRONGPASS.to_string())?;
+        self.s
+            .admit_token(token, &mut self.token_slot)
+            .map_err(|why| format!("ERR kvpool: {why}"))?;
         self.session = Some(Session {
             ns,
             ns_name: ns_name.to_string(),
@@ -298,10 +304,15 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     /// [`Conn::check_key`] for a key of namespace `ns` (the connection's, or `weights` for the
     /// weights view).
     pub(super) fn check_key_in(&mut self, ns: u32, key: &[u8]) -> Result<Place, Refused> {
-        if key.is_empty() || key.len() > kvpool::MAX_KEY_LEN {
+        let max = self.s.pool.max_key_len();
+        if key.is_empty() || key.len() > max {
+            if !key.is_empty() {
+                self.s
+                    .metrics
+                    .limit_refused(crate::metrics::Limit::KeyLength);
+            }
             return Err(Refused::Reply(format!(
-                "ERR kvpool keys are 1 to {} bytes",
-                kvpool::MAX_KEY_LEN
+                "ERR kvpool keys are 1 to {max} bytes (limits.max_key_len)"
             )));
         }
         let stamp = self.s.cluster.stamp();
