@@ -355,6 +355,20 @@ async fn hello_with(to: &str, token: &str) -> (TcpStream, kvpool::protocol::Repl
     (s, r.reply)
 }
 
+/// The first reply (up to 256 bytes) to one RESP command sent on a new connection to `to`.
+async fn resp_reply(to: &str, args: &[&[u8]]) -> String {
+    let mut s = TcpStream::connect(to).await.unwrap();
+    let mut cmd = Vec::new();
+    kvpool::resp::encode::command(&mut cmd, args);
+    s.write_all(&cmd).await.unwrap();
+    let mut reply = [0u8; 256];
+    let got = tokio::time::timeout(Duration::from_secs(5), s.read(&mut reply))
+        .await
+        .expect("a reply in time")
+        .unwrap();
+    String::from_utf8_lossy(&reply[..got]).into_owned()
+}
+
 /// `Alloc` of `n` one-byte values named `{tag}-{i}`, in the default namespace (id 0).
 async fn alloc(s: &mut TcpStream, id: u64, tag: &str, n: usize) -> kvpool::protocol::Reply {
     let items = (0..n)
@@ -494,14 +508,7 @@ async fn connections_are_capped_per_token_across_doors() {
     }
     assert!(closed_within(&mut third, Duration::from_secs(5)).await);
     // RESP is refused too, with an error reply, and keeps its connection unauthenticated.
-    let mut resp2 = TcpStream::connect(&n.resp).await.unwrap();
-    resp2.write_all(&auth).await.unwrap();
-    let mut reply = [0u8; 256];
-    let got = tokio::time::timeout(Duration::from_secs(5), resp2.read(&mut reply))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8_lossy(&reply[..got]);
+    let text = resp_reply(&n.resp, &[&b"AUTH"[..], b"a", b"token-a"]).await;
     assert!(
         text.starts_with("-ERR") && text.contains("max_connections_per_token"),
         "{text}"
@@ -576,16 +583,7 @@ async fn keys_longer_than_the_configured_limit_are_refused() {
         c.get(&[b'k'; 16]).await.unwrap().as_deref(),
         Some(&b"fits"[..])
     );
-    let mut resp = TcpStream::connect(&n.resp).await.unwrap();
-    let mut set = Vec::new();
-    kvpool::resp::encode::command(&mut set, &[&b"SET"[..], &[b'r'; 17], b"v"]);
-    resp.write_all(&set).await.unwrap();
-    let mut reply = [0u8; 256];
-    let got = tokio::time::timeout(Duration::from_secs(5), resp.read(&mut reply))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8_lossy(&reply[..got]);
+    let text = resp_reply(&n.resp, &[&b"SET"[..], &[b'r'; 17], b"v"]).await;
     assert!(
         text.starts_with("-ERR") && text.contains("max_key_len"),
         "{text}"
