@@ -90,6 +90,12 @@ pub struct Membership {
     heard: HashMap<String, Hearing>,
     /// Per node, the latest time another peer said it heard that node directly.
     relayed: HashMap<u32, Millis>,
+    /// Per watched peer address, the node the view places there, whether that node's record
+    /// was up (not down), and the tick that first saw it so: a node's silence counts only from
+    /// then. A peer address watched long before its node started (a static peer that starts
+    /// later) must not have its node marked down the moment the node's own gossip brings it
+    /// into the view, nor may a restarted node that was down.
+    placed: HashMap<String, (u32, bool, Millis)>,
 }
 
 impl Membership {
@@ -107,6 +113,7 @@ impl Membership {
             first_tick: None,
             heard: HashMap::new(),
             relayed: HashMap::new(),
+            placed: HashMap::new(),
         }
     }
 
@@ -285,6 +292,7 @@ impl Membership {
     /// Stops watching the peer at `addr` (it turned out to be this node under another name).
     pub fn forget(&mut self, addr: &str) {
         self.heard.remove(addr);
+        self.placed.remove(addr);
     }
 
     /// The peer at `addr` answered a heartbeat at `now`; its answer was its view, merged here.
@@ -330,7 +338,9 @@ impl Membership {
     /// Time passes (the heartbeats call this every heartbeat): a joining node that has pulled
     /// its peers' views for two heartbeats since the first tick turns serving; a peer address
     /// silent for `down_after` has its node (as the view knows the address) marked down, unless
-    /// a peer relayed a hearing of that node within `down_after`.
+    /// a peer relayed a hearing of that node within `down_after`. Silence is counted from the
+    /// later of the address's last answer (or the start of watching it) and the first tick
+    /// that saw its node in the view, up, at that address.
     pub fn tick(&mut self, now: Millis, timing: Timing, mark: u64) -> Step {
         let mut step = Step::default();
         let first = *self.first_tick.get_or_insert(now);
@@ -339,16 +349,32 @@ impl Membership {
         {
             step.changed |= self.set_state(NodeState::Serving, mark).changed;
         }
+        let view = &self.view;
+        let placed = &mut self.placed;
         let silent: Vec<u32> = self
             .heard
             .iter()
-            .filter(|(_, h)| now.saturating_sub(h.at()) >= timing.down_after)
-            .filter_map(|(addr, _)| self.view.nodes.iter().find(|n| n.tcp == *addr))
-            .map(|n| n.id)
-            .filter(|id| {
-                self.relayed
-                    .get(id)
-                    .is_none_or(|&at| now.saturating_sub(at) >= timing.down_after)
+            .filter_map(|(addr, h)| {
+                let n = view.nodes.iter().find(|n| n.tcp == *addr)?;
+                let up = n.state != NodeState::Down;
+                let since = match placed.get(addr.as_str()) {
+                    Some(&(id, was_up, since)) if id == n.id && was_up == up => since,
+                    _ => {
+                        placed.insert(addr.clone(), (n.id, up, now));
+                        now
+                    }
+                };
+                let quiet = h.at().max(since);
+                let relayed = self.relayed.get(&n.id).copied();
+                let down = up
+                    && now.saturating_sub(quiet) >= timing.down_after
+                    && relayed.is_none_or(|at| now.saturating_sub(at) >= timing.down_after);
+                if down {
+                    // Marked down below: seen down from here, so coming back up restarts
+                    // the count.
+                    placed.insert(addr.clone(), (n.id, false, now));
+                }
+                down.then_some(n.id)
             })
             .collect();
         for id in silent {
@@ -607,6 +633,8 @@ mod tests {
         );
         m.watch("n2", 0);
         m.watch("n3", 0);
+        // The heartbeats tick from the start: nodes 2 and 3 are in the view, up, since 0.
+        assert!(!m.tick(0, TIMING, 0).changed);
         assert!(m.heard("n2", &peers, 900, 0) == Step::default());
         let step = m.tick(1000, TIMING, 0);
         assert!(step.changed);
@@ -628,6 +656,8 @@ mod tests {
         let _ = m.merge(&peers, 0);
         m.watch("n2", 0);
         m.watch("n3", 0);
+        // The heartbeats tick from the start: nodes 2 and 3 are in the view, up, since 0.
+        assert!(!m.tick(0, TIMING, 0).changed);
         assert_eq!(
             m.heard_directly(500, 1000),
             [],
@@ -669,6 +699,46 @@ mod tests {
         assert_eq!(state(&m, 3), NodeState::Down);
         assert_eq!(state(&m, 2), NodeState::Serving);
         assert_eq!(m.heard_directly(1900, 1000), [], "2's answer is old now");
+    }
+
+    #[test]
+    fn a_node_that_appears_late_at_a_watched_address_gets_its_full_down_after() {
+        // Node 1 has watched its static peer "n2" since 0, but node 2 starts at 5 000 and its
+        // own gossip brings it into node 1's view before node 1's heartbeat reaches it.
+        let mut m = Membership::new(rec(1, NodeState::Serving, 1), Source::Gossip);
+        m.watch("n2", 0);
+        assert!(!m.tick(0, TIMING, 0).changed);
+        assert!(!m.tick(4_900, TIMING, 0).changed, "no node at n2 yet");
+        let joined = ClusterView::from_nodes(vec![rec(2, NodeState::Joining, 1)]);
+        assert!(m.merge(&joined, 0).changed);
+        let state = |m: &Membership| m.view().node(NodeId(2)).unwrap().state;
+        assert!(
+            !m.tick(5_000, TIMING, 0).changed,
+            "silence counts from here"
+        );
+        assert!(!m.tick(5_999, TIMING, 0).changed);
+        assert_eq!(state(&m), NodeState::Joining);
+        assert!(
+            m.tick(6_000, TIMING, 0).changed,
+            "silent for down_after since it appeared"
+        );
+        assert_eq!(state(&m), NodeState::Down);
+        // It restarts and refutes (a higher epoch, up again): a fresh down_after from the tick
+        // that sees it up, although its address has been silent all along.
+        let back = ClusterView::from_nodes(vec![rec(2, NodeState::Joining, 3)]);
+        assert!(m.merge(&back, 0).changed);
+        assert_eq!(state(&m), NodeState::Joining);
+        assert!(!m.tick(7_000, TIMING, 0).changed);
+        assert!(!m.tick(7_999, TIMING, 0).changed);
+        assert!(m.tick(8_000, TIMING, 0).changed);
+        assert_eq!(state(&m), NodeState::Down);
+        // Heard, it stays up.
+        let again = ClusterView::from_nodes(vec![rec(2, NodeState::Serving, 5)]);
+        let _ = m.merge(&again, 0);
+        let _ = m.heard("n2", &again, 9_000, 0);
+        assert!(!m.tick(9_000, TIMING, 0).changed);
+        assert!(!m.tick(9_999, TIMING, 0).changed);
+        assert_eq!(state(&m), NodeState::Serving);
     }
 
     #[test]

@@ -1000,3 +1000,70 @@ async fn keys_with_a_prefix_are_listed_once_across_the_cluster() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A static peer that starts long after the node that names it: its own heartbeat brings it
+/// into that node's view before the node's heartbeat reaches it, and it must not be marked
+/// down for the silence of its address before it existed (seen in a mixed-version cluster: the
+/// joiner was marked down 21 ms after it appeared, and refuted). Checked by the joiner's epoch:
+/// 1 joining, 2 serving, and never a refutation above that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_peer_that_starts_late_is_not_marked_down_for_its_silence_before() {
+    let dir = temp_dir("late-peer");
+    let secret = dir.join("cluster.secret");
+    common::write_secret(&secret, 17);
+    let secret = secret.to_str().unwrap();
+    // An address for node 1 that nothing listens on until it starts.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let late = format!("127.0.0.1:{port}");
+    let timing = ["--heartbeat-ms", "100", "--down-after-ms", "500"];
+    let flags = |id: &str, peer: &str| {
+        let mut f = vec![
+            "--node-id",
+            id,
+            "--peer",
+            peer,
+            "--cluster-secret-file",
+            secret,
+        ];
+        f.extend(timing);
+        f.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let a_flags = flags("0", &late);
+    let a = Node::start(
+        "32MiB",
+        &a_flags.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    // Node 0 watches the silent address for three times `down_after`.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b_flags = flags("1", &a.tcp);
+    let _b = Node::start_in(
+        temp_dir("late-peer-1"),
+        "32MiB",
+        &b_flags.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[&late, "127.0.0.1:0", "127.0.0.1:0"],
+    );
+    let c = Client::connect(&a.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    let mut downs = 0;
+    let t = Instant::now();
+    let mut last = None;
+    while t.elapsed() < Duration::from_secs(3) {
+        if let Some(n) = c.view().await.unwrap().node(kvpool::NodeId(1)).cloned() {
+            downs += (n.state == NodeState::Down) as usize;
+            last = Some(n);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let n = last.expect("node 1 joined node 0's view");
+    assert_eq!(downs, 0, "node 1 was seen down in node 0's view");
+    assert_eq!(n.state, NodeState::Serving);
+    assert_eq!(
+        n.epoch, 2,
+        "joining, then serving, and no refutation: {n:?}"
+    );
+}
