@@ -5,7 +5,8 @@
 //! RESP front door. The Python door wraps the same client (python/tests/client). A same-host
 //! process that bypasses the calls and reads what it maps is covered too: the node hands it
 //! descriptors of its own namespace's segment (and of the common ones) only, read-only for a
-//! read token, never A's (SECURITY.md, "Same host").
+//! read token and, since its namespace has tokens, for its writer too, whose values land only
+//! through a staging area of its own; never A's (SECURITY.md, "Same host").
 #![cfg(not(loom))]
 
 mod common;
@@ -182,6 +183,138 @@ async fn tenant_b_cannot_reach_tenant_a_by_any_door() {
     }
 }
 
+/// A same-host writer of a staged segment stores through its staging area only: what it
+/// names in `CommitStaged` is copied into an allocation it was given, checked and committed;
+/// another tenant can't name its area, a range past the area's end is refused, and bytes that
+/// don't match their checksum are never committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_writer_stores_only_through_its_staging_area() {
+    use kvpool::protocol::{AllocItem, ErrorCode, Op, Reply, StagedCommit, PROTOCOL_VERSION};
+    use std::os::unix::fs::FileExt;
+    let dir = common::temp_dir("tenant-staging");
+    let path = dir.join("kvpoold.toml");
+    std::fs::write(&path, CONFIG).unwrap();
+    let n = Node::start("64MiB", &["--config", path.to_str().unwrap()]);
+    let hello = |token: &str| Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: token.into(),
+        client: "stager".into(),
+    };
+    let mut b = tokio::net::UnixStream::connect(&n.unix).await.unwrap();
+    let (r, _) = unix_call(&mut b, 1, hello("token-b")).await;
+    let Reply::Hello(h) = r else { panic!("{r:?}") };
+    let ns_b = h.namespaces.iter().find(|(name, _)| name == "b").unwrap().1;
+    let (r, mut fds) = unix_call(&mut b, 2, Op::Staging).await;
+    let Reply::Staging { id, len } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(len, 64 << 20, "memory.staging's default");
+    let area = std::fs::File::from(fds.pop().expect("the area's descriptor"));
+    let alloc = |id: u64, key: &str, n: usize| {
+        let op = Op::Alloc {
+            ns: ns_b,
+            items: vec![AllocItem {
+                key: key.as_bytes().to_vec(),
+                len: n as u64,
+            }],
+            pin: false,
+            depths: Vec::new(),
+        };
+        (id, op)
+    };
+    let allocated = |r: Reply| match r {
+        Reply::Allocated(v) => v[0].addr.expect("allocated"),
+        other => panic!("{other:?}"),
+    };
+    let value = value(21, 100_000);
+    area.write_all_at(&value, 8192).unwrap();
+    let (i, op) = alloc(3, "staged", value.len());
+    let (r, _) = unix_call(&mut b, i, op).await;
+    let addr = allocated(r);
+    let commit = |addr, offset, checksum| Op::CommitStaged {
+        staging: id,
+        items: vec![StagedCommit {
+            addr,
+            offset,
+            checksum,
+        }],
+    };
+    let sum = kvpool::checksum::checksum(&value);
+
+    // Tenant A can't name B's area, whatever its id.
+    let mut a = tokio::net::UnixStream::connect(&n.unix).await.unwrap();
+    let _ = unix_call(&mut a, 1, hello("token-a")).await;
+    let (r, _) = unix_call(&mut a, 2, commit(addr, 8192, sum)).await;
+    match r {
+        Reply::Error { code, .. } => assert_eq!(ErrorCode::from_u16(code), ErrorCode::NotFound),
+        other => panic!("A used B's staging area: {other:?}"),
+    }
+    // A range past the area's end, and bytes that don't match their checksum, are refused.
+    let (r, _) = unix_call(&mut b, 4, commit(addr, len - 10, sum)).await;
+    assert!(
+        matches!(&r, Reply::Statuses(s) if s == &[ErrorCode::OutOfBounds as u16]),
+        "{r:?}"
+    );
+    let (r, _) = unix_call(&mut b, 5, commit(addr, 8192, sum ^ 1)).await;
+    assert!(
+        matches!(&r, Reply::Statuses(s) if s == &[ErrorCode::ChecksumMismatch as u16]),
+        "{r:?}"
+    );
+    // (A failed commit released the allocation: a new one, committed right.)
+    let (i, op) = alloc(6, "staged", value.len());
+    let (r, _) = unix_call(&mut b, i, op).await;
+    let addr = allocated(r);
+    let (r, _) = unix_call(&mut b, 7, commit(addr, 8192, sum)).await;
+    assert!(matches!(&r, Reply::Statuses(s) if s == &[0]), "{r:?}");
+    let c = Client::connect(&n.tcp_url(), cfg(&n, "token-b", "b"))
+        .await
+        .unwrap();
+    assert_eq!(c.get(b"staged").await.unwrap().as_deref(), Some(&value[..]));
+    // Stores into the area after the commit change nothing committed.
+    area.write_all_at(&[0u8; 4096], 8192).unwrap();
+    assert_eq!(c.get(b"staged").await.unwrap().as_deref(), Some(&value[..]));
+    assert!(n.scrape().contains("kvpool_staging_bytes 67108864"));
+    // The area goes with its connection.
+    drop(b);
+    let mut gone = false;
+    for _ in 0..100 {
+        if n.scrape().contains("kvpool_staging_bytes 0") {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "the area outlived its connection");
+
+    // B's own client puts through a staging area of its own, and reads back what it put.
+    let same_host = ClientConfig {
+        same_host: SameHost::Auto,
+        ..cfg(&n, "token-b", "b")
+    };
+    let b = Client::connect(&n.tcp_url(), same_host).await.unwrap();
+    assert!(b.is_local());
+    let values: Vec<Vec<u8>> = (0..20).map(|i| common::value(100 + i, 300_000)).collect();
+    let keys: Vec<Vec<u8>> = (0..20).map(|i| format!("v{i}").into_bytes()).collect();
+    let items: Vec<(&[u8], &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    for code in b.batch_put_from(&items).await.unwrap() {
+        assert_eq!(code, ErrorCode::Ok);
+    }
+    let page = n.scrape();
+    assert!(page.contains("kvpool_staging_bytes 67108864"));
+    // Through the area: no one-sided write over the socket, no socket put.
+    for op in ["write", "put", "batch_put"] {
+        let line = format!("kvpool_operations_total{{op=\"{op}\",outcome=\"ok\"}} 0\n");
+        assert!(page.contains(&line), "{op}s went over the socket:\n{page}");
+    }
+    for (k, v) in keys.iter().zip(&values) {
+        assert_eq!(b.get(k).await.unwrap().as_deref(), Some(&v[..]));
+    }
+}
+
 /// One request over a raw Unix connection, and its reply with the descriptors riding on it.
 async fn unix_call(
     s: &mut tokio::net::UnixStream,
@@ -265,10 +398,16 @@ async fn a_same_host_process_is_handed_its_own_segments_only() {
     let b_value = value(12, 64 << 10);
     b.put(b"mine", &b_value).await.unwrap();
 
-    // B, bypassing its client, gets the common segments and its own, written into freely...
+    // B, bypassing its client, gets the common segments (open namespaces only: read-write)
+    // and its own, read-only even to B's writer token (`memory.same_host_writes = "auto"`: its
+    // puts went through a staging area), so not even its own committed objects can be
+    // overwritten through the mapping...
     let to_b = segments_handed_to(&n, "token-b").await;
     assert_eq!(to_b.len(), 2, "the common segment and B's own");
-    assert!(to_b.iter().all(|(_, w, _)| *w));
+    let own_b: Vec<_> = to_b.iter().filter(|(_, w, _)| !*w).collect();
+    assert_eq!(own_b.len(), 1, "B's own segment, read-only");
+    let e = own_b[0].2.write_at(b"x", 8192).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(9), "EBADF: {e}");
     assert!(holds(&to_b, &b_value[..256]));
     // ...and not one byte of A's.
     assert!(

@@ -40,6 +40,7 @@ mod error;
 mod link;
 mod local;
 mod seen;
+mod staging;
 pub mod weights;
 
 pub use client::{Client, KeyEvent, LocalHold, Prefix, Subscription, WaitOutcome};

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use kvpool::protocol::{
-    AllocItem, CommitItem, ErrorCode, HelloInfo, LocatedWire, Op, PutItem, Reply,
+    AllocItem, CommitItem, ErrorCode, HelloInfo, LocatedWire, Op, PutItem, Reply, StagedCommit,
 };
 use kvpool::{checksum, AddrFault, GlobalAddr};
 
@@ -24,6 +24,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 use crate::local::{LocalMap, LocalReadError};
 use crate::seen::SeenIndex;
+use crate::staging::StagingArea;
 
 /// Values at least this large take the same-host path for single puts (below it one socket
 /// round trip is cheaper than the alloc and commit round trips).
@@ -92,6 +93,9 @@ pub(crate) struct Link {
     local: RwLock<Option<Arc<LocalMap>>>,
     /// Where this client last found same-host objects ([`SeenIndex`]).
     seen: Mutex<SeenIndex>,
+    /// Where same-host puts go when the node maps its segments read-only to this client
+    /// ([`StagingArea`]); of the current incarnation.
+    staging: RwLock<Option<Arc<StagingArea>>>,
     /// Whether the index may be read without asking the node ([`Watch`]).
     watch: Watch,
 }
@@ -137,6 +141,7 @@ impl Link {
         let (mut conn, mut hello) =
             Conn::open(&endpoint, cfg, (quic.as_ref().map(|q| &q.1), false)).await?;
         let mut local = None;
+        let mut staging = None;
         if cfg.same_host == SameHost::Auto
             && !hello.uds_path.is_empty()
             && hello.host_id == kvpool::segment::host_id()
@@ -147,6 +152,9 @@ impl Link {
                 if let Ok((reply, fds)) = c.call_with_fds(Op::MapInfo, cfg.timeout).await {
                     match map_offered(reply, fds, &h) {
                         Ok(m) => {
+                            if m.has_read_only() {
+                                staging = open_staging(&uds, cfg).await;
+                            }
                             local = Some(m);
                             endpoint = uds;
                             conn = c;
@@ -174,8 +182,18 @@ impl Link {
             same_host: local.is_some(),
             local: RwLock::new(local.map(Arc::new)),
             seen: Mutex::new(SeenIndex::new(cfg.local_index)),
+            staging: RwLock::new(staging.map(Arc::new)),
             watch: Watch::new(),
         })
+    }
+
+    /// The staging area of the current incarnation, when the node handed one out.
+    fn staging(&self) -> Option<Arc<StagingArea>> {
+        self.staging
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .filter(|s| s.usable())
     }
 
     /// The mapping of the node's segments, when the same-host path is in use.
@@ -187,7 +205,12 @@ impl Link {
     /// link knew, the daemon restarted. Every pooled connection is of the dead daemon, the
     /// namespace ids may have changed and the mapping is of its files: drop them, and map the
     /// new segments over `conn`.
-    async fn adopt(&self, conn: &mut Conn, hello: &HelloInfo) -> Result<(), ClientError> {
+    async fn adopt(
+        &self,
+        cfg: &ClientConfig,
+        conn: &mut Conn,
+        hello: &HelloInfo,
+    ) -> Result<(), ClientError> {
         let old = self.incarnation.swap(hello.incarnation, Ordering::AcqRel);
         if old == hello.incarnation {
             return Ok(());
@@ -222,6 +245,11 @@ impl Link {
                 tracing::warn!(error = %e, "remapping the restarted node failed; using the socket")
             })
             .ok();
+        let staging = match &mapped {
+            Some(m) if m.has_read_only() => open_staging(&self.endpoint, cfg).await,
+            _ => None,
+        };
+        *self.staging.write().unwrap_or_else(|e| e.into_inner()) = staging.map(Arc::new);
         *self.local.write().unwrap_or_else(|e| e.into_inner()) = mapped.map(Arc::new);
         Ok(())
     }
@@ -245,7 +273,7 @@ impl Link {
     pub(crate) async fn dedicated(&self, cfg: &ClientConfig) -> Result<Conn, ClientError> {
         let quic = self.quic_connection(cfg).await?;
         let (mut c, hello) = Conn::open(&self.endpoint, cfg, (quic.as_ref(), false)).await?;
-        self.adopt(&mut c, &hello).await?;
+        self.adopt(cfg, &mut c, &hello).await?;
         Ok(c)
     }
 
@@ -291,7 +319,7 @@ impl Link {
                     let bulk = lane == Lane::Bulk;
                     let (mut c, hello) =
                         Conn::open(&self.endpoint, cfg, (quic.as_ref(), bulk)).await?;
-                    self.adopt(&mut c, &hello).await?;
+                    self.adopt(cfg, &mut c, &hello).await?;
                     c
                 }
             };
@@ -560,28 +588,66 @@ impl Link {
         let lens: Vec<(&[u8], u64)> = items.iter().map(|(k, v)| (*k, v.len() as u64)).collect();
         let allocs = self.alloc_many(cfg, view, ns, &lens, pin, depths).await?;
         let local = self.local();
+        let staging = self.staging();
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut pending = Uncommitted::default();
+        let mut staged = Staged::default();
         let mut sums = vec![0; items.len()];
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
-            match a {
-                Ok(addr) => match self
-                    .write_local_or_remote(cfg, local.as_deref(), addr, v)
-                    .await
-                {
-                    Ok(()) => {
-                        sums[i] = sum(i);
-                        pending.commits.push((*addr, sums[i]));
-                        pending.which.push(i);
-                        pending.bytes += v.len() as u64;
-                        if pending.bytes >= COMMIT_GROUP {
-                            self.commit_written(cfg, &mut pending, &mut codes).await?;
-                        }
+            let addr = match a {
+                Ok(addr) => addr,
+                Err(code) => {
+                    codes[i] = *code;
+                    continue;
+                }
+            };
+            let direct = local
+                .as_deref()
+                .is_some_and(|l| l.incarnation() == addr.incarnation && l.covers_writable(addr));
+            if let (false, Some(st)) = (direct, staging.as_deref()) {
+                // The segment is mapped read-only: the value goes through the staging area.
+                let mut range = st.take(v.len() as u64);
+                if range.is_none() && !staged.items.is_empty() {
+                    self.commit_staged(cfg, st, &mut staged, &mut codes).await?;
+                    range = st.take(v.len() as u64);
+                }
+                if let Some(r) = range {
+                    off_runtime(v.len() as u64, || st.fill(r, v));
+                    sums[i] = sum(i);
+                    staged.items.push(StagedCommit {
+                        addr: *addr,
+                        offset: r.start,
+                        checksum: sums[i],
+                    });
+                    staged.which.push(i);
+                    staged.ranges.push(r);
+                    staged.bytes += v.len() as u64;
+                    if staged.bytes >= COMMIT_GROUP {
+                        self.commit_staged(cfg, st, &mut staged, &mut codes).await?;
                     }
-                    Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
-                },
-                Err(code) => codes[i] = *code,
+                    continue;
+                }
+                // No room now (other threads' puts hold it) or a value larger than the area:
+                // over the socket.
             }
+            match self
+                .write_local_or_remote(cfg, local.as_deref(), addr, v)
+                .await
+            {
+                Ok(()) => {
+                    sums[i] = sum(i);
+                    pending.commits.push((*addr, sums[i]));
+                    pending.which.push(i);
+                    pending.bytes += v.len() as u64;
+                    if pending.bytes >= COMMIT_GROUP {
+                        self.commit_written(cfg, &mut pending, &mut codes).await?;
+                    }
+                }
+                Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
+            }
+        }
+        if let Some(st) = staging.as_deref() {
+            self.commit_staged(cfg, st, &mut staged, &mut codes).await?;
         }
         self.commit_written(cfg, &mut pending, &mut codes).await?;
         let mut seen = self.seen();
@@ -596,6 +662,53 @@ impl Link {
             }
         }
         Ok(codes)
+    }
+
+    /// Has the node copy the values of `w` out of staging area `st` into their allocations and
+    /// commit them (their codes into `codes`), then gives their ranges back and empties `w`.
+    /// An area the node no longer knows (its connection closed) is retired: those values fail
+    /// as `Unavailable`, and later puts go over the socket.
+    async fn commit_staged(
+        &self,
+        cfg: &ClientConfig,
+        st: &StagingArea,
+        w: &mut Staged,
+        codes: &mut [ErrorCode],
+    ) -> Result<(), ClientError> {
+        if w.items.is_empty() {
+            return Ok(());
+        }
+        let op = Op::CommitStaged {
+            staging: st.id,
+            items: std::mem::take(&mut w.items),
+        };
+        let n = w.which.len();
+        let got = self.simple(cfg, 0, op, &[]).await;
+        // Answered or not, the ranges can be reused: bytes that change under a copy the node is
+        // still making fail its checksum, never land as a value.
+        for r in w.ranges.drain(..) {
+            st.give_back(r);
+        }
+        let which = std::mem::take(&mut w.which);
+        w.bytes = 0;
+        let statuses = match got {
+            Ok(Reply::Statuses(s)) if s.len() == n => {
+                s.into_iter().map(ErrorCode::from_u16).collect()
+            }
+            Ok(r) => return Err(unexpected(&r)),
+            Err(ClientError::Server {
+                code: ErrorCode::NotFound,
+                ..
+            }) => {
+                st.retire();
+                vec![ErrorCode::Unavailable; n]
+            }
+            Err(e) => return Err(e),
+        };
+        for (&i, code) in which.iter().zip(statuses) {
+            codes[i] = code;
+        }
+        Ok(())
     }
 
     /// Commits the values of `w` (their codes into `codes`) and empties it.
@@ -1329,6 +1442,17 @@ fn prefix_run(mut out: Vec<Option<usize>>, prefix: bool) -> Vec<Option<usize>> {
 /// rest are still being copied; one commit round trip per 8 MiB.
 const COMMIT_GROUP: u64 = 8 << 20;
 
+/// Values of a same-host batch put copied into the staging area, not yet committed.
+#[derive(Default)]
+struct Staged {
+    items: Vec<StagedCommit>,
+    /// Their items' indexes.
+    which: Vec<usize>,
+    /// The staging ranges they occupy.
+    ranges: Vec<crate::staging::Range>,
+    bytes: u64,
+}
+
 /// Values of a same-host batch put copied into their allocations, not yet committed.
 #[derive(Default)]
 struct Uncommitted {
@@ -1359,6 +1483,29 @@ fn off_runtime<T>(bytes: u64, copy: impl FnOnce() -> T) -> T {
 
 /// How long a remap after a restart waits for the node's `MapInfo` reply.
 const REMAP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A staging area for this client's same-host puts ([`StagingArea`]), asked for on a
+/// connection of its own over the Unix socket `uds`, which the area lives as long as; None when
+/// the node hands out none (its setting, its total, a token that writes nothing, or a node
+/// older than the request), and puts then go over the socket.
+async fn open_staging(uds: &Endpoint, cfg: &ClientConfig) -> Option<StagingArea> {
+    let made = async {
+        let (mut c, _) = Conn::open(uds, cfg, (None, false)).await?;
+        let (reply, mut fds) = c.call_with_fds(Op::Staging, cfg.timeout).await?;
+        let (Reply::Staging { id, len }, Some(fd)) = (reply, fds.pop()) else {
+            return Err(ClientError::Protocol(
+                "a staging reply without its area".into(),
+            ));
+        };
+        let file = std::fs::File::from(fd);
+        StagingArea::new(id, len, &file, c).map_err(ClientError::Io)
+    };
+    made.await
+        .inspect_err(
+            |e| tracing::debug!(error = %e, "no staging area: same-host puts go over the socket"),
+        )
+        .ok()
+}
 
 /// Maps the segments a `MapInfo` reply offered, each with the descriptor that came with it,
 /// when they are of the incarnation the handshake `hello` named. None offered (the token admits

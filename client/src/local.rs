@@ -305,6 +305,12 @@ impl LocalMap {
         Ok(r)
     }
 
+    /// True when some segment is mapped read-only: the node keeps this client's stores out of
+    /// it (a read token, or `memory.same_host_writes`), so puts there want a staging area.
+    pub(crate) fn has_read_only(&self) -> bool {
+        self.segments.iter().flatten().any(|m| !m.writable)
+    }
+
     /// True when `addr` is in a segment this process mapped read-write (see
     /// [`LocalMap::covers`]).
     pub(crate) fn covers_writable(&self, addr: &GlobalAddr) -> bool {

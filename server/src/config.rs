@@ -150,6 +150,22 @@ pub struct MemoryConfig {
     pub pending_timeout_ms: u64,
     /// Longest lease, ms. Default 30 000.
     pub max_lease_ms: u64,
+    /// How a same-host client's puts reach a segment: `"direct"` (a token that may write every
+    /// namespace of a segment maps it read-write and stores values into its allocations
+    /// itself), `"staged"` (every segment is mapped read-only; the client writes values into a
+    /// staging area of its own and the node copies them into their allocations at commit, so a
+    /// client's stores can only ever land in allocations it was given), or `"auto"`: staged for
+    /// segments that hold a namespace with tokens (another tenant's, or a tenant's own committed
+    /// objects), direct where every namespace is open. Default `"auto"`.
+    pub same_host_writes: String,
+    /// Bytes of one staging area (`same_host_writes`); 0: none, same-host writers of staged
+    /// segments put over the socket. Default 64 MiB.
+    #[serde(deserialize_with = "de_size")]
+    pub staging: u64,
+    /// Most bytes of staging areas the node hands out at once, over all clients; a client asking
+    /// past it gets none and puts over the socket. Default 1 GiB.
+    #[serde(deserialize_with = "de_size")]
+    pub staging_total: u64,
 }
 
 /// `[listen]`. An empty string disables a listener.
@@ -432,6 +448,9 @@ impl Default for MemoryConfig {
             shards: 1,
             pending_timeout_ms: 30_000,
             max_lease_ms: 30_000,
+            same_host_writes: "auto".into(),
+            staging: 64 << 20,
+            staging_total: 1 << 30,
         }
     }
 }

@@ -96,6 +96,8 @@ impl Harness {
             // Off: every input starts from the same state.
             auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
             tokens: crate::admission::TokenCounts::new(0),
+            same_host_writes: crate::staging::Policy::Auto,
+            stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

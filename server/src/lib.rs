@@ -43,6 +43,7 @@ mod peer;
 mod resp;
 pub mod secret;
 mod service;
+mod staging;
 pub mod tls;
 mod watch;
 mod written;

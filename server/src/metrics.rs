@@ -301,6 +301,8 @@ struct Daemon {
     handover_dropped: Counter,
     /// Objects the last handover pass left here for a later one.
     handover_pending: Gauge,
+    /// Bytes of the staging areas handed to same-host writers now.
+    staging_bytes: Gauge,
 }
 
 /// The daemon's counters.
@@ -383,6 +385,11 @@ impl Metrics {
     /// A peer's authentication refused unchecked: it failed too often.
     pub fn auth_throttled(&self) {
         self.daemon.auth_throttled.inc();
+    }
+
+    /// The gauge of the bytes of staging areas handed out, for the areas' registry to keep.
+    pub(crate) fn staging_gauge(&self) -> Gauge {
+        self.daemon.staging_bytes.clone()
     }
 
     /// A request or connection refused by `limit`.
@@ -779,6 +786,14 @@ impl Scrape {
             None,
             counter_t,
             &d.auth_throttled,
+        )?;
+        single(
+            e,
+            "kvpool_staging",
+            "Bytes of the staging areas handed to same-host writers of read-only segments (memory.same_host_writes).",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+            &d.staging_bytes,
         )?;
         family(
             e,

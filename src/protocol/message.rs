@@ -361,6 +361,33 @@ pub enum Op {
         /// Who the sender heard directly lately (at most one entry per node of its view).
         heard: Vec<Heard>,
     },
+    /// A staging area for a same-host writer whose segments the node maps read-only (Unix
+    /// socket only, a token that may write some namespace): memory the client writes values
+    /// into, which the node copies into their pending allocations at `CommitStaged`, so the
+    /// client's stores reach nothing but its own staging area. Reply: `Staging`, with the
+    /// area's descriptor riding on it (as `MapInfo`'s do). The area lives as long as this
+    /// connection.
+    Staging,
+    /// Copies each item's bytes from staging area `staging` (this client's, from `Staging`) into
+    /// its pending allocation, then commits it as `Commit` does (the checksum is checked against
+    /// the bytes that landed). Reply: `Statuses`.
+    CommitStaged {
+        /// The staging area's id.
+        staging: u64,
+        /// One per allocation.
+        items: Vec<StagedCommit>,
+    },
+}
+
+/// One value of a `CommitStaged`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct StagedCommit {
+    /// Address from `Alloc`.
+    pub addr: GlobalAddr,
+    /// Where its bytes start in the staging area (its length is the address's).
+    pub offset: u64,
+    /// xxh3-64 of the bytes.
+    pub checksum: u64,
 }
 
 /// One node a `Heartbeat`'s sender heard from directly.
@@ -479,6 +506,14 @@ pub enum Reply {
         keys: Vec<Key>,
         /// Where the next page starts; 0 when the walk is complete.
         cursor: u64,
+    },
+    /// A staging area (`Staging`); its descriptor rides on this reply.
+    Staging {
+        /// Names the area in `CommitStaged`: random, and good only for connections that
+        /// authenticated with the token of the connection that asked for it.
+        id: u64,
+        /// Its length in bytes.
+        len: u64,
     },
 }
 

@@ -101,6 +101,8 @@ pub(crate) async fn serve<R, W>(
         },
         bulk_in: None,
         token_slot: None,
+        token_digest: [0; 32],
+        staging: None,
         pending: Default::default(),
     };
     let mut hdr = AlignedVec::<16>::new();
@@ -234,6 +236,11 @@ struct Conn<'a, R, W> {
     /// This connection's count under the token it authenticated with
     /// (`limits.max_connections_per_token`); released when the connection is dropped.
     token_slot: Option<crate::admission::TokenSlot>,
+    /// The digest of the token this connection authenticated with (of the empty token when
+    /// none): who may use the staging areas it names.
+    token_digest: [u8; 32],
+    /// The staging area this connection asked for (`Staging`), retired when it closes.
+    staging: Option<crate::staging::Held>,
     /// Generations of the allocations this connection's `Alloc`s made that may still be
     /// pending: at most `max_pending_per_connection`. Those committed or aborted over this
     /// connection leave at once; the others (committed elsewhere, reaped) when an `Alloc` would
@@ -502,6 +509,11 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                     .await
             }
             ArchivedOp::MapInfo => self.map_info(id).await,
+            ArchivedOp::Staging => self.staging(id).await,
+            ArchivedOp::CommitStaged { staging, items } => {
+                self.commit_staged(id, staging.to_native(), items, now)
+                    .await
+            }
             ArchivedOp::Lookup { ns, keys, lease_ms } => {
                 let lease_ms = lease_ms.to_native();
                 self.lookup(id, ns.to_native(), keys, lease_ms, now).await
@@ -708,7 +720,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Remove { .. } | ArchivedOp::Clear { .. } => OpKind::Remove,
         ArchivedOp::Alloc { .. } => OpKind::Alloc,
         ArchivedOp::Write { .. } => OpKind::Write,
-        ArchivedOp::Commit { .. } => OpKind::Commit,
+        ArchivedOp::Commit { .. } | ArchivedOp::CommitStaged { .. } => OpKind::Commit,
         ArchivedOp::Abort { .. } => OpKind::Abort,
         ArchivedOp::Read { .. } => OpKind::Read,
         ArchivedOp::Lookup { .. } | ArchivedOp::Vouch { .. } | ArchivedOp::Hold { .. } => {
@@ -726,6 +738,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Stats
         | ArchivedOp::View
         | ArchivedOp::MapInfo
+        | ArchivedOp::Staging
         | ArchivedOp::ClusterAuth { .. }
         | ArchivedOp::Gossip { .. }
         | ArchivedOp::Heartbeat { .. }

@@ -8,7 +8,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use kvpool::protocol::io::{discard, write_frame};
-use kvpool::protocol::{AllocItem, AllocResult, CommitItem, ErrorCode, Reply, SegmentMap};
+use kvpool::protocol::{
+    AllocItem, AllocResult, CommitItem, ErrorCode, Reply, SegmentMap, StagedCommit,
+};
 use kvpool::{GlobalAddr, Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -202,20 +204,120 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .await?;
             return Ok(true);
         };
-        let (maps, files) = segments_to_offer(&self.s.pool, access);
+        let (maps, files) = segments_to_offer(self.s, access);
         let reply = Reply::MapInfo {
             incarnation: self.s.pool.incarnation(),
             segments: maps,
         };
+        let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        self.reply_with_fds(id, reply, sock, &fds).await?;
+        Ok(true)
+    }
+
+    /// Hands a same-host writer a staging area ([`crate::staging`]): over the Unix socket,
+    /// to a token that may write some namespace, one per connection.
+    pub(super) async fn staging(&mut self, id: u64) -> Next {
+        let (Transport::Unix, Some(sock), Some(access)) =
+            (self.transport, self.unix_fd, self.access.as_ref())
+        else {
+            let msg = "staging areas are only offered over the Unix socket";
+            self.fail(id, ErrorCode::NotLocal, msg).await?;
+            return Ok(true);
+        };
+        let writes_any = self
+            .s
+            .pool
+            .namespaces()
+            .iter()
+            .any(|(_, ns)| access.writes(*ns));
+        if !writes_any {
+            let msg = "this token writes no namespace: it needs no staging area";
+            self.fail(id, ErrorCode::Unauthorized, msg).await?;
+            return Ok(true);
+        }
+        if self.staging.is_some() {
+            let msg = "this connection has its staging area already";
+            self.fail(id, ErrorCode::LimitExceeded, msg).await?;
+            return Ok(true);
+        }
+        let (area, held, file) = match self.s.stagings.create(self.token_digest) {
+            Ok(made) => made,
+            Err(e) => {
+                self.fail(id, ErrorCode::LimitExceeded, &e.to_string())
+                    .await?;
+                return Ok(true);
+            }
+        };
+        self.staging = Some(held);
+        let reply = Reply::Staging {
+            id: area,
+            len: self.s.stagings.size,
+        };
+        self.reply_with_fds(id, reply, sock, &[file.as_raw_fd()])
+            .await?;
+        Ok(true)
+    }
+
+    /// Copies each item from staging area `staging` into its pending allocation and commits
+    /// it; per item `Ok` or why not. An area this connection's token may not use (another
+    /// tenant's, or one retired with its connection) fails the request whole (`NotFound`).
+    pub(super) async fn commit_staged(
+        &mut self,
+        id: u64,
+        staging: u64,
+        items: &Archived<Vec<StagedCommit>>,
+        now: Millis,
+    ) -> Next {
+        if let Err(code) = self.s.batch_check(items.len()) {
+            return self.answer(id, Err(code)).await;
+        }
+        let Some(area) = self.s.stagings.get(staging, &self.token_digest) else {
+            let msg = "no such staging area for this token (retired with the connection that \
+                       asked for it?)";
+            self.fail(id, ErrorCode::NotFound, msg).await?;
+            return Ok(true);
+        };
+        let pool = &*self.s.pool;
+        let mut bytes = 0;
+        let mut statuses = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            let addr = GlobalAddr::from(&item.addr);
+            let offset = item.offset.to_native();
+            let landed = pool.begin_write(&addr).and_then(|mut w| {
+                if area.copy_out(offset, w.bytes_mut()) {
+                    Ok(())
+                } else {
+                    Err(kvpool::AddrFault::OutOfBounds.into())
+                }
+            });
+            let r = landed.and_then(|()| pool.commit(&addr, item.checksum.to_native(), now));
+            if r.is_ok() {
+                self.pending.remove(&addr.generation);
+                bytes += addr.len;
+            }
+            statuses.push(code_of(r));
+        }
+        self.s.metrics.bytes(bytes, 0);
+        self.reply(id, Reply::Statuses(statuses), &[]).await?;
+        Ok(true)
+    }
+
+    /// Sends `reply` over the Unix socket `sock` with `fds` riding on its first byte.
+    async fn reply_with_fds(
+        &mut self,
+        id: u64,
+        reply: Reply,
+        sock: RawFd,
+        fds: &[RawFd],
+    ) -> io::Result<()> {
         let mut frame = Vec::new();
         let hdr = kvpool::protocol::encode(&kvpool::protocol::Response { id, reply });
         write_frame(&mut frame, &hdr, &[]).await?;
         // Whatever went before goes first, so the descriptors ride on this reply's first byte.
         self.w.flush().await?;
-        let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let deadline = tokio::time::Instant::now() + self.s.conn.write;
         let sent = loop {
-            match kvpool::fdpass::send_with_fds(sock, &frame, &fds) {
+            match kvpool::fdpass::send_with_fds(sock, &frame, fds) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if tokio::time::Instant::now() >= deadline {
@@ -227,8 +329,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 Err(e) => return Err(e),
             }
         };
-        self.w.write_all(&frame[sent..]).await?;
-        Ok(true)
+        self.w.write_all(&frame[sent..]).await
     }
 
     async fn write_one(
@@ -270,23 +371,42 @@ fn code_of(r: Result<(), PoolError>) -> u16 {
 
 /// The segments `access` may map and a descriptor of each: a namespace's own segment when the
 /// token admits to the namespace, the common segments when it admits to every namespace kept
-/// there; read-write only where it may write every namespace the segment holds, read-only
+/// there; read-write only where it may write every namespace the segment holds and
+/// `memory.same_host_writes` lets writers store into the segment directly, read-only
 /// otherwise. At most [`kvpool::fdpass::MAX_FDS`].
 fn segments_to_offer(
-    pool: &kvpool::Pool,
+    s: &crate::service::Shared,
     access: &Access,
 ) -> (Vec<SegmentMap>, Vec<std::fs::File>) {
+    use crate::staging::Policy;
+    let pool = &*s.pool;
     let (common_read, common_write) = pool.common_namespaces().fold((true, true), |(r, w), ns| {
         (r && access.allows(ns), w && access.writes(ns))
     });
+    // Under `auto`, a segment holding a namespace with tokens is staged: mapped read-only by
+    // writers too, whose values then land only through `CommitStaged`.
+    let tokened = |ns: u32| {
+        let has = |t: &Vec<Vec<String>>| t.get(ns as usize).is_some_and(|t| !t.is_empty());
+        has(&s.ns_tokens) || has(&s.ns_read_tokens)
+    };
+    let direct = |owner: Option<u32>| match s.same_host_writes {
+        Policy::Direct => true,
+        Policy::Staged => false,
+        Policy::Auto => match owner {
+            Some(ns) => !tokened(ns),
+            None => !pool.common_namespaces().any(tokened),
+        },
+    };
     let mut maps = Vec::new();
     let mut files = Vec::new();
     for seg in pool.segments() {
         let id = seg.layout().id;
-        let (read, write) = match pool.segment_owner(id) {
+        let owner = pool.segment_owner(id);
+        let (read, write) = match owner {
             Some(ns) => (access.allows(ns), access.writes(ns)),
             None => (common_read, common_write),
         };
+        let write = write && direct(owner);
         let Some(path) = seg.path().filter(|_| read) else {
             continue;
         };
