@@ -592,6 +592,7 @@ impl Link {
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut pending = Uncommitted::default();
         let mut staged = Staged::default();
+        let mut inflight = None;
         let mut sums = vec![0; items.len()];
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
             let addr = match a {
@@ -607,8 +608,13 @@ impl Link {
             if let (false, Some(st)) = (direct, staging.as_deref()) {
                 // The segment is mapped read-only: the value goes through the staging area.
                 let mut range = st.take(v.len() as u64);
-                if range.is_none() && !staged.items.is_empty() {
-                    self.commit_staged(cfg, st, &mut staged, &mut codes).await?;
+                if range.is_none() && (inflight.is_some() || !staged.items.is_empty()) {
+                    // Room comes back as the groups before this value are committed.
+                    if let Some(f) = inflight.take() {
+                        settle(f.await?, &mut codes);
+                    }
+                    let group = std::mem::take(&mut staged);
+                    settle(self.commit_staged(cfg, st, group).await?, &mut codes);
                     range = st.take(v.len() as u64);
                 }
                 if let Some(r) = range {
@@ -623,7 +629,17 @@ impl Link {
                     staged.ranges.push(r);
                     staged.bytes += v.len() as u64;
                     if staged.bytes >= COMMIT_GROUP {
-                        self.commit_staged(cfg, st, &mut staged, &mut codes).await?;
+                        // One group in flight while the next is copied: the node copies this
+                        // one meanwhile.
+                        if let Some(f) = inflight.take() {
+                            settle(f.await?, &mut codes);
+                        }
+                        let group = std::mem::take(&mut staged);
+                        let mut f = Box::pin(self.commit_staged(cfg, st, group));
+                        match poll_once(f.as_mut()).await {
+                            std::task::Poll::Ready(r) => settle(r?, &mut codes),
+                            std::task::Poll::Pending => inflight = Some(f),
+                        }
                     }
                     continue;
                 }
@@ -646,8 +662,11 @@ impl Link {
                 Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
             }
         }
+        if let Some(f) = inflight.take() {
+            settle(f.await?, &mut codes);
+        }
         if let Some(st) = staging.as_deref() {
-            self.commit_staged(cfg, st, &mut staged, &mut codes).await?;
+            settle(self.commit_staged(cfg, st, staged).await?, &mut codes);
         }
         self.commit_written(cfg, &mut pending, &mut codes).await?;
         let mut seen = self.seen();
@@ -664,33 +683,31 @@ impl Link {
         Ok(codes)
     }
 
-    /// Has the node copy the values of `w` out of staging area `st` into their allocations and
-    /// commit them (their codes into `codes`), then gives their ranges back and empties `w`.
-    /// An area the node no longer knows (its connection closed) is retired: those values fail
-    /// as `Unavailable`, and later puts go over the socket.
+    /// Has the node copy the values of group `w` out of staging area `st` into their
+    /// allocations and commit them; returns each value's (item index, code), and gives the
+    /// group's ranges back once the node answered. An area the node no longer knows (its
+    /// connection closed) is retired: those values fail as `Unavailable`, and later puts go
+    /// over the socket.
     async fn commit_staged(
         &self,
         cfg: &ClientConfig,
         st: &StagingArea,
-        w: &mut Staged,
-        codes: &mut [ErrorCode],
-    ) -> Result<(), ClientError> {
+        w: Staged,
+    ) -> Result<Vec<(usize, ErrorCode)>, ClientError> {
         if w.items.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
+        let n = w.which.len();
         let op = Op::CommitStaged {
             staging: st.id,
-            items: std::mem::take(&mut w.items),
+            items: w.items,
         };
-        let n = w.which.len();
         let got = self.simple(cfg, 0, op, &[]).await;
         // Answered or not, the ranges can be reused: bytes that change under a copy the node is
         // still making fail its checksum, never land as a value.
-        for r in w.ranges.drain(..) {
+        for r in w.ranges {
             st.give_back(r);
         }
-        let which = std::mem::take(&mut w.which);
-        w.bytes = 0;
         let statuses = match got {
             Ok(Reply::Statuses(s)) if s.len() == n => {
                 s.into_iter().map(ErrorCode::from_u16).collect()
@@ -705,10 +722,7 @@ impl Link {
             }
             Err(e) => return Err(e),
         };
-        for (&i, code) in which.iter().zip(statuses) {
-            codes[i] = code;
-        }
-        Ok(())
+        Ok(w.which.into_iter().zip(statuses).collect())
     }
 
     /// Commits the values of `w` (their codes into `codes`) and empties it.
@@ -1441,6 +1455,21 @@ fn prefix_run(mut out: Vec<Option<usize>>, prefix: bool) -> Vec<Option<usize>> {
 /// that a consumer of a handoff (`Client::wait_get_into`) reads the first values while the
 /// rest are still being copied; one commit round trip per 8 MiB.
 const COMMIT_GROUP: u64 = 8 << 20;
+
+/// Writes each (item index, code) of a committed group into `codes`.
+fn settle(got: Vec<(usize, ErrorCode)>, codes: &mut [ErrorCode]) {
+    for (i, code) in got {
+        codes[i] = code;
+    }
+}
+
+/// Polls `f` once: a request it makes is sent (as far as it goes without waiting) before the
+/// caller goes on with other work.
+async fn poll_once<F: std::future::Future>(
+    mut f: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await
+}
 
 /// Values of a same-host batch put copied into the staging area, not yet committed.
 #[derive(Default)]

@@ -7,7 +7,8 @@
 //! area instead: a memory file of its own (`memfd`), passed as a descriptor after `Staging`.
 //! The client copies each value into a range of it and names the range in `CommitStaged`; the
 //! node copies the range into the value's pending allocation (checked as any one-sided write
-//! is: pending, right key, generation and bounds) and commits it, hashing the bytes that landed.
+//! is: pending, right key, generation and bounds), hashing the bytes as they land, and commits
+//! it under the same claim (`Pool::commit_claimed`).
 //! So a client's stores reach its staging area and nothing else, and a value reaches the pool
 //! only through an allocation the client was given. One copy more than a read-write mapping;
 //! a socket put makes the same one copy on the node.
@@ -58,28 +59,25 @@ impl Area {
         self.map.len() as u64
     }
 
-    /// Copies `dst.len()` bytes from `offset` into `dst`; false when the range is outside the
-    /// area.
-    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) -> bool {
-        let Some(end) = offset.checked_add(dst.len() as u64) else {
-            return false;
-        };
+    /// Copies `dst.len()` bytes from `offset` into `dst` and returns the xxh3 of the bytes
+    /// that landed in `dst` (one pass); None when the range is outside the area.
+    pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Option<u64> {
+        let end = offset.checked_add(dst.len() as u64)?;
         if end > self.len() {
-            return false;
+            return None;
         }
         // SAFETY: [offset, end) is inside the mapping (checked above), which lives as long as
-        // `self`, and `dst` is a distinct buffer of this process. The client may store into the
-        // area at any time: the bytes are plain data (every value of u8 is valid) read once
-        // through a raw pointer, never through a reference the compiler may assume stable, and
-        // what lands is checked by the commit's hash of `dst`, which no client can write.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
+        // `self`, and `dst` is a distinct buffer this caller holds exclusively. The client may
+        // store into the area at any time: `copy_checksum` only reads the source through raw
+        // pointers and hashes what it wrote to `dst` (which no client can write), so a value
+        // changed during the copy fails its commit's checksum instead of landing.
+        Some(unsafe {
+            kvpool::checksum::copy_checksum(
                 self.map.as_ptr().add(offset as usize),
                 dst.as_mut_ptr(),
                 dst.len(),
-            );
-        }
-        true
+            )
+        })
     }
 }
 
@@ -252,11 +250,15 @@ mod tests {
         let area = s.get(a, &[1; 32]).expect("its owner finds it");
         assert!(s.get(a, &[2; 32]).is_none(), "another token does not");
         let mut out = [0u8; 12];
-        assert!(area.copy_out(4096, &mut out));
+        let hashed = area.copy_out(4096, &mut out);
         assert_eq!(&out, b"staged bytes");
-        assert!(!area.copy_out((1 << 20) - 4, &mut out), "past its end");
+        assert_eq!(hashed, Some(kvpool::checksum::checksum(b"staged bytes")));
         assert!(
-            !area.copy_out(u64::MAX, &mut out),
+            area.copy_out((1 << 20) - 4, &mut out).is_none(),
+            "past its end"
+        );
+        assert!(
+            area.copy_out(u64::MAX, &mut out).is_none(),
             "an offset that overflows"
         );
         drop(held_a);

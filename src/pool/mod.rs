@@ -732,6 +732,56 @@ impl Pool {
             .map(|_| ())
     }
 
+    /// Commits the allocation `w` holds whole, which its caller filled and hashed (`hashed`,
+    /// the xxh3 of the bytes it wrote) under that claim: the claim turns into the commit's seal
+    /// under one lock of the pending table, so no other write can land between the bytes hashed
+    /// and the bytes committed, although the address was handed out. Fails as [`Pool::commit`]
+    /// does; a claim on part of the allocation is refused (`NotWritable`) and released.
+    pub fn commit_claimed(
+        &self,
+        w: PendingWrite<'_>,
+        checksum_given: u64,
+        hashed: u64,
+    ) -> Result<(), PoolError> {
+        let addr = w.addr;
+        let whole = w.start == 0 && w.end == addr.len;
+        let near = {
+            let mut pending = self.pending_lock(addr.generation);
+            let Some(p) = pending.by_generation.get_mut(&addr.generation) else {
+                drop(pending);
+                std::mem::forget(w); // its claim went with the entry
+                return Err(self.gone(&addr));
+            };
+            p.claims.release(w.start, w.end);
+            std::mem::forget(w); // released above, under this lock
+            if !whole {
+                return Err(AddrFault::NotWritable.into());
+            }
+            if p.cancelled {
+                if p.claims.is_empty() {
+                    let p = pending.by_generation.remove(&addr.generation);
+                    drop(pending);
+                    if let Some(p) = p {
+                        self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+                    }
+                }
+                return Err(PoolError::Cancelled);
+            }
+            if !p.claims.is_empty() || p.committing {
+                // (A whole claim excludes every other; kept for the invariant's sake.)
+                return Err(AddrFault::Busy.into());
+            }
+            p.committing = true;
+            self.shard_of(&p.key)
+        };
+        if hashed != checksum_given {
+            self.drop_sealed(&addr);
+            return Err(PoolError::ChecksumMismatch);
+        }
+        self.publish_if(near, &addr, checksum_given, None)
+            .map(|_| ())
+    }
+
     /// [`Pool::commit_prehashed`] under [`Pool::commit_if`]'s condition on the key's presence.
     pub fn commit_prehashed_if(
         &self,

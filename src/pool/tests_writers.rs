@@ -116,3 +116,60 @@ fn racing_writers_never_share_bytes_and_commits_are_never_torn() {
     }
     assert!(granted.load(Ordering::Relaxed) > 0);
 }
+
+/// A whole claim turns into the commit's seal: no write can come between the bytes its holder
+/// hashed and the bytes committed; a wrong hash releases the allocation; a partial claim or a
+/// cancelled key is refused.
+#[test]
+fn a_whole_claim_commits_what_it_hashed() {
+    let p = pool();
+    let a = p.alloc(0, b"k", 4096, false, 0).unwrap();
+    let mut w = p.begin_write(&a).unwrap();
+    w.bytes_mut().fill(7);
+    assert!(
+        matches!(
+            p.begin_write(&a),
+            Err(PoolError::BadAddress(AddrFault::Busy))
+        ),
+        "no other writer while it is held"
+    );
+    let sum = checksum(&[7; 4096]);
+    p.commit_claimed(w, sum, sum).unwrap();
+    assert_eq!(p.get(0, b"k", 0).unwrap(), vec![7; 4096]);
+    assert!(!p.is_pending(a.generation));
+    assert!(
+        p.write(&a, 0, &[1]).is_err(),
+        "committed: nothing writes it any more"
+    );
+
+    // A hash that differs from the given checksum: refused, and the allocation is released.
+    let b = p.alloc(0, b"b", 4096, false, 0).unwrap();
+    let mut w = p.begin_write(&b).unwrap();
+    w.bytes_mut().fill(8);
+    assert_eq!(
+        p.commit_claimed(w, sum, sum ^ 1),
+        Err(PoolError::ChecksumMismatch)
+    );
+    assert!(!p.is_pending(b.generation));
+    assert!(p.get(0, b"b", 0).is_err());
+
+    // Part of the allocation: not a commit.
+    let c = p.alloc(0, b"c", 4096, false, 0).unwrap();
+    let w = p.begin_write_range(&c, 0, 100).unwrap();
+    assert_eq!(
+        p.commit_claimed(w, sum, sum),
+        Err(PoolError::BadAddress(AddrFault::NotWritable))
+    );
+    assert!(
+        p.is_pending(c.generation),
+        "still pending, its claim released"
+    );
+    assert!(p.begin_write(&c).is_ok());
+
+    // Cancelled while held: refused, and freed.
+    let d = p.alloc(0, b"d", 4096, false, 0).unwrap();
+    let w = p.begin_write(&d).unwrap();
+    assert_eq!(p.cancel(0, &[b"d"]).unwrap(), 1);
+    assert_eq!(p.commit_claimed(w, sum, sum), Err(PoolError::Cancelled));
+    assert!(!p.is_pending(d.generation));
+}

@@ -511,8 +511,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             ArchivedOp::MapInfo => self.map_info(id).await,
             ArchivedOp::Staging => self.staging(id).await,
             ArchivedOp::CommitStaged { staging, items } => {
-                self.commit_staged(id, staging.to_native(), items, now)
-                    .await
+                self.commit_staged(id, staging.to_native(), items).await
             }
             ArchivedOp::Lookup { ns, keys, lease_ms } => {
                 let lease_ms = lease_ms.to_native();

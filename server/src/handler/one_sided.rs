@@ -266,7 +266,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         id: u64,
         staging: u64,
         items: &Archived<Vec<StagedCommit>>,
-        now: Millis,
     ) -> Next {
         if let Err(code) = self.s.batch_check(items.len()) {
             return self.answer(id, Err(code)).await;
@@ -283,14 +282,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         for item in items.iter() {
             let addr = GlobalAddr::from(&item.addr);
             let offset = item.offset.to_native();
-            let landed = pool.begin_write(&addr).and_then(|mut w| {
-                if area.copy_out(offset, w.bytes_mut()) {
-                    Ok(())
-                } else {
-                    Err(kvpool::AddrFault::OutOfBounds.into())
+            let r = pool.begin_write(&addr).and_then(|mut w| {
+                match area.copy_out(offset, w.bytes_mut()) {
+                    Some(hashed) => pool.commit_claimed(w, item.checksum.to_native(), hashed),
+                    None => Err(kvpool::AddrFault::OutOfBounds.into()),
                 }
             });
-            let r = landed.and_then(|()| pool.commit(&addr, item.checksum.to_native(), now));
             if r.is_ok() {
                 self.pending.remove(&addr.generation);
                 bytes += addr.len;
