@@ -592,7 +592,7 @@ impl Link {
         let mut codes = vec![ErrorCode::Ok; items.len()];
         let mut pending = Uncommitted::default();
         let mut staged = Staged::default();
-        let mut inflight = None;
+        let mut inflight: Option<InFlight<'_>> = None;
         let mut sums = vec![0; items.len()];
         for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
             let addr = match a {
@@ -631,15 +631,9 @@ impl Link {
                     if staged.bytes >= COMMIT_GROUP {
                         // One group in flight while the next is copied: the node copies this
                         // one meanwhile.
-                        if let Some(f) = inflight.take() {
-                            settle(f.await?, &mut codes);
-                        }
                         let group = std::mem::take(&mut staged);
-                        let mut f = Box::pin(self.commit_staged(cfg, st, group));
-                        match poll_once(f.as_mut()).await {
-                            std::task::Poll::Ready(r) => settle(r?, &mut codes),
-                            std::task::Poll::Pending => inflight = Some(f),
-                        }
+                        let f = Box::pin(self.commit_staged(cfg, st, group));
+                        launch(&mut inflight, f, &mut codes).await?;
                     }
                     continue;
                 }
@@ -656,7 +650,11 @@ impl Link {
                     pending.which.push(i);
                     pending.bytes += v.len() as u64;
                     if pending.bytes >= COMMIT_GROUP {
-                        self.commit_written(cfg, &mut pending, &mut codes).await?;
+                        // As for staged groups: the node hashes this one while the next is
+                        // copied.
+                        let group = std::mem::take(&mut pending);
+                        let f = Box::pin(self.commit_written(cfg, group));
+                        launch(&mut inflight, f, &mut codes).await?;
                     }
                 }
                 Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
@@ -668,7 +666,7 @@ impl Link {
         if let Some(st) = staging.as_deref() {
             settle(self.commit_staged(cfg, st, staged).await?, &mut codes);
         }
-        self.commit_written(cfg, &mut pending, &mut codes).await?;
+        settle(self.commit_written(cfg, pending).await?, &mut codes);
         let mut seen = self.seen();
         // (No await below: the guard is not held across one.)
         for ((i, a), code) in allocs.iter().enumerate().zip(&codes) {
@@ -725,22 +723,17 @@ impl Link {
         Ok(w.which.into_iter().zip(statuses).collect())
     }
 
-    /// Commits the values of `w` (their codes into `codes`) and empties it.
+    /// Commits the values of group `w`; returns each value's (item index, code).
     async fn commit_written(
         &self,
         cfg: &ClientConfig,
-        w: &mut Uncommitted,
-        codes: &mut [ErrorCode],
-    ) -> Result<(), ClientError> {
+        w: Uncommitted,
+    ) -> Result<Vec<(usize, ErrorCode)>, ClientError> {
         if w.commits.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let got = self.commit_many(cfg, &w.commits).await?;
-        for (&i, code) in w.which.iter().zip(got) {
-            codes[i] = code;
-        }
-        *w = Uncommitted::default();
-        Ok(())
+        Ok(w.which.into_iter().zip(got).collect())
     }
 
     /// Reserves memory for values to be written one-sided.
@@ -1463,9 +1456,32 @@ fn settle(got: Vec<(usize, ErrorCode)>, codes: &mut [ErrorCode]) {
     }
 }
 
+/// A group's commit that may still be waiting for the node's answer.
+type InFlight<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Vec<(usize, ErrorCode)>, ClientError>> + Send + 'a>,
+>;
+
+/// Starts the commit `f` of a group (after settling the one still in flight: one at a time)
+/// and leaves it in `inflight` if the node has not answered yet, so the caller copies the next
+/// group while the node takes this one.
+async fn launch<'a>(
+    inflight: &mut Option<InFlight<'a>>,
+    mut f: InFlight<'a>,
+    codes: &mut [ErrorCode],
+) -> Result<(), ClientError> {
+    if let Some(prev) = inflight.take() {
+        settle(prev.await?, codes);
+    }
+    match poll_once(f.as_mut()).await {
+        std::task::Poll::Ready(r) => settle(r?, codes),
+        std::task::Poll::Pending => *inflight = Some(f),
+    }
+    Ok(())
+}
+
 /// Polls `f` once: a request it makes is sent (as far as it goes without waiting) before the
 /// caller goes on with other work.
-async fn poll_once<F: std::future::Future>(
+async fn poll_once<F: std::future::Future + ?Sized>(
     mut f: std::pin::Pin<&mut F>,
 ) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await
