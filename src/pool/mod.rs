@@ -757,22 +757,7 @@ impl Pool {
             if !whole {
                 return Err(AddrFault::NotWritable.into());
             }
-            if p.cancelled {
-                if p.claims.is_empty() {
-                    let p = pending.by_generation.remove(&addr.generation);
-                    drop(pending);
-                    if let Some(p) = p {
-                        self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
-                    }
-                }
-                return Err(PoolError::Cancelled);
-            }
-            if !p.claims.is_empty() || p.committing {
-                // (A whole claim excludes every other; kept for the invariant's sake.)
-                return Err(AddrFault::Busy.into());
-            }
-            p.committing = true;
-            self.shard_of(&p.key)
+            self.seal_locked(pending, &addr)?
         };
         if hashed != checksum_given {
             self.drop_sealed(&addr);
@@ -805,9 +790,9 @@ impl Pool {
     /// write is open (`Busy`), once cancelled, and for an address that is not pending.
     fn seal(&self, addr: &GlobalAddr) -> Result<(usize, &SegmentSlot), PoolError> {
         let seg = self.check_addr(addr)?;
-        let mut pending = self.pending_lock(addr.generation);
-        let p = match pending.by_generation.get_mut(&addr.generation) {
-            Some(p) if p.offset == addr.offset && p.len == addr.len && !p.committing => p,
+        let pending = self.pending_lock(addr.generation);
+        match pending.by_generation.get(&addr.generation) {
+            Some(p) if p.offset == addr.offset && p.len == addr.len && !p.committing => {}
             Some(p) if p.offset == addr.offset && p.len == addr.len => {
                 return Err(AddrFault::Busy.into())
             }
@@ -816,7 +801,23 @@ impl Pool {
                 drop(pending);
                 return Err(self.gone(addr));
             }
-        };
+        }
+        let near = self.seal_locked(pending, addr)?;
+        Ok((near, seg))
+    }
+
+    /// Seals the pending allocation of `addr`, present in the locked table `pending`: refused
+    /// while a write claim or another commit holds it; one a cancel doomed is released (unless
+    /// a write still holds it) and refused. Returns the index shard of its key.
+    fn seal_locked(
+        &self,
+        mut pending: MutexGuard<'_, PendingShard>,
+        addr: &GlobalAddr,
+    ) -> Result<usize, PoolError> {
+        let p = pending
+            .by_generation
+            .get_mut(&addr.generation)
+            .expect("the caller found it in this locked table");
         if p.cancelled {
             // Doomed by a cancel while a write held it: released now, unless one still does.
             if p.claims.is_empty() {
@@ -828,11 +829,11 @@ impl Pool {
             }
             return Err(PoolError::Cancelled);
         }
-        if !p.claims.is_empty() {
+        if !p.claims.is_empty() || p.committing {
             return Err(AddrFault::Busy.into());
         }
         p.committing = true;
-        Ok((self.shard_of(&p.key), seg))
+        Ok(self.shard_of(&p.key))
     }
 
     /// Why an address has no pending allocation: [`PoolError::Cancelled`] when a cancel took
