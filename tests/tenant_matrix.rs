@@ -488,3 +488,40 @@ async fn a_same_host_process_is_handed_its_own_segments_only() {
     }
     assert_eq!(mode(std::path::Path::new(&n.unix)), 0o600);
 }
+
+/// The connection that holds a writer's staging area is idle between puts by design, so the
+/// node's idle timeout spares it (as it spares holds and watches): a put after a long pause
+/// still goes through the area, and the area stays handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staging_area_outlives_the_idle_timeout() {
+    let dir = common::temp_dir("tenant-staging-idle");
+    let path = dir.join("kvpoold.toml");
+    std::fs::write(
+        &path,
+        format!("[limits]\nidle_timeout_ms = 300\n\n{CONFIG}"),
+    )
+    .unwrap();
+    let n = Node::start("64MiB", &["--config", path.to_str().unwrap()]);
+    let same_host = ClientConfig {
+        same_host: SameHost::Auto,
+        ..cfg(&n, "token-b", "b")
+    };
+    let b = Client::connect(&n.tcp_url(), same_host).await.unwrap();
+    assert!(b.is_local());
+    let first = value(31, 200_000);
+    b.put(b"first", &first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let second = value(32, 200_000);
+    b.put(b"second", &second).await.unwrap();
+    let page = n.scrape();
+    assert!(page.contains("kvpool_staging_bytes 67108864"), "{page}");
+    for op in ["write", "put", "batch_put"] {
+        let line = format!("kvpool_operations_total{{op=\"{op}\",outcome=\"ok\"}} 0\n");
+        assert!(page.contains(&line), "{op}s went over the socket:\n{page}");
+    }
+    assert_eq!(b.get(b"first").await.unwrap().as_deref(), Some(&first[..]));
+    assert_eq!(
+        b.get(b"second").await.unwrap().as_deref(),
+        Some(&second[..])
+    );
+}

@@ -667,6 +667,24 @@ impl Link {
             settle(self.commit_staged(cfg, st, staged).await?, &mut codes);
         }
         settle(self.commit_written(cfg, pending).await?, &mut codes);
+        if staging.as_ref().is_some_and(|st| !st.usable()) {
+            // The node retired the area under these puts (its connection closed): the values it
+            // did not take are still in their allocations' hands, pending, so they go over the
+            // socket instead of failing.
+            let mut again = Uncommitted::default();
+            for (i, (a, (_, v))) in allocs.iter().zip(items).enumerate() {
+                if let (Ok(addr), ErrorCode::Unavailable) = (a, codes[i]) {
+                    match self.write(cfg, addr, 0, v).await {
+                        Ok(()) => {
+                            again.commits.push((*addr, sums[i]));
+                            again.which.push(i);
+                        }
+                        Err(e) => codes[i] = e.code().unwrap_or(ErrorCode::Unavailable),
+                    }
+                }
+            }
+            settle(self.commit_written(cfg, again).await?, &mut codes);
+        }
         let mut seen = self.seen();
         // (No await below: the guard is not held across one.)
         for ((i, a), code) in allocs.iter().enumerate().zip(&codes) {

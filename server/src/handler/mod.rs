@@ -112,11 +112,11 @@ pub(crate) async fn serve<R, W>(
         let (limits, deadline) = if conn.access.is_some() {
             // A connection holding objects is a same-host reader's lifeline for its views:
             // closing it for idling would free memory that the reader still maps.
-            // So is a watching one: a consumer waits as long as its producer takes.
-            let idle = shared
-                .conn
-                .idle
-                .filter(|_| conn.holds.is_empty() && conn.watching.is_none());
+            // So is a watching one: a consumer waits as long as its producer takes. And one that
+            // holds a staging area: a writer keeps it open, idle, for as long as it puts.
+            let idle = shared.conn.idle.filter(|_| {
+                conn.holds.is_empty() && conn.watching.is_none() && conn.staging.is_none()
+            });
             (
                 &shared.limits,
                 idle.map(|d| tokio::time::Instant::now() + d),
