@@ -77,6 +77,18 @@ impl Hearing {
     }
 }
 
+/// What this node knows of one watched peer address.
+#[derive(Clone, Copy, Debug)]
+struct Watched {
+    hearing: Hearing,
+    /// The node the view places at the address, whether that node's record was up (not down),
+    /// and the tick that first saw it so: the node's silence counts only from then. A peer
+    /// address watched long before its node started (a static peer that starts later) must not
+    /// have its node marked down the moment the node's own gossip brings it into the view, nor
+    /// may a restarted node that was down.
+    placed: Option<(u32, bool, Millis)>,
+}
+
 /// One node's membership state.
 #[derive(Debug)]
 pub struct Membership {
@@ -86,16 +98,11 @@ pub struct Membership {
     history: History,
     /// The first tick (the heartbeats' start): joining lasts two heartbeats from here.
     first_tick: Option<Millis>,
-    /// Per peer address, when it last answered, or when watching it began.
-    heard: HashMap<String, Hearing>,
+    /// Per peer address, when it last answered (or when watching it began), and which node the
+    /// view places there since when.
+    heard: HashMap<String, Watched>,
     /// Per node, the latest time another peer said it heard that node directly.
     relayed: HashMap<u32, Millis>,
-    /// Per watched peer address, the node the view places there, whether that node's record
-    /// was up (not down), and the tick that first saw it so: a node's silence counts only from
-    /// then. A peer address watched long before its node started (a static peer that starts
-    /// later) must not have its node marked down the moment the node's own gossip brings it
-    /// into the view, nor may a restarted node that was down.
-    placed: HashMap<String, (u32, bool, Millis)>,
 }
 
 impl Membership {
@@ -113,7 +120,6 @@ impl Membership {
             first_tick: None,
             heard: HashMap::new(),
             relayed: HashMap::new(),
-            placed: HashMap::new(),
         }
     }
 
@@ -284,20 +290,27 @@ impl Membership {
     /// Starts watching the peer at `addr` at `now`: silent from here for `down_after`, it is
     /// marked down.
     pub fn watch(&mut self, addr: &str, now: Millis) {
-        self.heard
-            .entry(addr.to_string())
-            .or_insert(Hearing::Watched(now));
+        self.heard.entry(addr.to_string()).or_insert(Watched {
+            hearing: Hearing::Watched(now),
+            placed: None,
+        });
     }
 
     /// Stops watching the peer at `addr` (it turned out to be this node under another name).
     pub fn forget(&mut self, addr: &str) {
         self.heard.remove(addr);
-        self.placed.remove(addr);
     }
 
     /// The peer at `addr` answered a heartbeat at `now`; its answer was its view, merged here.
     pub fn heard(&mut self, addr: &str, view: &ClusterView, now: Millis, mark: u64) -> Step {
-        self.heard.insert(addr.to_string(), Hearing::Answered(now));
+        let answered = Hearing::Answered(now);
+        self.heard
+            .entry(addr.to_string())
+            .and_modify(|w| w.hearing = answered)
+            .or_insert(Watched {
+                hearing: answered,
+                placed: None,
+            });
         self.merge(view, mark)
     }
 
@@ -307,8 +320,8 @@ impl Membership {
         let mut out: Vec<Heard> = self
             .heard
             .iter()
-            .filter_map(|(addr, h)| {
-                let Hearing::Answered(at) = *h else {
+            .filter_map(|(addr, w)| {
+                let Hearing::Answered(at) = w.hearing else {
                     return None;
                 };
                 let age_ms = now.saturating_sub(at);
@@ -349,31 +362,28 @@ impl Membership {
         {
             step.changed |= self.set_state(NodeState::Serving, mark).changed;
         }
-        let view = &self.view;
-        let placed = &mut self.placed;
+        let (view, relayed) = (&self.view, &self.relayed);
         let silent: Vec<u32> = self
             .heard
-            .iter()
-            .filter_map(|(addr, h)| {
+            .iter_mut()
+            .filter_map(|(addr, w)| {
                 let n = view.nodes.iter().find(|n| n.tcp == *addr)?;
                 let up = n.state != NodeState::Down;
-                let since = match placed.get(addr.as_str()) {
-                    Some(&(id, was_up, since)) if id == n.id && was_up == up => since,
-                    _ => {
-                        placed.insert(addr.clone(), (n.id, up, now));
-                        now
-                    }
+                let since = match w.placed {
+                    Some((id, was_up, since)) if id == n.id && was_up == up => since,
+                    _ => now,
                 };
-                let quiet = h.at().max(since);
-                let relayed = self.relayed.get(&n.id).copied();
+                let quiet = w.hearing.at().max(since);
+                let heard_of = relayed.get(&n.id).copied();
                 let down = up
                     && now.saturating_sub(quiet) >= timing.down_after
-                    && relayed.is_none_or(|at| now.saturating_sub(at) >= timing.down_after);
-                if down {
-                    // Marked down below: seen down from here, so coming back up restarts
-                    // the count.
-                    placed.insert(addr.clone(), (n.id, false, now));
-                }
+                    && heard_of.is_none_or(|at| now.saturating_sub(at) >= timing.down_after);
+                // Marked down below: seen down from here, so coming back up restarts the count.
+                w.placed = Some(if down {
+                    (n.id, false, now)
+                } else {
+                    (n.id, up, since)
+                });
                 down.then_some(n.id)
             })
             .collect();
