@@ -89,7 +89,6 @@ impl Daemon {
         kvpool::segment::create_dir(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let policy = (config.wire_limits()?, conn_policy(&config)?);
-        crate::staging::Policy::parse(&config.memory.same_host_writes)?; // refused at start
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
@@ -491,8 +490,6 @@ fn shared(
         tokens: crate::admission::TokenCounts::new(
             config.limits.max_connections_per_token as usize,
         ),
-        same_host_writes: crate::staging::Policy::parse(&config.memory.same_host_writes)
-            .unwrap_or(crate::staging::Policy::Auto),
         stagings: crate::staging::Stagings::new(
             config.memory.staging,
             config.memory.staging_total,
@@ -532,6 +529,7 @@ fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
         max_holds: config.limits.max_holds_per_connection as usize,
         max_watches: config.limits.max_watches_per_connection as usize,
         max_pending: config.limits.max_pending_per_connection as usize,
+        same_host_writes: crate::staging::Policy::parse(&config.memory.same_host_writes)?,
     })
 }
 

@@ -12,7 +12,8 @@ use kvpool::protocol::Limits;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-/// How long a connection may take at each stage, and what it may send before the handshake.
+/// How long a connection may take at each stage, what it may send before the handshake, and
+/// what it may hold and map after it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnPolicy {
     /// Limits until the `Hello` is accepted: a small header, no payload.
@@ -32,6 +33,8 @@ pub(crate) struct ConnPolicy {
     pub(crate) max_watches: usize,
     /// Most allocations one connection may have pending at once.
     pub(crate) max_pending: usize,
+    /// Which segments same-host writers map read-only (`memory.same_host_writes`).
+    pub(crate) same_host_writes: crate::staging::Policy,
 }
 
 /// Runs `f`, failing with `TimedOut` if it has not finished by `deadline` (`None`: no deadline).

@@ -90,13 +90,13 @@ impl Harness {
                 max_holds: 64,
                 max_watches: 64,
                 max_pending: 64,
+                same_host_writes: crate::staging::Policy::Auto,
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             // Off: every input starts from the same state.
             auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
             tokens: crate::admission::TokenCounts::new(0),
-            same_host_writes: crate::staging::Policy::Auto,
             stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
         };
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -51,8 +51,6 @@ pub(crate) struct Shared {
     pub(crate) auth_failures: crate::auth_limit::AuthFailures,
     /// Authenticated connections per token (`[limits] max_connections_per_token`).
     pub(crate) tokens: Arc<crate::admission::TokenCounts>,
-    /// Which segments same-host writers map read-only (`memory.same_host_writes`).
-    pub(crate) same_host_writes: crate::staging::Policy,
     /// The staging areas of same-host writers of read-only segments.
     pub(crate) stagings: Arc<crate::staging::Stagings>,
 }
@@ -574,12 +572,12 @@ mod tests {
                 max_holds: 8,
                 max_watches: 8,
                 max_pending: 8,
+                same_host_writes: crate::staging::Policy::Auto,
             },
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60)),
             tokens: crate::admission::TokenCounts::new(2),
-            same_host_writes: crate::staging::Policy::Auto,
             stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
         }
     }

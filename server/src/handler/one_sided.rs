@@ -386,7 +386,7 @@ fn segments_to_offer(
         let has = |t: &Vec<Vec<String>>| t.get(ns as usize).is_some_and(|t| !t.is_empty());
         has(&s.ns_tokens) || has(&s.ns_read_tokens)
     };
-    let direct = |owner: Option<u32>| match s.same_host_writes {
+    let direct = |owner: Option<u32>| match s.conn.same_host_writes {
         Policy::Direct => true,
         Policy::Staged => false,
         Policy::Auto => match owner {
