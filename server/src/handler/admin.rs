@@ -41,7 +41,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::LimitExceeded, &why).await?;
             return Ok(false);
         }
-        self.token_digest = auth::token_digest(token.as_bytes());
         tracing::debug!(
             client = client.as_str(),
             transport = self.transport.name(),

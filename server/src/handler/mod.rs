@@ -101,7 +101,6 @@ pub(crate) async fn serve<R, W>(
         },
         bulk_in: None,
         token_slot: None,
-        token_digest: [0; 32],
         staging: None,
         pending: Default::default(),
     };
@@ -236,9 +235,6 @@ struct Conn<'a, R, W> {
     /// This connection's count under the token it authenticated with
     /// (`limits.max_connections_per_token`); released when the connection is dropped.
     token_slot: Option<crate::admission::TokenSlot>,
-    /// The digest of the token this connection authenticated with (of the empty token when
-    /// none): who may use the staging areas it names.
-    token_digest: [u8; 32],
     /// The staging area this connection asked for (`Staging`), retired when it closes.
     staging: Option<crate::staging::Held>,
     /// Generations of the allocations this connection's `Alloc`s made that may still be
@@ -589,6 +585,15 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     }
 
     /// Replies with `r`'s reply, or fails with its code; carries on either way.
+    /// The digest of the token this connection authenticated with (of the empty token when
+    /// none): who may use the staging areas it names. Every non-empty token holds a slot
+    /// ([`Conn::token_slot`]) keyed by it.
+    fn token_digest(&self) -> [u8; 32] {
+        static NONE: std::sync::LazyLock<[u8; 32]> =
+            std::sync::LazyLock::new(|| auth::token_digest(b""));
+        self.token_slot.as_ref().map_or(*NONE, |s| *s.key())
+    }
+
     async fn answer(&mut self, id: u64, r: Result<Reply, ErrorCode>) -> Next {
         match r {
             Ok(reply) => self.reply(id, reply, &[]).await?,

@@ -240,7 +240,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::LimitExceeded, msg).await?;
             return Ok(true);
         }
-        let (area, held, file) = match self.s.stagings.create(self.token_digest) {
+        let (area, held, file) = match self.s.stagings.create(self.token_digest()) {
             Ok(made) => made,
             Err(e) => {
                 self.fail(id, ErrorCode::LimitExceeded, &e.to_string())
@@ -270,7 +270,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(code) = self.s.batch_check(items.len()) {
             return self.answer(id, Err(code)).await;
         }
-        let Some(area) = self.s.stagings.get(staging, &self.token_digest) else {
+        let Some(area) = self.s.stagings.get(staging, &self.token_digest()) else {
             let msg = "no such staging area for this token (retired with the connection that \
                        asked for it?)";
             self.fail(id, ErrorCode::NotFound, msg).await?;
