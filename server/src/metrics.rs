@@ -257,7 +257,7 @@ pub enum Limit {
     WatchesPerConnection,
     /// `limits.max_batch`: a batch refused whole.
     Batch,
-    /// `limits.max_key_len`: a key refused.
+    /// `limits.max_key_len`: a key refused (counted by the pool's check, `Pool::check_key`).
     KeyLength,
 }
 
@@ -430,8 +430,8 @@ impl Metrics {
 struct Scrape {
     daemon: Arc<Daemon>,
     pool: PoolStats,
-    /// Keys the pool refused for their length (every door's keys reach the pool's check; the
-    /// RESP door's own check counts in the daemon's series).
+    /// Keys the pool refused for their length (every door checks keys with the pool's check,
+    /// which counts them): the `key_length` series.
     long_keys: u64,
     namespaces: bool,
 }
@@ -802,10 +802,10 @@ impl Scrape {
             None,
             counter_t,
             LIMITS.map(|(l, n)| {
-                let mut v = d.limit_refusals[l as usize].get();
-                if l == Limit::KeyLength {
-                    v += self.long_keys;
-                }
+                let v = match l {
+                    Limit::KeyLength => self.long_keys,
+                    _ => d.limit_refusals[l as usize].get(),
+                };
                 ([("limit", n)], ConstCounter::new(v))
             }),
         )?;

@@ -304,15 +304,10 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
     /// [`Conn::check_key`] for a key of namespace `ns` (the connection's, or `weights` for the
     /// weights view).
     pub(super) fn check_key_in(&mut self, ns: u32, key: &[u8]) -> Result<Place, Refused> {
-        let max = self.s.pool.max_key_len();
-        if key.is_empty() || key.len() > max {
-            if !key.is_empty() {
-                self.s
-                    .metrics
-                    .limit_refused(crate::metrics::Limit::KeyLength);
-            }
+        if self.s.pool.check_key(key).is_err() {
             return Err(Refused::Reply(format!(
-                "ERR kvpool keys are 1 to {max} bytes (limits.max_key_len)"
+                "ERR kvpool keys are 1 to {} bytes (limits.max_key_len)",
+                self.s.pool.max_key_len()
             )));
         }
         let stamp = self.s.cluster.stamp();
