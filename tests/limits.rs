@@ -387,6 +387,22 @@ async fn alloc(s: &mut TcpStream, id: u64, tag: &str, n: usize) -> kvpool::proto
     common::raw::recv(s).await.expect("a reply to Alloc").reply
 }
 
+/// Checks that `r` is a `LimitExceeded` refusal whose message names `setting`.
+fn limit_exceeded(r: kvpool::protocol::Reply, setting: &str) {
+    use kvpool::protocol::{ErrorCode, Reply};
+    match r {
+        Reply::Error { code, message } => {
+            assert_eq!(
+                ErrorCode::from_u16(code),
+                ErrorCode::LimitExceeded,
+                "{message}"
+            );
+            assert!(message.contains(setting), "{message}");
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+}
+
 /// The value of `kvpool_limit_refusals{limit="<limit>"}` on the node's metrics page.
 fn refusals(n: &Node, limit: &str) -> u64 {
     let needle = format!("kvpool_limit_refusals_total{{limit=\"{limit}\"}} ");
@@ -404,7 +420,7 @@ fn refusals(n: &Node, limit: &str) -> u64 {
 /// makes room again; another connection has its own allowance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_allocations_are_capped_per_connection() {
-    use kvpool::protocol::{CommitItem, ErrorCode, Reply};
+    use kvpool::protocol::{CommitItem, Reply};
     let cfg = config_file("[limits]\nmax_pending_per_connection = 4\n");
     let n = Node::start("64MiB", &["-c", &cfg]);
     let mut s = TcpStream::connect(&n.tcp).await.unwrap();
@@ -416,17 +432,7 @@ async fn pending_allocations_are_capped_per_connection() {
             .collect::<Vec<_>>(),
         other => panic!("expected Allocated, got {other:?}"),
     };
-    let refused = |r: Reply| match r {
-        Reply::Error { code, message } => {
-            assert_eq!(
-                ErrorCode::from_u16(code),
-                ErrorCode::LimitExceeded,
-                "{message}"
-            );
-            assert!(message.contains("max_pending_per_connection"), "{message}");
-        }
-        other => panic!("expected LimitExceeded, got {other:?}"),
-    };
+    let refused = |r: Reply| limit_exceeded(r, "max_pending_per_connection");
     let first = addrs(alloc(&mut s, 2, "a", 3).await);
     refused(alloc(&mut s, 3, "b", 2).await); // 3 + 2 > 4: nothing allocated
     assert_eq!(refusals(&n, "pending_per_connection"), 1);
@@ -476,7 +482,7 @@ async fn pending_allocations_are_capped_per_connection() {
 /// not affected; a closed connection gives its place back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_are_capped_per_token_across_doors() {
-    use kvpool::protocol::{ErrorCode, Reply};
+    use kvpool::protocol::Reply;
     let cfg = config_file(
         "[limits]\nmax_connections_per_token = 2\n\n\
          [[namespace]]\nname = \"a\"\ntokens = [\"token-a\"]\n\n\
@@ -495,17 +501,7 @@ async fn connections_are_capped_per_token_across_doors() {
     assert_eq!(&line, b"+OK\r\n");
 
     let (mut third, r) = hello_with(&n.tcp, "token-a").await;
-    match r {
-        Reply::Error { code, message } => {
-            assert_eq!(
-                ErrorCode::from_u16(code),
-                ErrorCode::LimitExceeded,
-                "{message}"
-            );
-            assert!(message.contains("max_connections_per_token"), "{message}");
-        }
-        other => panic!("expected LimitExceeded, got {other:?}"),
-    }
+    limit_exceeded(r, "max_connections_per_token");
     assert!(closed_within(&mut third, Duration::from_secs(5)).await);
     // RESP is refused too, with an error reply, and keeps its connection unauthenticated.
     let text = resp_reply(&n.resp, &[&b"AUTH"[..], b"a", b"token-a"]).await;

@@ -306,12 +306,18 @@ async fn a_same_host_writer_stores_only_through_its_staging_area() {
     let page = n.scrape();
     assert!(page.contains("kvpool_staging_bytes 67108864"));
     // Through the area: no one-sided write over the socket, no socket put.
+    assert_no_socket_puts(&page);
+    for (k, v) in keys.iter().zip(&values) {
+        assert_eq!(b.get(k).await.unwrap().as_deref(), Some(&v[..]));
+    }
+}
+
+/// Checks on a metrics page that no value reached the node over the socket: no one-sided
+/// `Write`, no `Put`, no `BatchPut`.
+fn assert_no_socket_puts(page: &str) {
     for op in ["write", "put", "batch_put"] {
         let line = format!("kvpool_operations_total{{op=\"{op}\",outcome=\"ok\"}} 0\n");
         assert!(page.contains(&line), "{op}s went over the socket:\n{page}");
-    }
-    for (k, v) in keys.iter().zip(&values) {
-        assert_eq!(b.get(k).await.unwrap().as_deref(), Some(&v[..]));
     }
 }
 
@@ -515,10 +521,7 @@ async fn a_staging_area_outlives_the_idle_timeout() {
     b.put(b"second", &second).await.unwrap();
     let page = n.scrape();
     assert!(page.contains("kvpool_staging_bytes 67108864"), "{page}");
-    for op in ["write", "put", "batch_put"] {
-        let line = format!("kvpool_operations_total{{op=\"{op}\",outcome=\"ok\"}} 0\n");
-        assert!(page.contains(&line), "{op}s went over the socket:\n{page}");
-    }
+    assert_no_socket_puts(&page);
     assert_eq!(b.get(b"first").await.unwrap().as_deref(), Some(&first[..]));
     assert_eq!(
         b.get(b"second").await.unwrap().as_deref(),
