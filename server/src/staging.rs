@@ -18,7 +18,7 @@
 //! together are bounded by `memory.staging_total`.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::FromRawFd;
 use std::sync::{Arc, Mutex};
 
 /// Which segments a same-host writer maps read-only (`memory.same_host_writes`).
@@ -220,7 +220,6 @@ fn memfd(len: u64) -> std::io::Result<std::fs::File> {
     // SAFETY: `fd` is a descriptor this process just opened and owns alone.
     let file = unsafe { std::fs::File::from_raw_fd(fd) };
     file.set_len(len)?;
-    debug_assert!(file.as_raw_fd() >= 0);
     Ok(file)
 }
 
