@@ -206,3 +206,39 @@ async fn a_dead_daemons_memory_is_not_served_from_the_index() {
         assert!(a.get(keys[0]).await.map_or(true, |v| v.is_none()));
     }
 }
+
+/// Reads served from the index are reported to the node in batches, in the background: its hit
+/// counter (and eviction policy) sees them, and the reads never wait for the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_served_from_the_index_reach_the_nodes_hit_counter() {
+    let n = Node::start("64MiB", &[]);
+    let c = client(&n).await;
+    let keys: Vec<Vec<u8>> = (0..8u64).map(|i| format!("r{i}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    for (i, k) in refs.iter().enumerate() {
+        c.put(k, &value(i as u64, LEN)).await.unwrap();
+    }
+    // The first read remembers every key (one lookup: the node counts it).
+    get_all(&c, &refs).await;
+    let before = c.stats().await.unwrap().hits;
+    // 100 more rounds of 8 keys, all from the index: 800 reads, three full batches of 256.
+    for _ in 0..100 {
+        for (i, g) in get_all(&c, &refs).await.iter().enumerate() {
+            assert_eq!(g.as_deref(), Some(&value(i as u64, LEN)[..]));
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let counted = loop {
+        let hits = c.stats().await.unwrap().hits - before;
+        if hits >= 512 || std::time::Instant::now() > deadline {
+            break hits;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    // At least two of the three batches arrive (one may still wait behind another's report);
+    // never more reads than were made.
+    assert!(
+        (512..=800).contains(&counted),
+        "the node counted {counted} of 800 reads served from the index"
+    );
+}

@@ -816,7 +816,7 @@ impl Link {
         reason = "the routing layer's one call site"
     )]
     pub(crate) async fn get_many(
-        &self,
+        self: &Arc<Self>,
         cfg: &ClientConfig,
         view: u64,
         ns: u32,
@@ -838,7 +838,7 @@ impl Link {
     /// the mapping; the rest are looked up in one round trip (leased for `lease_ms`) and copied.
     #[expect(clippy::too_many_arguments, reason = "get_many's own parameters")]
     async fn get_local(
-        &self,
+        self: &Arc<Self>,
         cfg: &ClientConfig,
         view: u64,
         ns: u32,
@@ -911,7 +911,7 @@ impl Link {
     /// is copied (a key past a gap is useless to the caller, and its buffer keeps what it held).
     /// Reports the reads to the node once a batch of them has gathered.
     async fn get_seen(
-        &self,
+        self: &Arc<Self>,
         cfg: &ClientConfig,
         ns: u32,
         keys: &[&[u8]],
@@ -975,9 +975,29 @@ impl Link {
             report
         };
         if let Some(batch) = report {
-            self.report_reads(cfg, batch).await;
+            self.report(cfg, batch);
         }
         Ok(todo)
+    }
+
+    /// Sends [`Link::report_reads`] in the background: the read that filled the batch does not
+    /// wait for the node (a round trip of a few hundred microseconds, every
+    /// [`TOUCH_BATCH`](crate::seen::TOUCH_BATCH) reads, was most of the same-host batched
+    /// get's tail). The seen index hands out one batch at a time, so one report per link is
+    /// on its way at most; its end, however it ends, lets the next one go.
+    fn report(self: &Arc<Self>, cfg: &ClientConfig, batch: Vec<(u32, Vec<u8>)>) {
+        struct Done(Arc<Link>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.seen().reported();
+            }
+        }
+        let done = Done(Arc::clone(self));
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            done.0.report_reads(&cfg, batch).await;
+            drop(done);
+        });
     }
 
     /// Tells the node of reads served from the client's index (a lookup whose answer is not
@@ -1095,7 +1115,7 @@ impl Link {
 
     /// One value as a fresh buffer, or None on a miss.
     pub(crate) async fn get(
-        &self,
+        self: &Arc<Self>,
         cfg: &ClientConfig,
         view: u64,
         ns: u32,
@@ -1108,7 +1128,7 @@ impl Link {
                 if read_checked(cfg, &local, &l, &mut [&mut buf[..]], true)? {
                     let report = self.seen().touch(ns, key);
                     if let Some(batch) = report {
-                        self.report_reads(cfg, batch).await;
+                        self.report(cfg, batch);
                     }
                     return Ok(Some(buf));
                 }

@@ -10,7 +10,10 @@
 //!
 //! The node does not see reads served this way, so they are reported to it in batches (a
 //! lookup of the keys, whose answer is not needed): its eviction policy and hit counters then
-//! still count them.
+//! still count them. A report goes out in the background, one at a time: the read that fills a
+//! batch does not wait for the node's answer, and reads made while a report is on its way
+//! join the next one (at most [`TOUCH_BACKLOG`] of them wait; beyond that the oldest go
+//! unreported, as a report that fails does).
 
 use crate::link::Located;
 use lru::LruCache;
@@ -19,11 +22,17 @@ use std::num::NonZeroUsize;
 /// Reads served from the index are reported to the node once this many have gathered.
 pub(crate) const TOUCH_BATCH: usize = 256;
 
+/// Reads waiting for a report while one is on its way, at most: a node that answers slowly
+/// costs the client no more memory than this.
+pub(crate) const TOUCH_BACKLOG: usize = 4 * TOUCH_BATCH;
+
 pub(crate) struct SeenIndex {
     /// By a hash of (namespace, key); the entry keeps the key to tell collisions apart.
     map: Option<LruCache<u64, Seen>>,
     /// Keys read through the index that the node has not been told of yet.
     touched: Vec<(u32, Vec<u8>)>,
+    /// A report is on its way to the node.
+    reporting: bool,
 }
 
 struct Seen {
@@ -42,6 +51,7 @@ impl SeenIndex {
         SeenIndex {
             map: NonZeroUsize::new(entries).map(LruCache::new),
             touched: Vec::new(),
+            reporting: false,
         }
     }
 
@@ -75,10 +85,28 @@ impl SeenIndex {
         }
     }
 
-    /// Notes a read served from the index; returns the batch to report once it is full.
+    /// Notes a read served from the index; returns the batch to report once it is full and no
+    /// report is on its way (the caller sends it, then calls [`SeenIndex::reported`]).
     pub(crate) fn touch(&mut self, ns: u32, key: &[u8]) -> Option<Vec<(u32, Vec<u8>)>> {
+        if self.touched.len() >= TOUCH_BACKLOG {
+            // The node has not answered the last report for a while: the oldest batch's worth
+            // of reads waiting go unreported.
+            self.touched.drain(..TOUCH_BATCH);
+        }
         self.touched.push((ns, key.to_vec()));
-        (self.touched.len() >= TOUCH_BATCH).then(|| std::mem::take(&mut self.touched))
+        if self.reporting || self.touched.len() < TOUCH_BATCH {
+            return None;
+        }
+        self.reporting = true;
+        Some(std::mem::replace(
+            &mut self.touched,
+            Vec::with_capacity(TOUCH_BATCH),
+        ))
+    }
+
+    /// The report [`SeenIndex::touch`] handed out is done (sent, failed or abandoned).
+    pub(crate) fn reported(&mut self) {
+        self.reporting = false;
     }
 }
 
@@ -135,5 +163,33 @@ mod tests {
             assert!(s.touch(0, &i.to_le_bytes()).is_none());
         }
         assert_eq!(s.touch(0, b"last").map(|b| b.len()), Some(TOUCH_BATCH));
+    }
+
+    #[test]
+    fn one_report_at_a_time_and_a_bounded_backlog_meanwhile() {
+        let mut s = SeenIndex::new(8);
+        let mut n = 0u32;
+        let mut touch = |s: &mut SeenIndex| {
+            n += 1;
+            s.touch(0, &n.to_le_bytes())
+        };
+        let first: Vec<_> = (0..TOUCH_BATCH).filter_map(|_| touch(&mut s)).collect();
+        assert_eq!(first.len(), 1, "a full batch is handed out");
+        // While it is on its way, reads wait: none is handed out, at most the backlog is kept.
+        for _ in 0..3 * TOUCH_BACKLOG {
+            assert!(touch(&mut s).is_none());
+        }
+        s.reported();
+        let next = touch(&mut s).expect("the backlog goes with the next read");
+        assert!((TOUCH_BACKLOG - TOUCH_BATCH..=TOUCH_BACKLOG).contains(&next.len()));
+        let newest = (3 * TOUCH_BACKLOG + TOUCH_BATCH + 1) as u32;
+        assert!(
+            next.iter().any(|(_, k)| k[..] == newest.to_le_bytes()),
+            "the newest read is kept, the oldest went"
+        );
+        assert!(!next
+            .iter()
+            .any(|(_, k)| k[..] == (TOUCH_BATCH as u32 + 1).to_le_bytes()));
+        assert!(touch(&mut s).is_none(), "again one report at a time");
     }
 }
