@@ -8,14 +8,16 @@ evicting as needed): the figures under "Measured since" in docs/EVICTION.md.
 
 `reuse` prints, for each block's first appearance, how often it is found again later, by its
 depth in the chain and by its distance from the request's end (log2 buckets). `compare` prints
-LRU, LRU by request with the tail first ("chain"), and W-TinyLFU (1 % window, segmented main,
-admission by a decaying frequency count) against LRU. Design only on first halves; the second
+LRU, LRU by request with the tail first ("chain"), W-TinyLFU (1 % window, segmented main,
+admission by a decaying frequency count) and bimodal insertion ("bip8": a request's new blocks
+go in at the LRU end unless the request is one of 1 in 8 drawn at random) against LRU. Design only on first halves; the second
 halves are held out (docs/EVICTION.md, "The held-out split").
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 from collections import Counter, OrderedDict, defaultdict
 
@@ -112,6 +114,34 @@ class ChainLru:
             else:
                 self._after(self.tail, b)
             cur = b
+
+
+class Bip:
+    """LRU with bimodal insertion (Qureshi et al., ISCA'07), drawn per request so that a chain
+    is kept or dropped whole: the new blocks of a request go in at the LRU end (tail out
+    first) unless the request is drawn (probability `eps`), then at the MRU end. A block found
+    again moves to the MRU end. Keeps a random part of a working set larger than the cache
+    instead of cycling all of it through."""
+
+    def __init__(self, cap: int, eps: float = 1 / 8, seed: int = 1):
+        self.cap, self.d, self.eps = cap, OrderedDict(), eps
+        self.rng = random.Random(seed)
+
+    def has(self, b: int) -> bool:
+        return b in self.d
+
+    def request(self, blocks: list[int]) -> None:
+        drawn = self.rng.random() < self.eps
+        for b in reversed(blocks):
+            if b in self.d:
+                self.d.move_to_end(b)
+        new = [b for b in blocks if b not in self.d]
+        for b in reversed(new) if drawn else new:
+            if len(self.d) >= self.cap:
+                self.d.popitem(last=False)
+            self.d[b] = 1
+            if not drawn:
+                self.d.move_to_end(b, last=False)
 
 
 class Freq:
@@ -212,7 +242,7 @@ def compare(path: str, caps: list[int]) -> None:
     for cap in caps:
         lru = run(reqs, Lru(cap))
         row = [f"lru {lru * 100:.2f}%"]
-        for name, make in (("chain", ChainLru), ("w-tinylfu", WTinyLfu)):
+        for name, make in (("chain", ChainLru), ("w-tinylfu", WTinyLfu), ("bip8", Bip)):
             r = run(reqs, make(cap))
             row.append(f"{name} {r * 100:.2f}% ({r / lru if lru else 0:.2f}x)")
         print(f"{path} {cap}: " + "  ".join(row))
