@@ -35,6 +35,7 @@ pub struct ReadmeDoctests;
 mod client;
 mod config;
 mod conn;
+mod cores;
 mod endpoint;
 mod error;
 mod link;

@@ -20,6 +20,7 @@ use kvpool::{checksum, AddrFault, GlobalAddr};
 
 use crate::config::{ClientConfig, SameHost};
 use crate::conn::{quic_connect, Class, Conn};
+use crate::cores::CopyThreads;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 use crate::local::{LocalMap, LocalReadError};
@@ -1363,13 +1364,11 @@ fn read_checked(
     }
 }
 
-/// Same-host copies of at least this many bytes in one call are spread over every core.
-const PARALLEL_COPY_MIN: u64 = 8 << 20;
-
 /// Copies each located object (`located[i]` into `dsts[i]`, checked by `read`) and returns, per
 /// key index, Some(what `read` said) or None for a key with no location. A buffer too small is
 /// an error before anything is copied. Runs off the runtime's workers when large, and spread
-/// over every core from [`PARALLEL_COPY_MIN`] bytes on (one contiguous run of keys per thread).
+/// from [`PARALLEL_COPY_MIN`](crate::cores::PARALLEL_COPY_MIN) bytes on over the cores other
+/// copies leave free ([`CopyThreads`]; one contiguous run of keys per thread).
 fn copy_all<'d>(
     located: &[Option<Located>],
     dsts: &'d mut [Dst<'_, '_>],
@@ -1384,14 +1383,8 @@ fn copy_all<'d>(
         }
     }
     let bytes: u64 = jobs.iter().map(|j| j.1.addr.len).sum();
-    let threads = if bytes < PARALLEL_COPY_MIN {
-        1
-    } else {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(jobs.len())
-            .max(1)
-    };
+    let claim = CopyThreads::claim(bytes, jobs.len());
+    let threads = claim.get();
     let run = |part: &mut [(usize, &Located, Fit<'_>)]| -> Result<Vec<(usize, bool)>, ClientError> {
         part.iter_mut()
             .map(|(i, l, dst)| Ok((*i, read(l, dst.pieces())?)))

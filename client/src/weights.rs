@@ -26,6 +26,7 @@ use kvpool::weights::{
 };
 use thiserror::Error;
 
+use crate::cores::CopyThreads;
 use crate::{Client, ClientError, Located};
 
 pub use publish::PublishOptions;
@@ -36,9 +37,6 @@ const FETCH_ROUNDS: usize = 3;
 
 /// One-sided reads of one loader in flight at once, over all nodes.
 const READS_IN_FLIGHT: usize = 16;
-
-/// Bytes of same-host copies from which one load spreads them over every core.
-const PARALLEL_COPY_MIN: u64 = 8 << 20;
 
 /// Keys per request of a removal or a presence probe (well under the node's `max_batch`).
 const KEYS_PER_REQUEST: usize = 4096;
@@ -706,7 +704,8 @@ impl Weights {
     }
 
     /// Copies the located chunks this process maps (same host), checked in the same pass,
-    /// on every core when there are enough bytes to share; returns the others.
+    /// on the cores other copies leave free when there are enough bytes to share
+    /// ([`CopyThreads`]); returns the others.
     fn read_local(
         &self,
         sinks: &mut [Sink<'_>],
@@ -725,14 +724,8 @@ impl Weights {
             .filter_map(|(i, s)| at[i].map(|l| (i, l, s)))
             .collect();
         let bytes: u64 = jobs.iter().map(|j| j.1.addr.len).sum();
-        let threads = if bytes < PARALLEL_COPY_MIN {
-            1
-        } else {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(jobs.len())
-                .max(1)
-        };
+        let claim = CopyThreads::claim(bytes, jobs.len());
+        let threads = claim.get();
         let per = jobs.len().div_ceil(threads).max(1);
         let kv = &self.kv;
         let copy = |part: &mut [(usize, Located, &mut Sink<'_>)]| {
