@@ -584,7 +584,6 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         Ok(Reply::Count(c))
     }
 
-    /// Replies with `r`'s reply, or fails with its code; carries on either way.
     /// The digest of the token this connection authenticated with (of the empty token when
     /// none): who may use the staging areas it names. Every non-empty token holds a slot
     /// ([`Conn::token_slot`]) keyed by it.
@@ -594,6 +593,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         self.token_slot.as_ref().map_or(*NONE, |s| *s.key())
     }
 
+    /// Replies with `r`'s reply, or fails with its code; carries on either way.
     async fn answer(&mut self, id: u64, r: Result<Reply, ErrorCode>) -> Next {
         match r {
             Ok(reply) => self.reply(id, reply, &[]).await?,
