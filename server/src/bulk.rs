@@ -9,6 +9,12 @@
 //! slowly must not hold up everyone else's bulk). Small requests never ask: they run as soon
 //! as a worker polls them.
 //!
+//! The worker kept free is kept only for small requests that come: while the node has served
+//! none for [`QUIET`], *spare* grants (by default one, for that worker) go out too, so bulk
+//! alone uses every core. Each spare grant covers one chunk, like any grant, and the first
+//! small request served ends them for the chunks after: a small request that arrives after a
+//! quiet spell waits behind at most one chunk per worker, the bound the class keeps anyway.
+//!
 //! Waiting chunks are served in start-time fair queueing order across *flows* — one flow per
 //! namespace and priority (and one for the cluster's own moves) — each flow's share in
 //! proportion to its priority's weight ([`Priority::weight`]): two namespaces moving bulk at
@@ -24,6 +30,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,11 +47,19 @@ const ASSUMED_RATE: f64 = (1u64 << 30) as f64;
 /// A bucket holds this many seconds of its rate (and at least one chunk).
 const BURST_SECS: f64 = 0.1;
 
+/// Spare grants go out while the node has served no small request for this long.
+pub(crate) const QUIET: Duration = Duration::from_millis(5);
+
 /// How bulk transfers are scheduled (`[limits]` and `[[namespace]]` settings).
 #[derive(Clone, Debug)]
 pub(crate) struct BulkConfig {
-    /// Most chunks moving at once.
+    /// Most chunks moving at once while small requests are being served.
     pub(crate) workers: usize,
+    /// More chunks that may move at once while none has been for [`BulkConfig::quiet`] (the
+    /// workers `workers` leaves to small requests).
+    pub(crate) spare: usize,
+    /// See `spare`.
+    pub(crate) quiet: Duration,
     /// Cap on bulk bytes per second for the whole node; `None`: none.
     pub(crate) rate: Option<u64>,
     /// Per namespace id, its cap on bulk bytes per second.
@@ -62,6 +77,8 @@ impl Default for BulkConfig {
     fn default() -> Self {
         BulkConfig {
             workers: 1,
+            spare: 1,
+            quiet: QUIET,
             rate: None,
             ns_rates: Vec::new(),
             threshold: 256 << 10,
@@ -84,6 +101,10 @@ pub(crate) struct Unmeetable {
 pub(crate) struct Bulk {
     cfg: BulkConfig,
     st: Mutex<State>,
+    /// What [`Bulk::last_small`] counts from.
+    epoch: std::time::Instant,
+    /// Microseconds from `epoch` to when a small request was last served, plus one; 0: never.
+    last_small: AtomicU64,
     /// Told when a rate cap holds every waiting chunk back (`State::retry_at` set), so that
     /// some waiter sleeps until then and looks again.
     retry: Notify,
@@ -107,7 +128,8 @@ struct Flow {
 struct Waiter {
     flow: FlowKey,
     bytes: u64,
-    tx: oneshot::Sender<()>,
+    /// Told its grant: whether it is a spare one.
+    tx: oneshot::Sender<bool>,
 }
 
 /// A token bucket of bytes. A chunk is never cut to fit: one larger than the burst waits for a
@@ -148,6 +170,10 @@ impl Bucket {
 struct State {
     /// Grants that may still be handed out.
     free: usize,
+    /// Spare grants out.
+    spare_out: usize,
+    /// Spare grants that may be out now (0 unless the node is quiet; set before a dispatch).
+    spare_cap: usize,
     /// Virtual time: the start tag of the last chunk granted.
     vtime: u64,
     seq: u64,
@@ -174,6 +200,8 @@ impl State {
             .collect();
         State {
             free: cfg.workers.max(1),
+            spare_out: 0,
+            spare_cap: 0,
             vtime: 0,
             seq: 0,
             flows: HashMap::new(),
@@ -187,7 +215,7 @@ impl State {
     }
 
     /// Queues a chunk of `bytes` of `flow`; returns its place.
-    fn enqueue(&mut self, flow: FlowKey, bytes: u64, tx: oneshot::Sender<()>) -> (u64, u64) {
+    fn enqueue(&mut self, flow: FlowKey, bytes: u64, tx: oneshot::Sender<bool>) -> (u64, u64) {
         let vtime = self.vtime;
         let f = self.flows.entry(flow).or_default();
         let start = f.finish.max(vtime);
@@ -209,7 +237,7 @@ impl State {
         for b in self.ns.values_mut() {
             b.refill(now);
         }
-        while self.free > 0 && !self.waiting.is_empty() {
+        while (self.free > 0 || self.spare_out < self.spare_cap) && !self.waiting.is_empty() {
             // The first waiter in fair-queueing order whose namespace is within its rate.
             let mut wake: Option<Instant> = None;
             let mut soonest = |at: Instant| wake = Some(wake.map_or(at, |x: Instant| x.min(at)));
@@ -254,12 +282,29 @@ impl State {
                 chained = false;
             }
             self.last = Some((now, w.bytes));
-            self.free -= 1;
-            if w.tx.send(()).is_err() {
+            let spare = self.free == 0;
+            self.take(spare);
+            if w.tx.send(spare).is_err() {
                 // Its waiter is gone (it removes itself under this lock, so this is only a
                 // guard): the grant goes to the next.
-                self.free += 1;
+                self.give_back(spare);
             }
+        }
+    }
+
+    /// Takes a grant: a spare one or one of the workers'.
+    fn take(&mut self, spare: bool) {
+        match spare {
+            true => self.spare_out += 1,
+            false => self.free -= 1,
+        }
+    }
+
+    /// Returns a grant [`State::take`] took.
+    fn give_back(&mut self, spare: bool) {
+        match spare {
+            true => self.spare_out = self.spare_out.saturating_sub(1),
+            false => self.free += 1,
         }
     }
 
@@ -299,6 +344,8 @@ impl Bulk {
         Bulk {
             cfg,
             st: Mutex::new(st),
+            epoch: std::time::Instant::now(),
+            last_small: AtomicU64::new(0),
             retry: Notify::new(),
         }
     }
@@ -311,6 +358,36 @@ impl Bulk {
     /// Longest a grant is held for one chunk.
     pub(crate) fn hold(&self) -> Duration {
         self.cfg.hold
+    }
+
+    fn micros(&self) -> u64 {
+        (self.epoch.elapsed().as_micros() as u64).saturating_add(1)
+    }
+
+    /// A request that moved no bulk payload was served: spare grants stop for [`QUIET`].
+    pub(crate) fn served_small(&self) {
+        if self.cfg.spare == 0 {
+            return;
+        }
+        let now = self.micros();
+        // Stored at most every 1/16 of the window, so busy connections don't all write the
+        // same cache line per request.
+        let step = (self.cfg.quiet.as_micros() as u64 / 16).max(1);
+        let last = self.last_small.load(Relaxed);
+        if last == 0 || now >= last.saturating_add(step) {
+            self.last_small.store(now, Relaxed);
+        }
+    }
+
+    /// Spare grants that may be out now.
+    fn spare_cap(&self) -> usize {
+        let last = self.last_small.load(Relaxed);
+        let quiet =
+            last == 0 || self.micros().saturating_sub(last) >= self.cfg.quiet.as_micros() as u64;
+        match quiet {
+            true => self.cfg.spare,
+            false => 0,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -344,15 +421,16 @@ impl Bulk {
     }
 
     /// Returns one grant and hands out the next.
-    fn release(&self) {
+    fn release(&self, spare: bool) {
         let mut st = self.lock();
-        st.free += 1;
+        st.give_back(spare);
         self.dispatch(&mut st, true);
     }
 
     /// [`State::dispatch`] now; wakes the waiters to set their timers when a rate cap holds
     /// the queue back.
     fn dispatch(&self, st: &mut State, chained: bool) {
+        st.spare_cap = self.spare_cap();
         st.dispatch(Instant::now(), chained);
         if st.retry_at.is_some() {
             self.retry.notify_waiters();
@@ -380,12 +458,21 @@ impl<'a> Ticket<'a> {
             bulk.dispatch(&mut st, false);
             key
         };
+        // Granted at once (a grant was free and no one was ahead): no timers to set.
+        if let Ok(spare) = rx.try_recv() {
+            self.remaining = self.remaining.saturating_sub(bytes);
+            return Grant {
+                bulk,
+                spare: Some(spare),
+            };
+        }
         let mut waiting = Waiting {
             bulk,
             key,
+            rx,
             done: false,
         };
-        loop {
+        let spare = loop {
             // Registered before the state is read, so a retry time set after the read wakes it.
             let told = bulk.retry.notified();
             tokio::pin!(told);
@@ -394,17 +481,23 @@ impl<'a> Ticket<'a> {
             let far = Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 biased;
-                _ = &mut rx => break,
+                r = &mut waiting.rx => match r {
+                    Ok(spare) => break Some(spare),
+                    // Its sender goes only with the waiter's entry, which only a grant (which
+                    // sends first) or this waiter removes: not reached. Were it, the chunk
+                    // moves on a grant that was never counted out, so it returns none.
+                    Err(_) => break None,
+                },
                 () = tokio::time::sleep_until(retry.unwrap_or(far)) => {
                     let mut st = bulk.lock();
                     bulk.dispatch(&mut st, false);
                 }
                 () = &mut told => {}
             }
-        }
+        };
         waiting.done = true;
         self.remaining = self.remaining.saturating_sub(bytes);
-        Grant { bulk }
+        Grant { bulk, spare }
     }
 }
 
@@ -424,6 +517,8 @@ impl Drop for Ticket<'_> {
 struct Waiting<'a> {
     bulk: &'a Bulk,
     key: (u64, u64),
+    /// Where its grant comes.
+    rx: oneshot::Receiver<bool>,
     done: bool,
 }
 
@@ -434,8 +529,11 @@ impl Drop for Waiting<'_> {
         }
         let mut st = self.bulk.lock();
         if st.waiting.remove(&self.key).is_none() {
-            // Granted while its waiter was being dropped: hand the grant on.
-            st.free += 1;
+            // Granted while its waiter was being dropped (granted under this lock, so the
+            // grant is in the channel): hand it on.
+            if let Ok(spare) = self.rx.try_recv() {
+                st.give_back(spare);
+            }
             self.bulk.dispatch(&mut st, false);
         }
     }
@@ -444,11 +542,15 @@ impl Drop for Waiting<'_> {
 /// The right to move one chunk now; returned when dropped.
 pub(crate) struct Grant<'a> {
     bulk: &'a Bulk,
+    /// Whether it is a spare grant; `None`: one that was never counted out.
+    spare: Option<bool>,
 }
 
 impl Drop for Grant<'_> {
     fn drop(&mut self) {
-        self.bulk.release();
+        if let Some(spare) = self.spare {
+            self.bulk.release(spare);
+        }
     }
 }
 
@@ -474,6 +576,8 @@ mod tests {
     fn cfg(workers: usize) -> BulkConfig {
         BulkConfig {
             workers,
+            spare: 0,
+            quiet: QUIET,
             rate: None,
             ns_rates: vec![None, None],
             threshold: 256 << 10,
@@ -488,7 +592,7 @@ mod tests {
     /// oldest grant and refills. Returns the grants per flow.
     fn run(st: &mut State, flows: &[(FlowKey, usize)], rounds: usize) -> HashMap<FlowKey, u64> {
         let t0 = Instant::now();
-        let mut rxs: Vec<(FlowKey, oneshot::Receiver<()>)> = Vec::new();
+        let mut rxs: Vec<(FlowKey, oneshot::Receiver<bool>)> = Vec::new();
         let mut granted: HashMap<FlowKey, u64> = HashMap::new();
         for &(f, depth) in flows {
             for _ in 0..depth {
@@ -668,6 +772,69 @@ mod tests {
         assert!(bulk
             .admit(1, Priority::Normal, MIB, Some(Duration::from_millis(15)))
             .is_ok());
+    }
+
+    /// Counts the grants out: (workers', spare).
+    fn out(bulk: &Bulk) -> (usize, usize) {
+        let st = bulk.lock();
+        (bulk.cfg.workers - st.free, st.spare_out)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_kept_worker_moves_bulk_only_while_no_small_request_is_served() {
+        let mut c = cfg(1);
+        (c.spare, c.quiet) = (1, Duration::from_secs(30));
+        let bulk = Bulk::new(c);
+        let mut t = [0, 1, 2].map(|ns| bulk.admit(ns, Priority::Normal, 8 * MIB, None).unwrap());
+        // No small request yet: the worker's grant, then the spare one, then none.
+        let g1 = t[0].chunk(MIB).await;
+        let g2 = t[1].chunk(MIB).await;
+        assert_eq!(
+            (g1.spare, g2.spare, out(&bulk)),
+            (Some(false), Some(true), (1, 1))
+        );
+        let third = tokio::time::timeout(Duration::from_millis(20), t[2].chunk(MIB)).await;
+        assert!(
+            third.is_err(),
+            "a third chunk moved with one worker and one spare"
+        );
+        // A small request is served: the spare grant out finishes its chunk, and no other
+        // goes out while the window lasts; the worker's grant still does.
+        bulk.served_small();
+        drop(g2);
+        assert_eq!(out(&bulk), (1, 0));
+        let third = tokio::time::timeout(Duration::from_millis(20), t[2].chunk(MIB)).await;
+        assert!(
+            third.is_err(),
+            "a spare grant went out right after a small request"
+        );
+        drop(g1);
+        let g3 = t[2].chunk(MIB).await;
+        assert_eq!((g3.spare, out(&bulk)), (Some(false), (1, 0)));
+        drop(g3);
+        assert_eq!(out(&bulk), (0, 0));
+        drop(t);
+        assert!(bulk.lock().flows.values().all(|f| f.remaining == 0));
+
+        // Once the window has passed with no small request, spare grants go out again.
+        let mut c = cfg(1);
+        (c.spare, c.quiet) = (1, Duration::from_millis(30));
+        let bulk = Bulk::new(c);
+        bulk.served_small();
+        let mut t = [0, 1].map(|ns| bulk.admit(ns, Priority::Normal, 8 * MIB, None).unwrap());
+        let g1 = t[0].chunk(MIB).await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let g2 = t[1].chunk(MIB).await;
+        assert_eq!(
+            (g1.spare, g2.spare, out(&bulk)),
+            (Some(false), Some(true), (1, 1))
+        );
+        // A waiter granted a spare grant while it was being dropped hands it back.
+        drop(g2);
+        let pending = t[1].chunk(MIB);
+        drop(pending);
+        drop(g1);
+        assert_eq!(out(&bulk), (0, 0));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

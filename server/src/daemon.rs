@@ -502,11 +502,19 @@ fn shared(
 fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::BulkConfig {
     let l = &config.limits;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = match l.bulk_workers {
+        0 => cores.saturating_sub(1).max(1),
+        n => n as usize,
+    };
     crate::bulk::BulkConfig {
-        workers: match l.bulk_workers {
-            0 => cores.saturating_sub(1).max(1),
-            n => n as usize,
+        workers,
+        // Left to the default, bulk takes the kept core too while no small request comes; a
+        // count set by hand is a cap.
+        spare: match l.bulk_workers {
+            0 => cores.saturating_sub(workers),
+            _ => 0,
         },
+        quiet: crate::bulk::QUIET,
         rate: Some(l.bulk_rate).filter(|&r| r > 0),
         ns_rates: config.bulk_rates(namespaces),
         threshold: l.bulk_threshold.max(1),

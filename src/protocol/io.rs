@@ -1,7 +1,7 @@
 //! Reading and writing frames over any ordered byte stream (TCP, QUIC streams, Unix sockets).
 //! Shared by the daemon and the client, so both sides frame identically.
 
-use std::io;
+use std::io::{self, IoSlice};
 
 use rkyv::util::AlignedVec;
 use thiserror::Error;
@@ -73,6 +73,10 @@ pub async fn read_header<R: AsyncRead + Unpin>(
 }
 
 /// Writes one frame: prefix, header, then the payload pieces in order (not flushed).
+///
+/// One vectored write where the writer takes them (a socket under a `BufWriter`): a frame larger
+/// than the buffer goes out in one system call with whatever was buffered before it flushed,
+/// instead of one for the header and one per payload piece.
 pub async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     header: &[u8],
@@ -82,11 +86,27 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     let prefix = FramePrefix {
         header_len: header.len() as u32,
         payload_len,
-    };
-    w.write_all(&prefix.encode()).await?;
-    w.write_all(header).await?;
-    for p in payload {
-        w.write_all(p).await?;
+    }
+    .encode();
+    let mut bufs = Vec::with_capacity(2 + payload.len());
+    bufs.push(IoSlice::new(&prefix));
+    bufs.push(IoSlice::new(header));
+    bufs.extend(payload.iter().map(|p| IoSlice::new(p)));
+    write_all_vectored(w, &mut bufs).await
+}
+
+/// Writes every byte of `bufs` in order, as few vectored writes as the writer allows.
+pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = w.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
     }
     Ok(())
 }
@@ -148,5 +168,91 @@ mod tests {
         drop(tx);
         let err = read_header(&mut rx, &prefix, &mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    /// Takes at most `max` bytes per write, vectored or not, and keeps them.
+    struct Trickle {
+        got: Vec<u8>,
+        max: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let n = buf.len().min(self.max);
+            self.got.extend_from_slice(&buf[..n]);
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.max - n);
+                self.got.extend_from_slice(&b[..take]);
+                n += take;
+            }
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A frame written through partial vectored writes arrives whole and in order, empty
+    /// pieces included; a writer taking everything gets it in one call.
+    #[tokio::test]
+    async fn a_frame_survives_partial_vectored_writes() {
+        let pieces: Vec<Vec<u8>> = [0usize, 5, 0, 4096, 1, 70_000, 0]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect();
+        let payload: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+        let header = [9u8; 40];
+        let mut want = FramePrefix {
+            header_len: 40,
+            payload_len: pieces.iter().map(|p| p.len() as u64).sum(),
+        }
+        .encode()
+        .to_vec();
+        want.extend_from_slice(&header);
+        pieces.iter().for_each(|p| want.extend_from_slice(p));
+        for max in [1, 3, 17, 4096, 1 << 20] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                max,
+                calls: 0,
+            };
+            write_frame(&mut w, &header, &payload).await.unwrap();
+            assert!(w.got == want, "max {max}: the frame arrived changed");
+            if max == 1 << 20 {
+                assert_eq!(w.calls, 1);
+            }
+        }
     }
 }

@@ -25,12 +25,14 @@ mod handoff;
 mod one_sided;
 mod prefix;
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::time::Instant;
 
 use kvpool::protocol::auth::{self, AuthBytes};
-use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, WireError};
+use kvpool::protocol::io::{
+    discard, read_header, read_prefix, write_all_vectored, write_frame, WireError,
+};
 use kvpool::protocol::AlignedVec;
 use kvpool::protocol::{
     decode_request, encode, ArchivedOp, ErrorCode, FrameError, Priority, Reply, Response,
@@ -100,6 +102,7 @@ pub(crate) async fn serve<R, W>(
             deadline: None,
         },
         bulk_in: None,
+        moved_bulk: false,
         token_slot: None,
         staging: None,
         pending: Default::default(),
@@ -232,6 +235,8 @@ struct Conn<'a, R, W> {
     class: ReqClass,
     /// The request's incoming payload's turns, when it is bulk.
     bulk_in: Option<Ticket<'a>>,
+    /// Whether the request being served moved a bulk payload (either way).
+    moved_bulk: bool,
     /// This connection's count under the token it authenticated with
     /// (`limits.max_connections_per_token`); released when the connection is dropped.
     token_slot: Option<crate::admission::TokenSlot>,
@@ -363,9 +368,14 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                     (op_kind(&req.op), true)
                 }
                 Ok(ticket) => {
+                    self.moved_bulk = ticket.is_some();
                     self.bulk_in = ticket;
                     let r = self.dispatch(id, &req.op, payload).await;
                     self.bulk_in = None;
+                    if !self.moved_bulk {
+                        // A small request: the worker kept for them stays kept a while.
+                        self.s.bulk.served_small();
+                    }
                     (op_kind(&req.op), r?)
                 }
             },
@@ -665,7 +675,10 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     async fn reply(&mut self, id: u64, reply: Reply, payload: &[&[u8]]) -> io::Result<()> {
         let total: usize = payload.iter().map(|p| p.len()).sum();
         let mut ticket = match self.admit_payload(total as u64) {
-            Ok(t) => t,
+            Ok(t) => {
+                self.moved_bulk |= t.is_some();
+                t
+            }
             Err(message) => {
                 return Box::pin(self.fail(id, ErrorCode::DeadlineUnmeetable, &message)).await
             }
@@ -677,19 +690,71 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         let prefix = kvpool::protocol::FramePrefix {
             header_len: hdr.len() as u32,
             payload_len: total as u64,
-        };
-        self.w.write_all(&prefix.encode()).await?;
-        self.w.write_all(&hdr).await?;
-        for p in payload {
-            for chunk in p.chunks(BULK_CHUNK) {
-                let write = self.w.write_all(chunk);
-                in_turn(self.s, self.class, ticket.as_mut(), chunk.len(), write).await?;
-                if ticket.is_none() {
-                    tokio::task::yield_now().await;
-                }
+        }
+        .encode();
+        // The payload in chunks of at most BULK_CHUNK bytes, each one vectored write (a batch
+        // of small values goes out in one turn, not one per value); the frame's prefix and
+        // header lead the first.
+        let mut lead = Some([IoSlice::new(&prefix), IoSlice::new(&hdr)]);
+        let mut chunks = Chunks::new(payload, BULK_CHUNK);
+        while let Some((mut bufs, bytes)) = chunks.next_chunk() {
+            if let Some(lead) = lead.take() {
+                bufs.splice(0..0, lead);
+            }
+            let write = write_all_vectored(&mut self.w, &mut bufs);
+            in_turn(self.s, self.class, ticket.as_mut(), bytes, write).await?;
+            if ticket.is_none() {
+                tokio::task::yield_now().await;
             }
         }
-        Ok(())
+        match lead {
+            // An empty payload: the frame is its prefix and header.
+            Some(mut lead) => write_all_vectored(&mut self.w, &mut lead).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Cuts a payload of slices into chunks of at most `max` bytes, each a list of slices to write
+/// in one vectored write.
+struct Chunks<'p> {
+    rest: &'p [&'p [u8]],
+    /// How far into `rest[0]` the next chunk starts.
+    at: usize,
+    max: usize,
+}
+
+impl<'p> Chunks<'p> {
+    fn new(payload: &'p [&'p [u8]], max: usize) -> Self {
+        Chunks {
+            rest: payload,
+            at: 0,
+            max: max.max(1),
+        }
+    }
+
+    /// The next chunk and its length; `None` when the payload has been cut up.
+    fn next_chunk(&mut self) -> Option<(Vec<IoSlice<'p>>, usize)> {
+        let mut bufs = Vec::new();
+        let mut len = 0;
+        while let Some(&first) = self.rest.first() {
+            let piece = &first[self.at..];
+            let take = piece.len().min(self.max - len);
+            if take > 0 {
+                bufs.push(IoSlice::new(&piece[..take]));
+                len += take;
+            }
+            if take == piece.len() {
+                self.rest = &self.rest[1..];
+                self.at = 0;
+            } else {
+                self.at += take;
+            }
+            if len == self.max {
+                break;
+            }
+        }
+        (len > 0).then_some((bufs, len))
     }
 }
 
@@ -807,5 +872,43 @@ fn payload_failure(
             io::ErrorKind::TimedOut,
             "payload not received before its allocation's deadline",
         )),
+    }
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::Chunks;
+
+    /// Every byte once, in order; every chunk full but the last.
+    #[test]
+    fn chunks_cut_a_payload_into_full_pieces_in_order() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut seed = 0x9e37_79b9_u64;
+        for _ in 0..500 {
+            // A random cut of `data` into slices, some empty.
+            let mut cuts = Vec::new();
+            let mut at = 0;
+            while at < data.len() {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let n = ((seed >> 33) % 3000) as usize * ((seed >> 20) % 4 != 0) as usize;
+                let n = n.min(data.len() - at);
+                cuts.push(&data[at..at + n]);
+                at += n;
+            }
+            let max = 1 + ((seed >> 40) % 4000) as usize;
+            let mut chunks = Chunks::new(&cuts, max);
+            let mut got = Vec::new();
+            let mut lens = Vec::new();
+            while let Some((bufs, len)) = chunks.next_chunk() {
+                assert_eq!(bufs.iter().map(|b| b.len()).sum::<usize>(), len);
+                assert!(bufs.iter().all(|b| !b.is_empty()));
+                bufs.iter().for_each(|b| got.extend_from_slice(b));
+                lens.push(len);
+            }
+            assert!(got == data, "bytes lost, repeated or reordered");
+            let (last, full) = lens.split_last().unwrap();
+            assert!(full.iter().all(|&l| l == max) && *last <= max && *last > 0);
+        }
+        assert!(Chunks::new(&[&[][..], &[]], 8).next_chunk().is_none());
     }
 }

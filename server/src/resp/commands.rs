@@ -174,6 +174,8 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         // written directly leaves `out` shorter than before only after a flush).
         let failed = self.out.len() > before && self.out[before] == b'-';
         self.s.metrics.resp_command(cmd, failed);
+        // Served outside the bulk class: the worker it keeps for small requests stays kept.
+        self.s.bulk.served_small();
         Ok(next)
     }
 
