@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvpool::protocol::auth::{self, ClusterSecret};
-use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
+use kvpool::protocol::io::{
+    discard, read_direct, read_exact_direct, read_header, read_prefix, write_frame,
+};
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
     Request, Response, MIN_PROTOCOL_VERSION,
@@ -18,7 +20,7 @@ use kvpool::protocol::{
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::DigitallySignedStruct;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::ClientConfig;
@@ -333,7 +335,7 @@ impl Conn {
     }
 
     pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> Result<(), ClientError> {
-        self.r.read_exact(dst).await?;
+        read_exact_direct(&mut self.r, dst).await?;
         Ok(())
     }
 
@@ -356,13 +358,13 @@ impl Conn {
         let mut h = hash.then(xxhash_rust::xxh3::Xxh3Default::new);
         for dst in pieces.iter_mut() {
             let Some(h) = h.as_mut() else {
-                self.r.read_exact(dst).await?;
+                read_exact_direct(&mut self.r, dst).await?;
                 continue;
             };
             let mut at = 0;
             while at < dst.len() {
                 let end = dst.len().min(at + HASH_PIECE);
-                let n = self.r.read(&mut dst[at..end]).await?;
+                let n = read_direct(&mut self.r, &mut dst[at..end]).await?;
                 if n == 0 {
                     return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
                 }

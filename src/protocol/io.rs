@@ -5,7 +5,7 @@ use std::io::{self, IoSlice};
 
 use rkyv::util::AlignedVec;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::frame::{FrameError, FramePrefix, Limits, PREFIX_LEN};
 
@@ -107,6 +107,40 @@ pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
             return Err(io::ErrorKind::WriteZero.into());
         }
         IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Reads some bytes of a payload into `dst` (`Ok(0)` only at the end of the stream): what `r`
+/// has buffered first, then straight from the stream into `dst`, whatever `dst`'s size (a
+/// `BufReader` reads through its own buffer, and copies again, for any read smaller than that
+/// buffer).
+pub async fn read_direct<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    dst: &mut [u8],
+) -> io::Result<usize> {
+    let buffered = r.buffer();
+    if !buffered.is_empty() || dst.is_empty() {
+        let n = buffered.len().min(dst.len());
+        dst[..n].copy_from_slice(&buffered[..n]);
+        r.consume(n);
+        return Ok(n);
+    }
+    // The buffer is empty, so the stream's next bytes are the payload's next bytes.
+    r.get_mut().read(dst).await
+}
+
+/// Fills `dst` with [`read_direct`]; an early end of the stream is `UnexpectedEof`.
+pub async fn read_exact_direct<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    dst: &mut [u8],
+) -> io::Result<()> {
+    let mut at = 0;
+    while at < dst.len() {
+        match read_direct(r, &mut dst[at..]).await? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => at += n,
+        }
     }
     Ok(())
 }
@@ -253,6 +287,32 @@ mod tests {
             if max == 1 << 20 {
                 assert_eq!(w.calls, 1);
             }
+        }
+    }
+
+    /// Bytes read through a buffered reader come out whole and in order whether they were
+    /// buffered or read straight into the destination, and the reader's next frame is intact.
+    #[tokio::test]
+    async fn direct_reads_take_the_buffered_bytes_first() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + 7) as u8).collect();
+        for (buffer, split) in [(16, 5), (4096, 100), (64 << 10, 70_000), (1 << 20, 299_999)] {
+            let (mut tx, rx) = tokio::io::duplex(8192);
+            let sent = data.clone();
+            let send = tokio::spawn(async move { tx.write_all(&sent).await });
+            let mut r = BufReader::with_capacity(buffer, rx);
+            // A small read first leaves bytes in the buffer (as a frame's header does).
+            let mut head = [0u8; 3];
+            r.read_exact(&mut head).await.unwrap();
+            let mut a = vec![0u8; split - 3];
+            read_exact_direct(&mut r, &mut a).await.unwrap();
+            let mut b = vec![0u8; data.len() - split];
+            read_exact_direct(&mut r, &mut b).await.unwrap();
+            send.await.unwrap().unwrap();
+            let got: Vec<u8> = head.iter().chain(&a).chain(&b).copied().collect();
+            assert!(got == data, "buffer {buffer}: bytes changed");
+            let mut more = [0u8; 1];
+            let err = read_exact_direct(&mut r, &mut more).await.unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
         }
     }
 }

@@ -31,16 +31,15 @@ use std::time::Instant;
 
 use kvpool::protocol::auth::{self, AuthBytes};
 use kvpool::protocol::io::{
-    discard, read_header, read_prefix, write_all_vectored, write_frame, WireError,
+    discard, read_exact_direct, read_header, read_prefix, write_all_vectored, write_frame,
+    WireError,
 };
 use kvpool::protocol::AlignedVec;
 use kvpool::protocol::{
     decode_request, encode, ArchivedOp, ErrorCode, FrameError, Priority, Reply, Response,
 };
 use kvpool::PoolError;
-use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
-};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::watch;
 
 use self::data::Item;
@@ -432,7 +431,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 let n = chunk.len();
                 let pieces = async {
                     for piece in chunk.chunks_mut(RECEIVE_PIECE) {
-                        r.read_exact(piece).await?;
+                        read_exact_direct(r, piece).await?;
                         seen(piece);
                     }
                     Ok::<(), io::Error>(())
