@@ -105,6 +105,57 @@ pub unsafe fn copy_checksum_scatter(src: *const u8, pieces: &mut [&mut [u8]]) ->
     h.digest()
 }
 
+/// xxh3-64 of bytes that arrive in pieces (a value read off a socket, hashed piece by piece
+/// while each is in cache): [`Hasher::update`] with each piece in order, then
+/// [`Hasher::digest`], which equals [`checksum`] of their concatenation. With AVX2 it runs
+/// [`checksum`]'s vector loop (the `xxhash-rust` streaming hasher is SSE2 in a default build,
+/// about half the speed); otherwise it is `xxhash-rust`'s.
+pub struct Hasher(Inner);
+
+enum Inner {
+    Portable(Box<Xxh3Default>),
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Box<x86::Streaming>),
+}
+
+impl Hasher {
+    /// A hasher of no bytes yet.
+    pub fn new() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if x86::has_avx2() {
+            return Hasher(Inner::Avx2(Box::default()));
+        }
+        Hasher(Inner::Portable(Box::default()))
+    }
+
+    /// Hashes the next piece.
+    #[inline]
+    pub fn update(&mut self, piece: &[u8]) {
+        match &mut self.0 {
+            Inner::Portable(h) => h.update(piece),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: this variant is only made when the CPU has AVX2 (`Hasher::new`).
+            Inner::Avx2(h) => unsafe { h.update(piece) },
+        }
+    }
+
+    /// The hash of every piece so far, as one.
+    pub fn digest(&self) -> u64 {
+        match &self.0 {
+            Inner::Portable(h) => h.digest(),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `update`.
+            Inner::Avx2(h) => unsafe { h.digest() },
+        }
+    }
+}
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Hasher::new()
+    }
+}
+
 /// The portable path's copy-then-hash piece: small enough to still be in L2 when hashed.
 const PORTABLE_PIECE: usize = 64 << 10;
 
@@ -295,6 +346,171 @@ mod x86 {
             )
         };
         finish(&acc, len)
+    }
+
+    /// Bytes [`Streaming`] keeps before it folds them (four stripes).
+    const BUFFER: usize = 4 * STRIPE;
+
+    /// The state of an xxh3-64 over pieces, folded with AVX2: XXH3's streaming form. Stripes
+    /// are folded only once a byte after them has arrived (the input's last stripe is folded
+    /// differently, at the digest), so at least one byte is always kept.
+    pub(super) struct Streaming {
+        acc: [u64; 8],
+        /// Stripes folded into the current block (a scramble after the 16th).
+        stripes: usize,
+        total: u64,
+        /// Bytes not folded yet: the first `pending` of it. Every byte while the input is
+        /// at most `BUFFER` long, so a short input takes XXH3's short paths at the digest.
+        buf: [u8; BUFFER],
+        pending: usize,
+        /// The last stripe folded, for a last stripe that reaches back before `buf`.
+        last: [u8; STRIPE],
+    }
+
+    impl Default for Streaming {
+        fn default() -> Self {
+            Streaming {
+                acc: [
+                    PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5,
+                    PRIME32_1,
+                ],
+                stripes: 0,
+                total: 0,
+                buf: [0; BUFFER],
+                pending: 0,
+                last: [0; STRIPE],
+            }
+        }
+    }
+
+    impl Streaming {
+        /// Folds the next piece.
+        ///
+        /// # Safety
+        ///
+        /// The CPU supports AVX2.
+        #[target_feature(enable = "avx2")]
+        pub(super) unsafe fn update(&mut self, mut data: &[u8]) {
+            self.total += data.len() as u64;
+            if self.pending + data.len() <= BUFFER {
+                self.buf[self.pending..self.pending + data.len()].copy_from_slice(data);
+                self.pending += data.len();
+                return;
+            }
+            if self.pending > 0 {
+                // Fill the buffer and fold it whole: more bytes follow it.
+                let fill = BUFFER - self.pending;
+                self.buf[self.pending..].copy_from_slice(&data[..fill]);
+                data = &data[fill..];
+                let buf = self.buf;
+                // SAFETY: `buf` holds four stripes.
+                unsafe { self.fold(buf.as_ptr(), BUFFER / STRIPE) };
+                self.last.copy_from_slice(&buf[BUFFER - STRIPE..]);
+                self.pending = 0;
+            }
+            // `data` is not empty: the buffer overflowed. Fold every stripe with a byte after it.
+            let n = (data.len() - 1) / STRIPE;
+            if n > 0 {
+                // SAFETY: `n` stripes are `n * 64 < data.len()` readable bytes.
+                unsafe { self.fold(data.as_ptr(), n) };
+                self.last
+                    .copy_from_slice(&data[(n - 1) * STRIPE..n * STRIPE]);
+                data = &data[n * STRIPE..];
+            }
+            self.buf[..data.len()].copy_from_slice(data);
+            self.pending = data.len();
+        }
+
+        /// Folds `n` stripes at `src` into the accumulators, scrambling at each block's end.
+        ///
+        /// # Safety
+        ///
+        /// AVX2; `src` readable for `n * 64` bytes.
+        #[target_feature(enable = "avx2")]
+        unsafe fn fold(&mut self, src: *const u8, n: usize) {
+            let secret = SECRET.as_ptr();
+            // SAFETY: `acc` is 64 bytes; unaligned loads and stores.
+            let mut acc = unsafe {
+                [
+                    _mm256_loadu_si256(self.acc.as_ptr() as *const __m256i),
+                    _mm256_loadu_si256(self.acc.as_ptr().add(4) as *const __m256i),
+                ]
+            };
+            for i in 0..n {
+                // SAFETY: stripe `i < n` is inside the caller's range; `self.stripes < 16`,
+                // so the secret offset `stripes * 8 + 64 <= 184 < 192`.
+                unsafe {
+                    stripe::<false>(
+                        &mut acc,
+                        src.add(i * STRIPE),
+                        std::ptr::null_mut(),
+                        secret.add(self.stripes * 8),
+                    )
+                };
+                self.stripes += 1;
+                if self.stripes == STRIPES_PER_BLOCK {
+                    // SAFETY: the scramble key is the secret's last 64 bytes.
+                    unsafe { scramble(&mut acc, secret.add(SECRET.len() - STRIPE)) };
+                    self.stripes = 0;
+                }
+            }
+            // SAFETY: as the loads above.
+            unsafe {
+                _mm256_storeu_si256(self.acc.as_mut_ptr() as *mut __m256i, acc[0]);
+                _mm256_storeu_si256(self.acc.as_mut_ptr().add(4) as *mut __m256i, acc[1]);
+            }
+        }
+
+        /// The hash of every byte so far.
+        ///
+        /// # Safety
+        ///
+        /// AVX2.
+        #[target_feature(enable = "avx2")]
+        pub(super) unsafe fn digest(&self) -> u64 {
+            if self.total <= super::MID_SIZE_MAX as u64 {
+                // Nothing was folded: every byte is in the buffer.
+                return super::xxh3_64(&self.buf[..self.pending]);
+            }
+            let mut state = Streaming {
+                acc: self.acc,
+                stripes: self.stripes,
+                total: 0,
+                buf: [0; BUFFER],
+                pending: 0,
+                last: [0; STRIPE],
+            };
+            // The last stripe: the input's last 64 bytes, reaching back into `last` when
+            // fewer than 64 are pending (`pending >= 1` always, and stripes were folded).
+            let mut end = [0u8; STRIPE];
+            let p = self.pending;
+            if p >= STRIPE {
+                // SAFETY: `(p - 1) / 64` stripes lie inside the first `p` bytes of `buf`.
+                unsafe { state.fold(self.buf.as_ptr(), (p - 1) / STRIPE) };
+                end.copy_from_slice(&self.buf[p - STRIPE..p]);
+            } else {
+                end[..STRIPE - p].copy_from_slice(&self.last[p..]);
+                end[STRIPE - p..].copy_from_slice(&self.buf[..p]);
+            }
+            // SAFETY: as the loads in `fold`.
+            let mut acc = unsafe {
+                [
+                    _mm256_loadu_si256(state.acc.as_ptr() as *const __m256i),
+                    _mm256_loadu_si256(state.acc.as_ptr().add(4) as *const __m256i),
+                ]
+            };
+            // SAFETY: `end` is 64 readable bytes; the secret offset `192 - 64 - 7 + 64 <= 192`;
+            // nothing is stored.
+            unsafe {
+                stripe::<false>(
+                    &mut acc,
+                    end.as_ptr(),
+                    std::ptr::null_mut(),
+                    SECRET.as_ptr().add(SECRET.len() - STRIPE - LASTACC_START),
+                )
+            };
+            finish(&acc, self.total as usize)
+        }
     }
 
     /// XXH3's initial accumulators.
@@ -502,7 +718,53 @@ mod tests {
         }
     }
 
+    /// The streaming hasher over `data` cut at `cuts` (lengths, the rest in a last piece).
+    fn streamed(data: &[u8], cuts: &[usize]) -> u64 {
+        let mut h = Hasher::new();
+        let mut at = 0;
+        for &c in cuts {
+            let c = c.min(data.len() - at);
+            h.update(&data[at..at + c]);
+            at += c;
+        }
+        h.update(&data[at..]);
+        h.digest()
+    }
+
+    #[test]
+    fn streamed_pieces_hash_as_the_whole() {
+        let data = bytes((2 << 20) + 1025, 17);
+        for n in [
+            0, 1, 63, 64, 65, 240, 241, 255, 256, 257, 320, 1024, 1025, 4096, 70_001,
+        ] {
+            let want = xxh3_64(&data[..n]);
+            for cut in [1, 7, 63, 64, 65, 200, 256, 257, 4096, 65_536, 1 << 20] {
+                let cuts = vec![cut; n / cut];
+                assert_eq!(
+                    streamed(&data[..n], &cuts),
+                    want,
+                    "{n} bytes in pieces of {cut}"
+                );
+            }
+        }
+        // What the sockets do: a 2 MiB value in 256 KiB reads, and in uneven ones.
+        let n = 2 << 20;
+        assert_eq!(streamed(&data[..n], &[256 << 10; 8]), xxh3_64(&data[..n]));
+        assert_eq!(
+            streamed(&data, &[1, 65_535, 3, 200_000, 64, 64, 777_777]),
+            xxh3_64(&data)
+        );
+    }
+
     proptest! {
+        #[test]
+        fn streamed_pieces_of_any_cut_hash_as_xxh3(
+            data in proptest::collection::vec(any::<u8>(), 0..9000),
+            cuts in proptest::collection::vec(0usize..700, 0..12),
+        ) {
+            prop_assert_eq!(streamed(&data, &cuts), xxh3_64(&data));
+        }
+
         #[test]
         fn scattered_copies_of_any_cut_hash_as_xxh3(
             data in proptest::collection::vec(any::<u8>(), 0..6000),

@@ -355,7 +355,7 @@ impl Conn {
         pieces: &mut [&mut [u8]],
         hash: bool,
     ) -> Result<u64, ClientError> {
-        let mut h = hash.then(xxhash_rust::xxh3::Xxh3Default::new);
+        let mut h = hash.then(kvpool::checksum::Hasher::new);
         for dst in pieces.iter_mut() {
             let Some(h) = h.as_mut() else {
                 read_exact_direct(&mut self.r, dst).await?;

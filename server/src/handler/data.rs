@@ -219,7 +219,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             // Received in pieces, each hashed right after it lands (still in cache): one pass
             // over the bytes instead of a second one at commit, and no long stretch of hashing
             // that holds a worker thread from every other connection.
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            let mut h = kvpool::checksum::Hasher::new();
             let read = self.receive(w.bytes_mut(), |p| h.update(p), deadline).await;
             if let Some(e) = payload_failure(read) {
                 drop(w);
