@@ -48,7 +48,7 @@ const ASSUMED_RATE: f64 = (1u64 << 30) as f64;
 const BURST_SECS: f64 = 0.1;
 
 /// Spare grants go out while the node has served no small request for this long.
-pub(crate) const QUIET: Duration = Duration::from_millis(5);
+pub(crate) const QUIET: Duration = Duration::from_millis(50);
 
 /// How bulk transfers are scheduled (`[limits]` and `[[namespace]]` settings).
 #[derive(Clone, Debug)]

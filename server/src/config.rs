@@ -273,7 +273,7 @@ pub struct LimitsConfig {
     pub bulk_threshold: u64,
     /// Most bulk chunks moving at once; 0: one fewer than the node's cores (at least 1), so a
     /// worker is always free for small requests, and every core while the node has served no
-    /// small request for 5 ms (the kept worker is kept only for small requests that come; a
+    /// small request for 50 ms (the kept worker is kept only for small requests that come; a
     /// set count is a hard cap). Default 0.
     pub bulk_workers: u32,
     /// Cap on the node's bulk bytes per second (`"500MiB"`, `"2GiB/s"`); 0: none. The
