@@ -113,9 +113,9 @@ pub unsafe fn copy_checksum_scatter(src: *const u8, pieces: &mut [&mut [u8]]) ->
 pub struct Hasher(Inner);
 
 enum Inner {
-    Portable(Box<Xxh3Default>),
+    Portable(Xxh3Default),
     #[cfg(target_arch = "x86_64")]
-    Avx2(Box<x86::Streaming>),
+    Avx2(x86::Streaming),
 }
 
 impl Hasher {
@@ -123,9 +123,9 @@ impl Hasher {
     pub fn new() -> Self {
         #[cfg(target_arch = "x86_64")]
         if x86::has_avx2() {
-            return Hasher(Inner::Avx2(Box::default()));
+            return Hasher(Inner::Avx2(x86::Streaming::default()));
         }
-        Hasher(Inner::Portable(Box::default()))
+        Hasher(Inner::Portable(Xxh3Default::new()))
     }
 
     /// Hashes the next piece.
@@ -370,10 +370,7 @@ mod x86 {
     impl Default for Streaming {
         fn default() -> Self {
             Streaming {
-                acc: [
-                    PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5,
-                    PRIME32_1,
-                ],
+                acc: INITIAL,
                 stripes: 0,
                 total: 0,
                 buf: [0; BUFFER],
@@ -429,13 +426,7 @@ mod x86 {
         #[target_feature(enable = "avx2")]
         unsafe fn fold(&mut self, src: *const u8, n: usize) {
             let secret = SECRET.as_ptr();
-            // SAFETY: `acc` is 64 bytes; unaligned loads and stores.
-            let mut acc = unsafe {
-                [
-                    _mm256_loadu_si256(self.acc.as_ptr() as *const __m256i),
-                    _mm256_loadu_si256(self.acc.as_ptr().add(4) as *const __m256i),
-                ]
-            };
+            let mut acc = load(&self.acc);
             for i in 0..n {
                 // SAFETY: stripe `i < n` is inside the caller's range; `self.stripes < 16`,
                 // so the secret offset `stripes * 8 + 64 <= 184 < 192`.
@@ -454,11 +445,7 @@ mod x86 {
                     self.stripes = 0;
                 }
             }
-            // SAFETY: as the loads above.
-            unsafe {
-                _mm256_storeu_si256(self.acc.as_mut_ptr() as *mut __m256i, acc[0]);
-                _mm256_storeu_si256(self.acc.as_mut_ptr().add(4) as *mut __m256i, acc[1]);
-            }
+            self.acc = store(&acc);
         }
 
         /// The hash of every byte so far.
@@ -492,13 +479,7 @@ mod x86 {
                 end[..STRIPE - p].copy_from_slice(&self.last[p..]);
                 end[STRIPE - p..].copy_from_slice(&self.buf[..p]);
             }
-            // SAFETY: as the loads in `fold`.
-            let mut acc = unsafe {
-                [
-                    _mm256_loadu_si256(state.acc.as_ptr() as *const __m256i),
-                    _mm256_loadu_si256(state.acc.as_ptr().add(4) as *const __m256i),
-                ]
-            };
+            let mut acc = load(&state.acc);
             // SAFETY: `end` is 64 readable bytes; the secret offset `192 - 64 - 7 + 64 <= 192`;
             // nothing is stored.
             unsafe {
@@ -513,37 +494,49 @@ mod x86 {
         }
     }
 
+    /// XXH3's initial accumulators, lane by lane.
+    const INITIAL: [u64; 8] = [
+        PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1,
+    ];
+
     /// XXH3's initial accumulators.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn initial() -> [__m256i; 2] {
-        [
-            _mm256_set_epi64x(
-                PRIME64_3 as i64,
-                PRIME64_2 as i64,
-                PRIME64_1 as i64,
-                PRIME32_3 as i64,
-            ),
-            _mm256_set_epi64x(
-                PRIME32_1 as i64,
-                PRIME64_5 as i64,
-                PRIME32_2 as i64,
-                PRIME64_4 as i64,
-            ),
-        ]
+        load(&INITIAL)
     }
 
-    /// The hash of `len` bytes from the accumulators after the last stripe.
+    /// Eight accumulator lanes into registers.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn finish(acc: &[__m256i; 2], len: usize) -> u64 {
+    fn load(lanes: &[u64; 8]) -> [__m256i; 2] {
+        // SAFETY: `lanes` is 64 readable bytes; unaligned loads.
+        unsafe {
+            [
+                _mm256_loadu_si256(lanes.as_ptr() as *const __m256i),
+                _mm256_loadu_si256(lanes.as_ptr().add(4) as *const __m256i),
+            ]
+        }
+    }
+
+    /// Registers back into eight accumulator lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn store(acc: &[__m256i; 2]) -> [u64; 8] {
         let mut lanes = [0u64; 8];
         // SAFETY: `lanes` is 64 writable bytes; unaligned stores.
         unsafe {
             _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, acc[0]);
             _mm256_storeu_si256(lanes.as_mut_ptr().add(4) as *mut __m256i, acc[1]);
         }
-        merge(&lanes, (len as u64).wrapping_mul(PRIME64_1))
+        lanes
+    }
+
+    /// The hash of `len` bytes from the accumulators after the last stripe.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn finish(acc: &[__m256i; 2], len: usize) -> u64 {
+        merge(&store(acc), (len as u64).wrapping_mul(PRIME64_1))
     }
 
     /// One stripe: acc[i ^ 1] += data[i]; acc[i] += lo32(data[i] ^ key[i]) * hi32(...).
