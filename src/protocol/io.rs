@@ -88,11 +88,20 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
         payload_len,
     }
     .encode();
-    let mut bufs = Vec::with_capacity(2 + payload.len());
-    bufs.push(IoSlice::new(&prefix));
-    bufs.push(IoSlice::new(header));
-    bufs.extend(payload.iter().map(|p| IoSlice::new(p)));
-    write_all_vectored(w, &mut bufs).await
+    let slices = || {
+        [&prefix[..], header]
+            .into_iter()
+            .chain(payload.iter().copied())
+            .map(IoSlice::new)
+    };
+    // Most frames have a payload of at most a few pieces: their slices stay on the stack.
+    const ON_STACK: usize = 8;
+    if payload.len() + 2 <= ON_STACK {
+        let mut bufs = [IoSlice::new(&[]); ON_STACK];
+        let n = bufs.iter_mut().zip(slices()).map(|(b, s)| *b = s).count();
+        return write_all_vectored(w, &mut bufs[..n]).await;
+    }
+    write_all_vectored(w, &mut slices().collect::<Vec<_>>()).await
 }
 
 /// Writes every byte of `bufs` in order, as few vectored writes as the writer allows.
