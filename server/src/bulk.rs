@@ -172,8 +172,6 @@ struct State {
     free: usize,
     /// Spare grants out.
     spare_out: usize,
-    /// Spare grants that may be out now (0 unless the node is quiet; set before a dispatch).
-    spare_cap: usize,
     /// Virtual time: the start tag of the last chunk granted.
     vtime: u64,
     seq: u64,
@@ -201,7 +199,6 @@ impl State {
         State {
             free: cfg.workers.max(1),
             spare_out: 0,
-            spare_cap: 0,
             vtime: 0,
             seq: 0,
             flows: HashMap::new(),
@@ -227,9 +224,10 @@ impl State {
         key
     }
 
-    /// Hands out grants while some are free and a waiting chunk may go; `chained`: a grant
-    /// was just returned (so the gap since the previous grant measures the bulk rate).
-    fn dispatch(&mut self, now: Instant, mut chained: bool) {
+    /// Hands out grants while some are free (or fewer than `spare_cap` spare ones are out) and
+    /// a waiting chunk may go; `chained`: a grant was just returned (so the gap since the
+    /// previous grant measures the bulk rate).
+    fn dispatch(&mut self, now: Instant, mut chained: bool, spare_cap: usize) {
         self.retry_at = None;
         if let Some(b) = &mut self.node {
             b.refill(now);
@@ -237,7 +235,7 @@ impl State {
         for b in self.ns.values_mut() {
             b.refill(now);
         }
-        while (self.free > 0 || self.spare_out < self.spare_cap) && !self.waiting.is_empty() {
+        while (self.free > 0 || self.spare_out < spare_cap) && !self.waiting.is_empty() {
             // The first waiter in fair-queueing order whose namespace is within its rate.
             let mut wake: Option<Instant> = None;
             let mut soonest = |at: Instant| wake = Some(wake.map_or(at, |x: Instant| x.min(at)));
@@ -430,8 +428,7 @@ impl Bulk {
     /// [`State::dispatch`] now; wakes the waiters to set their timers when a rate cap holds
     /// the queue back.
     fn dispatch(&self, st: &mut State, chained: bool) {
-        st.spare_cap = self.spare_cap();
-        st.dispatch(Instant::now(), chained);
+        st.dispatch(Instant::now(), chained, self.spare_cap());
         if st.retry_at.is_some() {
             self.retry.notify_waiters();
         }
@@ -601,7 +598,7 @@ mod tests {
                 rxs.push((f, rx));
             }
         }
-        st.dispatch(t0, false);
+        st.dispatch(t0, false, 0);
         for round in 0..rounds {
             // Whatever was granted: count it, return its grant, queue its flow's next chunk.
             let mut next = Vec::new();
@@ -617,7 +614,7 @@ mod tests {
                 }
             }
             rxs = next;
-            st.dispatch(t0 + Duration::from_millis(round as u64), true);
+            st.dispatch(t0 + Duration::from_millis(round as u64), true, 0);
         }
         granted
     }
@@ -664,7 +661,7 @@ mod tests {
             st.enqueue(flow(i % 2, Priority::Normal), MIB, tx);
             rxs.push(rx);
         }
-        st.dispatch(now, false);
+        st.dispatch(now, false, 0);
         let granted = rxs
             .iter_mut()
             .map(|r| r.try_recv().is_ok() as usize)
@@ -686,22 +683,22 @@ mod tests {
             rxs.push(rx);
         }
         // The slow namespace's bucket holds one chunk: its first goes, then it owes a chunk.
-        st.dispatch(t0, false);
+        st.dispatch(t0, false, 0);
         assert!(rxs[0].try_recv().is_ok());
         st.free += 1;
-        st.dispatch(t0, true);
+        st.dispatch(t0, true, 0);
         // Its second chunk is held back; the other namespace's go meanwhile.
         assert!(rxs[1].try_recv().is_err() && rxs[2].try_recv().is_ok());
         st.free += 1;
-        st.dispatch(t0, true);
+        st.dispatch(t0, true, 0);
         assert!(rxs[1].try_recv().is_err() && rxs[3].try_recv().is_ok());
         st.free += 1;
-        st.dispatch(t0, true);
+        st.dispatch(t0, true, 0);
         let retry = st
             .retry_at
             .expect("a retry time while a rate holds a chunk back");
         assert!(retry > t0 + Duration::from_millis(900), "{retry:?}");
-        st.dispatch(t0 + Duration::from_millis(1001), false);
+        st.dispatch(t0 + Duration::from_millis(1001), false, 0);
         assert!(rxs[1].try_recv().is_ok());
     }
 
@@ -718,20 +715,20 @@ mod tests {
             rxs.push(rx);
         }
         // A burst of 0.1 s at 10 MiB/s is one chunk; the next must wait 0.1 s per chunk.
-        st.dispatch(t0, false);
+        st.dispatch(t0, false, 0);
         let first = rxs
             .iter_mut()
             .map(|r| r.try_recv().is_ok() as usize)
             .sum::<usize>();
         assert_eq!(first, 1);
-        st.dispatch(t0 + Duration::from_millis(50), false);
+        st.dispatch(t0 + Duration::from_millis(50), false, 0);
         assert_eq!(
             rxs.iter_mut()
                 .map(|r| r.try_recv().is_ok() as usize)
                 .sum::<usize>(),
             0
         );
-        st.dispatch(t0 + Duration::from_millis(101), false);
+        st.dispatch(t0 + Duration::from_millis(101), false, 0);
         assert_eq!(
             rxs.iter_mut()
                 .map(|r| r.try_recv().is_ok() as usize)

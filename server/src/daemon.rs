@@ -502,18 +502,18 @@ fn shared(
 fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::BulkConfig {
     let l = &config.limits;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = match l.bulk_workers {
-        0 => cores.saturating_sub(1).max(1),
-        n => n as usize,
+    // Left to the default, one core is kept for small requests, and bulk takes it too while
+    // none comes (spare turns); a count set by hand is a cap.
+    let (workers, spare) = match l.bulk_workers {
+        0 => {
+            let workers = cores.saturating_sub(1).max(1);
+            (workers, cores.saturating_sub(workers))
+        }
+        n => (n as usize, 0),
     };
     crate::bulk::BulkConfig {
         workers,
-        // Left to the default, bulk takes the kept core too while no small request comes; a
-        // count set by hand is a cap.
-        spare: match l.bulk_workers {
-            0 => cores.saturating_sub(workers),
-            _ => 0,
-        },
+        spare,
         quiet: crate::bulk::QUIET,
         rate: Some(l.bulk_rate).filter(|&r| r > 0),
         ns_rates: config.bulk_rates(namespaces),
