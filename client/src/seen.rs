@@ -17,6 +17,8 @@
 
 use crate::link::Located;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 /// Reads served from the index are reported to the node once this many have gathered.
 pub(crate) const TOUCH_BATCH: usize = 256;
@@ -33,7 +35,7 @@ pub(crate) const TOUCH_BACKLOG: usize = 4 * TOUCH_BATCH;
 /// came round stays for another round, one not read goes.
 pub(crate) struct SeenIndex {
     /// By a hash of (namespace, key); the entry keeps the key to tell collisions apart.
-    map: HashMap<u64, Seen>,
+    map: HashMap<u64, Seen, BuildHasherDefault<Slot>>,
     /// Most entries kept (0: none).
     cap: usize,
     /// The entries in the order they came in (or came round), each with the stamp its entry
@@ -42,7 +44,8 @@ pub(crate) struct SeenIndex {
     /// The next entry's stamp.
     stamp: u64,
     /// Keys read through the index that the node has not been told of yet.
-    touched: Vec<(u32, Vec<u8>)>,
+    /// Each key shares its entry's bytes: a read served from the index allocates nothing.
+    touched: Vec<(u32, Arc<[u8]>)>,
     /// A report is on its way to the node.
     reporting: bool,
 }
@@ -53,8 +56,31 @@ struct Seen {
     stamp: u64,
     /// Read since it last came round.
     referenced: bool,
-    key: Box<[u8]>,
+    key: Arc<[u8]>,
     at: Located,
+}
+
+/// The map's hasher: its keys are [`slot`]s, xxh3 hashes already, used as they are (the
+/// default SipHash over them was about 1 000 instructions of an 8-key batched get).
+#[derive(Default)]
+pub(crate) struct Slot(u64);
+
+impl Hasher for Slot {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed (`write_u64`); anything else is folded in byte by byte, so
+        // the hasher stays correct if the key type ever changes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
 }
 
 fn slot(ns: u32, key: &[u8]) -> u64 {
@@ -65,7 +91,7 @@ impl SeenIndex {
     /// An index of at most `entries` keys (0: none is remembered).
     pub(crate) fn new(entries: usize) -> SeenIndex {
         SeenIndex {
-            map: HashMap::new(),
+            map: HashMap::default(),
             cap: entries,
             order: VecDeque::new(),
             stamp: 0,
@@ -154,13 +180,20 @@ impl SeenIndex {
 
     /// Notes a read served from the index; returns the batch to report once it is full and no
     /// report is on its way (the caller sends it, then calls [`SeenIndex::reported`]).
-    pub(crate) fn touch(&mut self, ns: u32, key: &[u8]) -> Option<Vec<(u32, Vec<u8>)>> {
+    pub(crate) fn touch(&mut self, ns: u32, key: &[u8]) -> Option<Vec<(u32, Arc<[u8]>)>> {
         if self.touched.len() >= TOUCH_BACKLOG {
             // The node has not answered the last report for a while: the oldest batch's worth
             // of reads waiting go unreported.
             self.touched.drain(..TOUCH_BATCH);
         }
-        self.touched.push((ns, key.to_vec()));
+        // The entry just read shares its key; one gone meanwhile (evicted by another thread's
+        // insert) is copied.
+        let shared = self
+            .map
+            .get(&slot(ns, key))
+            .filter(|s| s.ns == ns && *s.key == *key)
+            .map_or_else(|| Arc::from(key), |s| Arc::clone(&s.key));
+        self.touched.push((ns, shared));
         if self.reporting || self.touched.len() < TOUCH_BATCH {
             return None;
         }
