@@ -857,9 +857,9 @@ impl Link {
         }
         // The keys the index did not know take a round trip. That part is boxed so that the
         // future of the common case, every key copied from the index, stays small: inline, the
-        // lookup's and the fallback's futures made it about 11 KB, built and moved (memcpy) on
-        // every call and aligned for the hasher (a `memalign` per call); measured with
-        // callgrind as about a sixth of the instructions of an 8-key call outside its copies.
+        // lookup's and the fallback's futures were part of it, and with `Client::link`'s
+        // (boxed as well) made the request future `fan_out` moves on every call about 11 KB,
+        // aligned for the hasher (a `memalign` per call; BENCHMARKS.md, local section).
         Box::pin(self.get_looked_up(cfg, view, ns, keys, dsts, prefix, lease_ms, (todo, out))).await
     }
 
