@@ -860,74 +860,62 @@ impl Link {
         // lookup's and the fallback's futures were part of it, and with `Client::link`'s
         // (boxed as well) made the request future `fan_out` moves on every call about 11 KB,
         // aligned for the hasher (a `memalign` per call; BENCHMARKS.md, local section).
-        Box::pin(self.get_looked_up(cfg, view, ns, keys, dsts, prefix, lease_ms, (todo, out))).await
-    }
-
-    /// The rest of [`Link::get_local`]: the keys at `todo` (not copied from the index) looked up
-    /// in one round trip, copied, and remembered; `out` holds what the index served.
-    #[expect(clippy::too_many_arguments, reason = "get_local's own parameters")]
-    async fn get_looked_up(
-        self: &Arc<Self>,
-        cfg: &ClientConfig,
-        view: u64,
-        ns: u32,
-        keys: &[&[u8]],
-        dsts: &mut [Dst<'_, '_>],
-        prefix: bool,
-        lease_ms: u64,
-        (todo, mut out): (Vec<usize>, Vec<Option<usize>>),
-    ) -> Result<Vec<Option<usize>>, ClientError> {
-        let sub: Vec<&[u8]> = todo.iter().map(|&i| keys[i]).collect();
-        let found = self.lookup(cfg, view, ns, &sub, lease_ms).await?;
-        self.arm_watch(cfg);
-        let mut located = vec![None; keys.len()];
-        for (&i, l) in todo.iter().zip(&found) {
-            located[i] = *l;
-        }
-        let leased: Vec<Vec<u8>> = if lease_ms > 0 {
-            todo.iter()
-                .filter(|&&i| located[i].is_some())
-                .map(|&i| keys[i].to_vec())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        if prefix {
-            // Nothing after the first key found neither in the index nor by the lookup is
-            // written: the caller's buffers past the run keep what they held.
-            if let Some(gap) = (0..keys.len()).find(|&i| out[i].is_none() && located[i].is_none()) {
-                located[gap..].fill(None);
+        Box::pin(async move {
+            let sub: Vec<&[u8]> = todo.iter().map(|&i| keys[i]).collect();
+            let found = self.lookup(cfg, view, ns, &sub, lease_ms).await?;
+            self.arm_watch(cfg);
+            let mut located = vec![None; keys.len()];
+            for (&i, l) in todo.iter().zip(&found) {
+                located[i] = *l;
             }
-        }
-        let mut fallback = Vec::new();
-        self.copy_located(cfg, &located, &todo, dsts, (&mut out, &mut fallback))?;
-        {
-            let mut seen = self.seen();
-            for &i in &todo {
-                if let (Some(l), Some(_)) = (located[i], out[i]) {
-                    seen.insert(ns, keys[i], l);
+            let leased: Vec<Vec<u8>> = if lease_ms > 0 {
+                todo.iter()
+                    .filter(|&&i| located[i].is_some())
+                    .map(|&i| keys[i].to_vec())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if prefix {
+                // Nothing after the first key found neither in the index nor by the lookup is
+                // written: the caller's buffers past the run keep what they held.
+                if let Some(gap) =
+                    (0..keys.len()).find(|&i| out[i].is_none() && located[i].is_none())
+                {
+                    located[gap..].fill(None);
                 }
             }
-        }
-        if !leased.is_empty() {
-            self.count(cfg, 0, Op::Release { ns, keys: leased }).await?;
-        }
-        // Objects replaced between lookup and copy: fetch them through the socket.
-        for i in fallback {
-            out[i] = self
-                .get_remote(
-                    cfg,
-                    0,
-                    ns,
-                    &[keys[i]],
-                    std::slice::from_mut(&mut dsts[i]),
-                    false,
-                )
-                .await?
-                .pop()
-                .flatten();
-        }
-        Ok(prefix_run(out, prefix))
+            let mut fallback = Vec::new();
+            self.copy_located(cfg, &located, &todo, dsts, (&mut out, &mut fallback))?;
+            {
+                let mut seen = self.seen();
+                for &i in &todo {
+                    if let (Some(l), Some(_)) = (located[i], out[i]) {
+                        seen.insert(ns, keys[i], l);
+                    }
+                }
+            }
+            if !leased.is_empty() {
+                self.count(cfg, 0, Op::Release { ns, keys: leased }).await?;
+            }
+            // Objects replaced between lookup and copy: fetch them through the socket.
+            for i in fallback {
+                out[i] = self
+                    .get_remote(
+                        cfg,
+                        0,
+                        ns,
+                        &[keys[i]],
+                        std::slice::from_mut(&mut dsts[i]),
+                        false,
+                    )
+                    .await?
+                    .pop()
+                    .flatten();
+            }
+            Ok(prefix_run(out, prefix))
+        })
+        .await
     }
 
     /// Copies the keys this client's index knows straight from the mapping, each checked as
@@ -948,9 +936,18 @@ impl Link {
         let Some(local) = self.local().filter(|_| self.watch.alive()) else {
             return Ok(all());
         };
+        // The entries' own copies of the keys, for the report of the reads they serve.
+        let mut shared = Vec::with_capacity(keys.len());
         let known: Vec<Option<Located>> = {
             let mut seen = self.seen();
-            let mut known: Vec<Option<Located>> = keys.iter().map(|k| seen.get(ns, k)).collect();
+            let mut known: Vec<Option<Located>> = keys
+                .iter()
+                .map(|k| {
+                    let (l, key) = seen.get(ns, k).unzip();
+                    shared.push(key);
+                    l
+                })
+                .collect();
             if prefix {
                 // The run ends at the first key not remembered, or remembered at an address
                 // that is no longer its value (removed, evicted or replaced since).
@@ -992,9 +989,9 @@ impl Link {
                 }
             }
             let mut report = None;
-            for (i, o) in out.iter().enumerate() {
-                if o.is_some() {
-                    report = seen.touch(ns, keys[i]).or(report);
+            for (o, key) in out.iter().zip(shared) {
+                if let (Some(_), Some(key)) = (o, key) {
+                    report = seen.touch(ns, key).or(report);
                 }
             }
             report
@@ -1148,10 +1145,12 @@ impl Link {
     ) -> Result<Option<Vec<u8>>, ClientError> {
         if self.same_host {
             let known = self.seen().get(ns, key);
-            if let (Some(l), Some(local)) = (known, self.local().filter(|_| self.watch.alive())) {
+            if let (Some((l, shared)), Some(local)) =
+                (known, self.local().filter(|_| self.watch.alive()))
+            {
                 let mut buf = vec![0u8; l.addr.len as usize];
                 if read_checked(cfg, &local, &l, &mut [&mut buf[..]], true)? {
-                    let report = self.seen().touch(ns, key);
+                    let report = self.seen().touch(ns, shared);
                     if let Some(batch) = report {
                         self.report(cfg, batch);
                     }

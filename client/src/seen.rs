@@ -100,13 +100,15 @@ impl SeenIndex {
         }
     }
 
-    pub(crate) fn get(&mut self, ns: u32, key: &[u8]) -> Option<Located> {
+    /// Where `key` was last found, and the entry's copy of the key, which a read served from
+    /// the index passes to [`SeenIndex::touch`].
+    pub(crate) fn get(&mut self, ns: u32, key: &[u8]) -> Option<(Located, Arc<[u8]>)> {
         let s = self.map.get_mut(&slot(ns, key))?;
         if s.ns != ns || *s.key != *key {
             return None;
         }
         s.referenced = true;
-        Some(s.at)
+        Some((s.at, Arc::clone(&s.key)))
     }
 
     pub(crate) fn insert(&mut self, ns: u32, key: &[u8], at: Located) {
@@ -180,20 +182,14 @@ impl SeenIndex {
 
     /// Notes a read served from the index; returns the batch to report once it is full and no
     /// report is on its way (the caller sends it, then calls [`SeenIndex::reported`]).
-    pub(crate) fn touch(&mut self, ns: u32, key: &[u8]) -> Option<Vec<(u32, Arc<[u8]>)>> {
+    /// `key` is the entry's own copy, from [`SeenIndex::get`]: a read allocates nothing.
+    pub(crate) fn touch(&mut self, ns: u32, key: Arc<[u8]>) -> Option<Vec<(u32, Arc<[u8]>)>> {
         if self.touched.len() >= TOUCH_BACKLOG {
             // The node has not answered the last report for a while: the oldest batch's worth
             // of reads waiting go unreported.
             self.touched.drain(..TOUCH_BATCH);
         }
-        // The entry just read shares its key; one gone meanwhile (evicted by another thread's
-        // insert) is copied.
-        let shared = self
-            .map
-            .get(&slot(ns, key))
-            .filter(|s| s.ns == ns && *s.key == *key)
-            .map_or_else(|| Arc::from(key), |s| Arc::clone(&s.key));
-        self.touched.push((ns, shared));
+        self.touched.push((ns, key));
         if self.reporting || self.touched.len() < TOUCH_BATCH {
             return None;
         }
@@ -235,11 +231,11 @@ mod tests {
         let mut s = SeenIndex::new(2);
         s.insert(0, b"a", at(1));
         s.insert(1, b"a", at(2));
-        assert_eq!(s.get(0, b"a").map(|l| l.checksum), Some(1));
-        assert_eq!(s.get(1, b"a").map(|l| l.checksum), Some(2));
+        assert_eq!(s.get(0, b"a").map(|(l, _)| l.checksum), Some(1));
+        assert_eq!(s.get(1, b"a").map(|(l, _)| l.checksum), Some(2));
         s.insert(0, b"b", at(3));
         assert_eq!(s.get(0, b"a"), None, "the first in the round went: both were read since they came in, so it came round twice");
-        assert_eq!(s.get(1, b"a").map(|l| l.checksum), Some(2));
+        assert_eq!(s.get(1, b"a").map(|(l, _)| l.checksum), Some(2));
         assert_eq!(s.get(0, b"c"), None);
     }
 
@@ -249,7 +245,7 @@ mod tests {
         s.insert(0, b"k", at(1));
         s.insert(0, b"k", at(2));
         s.forget(0, b"k", &at(1));
-        assert_eq!(s.get(0, b"k").map(|l| l.checksum), Some(2));
+        assert_eq!(s.get(0, b"k").map(|(l, _)| l.checksum), Some(2));
         s.forget(0, b"k", &at(2));
         assert_eq!(s.get(0, b"k"), None);
     }
@@ -260,9 +256,12 @@ mod tests {
         s.insert(0, b"k", at(1));
         assert_eq!(s.get(0, b"k"), None);
         for i in 0..TOUCH_BATCH - 1 {
-            assert!(s.touch(0, &i.to_le_bytes()).is_none());
+            assert!(s.touch(0, Arc::from(&i.to_le_bytes()[..])).is_none());
         }
-        assert_eq!(s.touch(0, b"last").map(|b| b.len()), Some(TOUCH_BATCH));
+        assert_eq!(
+            s.touch(0, Arc::from(&b"last"[..])).map(|b| b.len()),
+            Some(TOUCH_BATCH)
+        );
     }
 
     #[test]
@@ -271,7 +270,7 @@ mod tests {
         let mut n = 0u32;
         let mut touch = |s: &mut SeenIndex| {
             n += 1;
-            s.touch(0, &n.to_le_bytes())
+            s.touch(0, Arc::from(&n.to_le_bytes()[..]))
         };
         let first: Vec<_> = (0..TOUCH_BATCH).filter_map(|_| touch(&mut s)).collect();
         assert_eq!(first.len(), 1, "a full batch is handed out");
@@ -313,10 +312,10 @@ mod tests {
                         0 => {
                             s.insert(ns, &key, at(v));
                             model.insert((ns, k), at(v));
-                            proptest::prop_assert_eq!(s.get(ns, &key), Some(at(v)));
+                            proptest::prop_assert_eq!(s.get(ns, &key).map(|(l, _)| l), Some(at(v)));
                         }
                         1 => {
-                            let got = s.get(ns, &key);
+                            let got = s.get(ns, &key).map(|(l, _)| l);
                             let want = model.get(&(ns, k)).copied();
                             if roomy {
                                 proptest::prop_assert_eq!(got, want);
@@ -330,7 +329,7 @@ mod tests {
                             if let Some(l) = model.remove(&(ns, k)) {
                                 s.forget(ns, &key, &l);
                             }
-                            proptest::prop_assert_eq!(s.get(ns, &key), None);
+                            proptest::prop_assert_eq!(s.get(ns, &key).map(|(l, _)| l), None);
                         }
                     }
                     proptest::prop_assert!(s.map.len() <= cap);
