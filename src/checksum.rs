@@ -355,9 +355,7 @@ mod x86 {
     /// are folded only once a byte after them has arrived (the input's last stripe is folded
     /// differently, at the digest), so at least one byte is always kept.
     pub(super) struct Streaming {
-        acc: [u64; 8],
-        /// Stripes folded into the current block (a scramble after the 16th).
-        stripes: usize,
+        acc: Acc,
         total: u64,
         /// Bytes not folded yet: the first `pending` of it. Every byte while the input is
         /// at most `BUFFER` long, so a short input takes XXH3's short paths at the digest.
@@ -370,8 +368,10 @@ mod x86 {
     impl Default for Streaming {
         fn default() -> Self {
             Streaming {
-                acc: INITIAL,
-                stripes: 0,
+                acc: Acc {
+                    lanes: INITIAL,
+                    stripes: 0,
+                },
                 total: 0,
                 buf: [0; BUFFER],
                 pending: 0,
@@ -399,17 +399,16 @@ mod x86 {
                 let fill = BUFFER - self.pending;
                 self.buf[self.pending..].copy_from_slice(&data[..fill]);
                 data = &data[fill..];
-                let buf = self.buf;
                 // SAFETY: `buf` holds four stripes.
-                unsafe { self.fold(buf.as_ptr(), BUFFER / STRIPE) };
-                self.last.copy_from_slice(&buf[BUFFER - STRIPE..]);
+                unsafe { self.acc.fold(self.buf.as_ptr(), BUFFER / STRIPE) };
+                self.last.copy_from_slice(&self.buf[BUFFER - STRIPE..]);
                 self.pending = 0;
             }
             // `data` is not empty: the buffer overflowed. Fold every stripe with a byte after it.
             let n = (data.len() - 1) / STRIPE;
             if n > 0 {
                 // SAFETY: `n` stripes are `n * 64 < data.len()` readable bytes.
-                unsafe { self.fold(data.as_ptr(), n) };
+                unsafe { self.acc.fold(data.as_ptr(), n) };
                 self.last
                     .copy_from_slice(&data[(n - 1) * STRIPE..n * STRIPE]);
                 data = &data[n * STRIPE..];
@@ -418,6 +417,54 @@ mod x86 {
             self.pending = data.len();
         }
 
+        /// The hash of every byte so far.
+        ///
+        /// # Safety
+        ///
+        /// AVX2.
+        #[target_feature(enable = "avx2")]
+        pub(super) unsafe fn digest(&self) -> u64 {
+            if self.total <= super::MID_SIZE_MAX as u64 {
+                // Nothing was folded: every byte is in the buffer.
+                return super::xxh3_64(&self.buf[..self.pending]);
+            }
+            let mut state = self.acc;
+            // The last stripe: the input's last 64 bytes, reaching back into `last` when
+            // fewer than 64 are pending (`pending >= 1` always, and stripes were folded).
+            let mut end = [0u8; STRIPE];
+            let p = self.pending;
+            if p >= STRIPE {
+                // SAFETY: `(p - 1) / 64` stripes lie inside the first `p` bytes of `buf`.
+                unsafe { state.fold(self.buf.as_ptr(), (p - 1) / STRIPE) };
+                end.copy_from_slice(&self.buf[p - STRIPE..p]);
+            } else {
+                end[..STRIPE - p].copy_from_slice(&self.last[p..]);
+                end[STRIPE - p..].copy_from_slice(&self.buf[..p]);
+            }
+            let mut acc = load(&state.lanes);
+            // SAFETY: `end` is 64 readable bytes; the secret offset `192 - 64 - 7 + 64 <= 192`;
+            // nothing is stored.
+            unsafe {
+                stripe::<false>(
+                    &mut acc,
+                    end.as_ptr(),
+                    std::ptr::null_mut(),
+                    SECRET.as_ptr().add(SECRET.len() - STRIPE - LASTACC_START),
+                )
+            };
+            finish(&acc, self.total as usize)
+        }
+    }
+
+    /// [`Streaming`]'s accumulators between pieces.
+    #[derive(Clone, Copy)]
+    struct Acc {
+        lanes: [u64; 8],
+        /// Stripes folded into the current block (a scramble after the 16th).
+        stripes: usize,
+    }
+
+    impl Acc {
         /// Folds `n` stripes at `src` into the accumulators, scrambling at each block's end.
         ///
         /// # Safety
@@ -426,7 +473,7 @@ mod x86 {
         #[target_feature(enable = "avx2")]
         unsafe fn fold(&mut self, src: *const u8, n: usize) {
             let secret = SECRET.as_ptr();
-            let mut acc = load(&self.acc);
+            let mut acc = load(&self.lanes);
             for i in 0..n {
                 // SAFETY: stripe `i < n` is inside the caller's range; `self.stripes < 16`,
                 // so the secret offset `stripes * 8 + 64 <= 184 < 192`.
@@ -445,52 +492,7 @@ mod x86 {
                     self.stripes = 0;
                 }
             }
-            self.acc = store(&acc);
-        }
-
-        /// The hash of every byte so far.
-        ///
-        /// # Safety
-        ///
-        /// AVX2.
-        #[target_feature(enable = "avx2")]
-        pub(super) unsafe fn digest(&self) -> u64 {
-            if self.total <= super::MID_SIZE_MAX as u64 {
-                // Nothing was folded: every byte is in the buffer.
-                return super::xxh3_64(&self.buf[..self.pending]);
-            }
-            let mut state = Streaming {
-                acc: self.acc,
-                stripes: self.stripes,
-                total: 0,
-                buf: [0; BUFFER],
-                pending: 0,
-                last: [0; STRIPE],
-            };
-            // The last stripe: the input's last 64 bytes, reaching back into `last` when
-            // fewer than 64 are pending (`pending >= 1` always, and stripes were folded).
-            let mut end = [0u8; STRIPE];
-            let p = self.pending;
-            if p >= STRIPE {
-                // SAFETY: `(p - 1) / 64` stripes lie inside the first `p` bytes of `buf`.
-                unsafe { state.fold(self.buf.as_ptr(), (p - 1) / STRIPE) };
-                end.copy_from_slice(&self.buf[p - STRIPE..p]);
-            } else {
-                end[..STRIPE - p].copy_from_slice(&self.last[p..]);
-                end[STRIPE - p..].copy_from_slice(&self.buf[..p]);
-            }
-            let mut acc = load(&state.acc);
-            // SAFETY: `end` is 64 readable bytes; the secret offset `192 - 64 - 7 + 64 <= 192`;
-            // nothing is stored.
-            unsafe {
-                stripe::<false>(
-                    &mut acc,
-                    end.as_ptr(),
-                    std::ptr::null_mut(),
-                    SECRET.as_ptr().add(SECRET.len() - STRIPE - LASTACC_START),
-                )
-            };
-            finish(&acc, self.total as usize)
+            self.lanes = store(&acc);
         }
     }
 
