@@ -1,13 +1,16 @@
 //! The same-host path: the client maps the node's segments, so a get is a lookup round trip
 //! over the Unix socket plus a memcpy, and a one-sided read of an address already known is a
 //! memcpy and two version checks, with no syscall at all. memcpy, its reference, is measured
-//! here in slices alternating with the one-sided reads.
+//! here in slices alternating with the one-sided reads, twice: from the very objects read (each
+//! mapped read-only on its own, [`SameBytes`]), the limit of reading those bytes and the
+//! reference of the targets, and from a DRAM ring of the bench's own memory, which shows what
+//! the machine's memory gives elsewhere.
 
 use anyhow::{anyhow, Context};
-use kvpool_client::{Client, ClientConfig, GlobalAddr};
+use kvpool_client::{Client, ClientConfig, GlobalAddr, LocalHold, ReadView};
 
 use super::compare::interleave_threads;
-use super::driver::ThreadOp;
+use super::driver::{Measured, ThreadOp};
 use super::report::{Ref, Row};
 use super::workloads::{self, DEPTH};
 use super::{memcpy, Ctx, Section};
@@ -15,8 +18,11 @@ use super::{memcpy, Ctx, Section};
 /// Lease long enough for the whole section (the pool caps it; nothing is evicted meanwhile).
 const LEASE_MS: u64 = 30_000;
 
-/// Target of one-sided reads, as a fraction of memcpy.
+/// Target of one-sided reads, as a fraction of memcpy of the same objects.
 const TARGET: f64 = 0.9;
+
+/// The name of the targets' reference in the tables.
+const SAME: &str = "memcpy of the same objects";
 
 /// Measures memcpy and `read_local` side by side, then local `batch_get_into`, for every size
 /// and concurrency.
@@ -34,19 +40,24 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     for size in ctx.args.sizes.clone() {
         let keys = workloads::keys(size);
         let addrs = ctx.rt.block_on(lease_all(&client, &keys))?;
+        let same = ctx.rt.block_on(SameBytes::map(&client, &keys, &addrs))?;
         for conns in ctx.args.conns.clone() {
             let reads = read_ops(&client, &addrs, size, conns);
-            let m = interleave_threads(&mut [memcpy::ops(&ring, size, conns), reads], window)?;
-            let copy = Row::new(Section::Memcpy, "memcpy", "copy")
-                .shape(size, conns, 1)
-                .measured(&m[0]);
+            let m = interleave_threads(
+                &mut [
+                    same.ops(size, conns, 1),
+                    memcpy::ops(&ring, size, conns),
+                    reads,
+                ],
+                window,
+            )?;
+            let (same_copy, ring_copy) = same_and_ring_rows(&m, size, conns, 1);
             let mut row = Row::new(Section::Local, "kvpool", "read_local")
                 .shape(size, conns, 1)
-                .measured(&m[1]);
-            if let (Some(g), Some(r)) = (row.gbps, copy.gbps.filter(|r| *r > 0.0)) {
-                row.refs.push(Ref::with_target("memcpy", g / r, TARGET));
-            }
-            ctx.report.push(copy);
+                .measured(&m[2]);
+            row.refs = refs(row.gbps, &m, true);
+            ctx.report.push(same_copy);
+            ctx.report.push(ring_copy);
             ctx.report.push(row);
         }
         for (verify, index) in [(false, true), (true, true), (true, false)] {
@@ -62,17 +73,12 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                 };
                 let gets = batch_ops(&endpoint, &cfg, &keys, size, conns)?;
                 let copies = memcpy::batch_ops(&ring, size, conns, DEPTH);
-                let m = interleave_threads(&mut [copies, gets], window)?;
+                let m =
+                    interleave_threads(&mut [same.ops(size, conns, DEPTH), copies, gets], window)?;
                 if (verify, index) == (true, true) {
-                    ctx.report.push(
-                        Row::new(
-                            Section::Memcpy,
-                            "memcpy",
-                            &format!("copy into {DEPTH} buffers"),
-                        )
-                        .shape(size, conns, DEPTH)
-                        .measured(&m[0]),
-                    );
+                    let (same_copy, ring_copy) = same_and_ring_rows(&m, size, conns, DEPTH);
+                    ctx.report.push(same_copy);
+                    ctx.report.push(ring_copy);
                 }
                 let op = match (verify, index) {
                     (false, _) => "batch_get_into verify=off",
@@ -81,26 +87,25 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                 };
                 let mut row = Row::new(Section::Local, "kvpool", op)
                     .shape(size, conns, DEPTH)
-                    .measured(&m[1]);
-                if let (Some(g), Some(r)) = (row.gbps, Some(m[0].gbps()).filter(|r| *r > 0.0)) {
-                    row.refs.push(if verify && index {
-                        Ref::with_target("memcpy", g / r, TARGET)
-                    } else {
-                        Ref::new("memcpy", g / r)
-                    });
-                }
+                    .measured(&m[2]);
+                row.refs = refs(row.gbps, &m, verify && index);
                 ctx.report.push(row);
             }
         }
+        drop(same);
     }
     memcpy::note(ctx, ring.len());
+    ctx.report.note(
+        Section::Memcpy,
+        format!("{SAME}: the data set's objects, each mapped read-only on its own under a hold, copied in the order and into the buffers the kvpool rows read them (the limit of reading those bytes, and the targets' reference); memcpy: the same copies from the bench's own {} MiB ring", ring.len() >> 20),
+    );
     ctx.report.note(
         Section::Local,
         format!(
             "read_local: addresses from one lease() call, then client.read_local(&addr, 0, &mut buf) in a loop \
-             (conns = threads), alternating with memcpy in four slices; batch_get_into: {DEPTH} keys per call \
-             (one blocking client per thread, alternating with a memcpy of {DEPTH} values into {DEPTH} buffers \
-             of their own, the reference of these rows), copied from the mapping: keys the \
+             (conns = threads), alternating with both memcpy references in four slices; batch_get_into: {DEPTH} keys per call \
+             (one blocking client per thread, alternating with both memcpy references copying {DEPTH} values into {DEPTH} buffers \
+             of their own), copied from the mapping: keys the \
              client has seen (each client reads the data set once, unrecorded) straight from its index, with index=off after one lookup round trip over the Unix \
              socket each call; verify=on also hashes every value (xxh3, in the same pass as the copy)"
         ),
@@ -149,6 +154,92 @@ fn batch_ops<'a>(
             Ok(op)
         })
         .collect()
+}
+
+/// The data set's objects, each mapped read-only on its own ([`ReadView`], under a hold that
+/// keeps the node from moving or rewriting them): memcpy from these is the limit of reading
+/// those very bytes. A DRAM ring of the bench's own memory is not that limit: on this virtual
+/// machine the same copy runs up to a fifth faster or slower depending on which memory it
+/// reads, so a ring measures where the pages landed as much as the read path.
+struct SameBytes {
+    /// One view per key, in the keys' order (dropped before the hold, as views must be).
+    views: Vec<ReadView>,
+    _hold: LocalHold,
+}
+
+impl SameBytes {
+    async fn map(client: &Client, keys: &[Vec<u8>], addrs: &[GlobalAddr]) -> anyhow::Result<Self> {
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let (hold, found) = client.hold_local(&refs, 0).await.context("hold_local")?;
+        let mut views = Vec::with_capacity(addrs.len());
+        for (addr, f) in addrs.iter().zip(found) {
+            let f = f.ok_or_else(|| anyhow!("a stored key is not held on this host"))?;
+            anyhow::ensure!(f.addr == *addr, "a key moved while the section ran");
+            views.push(
+                hold.view(&[f.addr], true)
+                    .context("mapping an object to copy from")?,
+            );
+        }
+        Ok(SameBytes { views, _hold: hold })
+    }
+
+    /// One copy loop per thread, `depth` objects into `depth` buffers per call, each thread
+    /// starting where the kvpool loop of the same rank starts.
+    fn ops(&self, size: u64, conns: usize, depth: usize) -> Vec<ThreadOp<'_>> {
+        let n = self.views.len();
+        (0..conns)
+            .map(|t| {
+                let mut dsts = vec![vec![0u8; size as usize]; depth];
+                let mut i = t * n / conns;
+                Box::new(move || {
+                    for dst in dsts.iter_mut() {
+                        dst.copy_from_slice(self.views[i % n].as_slice());
+                        i += 1;
+                        std::hint::black_box(&mut *dst);
+                    }
+                    Ok(size * dsts.len() as u64)
+                }) as ThreadOp<'_>
+            })
+            .collect()
+    }
+}
+
+/// The two memcpy rows of one interleaved measurement (`m[0]` from the same objects, `m[1]`
+/// from the ring).
+fn same_and_ring_rows(m: &[Measured], size: u64, conns: usize, depth: usize) -> (Row, Row) {
+    let what = if depth == 1 {
+        "copy".to_string()
+    } else {
+        format!("copy into {depth} buffers")
+    };
+    (
+        Row::new(Section::Memcpy, SAME, &what)
+            .shape(size, conns, depth)
+            .measured(&m[0]),
+        Row::new(Section::Memcpy, "memcpy", &what)
+            .shape(size, conns, depth)
+            .measured(&m[1]),
+    )
+}
+
+/// A kvpool row's ratios to both references of its measurement: to the same objects (with
+/// the target when `targeted`), then to the ring.
+fn refs(gbps: Option<f64>, m: &[Measured], targeted: bool) -> Vec<Ref> {
+    let Some(g) = gbps else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Some(s) = Some(m[0].gbps()).filter(|r| *r > 0.0) {
+        out.push(if targeted {
+            Ref::with_target(SAME, g / s, TARGET)
+        } else {
+            Ref::new(SAME, g / s)
+        });
+    }
+    if let Some(r) = Some(m[1].gbps()).filter(|r| *r > 0.0) {
+        out.push(Ref::new("memcpy", g / r));
+    }
+    out
 }
 
 /// One read loop per thread over the leased addresses.
