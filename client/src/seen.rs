@@ -9,9 +9,10 @@
 //! never other bytes.
 //!
 //! The node does not see reads served this way, so they are reported to it in batches (a
-//! lookup of the keys, whose answer is not needed): its eviction policy and hit counters then
-//! still count them. A report goes out in the background, one at a time: the read that fills a
-//! batch does not wait for the node's answer, and reads made while a report is on its way
+//! lookup of the keys, whose answer is not needed) of [`TOUCH_BATCH`] reads, or fewer once the
+//! oldest is [`TOUCH_WITHIN`] old: its eviction policy and hit counters then still count them.
+//! A report goes out in the background, one at a time: the read that fills a batch does not
+//! wait for the node's answer, and reads made while a report is on its way
 //! join the next one (at most [`TOUCH_BACKLOG`] of them wait; beyond that the oldest go
 //! unreported, as a report that fails does).
 
@@ -19,13 +20,21 @@ use crate::link::Located;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-/// Reads served from the index are reported to the node once this many have gathered.
-pub(crate) const TOUCH_BATCH: usize = 256;
+/// Reads served from the index are reported to the node once this many have gathered, or
+/// once the oldest of them is [`TOUCH_WITHIN`] old. A report wakes the client's runtime, the
+/// node and the runtime again, on the cores the readers copy on: at 256 reads a report, four
+/// readers on two cores lost about a tenth of their throughput to it (BENCHMARKS.md).
+pub(crate) const TOUCH_BATCH: usize = 4096;
+
+/// The longest a read served from the index waits to be reported (checked at the next read;
+/// a client that stops reading reports what it has at its next read).
+pub(crate) const TOUCH_WITHIN: Duration = Duration::from_millis(100);
 
 /// Reads waiting for a report while one is on its way, at most: a node that answers slowly
-/// costs the client no more memory than this.
-pub(crate) const TOUCH_BACKLOG: usize = 4 * TOUCH_BATCH;
+/// costs the client no more memory than this (24 bytes each, the key shared with its entry).
+pub(crate) const TOUCH_BACKLOG: usize = 2 * TOUCH_BATCH;
 
 /// The index's memory: a hash map of its entries, with eviction by *second chance* (CLOCK)
 /// instead of a least-recently-used list. A read only sets its entry's `referenced` flag, in
@@ -48,6 +57,8 @@ pub(crate) struct SeenIndex {
     touched: Vec<(u32, Arc<[u8]>)>,
     /// A report is on its way to the node.
     reporting: bool,
+    /// When the oldest read in `touched` was made.
+    since: Option<Instant>,
 }
 
 struct Seen {
@@ -97,6 +108,7 @@ impl SeenIndex {
             stamp: 0,
             touched: Vec::new(),
             reporting: false,
+            since: None,
         }
     }
 
@@ -180,24 +192,46 @@ impl SeenIndex {
         }
     }
 
-    /// Notes a read served from the index; returns the batch to report once it is full and no
-    /// report is on its way (the caller sends it, then calls [`SeenIndex::reported`]).
-    /// `key` is the entry's own copy, from [`SeenIndex::get`]: a read allocates nothing.
+    /// Notes a read served from the index; returns the batch to report once it is full, or its
+    /// oldest read [`TOUCH_WITHIN`] old, and no report is on its way (the caller sends it,
+    /// then calls [`SeenIndex::reported`]). `key` is the entry's own copy, from
+    /// [`SeenIndex::get`]: a read allocates nothing.
     pub(crate) fn touch(&mut self, ns: u32, key: Arc<[u8]>) -> Option<Vec<(u32, Arc<[u8]>)>> {
+        self.touch_at(ns, key, Instant::now)
+    }
+
+    /// [`SeenIndex::touch`] with the clock passed in (`now` is read only when the batch is
+    /// short of full: at most once per read while it is small, then every 64th).
+    fn touch_at(
+        &mut self,
+        ns: u32,
+        key: Arc<[u8]>,
+        now: impl Fn() -> Instant,
+    ) -> Option<Vec<(u32, Arc<[u8]>)>> {
         if self.touched.len() >= TOUCH_BACKLOG {
             // The node has not answered the last report for a while: the oldest batch's worth
             // of reads waiting go unreported.
             self.touched.drain(..TOUCH_BATCH);
         }
+        if self.touched.is_empty() {
+            self.since = Some(now());
+        }
         self.touched.push((ns, key));
-        if self.reporting || self.touched.len() < TOUCH_BATCH {
+        let n = self.touched.len();
+        if self.reporting {
+            return None;
+        }
+        let due = n >= TOUCH_BATCH
+            || ((n < 64 || n % 64 == 0)
+                && self
+                    .since
+                    .is_some_and(|t| now().saturating_duration_since(t) >= TOUCH_WITHIN));
+        if !due {
             return None;
         }
         self.reporting = true;
-        Some(std::mem::replace(
-            &mut self.touched,
-            Vec::with_capacity(TOUCH_BATCH),
-        ))
+        self.since = None;
+        Some(std::mem::take(&mut self.touched))
     }
 
     /// The report [`SeenIndex::touch`] handed out is done (sent, failed or abandoned).
@@ -255,22 +289,53 @@ mod tests {
         let mut s = SeenIndex::new(0);
         s.insert(0, b"k", at(1));
         assert_eq!(s.get(0, b"k"), None);
+        // One instant throughout: only the count can make a batch due.
+        let t0 = Instant::now();
         for i in 0..TOUCH_BATCH - 1 {
-            assert!(s.touch(0, Arc::from(&i.to_le_bytes()[..])).is_none());
+            assert!(s
+                .touch_at(0, Arc::from(&i.to_le_bytes()[..]), || t0)
+                .is_none());
         }
         assert_eq!(
-            s.touch(0, Arc::from(&b"last"[..])).map(|b| b.len()),
+            s.touch_at(0, Arc::from(&b"last"[..]), || t0)
+                .map(|b| b.len()),
             Some(TOUCH_BATCH)
         );
+    }
+
+    #[test]
+    fn a_batch_short_of_full_goes_once_its_oldest_read_is_old_enough() {
+        let mut s = SeenIndex::new(8);
+        let t0 = Instant::now();
+        let key = |i: u32| Arc::from(&i.to_le_bytes()[..]);
+        assert!(s.touch_at(0, key(1), || t0).is_none());
+        let soon = t0 + TOUCH_WITHIN / 2;
+        assert!(s.touch_at(0, key(2), || soon).is_none(), "not yet due");
+        let late = t0 + TOUCH_WITHIN;
+        let batch = s.touch_at(0, key(3), || late).expect("due by age");
+        assert_eq!(batch.len(), 3);
+        // The next batch's age counts from its own first read, and waits for the report.
+        assert!(s.touch_at(0, key(4), || late).is_none());
+        let later = late + 2 * TOUCH_WITHIN;
+        assert!(
+            s.touch_at(0, key(5), || later).is_none(),
+            "one report at a time"
+        );
+        s.reported();
+        let next = s
+            .touch_at(0, key(6), || later)
+            .expect("due once the report is done");
+        assert_eq!(next.len(), 3);
     }
 
     #[test]
     fn one_report_at_a_time_and_a_bounded_backlog_meanwhile() {
         let mut s = SeenIndex::new(8);
         let mut n = 0u32;
+        let t0 = Instant::now();
         let mut touch = |s: &mut SeenIndex| {
             n += 1;
-            s.touch(0, Arc::from(&n.to_le_bytes()[..]))
+            s.touch_at(0, Arc::from(&n.to_le_bytes()[..]), || t0)
         };
         let first: Vec<_> = (0..TOUCH_BATCH).filter_map(|_| touch(&mut s)).collect();
         assert_eq!(first.len(), 1, "a full batch is handed out");
