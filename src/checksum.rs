@@ -176,7 +176,10 @@ mod x86 {
     const LASTACC_START: usize = 7;
     const MERGEACCS_START: usize = 11;
 
-    const PREFETCH: usize = 1024;
+    /// How far ahead of the stripe being folded the source is prefetched. Measured on 64 KiB
+    /// objects of 4 KiB pages, 8 copies with hashing a call: 1 KiB ahead 62-70 us, 2 KiB 54-62,
+    /// 3 KiB and 4 KiB about as 2 KiB, none 83-100 (docs/BENCHMARKS.md).
+    const PREFETCH: usize = 2048;
     const PRIME32_1: u64 = 0x9E37_79B1;
     const PRIME32_2: u64 = 0x85EB_CA77;
     const PRIME32_3: u64 = 0xC2B2_AE3D;
@@ -223,6 +226,7 @@ mod x86 {
         let mut at = 0;
         for _ in 0..blocks {
             for s in 0..STRIPES_PER_BLOCK {
+                prefetch(src, at, len);
                 // SAFETY: `at + 64 <= blocks * BLOCK <= len - 1`; the secret offset
                 // `s * 8 + 64 <= 184 < 192`.
                 unsafe { stripe::<COPY>(&mut acc, src.add(at), dst.add(at), secret.add(s * 8)) };
@@ -233,6 +237,7 @@ mod x86 {
         }
         let tail_stripes = (len - 1 - at) / STRIPE;
         for s in 0..tail_stripes {
+            prefetch(src, at, len);
             // SAFETY: `at + 64 <= len - 1` for each of these stripes (the division above), and
             // `s < STRIPES_PER_BLOCK`, so the secret offset stays inside it.
             unsafe { stripe::<COPY>(&mut acc, src.add(at), dst.add(at), secret.add(s * 8)) };
@@ -296,6 +301,7 @@ mod x86 {
         let mut at = 0;
         for _ in 0..blocks {
             for s in 0..STRIPES_PER_BLOCK {
+                prefetch(src, at, len);
                 let d = next_stripe();
                 // SAFETY: `at + 64 <= len - 1`; `d` has 64 writable bytes of one piece (above);
                 // the secret offset `s * 8 + 64 <= 184 < 192`.
@@ -307,6 +313,7 @@ mod x86 {
         }
         let tail_stripes = (len - 1 - at) / STRIPE;
         for s in 0..tail_stripes {
+            prefetch(src, at, len);
             let d = next_stripe();
             // SAFETY: as in the loop above; `s < STRIPES_PER_BLOCK`.
             unsafe { stripe::<true>(&mut acc, src.add(at), d, secret.add(s * 8)) };
@@ -475,6 +482,7 @@ mod x86 {
             let secret = SECRET.as_ptr();
             let mut acc = load(&self.lanes);
             for i in 0..n {
+                prefetch(src, i * STRIPE, n * STRIPE);
                 // SAFETY: stripe `i < n` is inside the caller's range; `self.stripes < 16`,
                 // so the secret offset `stripes * 8 + 64 <= 184 < 192`.
                 unsafe {
@@ -541,6 +549,18 @@ mod x86 {
         merge(&store(acc), (len as u64).wrapping_mul(PRIME64_1))
     }
 
+    /// Asks for the cache line [`PREFETCH`] bytes past byte `at` of the `len` bytes at `src`,
+    /// when that is still one of them: prefetching past the end would fetch lines nobody reads,
+    /// a good part of the traffic for objects of a few KiB.
+    #[inline(always)]
+    fn prefetch(src: *const u8, at: usize, len: usize) {
+        if at + PREFETCH < len {
+            // SAFETY: a prefetch is a hint: it never faults and changes nothing but the cache,
+            // whatever the address (it is inside the caller's range anyway).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(at + PREFETCH) as *const i8) };
+        }
+    }
+
     /// One stripe: acc[i ^ 1] += data[i]; acc[i] += lo32(data[i] ^ key[i]) * hi32(...).
     ///
     /// # Safety
@@ -556,7 +576,6 @@ mod x86 {
     ) {
         // SAFETY: the caller's contract; all loads and stores are unaligned forms.
         unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH) as *const i8);
             let d0 = _mm256_loadu_si256(src as *const __m256i);
             let d1 = _mm256_loadu_si256(src.add(32) as *const __m256i);
             if COPY {
