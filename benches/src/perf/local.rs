@@ -203,21 +203,10 @@ impl SameBytes {
     /// One copy loop per thread, `depth` objects into `depth` buffers per call, each thread
     /// starting where the kvpool loop of the same rank starts.
     fn ops(&self, size: u64, conns: usize, depth: usize) -> Vec<ThreadOp<'_>> {
-        let n = self.views.len();
-        (0..conns)
-            .map(|t| {
-                let mut dsts = vec![vec![0u8; size as usize]; depth];
-                let mut i = t * n / conns;
-                Box::new(move || {
-                    for dst in dsts.iter_mut() {
-                        dst.copy_from_slice(self.views[i % n].as_slice());
-                        i += 1;
-                        std::hint::black_box(&mut *dst);
-                    }
-                    Ok(size * dsts.len() as u64)
-                }) as ThreadOp<'_>
-            })
-            .collect()
+        let views = &self.views;
+        memcpy::copy_ops(views.len(), size, conns, depth, move |i| {
+            views[i].as_slice()
+        })
     }
 }
 

@@ -47,20 +47,33 @@ pub(crate) fn ops(ring: &[u8], size: u64, conns: usize) -> Vec<ThreadOp<'_>> {
 /// (its destinations, `depth` × the value size, need not fit a cache as one buffer does).
 pub(crate) fn batch_ops(ring: &[u8], size: u64, conns: usize, depth: usize) -> Vec<ThreadOp<'_>> {
     let size_us = size as usize;
-    let slots = ring.len() / size_us;
+    copy_ops(ring.len() / size_us, size, conns, depth, move |slot| {
+        &ring[slot * size_us..(slot + 1) * size_us]
+    })
+}
+
+/// One copy loop per thread over `slots` sources of `size` bytes (`source(i)` is the i-th),
+/// `depth` of them in turn into `depth` buffers of the thread's own per call, thread `t` of
+/// `conns` starting at slot `t * slots / conns`.
+pub(crate) fn copy_ops<'a>(
+    slots: usize,
+    size: u64,
+    conns: usize,
+    depth: usize,
+    source: impl Fn(usize) -> &'a [u8] + Copy + Send + 'a,
+) -> Vec<ThreadOp<'a>> {
     (0..conns)
         .map(|t| {
-            let mut dsts = vec![vec![0u8; size_us]; depth];
+            let mut dsts = vec![vec![0u8; size as usize]; depth];
             let mut i = t * slots / conns;
             Box::new(move || {
                 for dst in dsts.iter_mut() {
-                    let at = (i % slots) * size_us;
+                    dst.copy_from_slice(source(i % slots));
                     i += 1;
-                    dst.copy_from_slice(&ring[at..at + size_us]);
                     black_box(&mut *dst);
                 }
                 Ok(size * dsts.len() as u64)
-            }) as ThreadOp<'_>
+            }) as ThreadOp<'a>
         })
         .collect()
 }
