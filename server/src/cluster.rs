@@ -51,6 +51,17 @@ impl Timing {
     }
 }
 
+/// What [`Membership::continuity`] found of an object for a routed read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Continuity {
+    /// The node held it as one of its first owners in every view since it was written.
+    Continuous,
+    /// It did not: the copy may be older than a write made elsewhere.
+    Broken,
+    /// The read was routed by a view other than this node's current one: nothing is judged.
+    Moved,
+}
+
 /// This node's view of the cluster: the core's [`membership::Membership`], which makes every
 /// decision, behind a lock, with the channels that tell the rest of the daemon about changes.
 pub(crate) struct Membership {
@@ -134,11 +145,29 @@ impl Membership {
         }
     }
 
-    /// True when this node's object of `key`, allocated at `generation`, may be served by a
-    /// routed read: this node was among its first `replicas` owners in every view since (see
-    /// [`kvpool::placement::history`]).
-    pub(crate) fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
-        self.read().continuous(key, generation, replicas)
+    /// Whether this node's object of `key`, allocated at `generation`, may be served by a read
+    /// routed by the view of stamp `stamp`: this node was among its first `replicas` owners in
+    /// every view since (see [`kvpool::placement::history`]). Judged under the lock that view
+    /// changes take, so a read routed by a view this node has since left is told
+    /// [`Continuity::Moved`], never judged by the newer view (in which this node may own
+    /// nothing: a draining node's copies are still the mover's to hand over).
+    pub(crate) fn continuity(
+        &self,
+        stamp: u64,
+        key: &[u8],
+        generation: u64,
+        replicas: usize,
+    ) -> Continuity {
+        let core = self.read();
+        // `step` stores the stamp while it holds the write lock: under the read lock it is
+        // the stamp of the view `core` judges by.
+        if self.stamp.load(Ordering::Acquire) != stamp {
+            return Continuity::Moved;
+        }
+        match core.continuous(key, generation, replicas) {
+            true => Continuity::Continuous,
+            false => Continuity::Broken,
+        }
     }
 
     /// The node that took `key` over directly from this node, when this node's unpinned

@@ -21,7 +21,7 @@ use kvpool::protocol::auth::ClusterSecret;
 use kvpool::protocol::{ErrorCode, HelloInfo, Limits, Replication};
 use kvpool::{GlobalAddr, Millis, Pool, PoolError};
 
-use crate::cluster::Membership;
+use crate::cluster::{Continuity, Membership};
 use crate::deadline::ConnPolicy;
 use crate::metrics::Metrics;
 
@@ -113,9 +113,11 @@ pub(crate) enum Routing {
     /// Sent here on purpose (view stamp 0: a previous-owner read, the mover, admin tools, or a
     /// front door without cluster views): serve whatever object is here.
     Direct,
-    /// Routed by the current cluster view to this node as a key's owner (or replica): serve only
-    /// an object this node held as one of its first owners in every view since it was written.
-    ByView,
+    /// Routed by the cluster view of this stamp to this node as a key's owner (or replica):
+    /// serve only an object this node held as one of its first owners in every view since it
+    /// was written, and only while that view is still this node's (a read routed by a view the
+    /// node has since left misses, and changes nothing).
+    ByView(u64),
 }
 
 /// Why a namespace name was refused.
@@ -342,7 +344,8 @@ impl Shared {
 
     /// The object of `key`, held for reading until the reference is dropped (stream its bytes,
     /// then drop it: a held object cannot be evicted). A read routed [`Routing::ByView`] misses
-    /// an object that is not continuous, and removes it.
+    /// an object that is not continuous, and removes it; one routed by a view this node has
+    /// since left misses and removes nothing (the front door answers `WrongView`).
     pub(crate) fn get<'a>(
         &'a self,
         ns: u32,
@@ -352,12 +355,15 @@ impl Shared {
     ) -> Result<ObjectRef<'a>, PoolError> {
         let obj = self.pool.get_ref(ns, key, now)?;
         let (generation, pinned) = (obj.generation(), obj.pinned());
-        if self.continuous(ns, key, generation, pinned, routing) {
-            return Ok(obj);
+        match self.continuity(ns, key, generation, pinned, routing) {
+            Continuity::Continuous => Ok(obj),
+            Continuity::Broken => {
+                drop(obj);
+                let _ = self.pool.remove_generation(ns, key, generation);
+                Err(PoolError::NotFound)
+            }
+            Continuity::Moved => Err(PoolError::NotFound),
         }
-        drop(obj);
-        let _ = self.pool.remove_generation(ns, key, generation);
-        Err(PoolError::NotFound)
     }
 
     /// Length of the leading run of `keys` present here (what prefix lookups need; one key
@@ -440,11 +446,12 @@ impl Shared {
         let mut page = self
             .pool
             .scan(ns, cursor, budget, &mut |k| k.starts_with(prefix))?;
-        if routing == Routing::ByView {
+        if routing != Routing::Direct {
             // Outside the scan's shard lock: provenance takes the key's own shard lock.
             page.keys.retain(|k| {
                 matches!(self.pool.provenance(ns, k), Ok(Some((generation, pinned)))
-                    if self.continuous(ns, k, generation, pinned, routing))
+                    if self.continuity(ns, k, generation, pinned, routing)
+                        == Continuity::Continuous)
             });
         }
         Ok(page)
@@ -468,7 +475,8 @@ impl Shared {
     }
 
     /// False when the read is routed by a view and the object of `key` here is not continuous
-    /// (it is then removed); true otherwise, also when there is no object.
+    /// (it is then removed), or the view it was routed by is no longer this node's (nothing is
+    /// removed); true otherwise, also when there is no object.
     pub(crate) fn fresh_key(&self, ns: u32, key: &[u8], routing: Routing) -> bool {
         if routing == Routing::Direct {
             return true;
@@ -476,28 +484,31 @@ impl Shared {
         let Ok(Some((generation, pinned))) = self.pool.provenance(ns, key) else {
             return true;
         };
-        if self.continuous(ns, key, generation, pinned, routing) {
-            return true;
+        match self.continuity(ns, key, generation, pinned, routing) {
+            Continuity::Continuous => true,
+            Continuity::Broken => {
+                let _ = self.pool.remove_generation(ns, key, generation);
+                false
+            }
+            Continuity::Moved => false,
         }
-        let _ = self.pool.remove_generation(ns, key, generation);
-        false
     }
 
     /// May an object of `key` allocated at `generation` be served by this read? Direct reads
     /// read what is here; routed ones only an object this node held as one of its first owners
     /// (the namespace's `replicas`, or `pinned_replicas` for a pinned object) in every view
-    /// since it was written.
-    fn continuous(
+    /// since it was written, judged while the view they were routed by is still this node's.
+    fn continuity(
         &self,
         ns: u32,
         key: &[u8],
         generation: u64,
         pinned: bool,
         routing: Routing,
-    ) -> bool {
-        if routing == Routing::Direct {
-            return true;
-        }
+    ) -> Continuity {
+        let Routing::ByView(stamp) = routing else {
+            return Continuity::Continuous;
+        };
         let replicas = self.replication(ns).map_or(1, |r| {
             if pinned {
                 r.replicas.max(r.pinned_replicas)
@@ -506,7 +517,7 @@ impl Shared {
             }
         });
         self.cluster
-            .continuous(key, generation, replicas.max(1) as usize)
+            .continuity(stamp, key, generation, replicas.max(1) as usize)
     }
 }
 
@@ -514,7 +525,8 @@ impl Shared {
 mod tests {
     use std::time::Duration;
 
-    use kvpool::placement::{ClusterView, NodeInfo};
+    use kvpool::addr::NodeId;
+    use kvpool::placement::{ClusterView, NodeInfo, NodeState};
     use kvpool::pool::{NamespaceConfig, DEFAULT_NAMESPACE};
     use kvpool::segment::{Backing, HugePages};
     use kvpool::PoolConfig;
@@ -681,6 +693,46 @@ mod tests {
         );
     }
 
+    /// The race that lost a pinned object in a drain: a read routed by the view before the
+    /// drain passed the front door's stamp check, the node then adopted the draining view, and
+    /// the read was judged by that view (in which the node owns nothing) and removed the only
+    /// copy before the mover could hand it over. A read is judged by the view it was routed by
+    /// or not at all.
+    #[test]
+    fn a_read_routed_by_a_view_the_node_has_left_misses_and_removes_nothing() {
+        let s = shared();
+        let both = ClusterView::from_nodes(vec![
+            NodeInfo::serving(0, 4 << 20),
+            NodeInfo::serving(1, 4 << 20),
+        ]);
+        let view = s.cluster.merge(&both);
+        assert_eq!(view.owners(b"any", 2).len(), 2, "{view:?}");
+        let key = (0..)
+            .map(|i| format!("weights/{i}").into_bytes())
+            .find(|k| view.owners(k, 1) == [NodeId(0)])
+            .unwrap();
+        let keys = [key.as_slice()];
+        s.put_value(0, &key, b"only copy", None, true).unwrap();
+        let before = Routing::ByView(s.cluster.stamp());
+        let now = s.now();
+        assert_eq!(s.get(0, &key, now, before).unwrap().bytes(), b"only copy");
+
+        // Between the stamp check and the continuity check: the node starts draining.
+        s.cluster.set_state(NodeState::Draining);
+        assert_ne!(Routing::ByView(s.cluster.stamp()), before);
+
+        assert_eq!(s.get(0, &key, now, before).err(), Some(PoolError::NotFound));
+        assert!(!s.fresh_key(0, &key, before));
+        assert_eq!(s.exists_run(0, keys.iter().copied(), before), Ok(0));
+        assert!(scan_all(&s, 0, 100, b"weights/", before).is_empty());
+        // Still here, for the mover.
+        let kept = s.get(0, &key, now, Routing::Direct).unwrap();
+        assert_eq!(kept.bytes(), b"only copy");
+        assert!(kept.pinned());
+        drop(kept);
+        assert_eq!(s.pool.pinned_keys(0).unwrap(), vec![key.clone()]);
+    }
+
     /// Every page of a prefix scan, in order, until the cursor comes back 0.
     fn scan_all(s: &Shared, ns: u32, count: u32, prefix: &[u8], routing: Routing) -> Vec<Vec<u8>> {
         let mut cursor = 0;
@@ -713,7 +765,7 @@ mod tests {
             .unwrap();
         // A pending allocation is not an object yet.
         let pending = s.begin_put(1, b"manifest/pending", 1, false, 0).unwrap();
-        for routing in [Routing::Direct, Routing::ByView] {
+        for routing in [Routing::Direct, Routing::ByView(s.cluster.stamp())] {
             for count in [0, 1, 7, 100_000] {
                 let got = scan_all(&s, 1, count, b"manifest/", routing);
                 assert_eq!(got, want, "count {count}, {routing:?}");

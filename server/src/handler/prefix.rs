@@ -38,6 +38,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Into::into)
         });
+        if matches!(&r, Ok(found) if found.contains(&None)) && self.view_moved() {
+            // Leases taken for this batch lapse by themselves.
+            self.moved_on(id).await?;
+            return Ok(true);
+        }
         self.answer(id, r.map(Reply::Located)).await
     }
 
@@ -89,6 +94,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     return self.answer(id, Err(e.into())).await;
                 }
             }
+        }
+        if found.contains(&None) && self.view_moved() {
+            self.holds.end_last(found.iter().flatten().count());
+            self.moved_on(id).await?;
+            return Ok(true);
         }
         self.answer(id, Ok(Reply::Located(found))).await
     }

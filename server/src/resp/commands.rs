@@ -115,7 +115,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             session,
             name: None,
             view: (s.cluster.stamp(), s.cluster.view()),
-            routing: Routing::ByView,
+            routing: Routing::ByView(s.cluster.stamp()),
             manifests: None,
             token_slot: None,
         }
@@ -322,7 +322,9 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             self.routing = Routing::Direct;
             return Ok(Place::Local);
         }
-        self.routing = Routing::ByView;
+        // Judged by the view placed by: if the node leaves it meanwhile, its reads here miss
+        // (and remove nothing) rather than be judged by a view they were not placed by.
+        self.routing = Routing::ByView(self.view.0);
         let replicas = self.s.replication(ns).map_or(1, |r| r.replicas.max(1)) as usize;
         let me = self.s.cluster.me();
         let owners = view.owners(key, replicas);
