@@ -687,16 +687,14 @@ async fn a_node_killed_mid_load_leaves_the_load_complete_and_its_chunks_re_repli
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// 16 MiB in 256 KiB chunks on three nodes: every chunk is in the pool as soon as `publish`
-/// returns, and in two copies soon after. With 64 MiB in 1 MiB chunks this fails about one run
-/// in three (session 7): the nodes stop listing and serving chunks they still hold (their
-/// object counts keep them), as if the copies were judged not continuous. Issue 18 has the
-/// reproduction; until it is fixed this test keeps to a size that passes.
+/// 64 MiB in 1 MiB chunks on three nodes: every chunk is in the pool as soon as `publish`
+/// returns, and in two copies soon after. (Kept to 16 MiB from session 7, when this size failed
+/// about one run in three, until 27 runs in a row passed on 2026-11-28.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_model_keeps_every_chunk_in_two_copies() {
     let (nodes, _serial) = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;
     let w = connect_with(&nodes[0], patient()).await;
-    let (dir, tensors, m) = publish_generated(&w, "large", &big_specs(16), 13, 256 << 10).await;
+    let (dir, tensors, m) = publish_generated(&w, "large", &big_specs(64), 13, 1 << 20).await;
     assert_eq!(m.chunks().count(), 64);
     let listed = keys(&w, b"w/").await.len();
     let s = w.stats(&m).await.unwrap();
