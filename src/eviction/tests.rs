@@ -203,6 +203,49 @@ fn s3fifo_resists_scans() {
     );
 }
 
+/// A run of reused objects at the small FIFO's head longer than a scan's budget: `s3fifo-lru`
+/// evicts main's least recently used object, never one of them (S3-FIFO would promote them all
+/// before evicting anything from small).
+#[test]
+fn s3fifo_lru_never_evicts_a_reused_object_when_its_budget_runs_out() {
+    let mut p = PolicyKind::S3FifoLru.build();
+    let mut always = |_| true;
+    let mut tick = 0;
+    let insert = |p: &mut Box<dyn Eviction>, h: u32, tick: &mut u64| {
+        *tick += 1;
+        let mut info = ins(u64::from(h) << 20);
+        info.tick = *tick;
+        p.insert(h, info);
+    };
+    for h in 0..100 {
+        insert(&mut p, h, &mut tick);
+    }
+    // 0..10 reused: the first eviction promotes them to main and evicts 10.
+    for h in 0..10 {
+        tick += 1;
+        p.access(h, tick);
+    }
+    tick += 1;
+    assert_eq!(p.victim(&mut always, tick), Some(10));
+    // 100..300 come in and are all read again: a run four times the scan budget.
+    for h in 100..300 {
+        insert(&mut p, h, &mut tick);
+    }
+    for h in 100..300 {
+        tick += 1;
+        p.access(h, tick);
+    }
+    let mut evicted = Vec::new();
+    for _ in 0..99 {
+        tick += 1;
+        evicted.push(p.victim(&mut always, tick).unwrap());
+    }
+    // The untouched 11..100 first, in order; then main's least recent, 0..10 (promoted before
+    // the run), while the run is promoted a budget at a time behind them.
+    let want: Vec<u32> = (11..100).chain(0..10).collect();
+    assert_eq!(evicted, want, "a reused object was evicted");
+}
+
 #[test]
 fn names_round_trip() {
     for k in PolicyKind::ALL {
