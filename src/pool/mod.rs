@@ -65,8 +65,9 @@ pub struct PoolConfig {
     /// Index shards (rounded up to a power of two). Default 1: one eviction domain, so every
     /// policy behaves exactly as the harness simulates it. With more shards the policy instances
     /// of a namespace share their state and victims are compared across shards, which keeps
-    /// every policy within a fifth of a point of one domain on the public trace at 64 shards
-    /// (docs/BENCHMARKS.md); raise it where index lock contention is measured.
+    /// every policy within a fifth of a point of one domain on the public trace at 64 shards,
+    /// though up to a point below it on Mooncake's synthetic trace when a namespace holds only a
+    /// few blocks a shard (docs/BENCHMARKS.md); raise it where index lock contention is measured.
     pub shards: usize,
     /// How long an allocation may stay uncommitted before it is reclaimed. Default 30 s.
     pub pending_timeout_ms: Millis,
