@@ -1171,3 +1171,55 @@ async fn namespace_tokens_isolate_tenants() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A batch is stored from its last item to its first, so in an LRU namespace the chain's root
+/// is its newest block and pressure takes the chain from its tail, where a prefix lookup loses
+/// least (docs/EVICTION.md, "tail first"): over TCP and through the same-host path alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_stored_tail_first_so_pressure_takes_a_chains_tail_first() {
+    let dir = common::temp_dir("tail-first");
+    let cfg = dir.join("kvpoold.toml");
+    let ns = |name: &str| {
+        format!("[[namespace]]\nname = \"{name}\"\nquota = \"256KiB\"\neviction = \"lru\"\n\n")
+    };
+    std::fs::write(&cfg, ns("chain-tcp") + &ns("chain-local")).unwrap();
+    let n = Node::start("32MiB", &["--config", cfg.to_str().unwrap()]);
+    for (name, url, same_host) in [
+        ("chain-tcp", n.tcp_url(), SameHost::Off),
+        ("chain-local", n.unix_url(), SameHost::Auto),
+    ] {
+        let c = Client::connect(
+            &url,
+            ClientConfig {
+                namespace: name.into(),
+                same_host,
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        let keys: Vec<Vec<u8>> = (0..8).map(|i| format!("chain/{i}").into_bytes()).collect();
+        let values: Vec<Vec<u8>> = (0..8).map(|i| value(i, 32 << 10)).collect();
+        let items: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| (&k[..], &v[..]))
+            .collect();
+        let codes = c.batch_put_from(&items).await.unwrap();
+        assert!(
+            codes.iter().all(|&s| s == ErrorCode::Ok),
+            "{name}: {codes:?}"
+        );
+        // The namespace is full: one more block evicts the least recently stored one.
+        c.put(b"other", &value(9, 32 << 10)).await.unwrap();
+        assert!(
+            c.exists(b"chain/0").await.unwrap(),
+            "{name}: the chain's root was evicted"
+        );
+        assert!(
+            !c.exists(b"chain/7").await.unwrap(),
+            "{name}: the chain's tail was kept"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

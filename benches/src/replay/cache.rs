@@ -118,7 +118,8 @@ impl BlockCache for PoolPolicy {
                 self.policy.access(h, self.tick);
             }
         }
-        for (depth, b) in blocks.iter().enumerate() {
+        // Stored tail first, as the client sends a batch (`Client::put_many`).
+        for (depth, b) in blocks.iter().enumerate().rev() {
             if self.capacity == 0 || self.handles.contains_key(b) {
                 continue;
             }

@@ -125,7 +125,8 @@ impl BlockCache for InProcess {
                 missing.push((depth as u32, b));
             }
         }
-        for (depth, b) in missing {
+        // Tail first, as the client stores a batch (`Client::put_many`).
+        for (depth, b) in missing.into_iter().rev() {
             fill(&mut self.value, b);
             let key = block_key(b);
             let len = self.value.len() as u64;
@@ -224,7 +225,9 @@ impl BlockCache for Remote {
     }
 
     fn store(&mut self, blocks: &[u64], _: &[u64]) -> anyhow::Result<()> {
-        for chunk in blocks.chunks(CHUNK) {
+        // The last chunk first: the client stores each batch tail first, so the request's
+        // blocks reach the node from the last to the first, as in the other engines.
+        for chunk in blocks.chunks(CHUNK).rev() {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|&b| self.key(b)).collect();
             let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
             let present = self.client.lease(&refs, 0)?;

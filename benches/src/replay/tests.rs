@@ -249,10 +249,12 @@ fn the_default_policy_beats_lru_where_it_matters() {
 #[test]
 fn the_default_policy_keeps_up_with_lru_on_recency_workloads() {
     // chat and agent reread each conversation on every turn, then never again: the workloads
-    // where the paper's S3-FIFO fell 2 to 3 points behind LRU (docs/BENCHMARKS.md).
+    // where the paper's S3-FIFO fell 2 to 3 points behind LRU (docs/BENCHMARKS.md). Since
+    // batches are stored tail first, the paper's version no longer falls behind on agent at 200
+    // blocks (63.4 % against LRU's 60.7 %), so only chat still has to tell the two apart.
     use kvpool::eviction::PolicyKind;
     use synth::{generate, Workload};
-    for (w, cap) in [(Workload::Chat, 1000), (Workload::Agent, 200)] {
+    for (w, cap, separates) in [(Workload::Chat, 1000, true), (Workload::Agent, 200, false)] {
         let t = generate(w, 1, 10_000);
         let lru = run(&t, &mut Lru::new(cap)).block_hit_rate();
         let rate = |k| run(&t, &mut cache::PoolPolicy::new(k, cap)).block_hit_rate();
@@ -263,7 +265,7 @@ fn the_default_policy_keeps_up_with_lru_on_recency_workloads() {
             "{w:?} at {cap}: default {default:.4} is over 1 point below lru {lru:.4}"
         );
         assert!(
-            paper < lru - 0.01,
+            !separates || paper < lru - 0.01,
             "{w:?} at {cap}: s3fifo {paper:.4} no longer falls behind lru {lru:.4}, so this \
              workload no longer tells the policies apart"
         );

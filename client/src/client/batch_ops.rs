@@ -145,8 +145,12 @@ impl Client {
         let r_count = if pin { self.repl.1 } else { self.repl.0 }.max(1);
         let depths = &depths;
         routed!(self, r => {
+            // Each node's batch runs from the last item to the first, so a node stores a prefix
+            // chain tail first and its eviction policy sees the chain's root as the newest of
+            // its blocks: under pressure a chain shrinks from its end, where a prefix lookup
+            // loses least (docs/EVICTION.md, "tail first").
             let mut batches = Vec::new();
-            for (i, (k, _)) in items.iter().enumerate() {
+            for (i, (k, _)) in items.iter().enumerate().rev() {
                 for o in r.view.owners(k, r_count) {
                     add_key(&mut batches, o.0, r.stamp, (), i);
                 }
