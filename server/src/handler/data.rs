@@ -39,8 +39,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.reply(id, reply, &[bytes]).await?;
                 self.s.metrics.bytes(0, bytes.len() as u64);
             }
-            Err(PoolError::NotFound) if self.view_moved() => self.moved_on(id).await?,
-            Err(e) => self.pool_fail(id, e).await?,
+            Err(e) => {
+                if !self.answered_moved(id, e == PoolError::NotFound).await? {
+                    self.pool_fail(id, e).await?;
+                }
+            }
         }
         Ok(true)
     }
@@ -125,9 +128,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
             }
         }
-        if refs.iter().any(Option::is_none) && self.view_moved() {
-            drop(refs);
-            self.moved_on(id).await?;
+        let missed = refs.iter().any(Option::is_none);
+        if self.answered_moved(id, missed).await? {
             return Ok(true);
         }
         let metas = refs
@@ -152,8 +154,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 .exists_run(ns, keys.iter().map(|k| k.as_slice()), self.routing())
                 .map_err(Into::into)
         });
-        if matches!(r, Ok(n) if n < keys.len()) && self.view_moved() {
-            self.moved_on(id).await?;
+        let missed = matches!(r, Ok(n) if n < keys.len());
+        if self.answered_moved(id, missed).await? {
             return Ok(true);
         }
         self.answer(id, r.map(|n| Reply::Count(n as u64))).await
@@ -190,9 +192,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 cursor: p.cursor,
             })
             .map_err(ErrorCode::from);
-        if r.is_ok() && self.view_moved() {
-            // Keys judged after the view changed were left out: the page is not whole.
-            self.moved_on(id).await?;
+        // Keys judged after the view changed are left out: such a page may not be whole.
+        if self.answered_moved(id, r.is_ok()).await? {
             return Ok(true);
         }
         self.answer(id, r).await

@@ -393,24 +393,20 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         }
     }
 
-    /// True when the request being served was routed by a view this node has since left: its
-    /// misses may be that view change's (nothing was judged by the newer view), so the client
-    /// is told `WrongView` to route it again, not that the keys are missing.
-    fn view_moved(&self) -> bool {
-        self.stamp != 0 && self.s.cluster.stamp() != self.stamp
-    }
-
-    /// Answers `WrongView` for the request being served, routed by a view this node has left.
-    async fn moved_on(&mut self, id: u64) -> io::Result<()> {
+    /// For a read that `missed` something: when it was routed by a view this node has since
+    /// left, its misses may be that view change's (nothing was judged by the newer view), so
+    /// the client is told `WrongView` to route it again, not that the keys are missing. Returns
+    /// whether it answered so.
+    async fn answered_moved(&mut self, id: u64, missed: bool) -> io::Result<bool> {
+        if !missed || self.stamp == 0 || self.s.cluster.stamp() == self.stamp {
+            return Ok(false);
+        }
         let version = self.s.cluster.view().version;
-        self.fail(
-            id,
-            ErrorCode::WrongView,
-            &format!(
-                "the cluster view changed while this was served; this node is at version {version}"
-            ),
-        )
-        .await
+        let message = format!(
+            "the cluster view changed while this was served; this node is at version {version}"
+        );
+        self.fail(id, ErrorCode::WrongView, &message).await?;
+        Ok(true)
     }
 
     /// Admits a bulk payload of `bytes` of the request being served (`None`: not bulk), or

@@ -38,9 +38,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Into::into)
         });
-        if matches!(&r, Ok(found) if found.contains(&None)) && self.view_moved() {
-            // Leases taken for this batch lapse by themselves.
-            self.moved_on(id).await?;
+        // Leases taken for a batch answered `WrongView` lapse by themselves.
+        let missed = matches!(&r, Ok(found) if found.contains(&None));
+        if self.answered_moved(id, missed).await? {
             return Ok(true);
         }
         self.answer(id, r.map(Reply::Located)).await
@@ -95,9 +95,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
             }
         }
-        if found.contains(&None) && self.view_moved() {
+        if self.answered_moved(id, found.contains(&None)).await? {
             self.holds.end_last(found.iter().flatten().count());
-            self.moved_on(id).await?;
             return Ok(true);
         }
         self.answer(id, Ok(Reply::Located(found))).await
