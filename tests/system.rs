@@ -1223,3 +1223,134 @@ async fn a_batch_is_stored_tail_first_so_pressure_takes_a_chains_tail_first() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// How a batched read reaches the node in [`a_batched_read_touches_a_chain_tail_first`].
+#[derive(Clone, Copy, Debug)]
+enum ChainRead {
+    /// `BatchGet` over TCP.
+    Batch,
+    /// `BatchGet` in its prefix mode over TCP (`load_prefix`).
+    Prefix,
+    /// A same-host client that has not seen the keys: a `Lookup`, then copies from the mapping.
+    Lookup,
+    /// A same-host client whose index knows the keys: copies only, reported to the node later.
+    Reported,
+}
+
+/// A batched read is taken from its last key to its first, so in an LRU namespace a chain's
+/// root ends up its most recently used block and pressure takes the chain's tail, whichever
+/// way the read reaches the node (docs/EVICTION.md, "tail first"). The chain is stored one
+/// block at a time, root first, then read in two batches, blocks 0–3 and then 4–7: read in
+/// order and each tail first, block 3 is the least recently used (read root first, block 0
+/// would be; reported in the wrong order across batches, block 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_read_touches_a_chain_tail_first() {
+    let dir = common::temp_dir("tail-first-reads");
+    let cfg = dir.join("kvpoold.toml");
+    let reads = [
+        ChainRead::Batch,
+        ChainRead::Prefix,
+        ChainRead::Lookup,
+        ChainRead::Reported,
+    ];
+    let toml: String = reads
+        .iter()
+        .map(|r| {
+            format!("[[namespace]]\nname = \"{r:?}\"\nquota = \"256KiB\"\neviction = \"lru\"\n\n")
+        })
+        .collect();
+    std::fs::write(&cfg, toml).unwrap();
+    let n = Node::start("32MiB", &["--config", cfg.to_str().unwrap()]);
+    for read in reads {
+        let name = format!("{read:?}");
+        let (url, same_host) = match read {
+            ChainRead::Batch | ChainRead::Prefix => (n.tcp_url(), SameHost::Off),
+            ChainRead::Lookup | ChainRead::Reported => (n.unix_url(), SameHost::Auto),
+        };
+        let connect = || {
+            Client::connect(
+                &url,
+                ClientConfig {
+                    namespace: name.clone(),
+                    same_host,
+                    ..ClientConfig::default()
+                },
+            )
+        };
+        let writer = connect().await.unwrap();
+        let keys: Vec<Vec<u8>> = (0..8).map(|i| format!("chain/{i}").into_bytes()).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        for (i, k) in keys.iter().enumerate() {
+            writer.put(k, &value(i as u64, 32 << 10)).await.unwrap();
+        }
+        let reader = connect().await.unwrap();
+        let hits = |s: kvpool::pool::PoolStats| {
+            s.namespaces
+                .iter()
+                .find(|x| x.name == name)
+                .map_or(0, |x| x.hits)
+        };
+        let read_batch = async |keys: &[&[u8]], first: u64| {
+            let mut bufs = vec![vec![0u8; 32 << 10]; keys.len()];
+            let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            let got = match read {
+                ChainRead::Prefix => reader
+                    .load_prefix(kvpool_client::Prefix::Keys(keys), &mut dsts)
+                    .await
+                    .unwrap(),
+                _ => {
+                    let got = reader.batch_get_into(keys, &mut dsts).await.unwrap();
+                    got.iter().flatten().count()
+                }
+            };
+            assert_eq!(got, keys.len(), "{name}");
+            for (i, b) in (first..).zip(&bufs) {
+                assert_eq!(b[..], value(i, 32 << 10)[..], "{name}: block {i}");
+            }
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut before = hits(reader.stats().await.unwrap());
+        if let ChainRead::Reported = read {
+            // Reads until one is served from the reader's index: the node has not counted it
+            // yet, and will with the reads below.
+            loop {
+                read_batch(&refs, 0).await;
+                let now = hits(reader.stats().await.unwrap());
+                if now == before {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "{name}: no index");
+                before = now;
+            }
+        }
+        read_batch(&refs[..4], 0).await;
+        read_batch(&refs[4..], 4).await;
+        let mut reads = 8 + matches!(read, ChainRead::Reported) as u64 * 8;
+        while hits(reader.stats().await.unwrap()) < before + reads {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: the node never counted the reads"
+            );
+            if let ChainRead::Reported = read {
+                // Reads served from the index are reported at the next read once the oldest
+                // is 100 ms old (in the background, one report at a time).
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                assert!(reader.get(b"chain/4").await.unwrap().is_some());
+                reads += 1;
+            } else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        // The namespace is full: one more block evicts the least recently used one.
+        writer.put(b"other", &value(9, 32 << 10)).await.unwrap();
+        for (i, kept) in [(0, true), (3, false), (4, true), (7, true)] {
+            assert_eq!(
+                writer.exists(refs[i]).await.unwrap(),
+                kept,
+                "{name}: block {i} should have been {}",
+                if kept { "kept" } else { "evicted" }
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

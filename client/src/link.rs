@@ -988,13 +988,9 @@ impl Link {
                     seen.forget(ns, keys[i], l);
                 }
             }
-            let mut report = None;
-            for (o, key) in out.iter().zip(shared) {
-                if let (Some(_), Some(key)) = (o, key) {
-                    report = seen.touch(ns, key).or(report);
-                }
-            }
-            report
+            // Noted from the last key to the first, as the node reads a batch (tail first).
+            let read = out.iter().zip(shared).rev();
+            seen.touch_all(ns, read.filter_map(|(o, key)| o.and(key)))
         };
         if let Some(batch) = report {
             self.report(cfg, batch);
@@ -1026,7 +1022,11 @@ impl Link {
     /// needed), so its eviction policy and hit counters count them. Best effort: a failure only
     /// loses the report.
     async fn report_reads(&self, cfg: &ClientConfig, mut batch: Vec<(u32, Arc<[u8]>)>) {
-        batch.sort_unstable_by_key(|(ns, _)| *ns);
+        // The node takes a `Lookup`'s keys from the last to the first: reversed, the reads
+        // reach its eviction policy in the order they were noted (each call's batch already
+        // tail first). The sort is stable, so each namespace keeps that order.
+        batch.reverse();
+        batch.sort_by_key(|(ns, _)| *ns);
         for group in batch.chunk_by(|a, b| a.0 == b.0) {
             let op = Op::Lookup {
                 ns: group[0].0,

@@ -14,7 +14,10 @@
 //! A report goes out in the background, one at a time: the read that fills a batch does not
 //! wait for the node's answer, and reads made while a report is on its way
 //! join the next one (at most [`TOUCH_BACKLOG`] of them wait; beyond that the oldest go
-//! unreported, as a report that fails does).
+//! unreported, as a report that fails does). A call's reads are noted from its last key to its
+//! first and go in one report, which is reversed before it is sent: the node takes a `Lookup`
+//! from its last key to its first, so it sees the calls in the order they were made, each tail
+//! first, as it would have read them (docs/EVICTION.md, "tail first").
 
 use crate::link::Located;
 use std::collections::{HashMap, VecDeque};
@@ -197,32 +200,48 @@ impl SeenIndex {
     /// then calls [`SeenIndex::reported`]). `key` is the entry's own copy, from
     /// [`SeenIndex::get`]: a read allocates nothing.
     pub(crate) fn touch(&mut self, ns: u32, key: Arc<[u8]>) -> Option<Vec<(u32, Arc<[u8]>)>> {
-        self.touch_at(ns, key, Instant::now)
+        self.touch_at(ns, [key], Instant::now)
     }
 
-    /// [`SeenIndex::touch`] with the clock passed in (`now` is read only when the batch is
-    /// short of full: at most once per read while it is small, then every 64th).
+    /// [`SeenIndex::touch`] for the reads of one call, in the order the node should see them:
+    /// they go in one report, never split between two.
+    pub(crate) fn touch_all(
+        &mut self,
+        ns: u32,
+        keys: impl IntoIterator<Item = Arc<[u8]>>,
+    ) -> Option<Vec<(u32, Arc<[u8]>)>> {
+        self.touch_at(ns, keys, Instant::now)
+    }
+
+    /// [`SeenIndex::touch_all`] with the clock passed in (`now` is read only when the batch is
+    /// short of full: at most once per call while it is small, then once per 64 reads).
     fn touch_at(
         &mut self,
         ns: u32,
-        key: Arc<[u8]>,
+        keys: impl IntoIterator<Item = Arc<[u8]>>,
         now: impl Fn() -> Instant,
     ) -> Option<Vec<(u32, Arc<[u8]>)>> {
-        if self.touched.len() >= TOUCH_BACKLOG {
-            // The node has not answered the last report for a while: the oldest batch's worth
-            // of reads waiting go unreported.
-            self.touched.drain(..TOUCH_BATCH);
+        let had = self.touched.len();
+        for key in keys {
+            if self.touched.len() >= TOUCH_BACKLOG {
+                // The node has not answered the last report for a while: the oldest batch's
+                // worth of reads waiting go unreported.
+                self.touched.drain(..TOUCH_BATCH);
+            }
+            self.touched.push((ns, key));
         }
-        if self.touched.is_empty() {
+        let n = self.touched.len();
+        if n == 0 {
+            return None;
+        }
+        if had == 0 {
             self.since = Some(now());
         }
-        self.touched.push((ns, key));
-        let n = self.touched.len();
         if self.reporting {
             return None;
         }
         let due = n >= TOUCH_BATCH
-            || ((n < 64 || n % 64 == 0)
+            || ((n < 64 || n / 64 != had / 64)
                 && self
                     .since
                     .is_some_and(|t| now().saturating_duration_since(t) >= TOUCH_WITHIN));
@@ -293,11 +312,11 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..TOUCH_BATCH - 1 {
             assert!(s
-                .touch_at(0, Arc::from(&i.to_le_bytes()[..]), || t0)
+                .touch_at(0, [Arc::from(&i.to_le_bytes()[..])], || t0)
                 .is_none());
         }
         assert_eq!(
-            s.touch_at(0, Arc::from(&b"last"[..]), || t0)
+            s.touch_at(0, [Arc::from(&b"last"[..])], || t0)
                 .map(|b| b.len()),
             Some(TOUCH_BATCH)
         );
@@ -308,24 +327,47 @@ mod tests {
         let mut s = SeenIndex::new(8);
         let t0 = Instant::now();
         let key = |i: u32| Arc::from(&i.to_le_bytes()[..]);
-        assert!(s.touch_at(0, key(1), || t0).is_none());
+        assert!(s.touch_at(0, [key(1)], || t0).is_none());
         let soon = t0 + TOUCH_WITHIN / 2;
-        assert!(s.touch_at(0, key(2), || soon).is_none(), "not yet due");
+        assert!(s.touch_at(0, [key(2)], || soon).is_none(), "not yet due");
         let late = t0 + TOUCH_WITHIN;
-        let batch = s.touch_at(0, key(3), || late).expect("due by age");
+        let batch = s.touch_at(0, [key(3)], || late).expect("due by age");
         assert_eq!(batch.len(), 3);
         // The next batch's age counts from its own first read, and waits for the report.
-        assert!(s.touch_at(0, key(4), || late).is_none());
+        assert!(s.touch_at(0, [key(4)], || late).is_none());
         let later = late + 2 * TOUCH_WITHIN;
         assert!(
-            s.touch_at(0, key(5), || later).is_none(),
+            s.touch_at(0, [key(5)], || later).is_none(),
             "one report at a time"
         );
         s.reported();
         let next = s
-            .touch_at(0, key(6), || later)
+            .touch_at(0, [key(6)], || later)
             .expect("due once the report is done");
         assert_eq!(next.len(), 3);
+    }
+
+    #[test]
+    fn one_calls_reads_go_in_one_report_in_the_order_given() {
+        let mut s = SeenIndex::new(8);
+        let t0 = Instant::now();
+        let key = |i: u32| Arc::<[u8]>::from(&i.to_le_bytes()[..]);
+        assert!(s.touch_at(0, [key(3), key(2)], || t0).is_none());
+        let late = t0 + TOUCH_WITHIN;
+        let batch = s
+            .touch_at(1, [key(9), key(8), key(7)], || late)
+            .expect("due by age");
+        let got: Vec<(u32, Arc<[u8]>)> = vec![
+            (0, key(3)),
+            (0, key(2)),
+            (1, key(9)),
+            (1, key(8)),
+            (1, key(7)),
+        ];
+        assert_eq!(
+            batch, got,
+            "the whole call, after the earlier one, as given"
+        );
     }
 
     #[test]
@@ -335,7 +377,7 @@ mod tests {
         let t0 = Instant::now();
         let mut touch = |s: &mut SeenIndex| {
             n += 1;
-            s.touch_at(0, Arc::from(&n.to_le_bytes()[..]), || t0)
+            s.touch_at(0, [Arc::from(&n.to_le_bytes()[..])], || t0)
         };
         let first: Vec<_> = (0..TOUCH_BATCH).filter_map(|_| touch(&mut s)).collect();
         assert_eq!(first.len(), 1, "a full batch is handed out");

@@ -385,6 +385,24 @@ impl Shared {
             .unwrap_or(n))
     }
 
+    /// [`Shared::exists_run`] without counting a prefix lookup: how many of `keys`, from the
+    /// first, a prefix read would find here. Does not change recency.
+    pub(crate) fn present_run<'k>(
+        &self,
+        ns: u32,
+        keys: impl Iterator<Item = &'k [u8]>,
+        routing: Routing,
+    ) -> Result<usize, PoolError> {
+        let mut n = 0;
+        for key in keys {
+            if self.pool.provenance(ns, key)?.is_none() || !self.fresh_key(ns, key, routing) {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Removes `key`; returns whether it existed. Noted as a write for the cluster first, so a
     /// previous owner's older copy is not served in its place.
     pub(crate) fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {

@@ -1423,6 +1423,14 @@ impl Pool {
     }
 
     /// Counts a read of namespace `ns` that found its object (`hit`) or not.
+    /// Counts a read of namespace `ns` that found nothing, for a caller that judged the miss
+    /// itself without reading (a prefix read that found its run's end quietly).
+    pub fn count_miss(&self, ns: u32) -> Result<(), PoolError> {
+        self.ns(ns)?;
+        self.count_read(ns, false);
+        Ok(())
+    }
+
     fn count_read(&self, ns: u32, hit: bool) {
         let space = &self.namespaces[ns as usize];
         if hit { &space.hits } else { &space.misses }.fetch_add(1, Ordering::Relaxed);

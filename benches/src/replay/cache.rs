@@ -112,7 +112,8 @@ impl BlockCache for PoolPolicy {
     }
 
     fn store(&mut self, blocks: &[u64], _: &[u64]) -> anyhow::Result<()> {
-        for b in blocks {
+        // Touched tail first, as the node reads a batch (`BatchGet`, `Lookup`).
+        for b in blocks.iter().rev() {
             if let Some(&h) = self.handles.get(b) {
                 self.tick += 1;
                 self.policy.access(h, self.tick);

@@ -108,7 +108,8 @@ impl BlockCache for InProcess {
     fn lookup(&mut self, blocks: &[u64]) -> anyhow::Result<usize> {
         let keys: Vec<[u8; 9]> = blocks.iter().map(|&b| block_key(b)).collect();
         let hits = self.pool.exists_prefix(0, keys.iter().map(|k| &k[..]))?;
-        for &b in &blocks[..hits] {
+        // Loaded tail first, as the node reads a batch.
+        for &b in blocks[..hits].iter().rev() {
             let n = self
                 .pool
                 .get_into(0, &block_key(b), &mut self.scratch, self.now)?;
@@ -119,14 +120,15 @@ impl BlockCache for InProcess {
 
     fn store(&mut self, blocks: &[u64], _: &[u64]) -> anyhow::Result<()> {
         self.now += 1;
+        // Looked up and then stored tail first, as the node takes a `Lookup` and the client
+        // stores a batch (`Client::put_many`).
         let mut missing = Vec::new();
-        for (depth, &b) in blocks.iter().enumerate() {
+        for (depth, &b) in blocks.iter().enumerate().rev() {
             if self.pool.lookup(0, &block_key(b), 0, self.now)?.is_none() {
                 missing.push((depth as u32, b));
             }
         }
-        // Tail first, as the client stores a batch (`Client::put_many`).
-        for (depth, b) in missing.into_iter().rev() {
+        for (depth, b) in missing {
             fill(&mut self.value, b);
             let key = block_key(b);
             let len = self.value.len() as u64;
@@ -206,7 +208,8 @@ impl BlockCache for Remote {
             }
         }
         let mut bufs = vec![vec![0u8; self.block_bytes]; CHUNK.min(hits)];
-        for (i, chunk) in keys[..hits].chunks(CHUNK).enumerate() {
+        // The last chunk first: the node reads each batch tail first, so the whole run is.
+        for (i, chunk) in keys[..hits].chunks(CHUNK).enumerate().rev() {
             let refs: Vec<&[u8]> = chunk.iter().map(|k| &k[..]).collect();
             let mut dsts: Vec<&mut [u8]> = bufs
                 .iter_mut()

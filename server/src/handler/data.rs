@@ -107,25 +107,48 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 .await?;
             return Ok(true);
         }
-        let mut refs = Vec::with_capacity(keys.len());
-        let mut gap = false;
-        for key in keys.iter() {
-            if gap {
-                // After a gap a prefix block is useless: don't send it.
-                refs.push(None);
-                continue;
-            }
-            match self.s.get(ns, key.as_slice(), now, self.routing()) {
-                Ok(r) => refs.push(Some(r)),
-                Err(PoolError::NotFound) => {
-                    gap = prefix;
-                    refs.push(None);
+        // A prefix chain is read up to its run here, judged first without touching anything,
+        // so nothing past its gap is touched or sent.
+        let run = if prefix {
+            let run = self
+                .s
+                .present_run(ns, keys.iter().map(|k| k.as_slice()), self.routing())
+                .and_then(|run| {
+                    if run < keys.len() {
+                        // The read that ends the run, as a read of it would have counted.
+                        self.s.pool.count_miss(ns)?;
+                    }
+                    Ok(run)
+                });
+            match run {
+                Ok(run) => run,
+                Err(e) => {
+                    self.pool_fail(id, e).await?;
+                    return Ok(true);
                 }
+            }
+        } else {
+            keys.len()
+        };
+        let mut refs: Vec<Option<_>> = keys.iter().map(|_| None).collect();
+        // From the last key to the first: each read is an access for the eviction policy, so
+        // a chain's root ends up its most recently used block and pressure takes the chain
+        // from its tail, as a batched store leaves it (docs/EVICTION.md, "tail first").
+        for (slot, key) in refs.iter_mut().zip(keys.iter()).take(run).rev() {
+            match self.s.get(ns, key.as_slice(), now, self.routing()) {
+                Ok(r) => *slot = Some(r),
+                Err(PoolError::NotFound) => {}
                 Err(e) => {
                     drop(refs);
                     self.pool_fail(id, e).await?;
                     return Ok(true);
                 }
+            }
+        }
+        if prefix {
+            // A block evicted since the run was judged ends it there.
+            if let Some(gap) = refs.iter().position(Option::is_none) {
+                refs[gap..].fill_with(|| None);
             }
         }
         let missed = refs.iter().any(Option::is_none);

@@ -23,7 +23,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     ) -> Next {
         let pool = &*self.s.pool;
         let r = self.s.batch_check(keys.len()).and_then(|()| {
+            // From the last key to the first, as `BatchGet` reads: a chain's root ends up its
+            // most recently used block.
             keys.iter()
+                .rev()
                 .map(|k| {
                     if !self.s.fresh_key(ns, k.as_slice(), self.routing()) {
                         return Ok(None);
@@ -36,6 +39,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()
+                .map(|mut found| {
+                    found.reverse();
+                    found
+                })
                 .map_err(Into::into)
         });
         // Leases taken for a batch answered `WrongView` lapse by themselves.
