@@ -403,6 +403,32 @@ impl Shared {
         Ok(n)
     }
 
+    /// Whether a request routed by `routing` was routed by a view this node has since left
+    /// (never a direct one).
+    pub(crate) fn view_moved(&self, routing: Routing) -> bool {
+        matches!(routing, Routing::ByView(stamp) if self.cluster.stamp() != stamp)
+    }
+
+    /// Removes `keys` (a `Remove`); returns how many existed, and whether the request was
+    /// routed by a view this node had left by the time they were removed. Such a removal is
+    /// done here, but the view changed between the front door's stamp check and the removal,
+    /// so this node's mover may already have handed a key's older value to its new owner: the
+    /// front door answers `WrongView` and the client removes again by the new view (a removal
+    /// is idempotent, and a copy arriving after it is refused there as superseded). A view
+    /// change after the check moves nothing: the keys are gone by then.
+    pub(crate) fn remove_keys<'k>(
+        &self,
+        ns: u32,
+        keys: impl Iterator<Item = &'k [u8]>,
+        routing: Routing,
+    ) -> Result<(u64, bool), PoolError> {
+        let mut n = 0;
+        for key in keys {
+            n += self.remove(ns, key)? as u64;
+        }
+        Ok((n, self.view_moved(routing)))
+    }
+
     /// Removes `key`; returns whether it existed. Noted as a write for the cluster first, so a
     /// previous owner's older copy is not served in its place.
     pub(crate) fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
@@ -749,6 +775,34 @@ mod tests {
         assert!(kept.pinned());
         drop(kept);
         assert_eq!(s.pool.pinned_keys(0).unwrap(), vec![key.clone()]);
+    }
+
+    #[test]
+    fn a_remove_routed_by_a_view_the_node_has_left_is_done_and_says_so() {
+        let s = shared();
+        let both = ClusterView::from_nodes(vec![
+            NodeInfo::serving(0, 4 << 20),
+            NodeInfo::serving(1, 4 << 20),
+        ]);
+        let view = s.cluster.merge(&both);
+        let key = (0..)
+            .map(|i| format!("k/{i}").into_bytes())
+            .find(|k| view.owners(k, 1) == [NodeId(0)])
+            .unwrap();
+        let keys = || [key.as_slice()].into_iter();
+        let before = Routing::ByView(s.cluster.stamp());
+        s.put_value(0, &key, b"v1", None, false).unwrap();
+        assert_eq!(s.remove_keys(0, keys(), before), Ok((1, false)));
+        s.put_value(0, &key, b"v2", None, false).unwrap();
+
+        // Between the stamp check and the removal: the view changes.
+        s.cluster.set_state(NodeState::Draining);
+        assert!(s.view_moved(before));
+        assert_eq!(s.remove_keys(0, keys(), before), Ok((1, true)));
+        assert_eq!(s.pool.provenance(0, &key), Ok(None), "removed all the same");
+        let now = Routing::ByView(s.cluster.stamp());
+        assert_eq!(s.remove_keys(0, keys(), now), Ok((0, false)));
+        assert_eq!(s.remove_keys(0, keys(), Routing::Direct), Ok((0, false)));
     }
 
     /// Every page of a prefix scan, in order, until the cursor comes back 0.

@@ -185,11 +185,18 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     }
 
     pub(super) async fn remove(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
-        let r = self.count(
-            keys.len(),
-            keys.iter().map(|k| self.s.remove(ns, k.as_slice())),
-        );
-        self.answer(id, r).await
+        let r = self.s.batch_check(keys.len()).and_then(|()| {
+            let keys = keys.iter().map(|k| k.as_slice());
+            self.s
+                .remove_keys(ns, keys, self.routing())
+                .map_err(Into::into)
+        });
+        // Removed, but by a view this node has since left: the client removes again by the
+        // new one (`Shared::remove_keys`).
+        if matches!(r, Ok((_, true))) && self.answered_moved(id, true).await? {
+            return Ok(true);
+        }
+        self.answer(id, r.map(|(n, _)| Reply::Count(n))).await
     }
 
     /// `Clear`: every object of `ns` here, removed.

@@ -195,6 +195,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.s.watches.lease(ns, key, None);
             self.s.watches.fail(ns, key, reason, now);
         }
+        // Cancelled here, but by a view this node has since left: the client cancels again by
+        // the new one, as a `Remove` is removed again (`Shared::remove_keys`).
+        if self.s.view_moved(self.routing()) && self.answered_moved(id, true).await? {
+            return Ok(true);
+        }
         self.answer(id, Ok(Reply::Count(freed))).await
     }
 }

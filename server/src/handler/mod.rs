@@ -395,8 +395,9 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
 
     /// For a read that `missed` something: when it was routed by a view this node has since
     /// left, its misses may be that view change's (nothing was judged by the newer view), so
-    /// the client is told `WrongView` to route it again, not that the keys are missing. Returns
-    /// whether it answered so.
+    /// the client is told `WrongView` to route it again, not that the keys are missing. A
+    /// removal done under such a view is answered so too (`missed` true), so the client
+    /// removes again by the new view (`Shared::remove_keys`). Returns whether it answered so.
     async fn answered_moved(&mut self, id: u64, missed: bool) -> io::Result<bool> {
         if !missed || self.stamp == 0 || self.s.cluster.stamp() == self.stamp {
             return Ok(false);

@@ -839,7 +839,16 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                     Ok(t) => t.remove(key).await,
                     Err(msg) => Err(msg),
                 },
-                Place::Local => self.s.remove(ns, key).map_err(|e| self.pool_error_text(e)),
+                Place::Local => match self.s.remove(ns, key) {
+                    // Removed here by a view this node has since left: the key's new owner may
+                    // have been handed the older value first, so it is removed there too
+                    // (`Shared::remove_keys`).
+                    Ok(hit) if self.s.view_moved(self.routing) => match self.forward() {
+                        Ok(t) => t.remove(key).await.map(|there| hit || there),
+                        Err(msg) => Err(msg),
+                    },
+                    r => r.map_err(|e| self.pool_error_text(e)),
+                },
             };
             match removed {
                 Ok(hit) => n += hit as i64,
