@@ -409,6 +409,24 @@ impl Shared {
         matches!(routing, Routing::ByView(stamp) if self.cluster.stamp() != stamp)
     }
 
+    /// Commits a put's value that the front door received and hashed
+    /// (`Pool::commit_prehashed`); returns whether the request was routed by a view this node
+    /// had left by the time it committed. The front door checks the view before committing
+    /// too, but a change between that check and the commit could let this node's mover hand
+    /// the key's older value to its new owner first: the value stays committed here, the front
+    /// door answers `WrongView`, and the client writes it again by the new view, so the new
+    /// owner takes it as a write (a copy of it arriving there later is refused as superseded).
+    pub(crate) fn commit_routed(
+        &self,
+        addr: &GlobalAddr,
+        checksum: u64,
+        hashed: u64,
+        routing: Routing,
+    ) -> Result<bool, PoolError> {
+        self.pool.commit_prehashed(addr, checksum, hashed)?;
+        Ok(self.view_moved(routing))
+    }
+
     /// Removes `keys` (a `Remove`); returns how many existed, and whether the request was
     /// routed by a view this node had left by the time they were removed. Such a removal is
     /// done here, but the view changed between the front door's stamp check and the removal,
@@ -778,7 +796,7 @@ mod tests {
     }
 
     #[test]
-    fn a_remove_routed_by_a_view_the_node_has_left_is_done_and_says_so() {
+    fn a_remove_or_put_routed_by_a_view_the_node_has_left_is_done_and_says_so() {
         let s = shared();
         let both = ClusterView::from_nodes(vec![
             NodeInfo::serving(0, 4 << 20),
@@ -803,6 +821,21 @@ mod tests {
         let now = Routing::ByView(s.cluster.stamp());
         assert_eq!(s.remove_keys(0, keys(), now), Ok((0, false)));
         assert_eq!(s.remove_keys(0, keys(), Routing::Direct), Ok((0, false)));
+
+        // A put committed after the view changed is kept and said to have moved.
+        let put = |routing| {
+            let addr = s.begin_put(0, &key, 2, false, 0).unwrap();
+            s.pool.write(&addr, 0, b"v3").unwrap();
+            let hashed = kvpool::checksum(b"v3");
+            s.commit_routed(&addr, hashed, hashed, routing)
+        };
+        assert_eq!(put(before), Ok(true));
+        assert_eq!(
+            s.get(0, &key, s.now(), Routing::Direct).unwrap().bytes(),
+            b"v3"
+        );
+        assert_eq!(put(now), Ok(false));
+        assert_eq!(put(Routing::Direct), Ok(false));
     }
 
     /// Every page of a prefix scan, in order, until the cursor comes back 0.

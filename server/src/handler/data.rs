@@ -285,9 +285,16 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked.
         if !self.peer || pin {
-            return Ok(pool
-                .commit_prehashed(&addr, item.checksum, hashed)
-                .map_err(Into::into));
+            // Committed, but by a view this node left meanwhile: the client writes it again by
+            // the new one (`Shared::commit_routed`).
+            let routing = self.routing();
+            return Ok(
+                match self.s.commit_routed(&addr, item.checksum, hashed, routing) {
+                    Ok(false) => Ok(()),
+                    Ok(true) => Err(ErrorCode::WrongView),
+                    Err(e) => Err(e.into()),
+                },
+            );
         }
         // A peer's copy of an unpinned object (the mover handing over a key this node now
         // owns): taken only while no write or remove acknowledged here can be newer, and never
