@@ -526,7 +526,7 @@ impl Client {
     /// Makes a pending allocation visible; `checksum` is the xxh3-64 of its bytes.
     pub async fn commit(&self, addr: &GlobalAddr, checksum: u64) -> Result<(), ClientError> {
         let l = self.link_of(addr).await?;
-        let codes = l.commit_many(&self.cfg, &[(*addr, checksum)]).await?;
+        let codes = l.commit_many(&self.cfg, 0, &[(*addr, checksum)]).await?;
         code_result(codes[0])
     }
 

@@ -615,7 +615,7 @@ impl Link {
                         settle(f.await?, &mut codes);
                     }
                     let group = std::mem::take(&mut staged);
-                    settle(self.commit_staged(cfg, st, group).await?, &mut codes);
+                    settle(self.commit_staged(cfg, view, st, group).await?, &mut codes);
                     range = st.take(v.len() as u64);
                 }
                 if let Some(r) = range {
@@ -633,7 +633,7 @@ impl Link {
                         // One group in flight while the next is copied: the node copies this
                         // one meanwhile.
                         let group = std::mem::take(&mut staged);
-                        let f = Box::pin(self.commit_staged(cfg, st, group));
+                        let f = Box::pin(self.commit_staged(cfg, view, st, group));
                         launch(&mut inflight, f, &mut codes).await?;
                     }
                     continue;
@@ -654,7 +654,7 @@ impl Link {
                         // As for staged groups: the node hashes this one while the next is
                         // copied.
                         let group = std::mem::take(&mut pending);
-                        let f = Box::pin(self.commit_written(cfg, group));
+                        let f = Box::pin(self.commit_written(cfg, view, group));
                         launch(&mut inflight, f, &mut codes).await?;
                     }
                 }
@@ -665,9 +665,9 @@ impl Link {
             settle(f.await?, &mut codes);
         }
         if let Some(st) = staging.as_deref() {
-            settle(self.commit_staged(cfg, st, staged).await?, &mut codes);
+            settle(self.commit_staged(cfg, view, st, staged).await?, &mut codes);
         }
-        settle(self.commit_written(cfg, pending).await?, &mut codes);
+        settle(self.commit_written(cfg, view, pending).await?, &mut codes);
         if staging.as_ref().is_some_and(|st| !st.usable()) {
             // The node retired the area under these puts (its connection closed): the values it
             // did not take are still in their allocations' hands, pending, so they go over the
@@ -684,7 +684,7 @@ impl Link {
                     }
                 }
             }
-            settle(self.commit_written(cfg, again).await?, &mut codes);
+            settle(self.commit_written(cfg, view, again).await?, &mut codes);
         }
         let mut seen = self.seen();
         // (No await below: the guard is not held across one.)
@@ -702,12 +702,15 @@ impl Link {
 
     /// Has the node copy the values of group `w` out of staging area `st` into their
     /// allocations and commit them; returns each value's (item index, code), and gives the
-    /// group's ranges back once the node answered. An area the node no longer knows (its
+    /// group's ranges back once the node answered. Stamped with `view`, the view the
+    /// allocations were routed by: a value whose node's view changed by its commit is
+    /// `WrongView`, and the put goes again by the new view. An area the node no longer knows (its
     /// connection closed) is retired: those values fail as `Unavailable`, and later puts go
     /// over the socket.
     async fn commit_staged(
         &self,
         cfg: &ClientConfig,
+        view: u64,
         st: &StagingArea,
         w: Staged,
     ) -> Result<Vec<(usize, ErrorCode)>, ClientError> {
@@ -719,7 +722,7 @@ impl Link {
             staging: st.id,
             items: w.items,
         };
-        let got = self.simple(cfg, 0, op, &[]).await;
+        let got = self.simple(cfg, view, op, &[]).await;
         // Answered or not, the ranges can be reused: bytes that change under a copy the node is
         // still making fail its checksum, never land as a value.
         for r in w.ranges {
@@ -742,16 +745,18 @@ impl Link {
         Ok(w.which.into_iter().zip(statuses).collect())
     }
 
-    /// Commits the values of group `w`; returns each value's (item index, code).
+    /// Commits the values of group `w` (stamped with `view`, as [`Link::commit_staged`]);
+    /// returns each value's (item index, code).
     async fn commit_written(
         &self,
         cfg: &ClientConfig,
+        view: u64,
         w: Uncommitted,
     ) -> Result<Vec<(usize, ErrorCode)>, ClientError> {
         if w.commits.is_empty() {
             return Ok(Vec::new());
         }
-        let got = self.commit_many(cfg, &w.commits).await?;
+        let got = self.commit_many(cfg, view, &w.commits).await?;
         Ok(w.which.into_iter().zip(got).collect())
     }
 
@@ -786,10 +791,12 @@ impl Link {
         }
     }
 
-    /// Makes pending allocations visible.
+    /// Makes pending allocations visible. `view`: the view stamp their `Alloc` was routed by,
+    /// for a node to judge the commit by (0: none, as for a plain two-phase put).
     pub(crate) async fn commit_many(
         &self,
         cfg: &ClientConfig,
+        view: u64,
         items: &[(GlobalAddr, u64)],
     ) -> Result<Vec<ErrorCode>, ClientError> {
         let op = Op::Commit {
@@ -801,7 +808,7 @@ impl Link {
                 })
                 .collect(),
         };
-        match self.simple(cfg, 0, op, &[]).await? {
+        match self.simple(cfg, view, op, &[]).await? {
             Reply::Statuses(s) if s.len() == items.len() => {
                 Ok(s.into_iter().map(ErrorCode::from_u16).collect())
             }

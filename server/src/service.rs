@@ -409,22 +409,29 @@ impl Shared {
         matches!(routing, Routing::ByView(stamp) if self.cluster.stamp() != stamp)
     }
 
-    /// Commits a put's value that the front door received and hashed
-    /// (`Pool::commit_prehashed`); returns whether the request was routed by a view this node
-    /// had left by the time it committed. The front door checks the view before committing
-    /// too, but a change between that check and the commit could let this node's mover hand
-    /// the key's older value to its new owner first: the value stays committed here, the front
-    /// door answers `WrongView`, and the client writes it again by the new view, so the new
-    /// owner takes it as a write (a copy of it arriving there later is refused as superseded).
-    pub(crate) fn commit_routed(
+    /// Commits a routed put's pending allocation `addr` with `commit`, judged by the view the
+    /// put was routed by (`routing`): when that view is no longer this node's, the allocation
+    /// is aborted instead and the answer is `WrongView`; when it stopped being so while `commit`
+    /// ran, the value stays committed here and the answer is `WrongView` all the same. Either
+    /// way the client puts it again by the new view. Without the second check, this node's
+    /// mover could hand the key's older value to its new owner just before the commit, and the
+    /// new owner would go on serving it; with it, the client's write by the new view reaches
+    /// the new owner as a write, which a later copy from here can't replace.
+    pub(crate) fn commit_in_view(
         &self,
         addr: &GlobalAddr,
-        checksum: u64,
-        hashed: u64,
         routing: Routing,
-    ) -> Result<bool, PoolError> {
-        self.pool.commit_prehashed(addr, checksum, hashed)?;
-        Ok(self.view_moved(routing))
+        commit: impl FnOnce() -> Result<(), PoolError>,
+    ) -> Result<(), ErrorCode> {
+        if self.view_moved(routing) {
+            let _ = self.pool.abort(addr);
+            return Err(ErrorCode::WrongView);
+        }
+        commit()?;
+        match self.view_moved(routing) {
+            true => Err(ErrorCode::WrongView),
+            false => Ok(()),
+        }
     }
 
     /// Removes `keys` (a `Remove`); returns how many existed, and whether the request was
@@ -824,20 +831,34 @@ mod tests {
         assert_eq!(s.remove_keys(0, keys(), now), Ok((0, false)));
         assert_eq!(s.remove_keys(0, keys(), Routing::Direct), Ok((0, false)));
 
-        // A put committed after the view changed is kept and said to have moved.
-        let put = |routing| {
-            let addr = s.begin_put(0, &key, 2, false, 0).unwrap();
-            s.pool.write(&addr, 0, b"v3").unwrap();
-            let hashed = kvpool::checksum(b"v3");
-            s.commit_routed(&addr, hashed, hashed, routing)
+        // Puts: `change` moves the view while the value commits.
+        let put = |value: &[u8], routing, change: bool| {
+            let addr = s.begin_put(0, &key, value.len() as u64, false, 0).unwrap();
+            s.pool.write(&addr, 0, value).unwrap();
+            s.commit_in_view(&addr, routing, || {
+                if change {
+                    s.cluster.set_state(NodeState::Serving);
+                }
+                s.pool.commit(&addr, kvpool::checksum(value), s.now())
+            })
         };
-        assert_eq!(put(before), Ok(true));
-        assert_eq!(
-            s.get(0, &key, s.now(), Routing::Direct).unwrap().bytes(),
-            b"v3"
-        );
-        assert_eq!(put(now), Ok(false));
-        assert_eq!(put(Routing::Direct), Ok(false));
+        let value = || {
+            s.get(0, &key, s.now(), Routing::Direct)
+                .unwrap()
+                .bytes()
+                .to_vec()
+        };
+        // Routed by a view already left: not committed.
+        assert_eq!(put(b"v3", before, false), Err(ErrorCode::WrongView));
+        assert_eq!(s.pool.provenance(0, &key), Ok(None));
+        assert_eq!(put(b"v3", now, false), Ok(()));
+        assert_eq!(put(b"v4", Routing::Direct, false), Ok(()));
+        assert_eq!(value(), b"v4");
+        // The view changes while it commits: committed, and said to have moved.
+        let current = Routing::ByView(s.cluster.stamp());
+        assert_eq!(put(b"v5", current, true), Err(ErrorCode::WrongView));
+        assert!(s.view_moved(current));
+        assert_eq!(value(), b"v5");
     }
 
     /// Every page of a prefix scan, in order, until the cursor comes back 0.

@@ -285,16 +285,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked.
         if !self.peer || pin {
-            // Committed, but by a view this node left meanwhile: the client writes it again by
-            // the new one (`Shared::commit_routed`).
-            let routing = self.routing();
-            return Ok(
-                match self.s.commit_routed(&addr, item.checksum, hashed, routing) {
-                    Ok(false) => Ok(()),
-                    Ok(true) => Err(ErrorCode::WrongView),
-                    Err(e) => Err(e.into()),
-                },
-            );
+            // Judged again after the commit too (`Shared::commit_in_view`).
+            let commit = || pool.commit_prehashed(&addr, item.checksum, hashed);
+            return Ok(self.s.commit_in_view(&addr, self.routing(), commit));
         }
         // A peer's copy of an unpinned object (the mover handing over a key this node now
         // owns): taken only while no write or remove acknowledged here can be newer, and never

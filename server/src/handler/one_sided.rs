@@ -106,7 +106,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         items: &Archived<Vec<CommitItem>>,
         now: Millis,
     ) -> Next {
-        let pool = &*self.s.pool;
+        let (s, routing) = (self.s, self.routing());
         let pending = &mut self.pending;
         let r = self.s.batch_check(items.len()).map(|()| {
             Reply::Statuses(
@@ -114,11 +114,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .iter()
                     .map(|i| {
                         let addr = GlobalAddr::from(&i.addr);
-                        let r = pool.commit(&addr, i.checksum.to_native(), now);
-                        if r.is_ok() {
+                        // A same-host put's commit carries the view its `Alloc` was routed
+                        // by (0 for a plain two-phase put): judged like a socket put's.
+                        let commit = || s.pool.commit(&addr, i.checksum.to_native(), now);
+                        let r = s.commit_in_view(&addr, routing, commit);
+                        if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
                             pending.remove(&addr.generation);
                         }
-                        code_of(r)
+                        status_of(r)
                     })
                     .collect(),
             )
@@ -277,22 +280,29 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return Ok(true);
         };
         let pool = &*self.s.pool;
+        let routing = self.routing();
         let mut bytes = 0;
         let mut statuses = Vec::with_capacity(items.len());
         for item in items.iter() {
             let addr = GlobalAddr::from(&item.addr);
             let offset = item.offset.to_native();
-            let r = pool.begin_write(&addr).and_then(|mut w| {
-                match area.copy_out(offset, w.bytes_mut()) {
-                    Some(hashed) => pool.commit_claimed(w, item.checksum.to_native(), hashed),
-                    None => Err(kvpool::AddrFault::OutOfBounds.into()),
-                }
-            });
-            if r.is_ok() {
+            // Judged by the view its `Alloc` was routed by, as `Commit` is.
+            let commit = || {
+                pool.begin_write(&addr).and_then(|mut w| {
+                    match area.copy_out(offset, w.bytes_mut()) {
+                        Some(hashed) => pool.commit_claimed(w, item.checksum.to_native(), hashed),
+                        None => Err(kvpool::AddrFault::OutOfBounds.into()),
+                    }
+                })
+            };
+            let r = self.s.commit_in_view(&addr, routing, commit);
+            if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
                 self.pending.remove(&addr.generation);
+            }
+            if r.is_ok() {
                 bytes += addr.len;
             }
-            statuses.push(code_of(r));
+            statuses.push(status_of(r));
         }
         self.s.metrics.bytes(bytes, 0);
         self.reply(id, Reply::Statuses(statuses), &[]).await?;
@@ -363,7 +373,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 }
 
 fn code_of(r: Result<(), PoolError>) -> u16 {
-    r.err().map_or(0, |e| ErrorCode::from(e) as u16)
+    status_of(r.map_err(ErrorCode::from))
+}
+
+fn status_of(r: Result<(), ErrorCode>) -> u16 {
+    r.err().map_or(0, |e| e as u16)
 }
 
 /// The segments `access` may map and a descriptor of each: a namespace's own segment when the
