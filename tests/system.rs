@@ -1179,10 +1179,7 @@ async fn namespace_tokens_isolate_tenants() {
 async fn a_batch_is_stored_tail_first_so_pressure_takes_a_chains_tail_first() {
     let dir = common::temp_dir("tail-first");
     let cfg = dir.join("kvpoold.toml");
-    let ns = |name: &str| {
-        format!("[[namespace]]\nname = \"{name}\"\nquota = \"256KiB\"\neviction = \"lru\"\n\n")
-    };
-    std::fs::write(&cfg, ns("chain-tcp") + &ns("chain-local")).unwrap();
+    std::fs::write(&cfg, lru_namespaces(["chain-tcp", "chain-local"])).unwrap();
     let n = Node::start("32MiB", &["--config", cfg.to_str().unwrap()]);
     for (name, url, same_host) in [
         ("chain-tcp", n.tcp_url(), SameHost::Off),
@@ -1224,6 +1221,16 @@ async fn a_batch_is_stored_tail_first_so_pressure_takes_a_chains_tail_first() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A config of LRU namespaces named `names`, each holding 256 KiB (8 blocks of 32 KiB).
+fn lru_namespaces<S: std::fmt::Display>(names: impl IntoIterator<Item = S>) -> String {
+    names
+        .into_iter()
+        .map(|n| {
+            format!("[[namespace]]\nname = \"{n}\"\nquota = \"256KiB\"\neviction = \"lru\"\n\n")
+        })
+        .collect()
+}
+
 /// How a batched read reaches the node in [`a_batched_read_touches_a_chain_tail_first`].
 #[derive(Clone, Copy, Debug)]
 enum ChainRead {
@@ -1253,13 +1260,7 @@ async fn a_batched_read_touches_a_chain_tail_first() {
         ChainRead::Lookup,
         ChainRead::Reported,
     ];
-    let toml: String = reads
-        .iter()
-        .map(|r| {
-            format!("[[namespace]]\nname = \"{r:?}\"\nquota = \"256KiB\"\neviction = \"lru\"\n\n")
-        })
-        .collect();
-    std::fs::write(&cfg, toml).unwrap();
+    std::fs::write(&cfg, lru_namespaces(reads.map(|r| format!("{r:?}")))).unwrap();
     let n = Node::start("32MiB", &["--config", cfg.to_str().unwrap()]);
     for read in reads {
         let name = format!("{read:?}");

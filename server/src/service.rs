@@ -379,28 +379,36 @@ impl Shared {
         I: Iterator<Item = &'k [u8]> + Clone,
     {
         let n = self.pool.exists_prefix(ns, keys.clone())?;
-        Ok(keys
-            .take(n)
-            .position(|k| !self.fresh_key(ns, k, routing))
-            .unwrap_or(n))
+        Ok(self.fresh_run(ns, keys, n, routing))
     }
 
     /// [`Shared::exists_run`] without counting a prefix lookup: how many of `keys`, from the
     /// first, a prefix read would find here. Does not change recency.
-    pub(crate) fn present_run<'k>(
+    pub(crate) fn present_run<'k, I>(
+        &self,
+        ns: u32,
+        keys: I,
+        routing: Routing,
+    ) -> Result<usize, PoolError>
+    where
+        I: Iterator<Item = &'k [u8]> + Clone,
+    {
+        let n = self.pool.present_prefix(ns, keys.clone())?;
+        Ok(self.fresh_run(ns, keys, n, routing))
+    }
+
+    /// How many of the first `n` of `keys` (all present here) a read routed by `routing` may
+    /// serve, from the first ([`Shared::fresh_key`]).
+    fn fresh_run<'k>(
         &self,
         ns: u32,
         keys: impl Iterator<Item = &'k [u8]>,
+        n: usize,
         routing: Routing,
-    ) -> Result<usize, PoolError> {
-        let mut n = 0;
-        for key in keys {
-            if self.pool.provenance(ns, key)?.is_none() || !self.fresh_key(ns, key, routing) {
-                break;
-            }
-            n += 1;
-        }
-        Ok(n)
+    ) -> usize {
+        keys.take(n)
+            .position(|k| !self.fresh_key(ns, k, routing))
+            .unwrap_or(n)
     }
 
     /// Whether a request routed by `routing` was routed by a view this node has since left

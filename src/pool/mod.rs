@@ -1200,8 +1200,8 @@ impl Pool {
         Ok(self.get_ref(ns, key, now)?.bytes().to_vec())
     }
 
-    /// Length of the leading run of `keys` that are present (what prefix lookups need).
-    /// Does not change recency.
+    /// Length of the leading run of `keys` that are present (what prefix lookups need),
+    /// counted in the namespace's prefix statistics. Does not change recency.
     pub fn exists_prefix<'k>(
         &self,
         ns: u32,
@@ -1209,20 +1209,32 @@ impl Pool {
     ) -> Result<usize, PoolError> {
         let space = self.ns(ns)?;
         let mut keys = keys.into_iter();
-        let (mut n, mut asked) = (0, 0);
-        for key in keys.by_ref() {
-            asked += 1;
+        let mut asked = 0;
+        let n = self.present_prefix(ns, keys.by_ref().inspect(|_| asked += 1))?;
+        asked += keys.count();
+        space
+            .prefix_blocks
+            .fetch_add(asked as u64, Ordering::Relaxed);
+        space.prefix_hits.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// [`Pool::exists_prefix`] without counting anything: the length of the leading run of
+    /// `keys` that are present. Takes keys up to the first absent one. Does not change recency.
+    pub fn present_prefix<'k>(
+        &self,
+        ns: u32,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Result<usize, PoolError> {
+        self.ns(ns)?;
+        let mut n = 0;
+        for key in keys {
             self.check_key(key)?;
             if !self.shard_lock(key).ns[ns as usize].contains(key) {
                 break;
             }
             n += 1;
         }
-        asked += keys.count();
-        space
-            .prefix_blocks
-            .fetch_add(asked as u64, Ordering::Relaxed);
-        space.prefix_hits.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 
@@ -1422,7 +1434,6 @@ impl Pool {
             .ok_or(PoolError::UnknownNamespace)
     }
 
-    /// Counts a read of namespace `ns` that found its object (`hit`) or not.
     /// Counts a read of namespace `ns` that found nothing, for a caller that judged the miss
     /// itself without reading (a prefix read that found its run's end quietly).
     pub fn count_miss(&self, ns: u32) -> Result<(), PoolError> {
@@ -1431,6 +1442,7 @@ impl Pool {
         Ok(())
     }
 
+    /// Counts a read of namespace `ns` that found its object (`hit`) or not.
     fn count_read(&self, ns: u32, hit: bool) {
         let space = &self.namespaces[ns as usize];
         if hit { &space.hits } else { &space.misses }.fetch_add(1, Ordering::Relaxed);

@@ -274,20 +274,20 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
             h.digest()
         };
-        if self.stamp != 0 && self.s.cluster.stamp() != self.stamp {
-            // The view changed while the value streamed in: this node may no longer own the
-            // key, and its mover may already have handed the older value over to the new
-            // owner. Acknowledging now could leave the new owner serving the older value, so
-            // the write is refused; the client routes it again by the new view.
-            let _ = pool.abort(&addr);
-            return Ok(Err(ErrorCode::WrongView));
-        }
         // The allocation's address never left this connection and the write claim covered
-        // every byte hashed: the bytes committed are the bytes checked.
+        // every byte hashed: the bytes committed are the bytes checked. If the view changed
+        // while the value streamed in, this node may no longer own the key and its mover may
+        // already have handed the older value over to the new owner: the write is refused
+        // (aborted), and the client routes it again by the new view. Judged again after the
+        // commit (`Shared::commit_in_view`).
         if !self.peer || pin {
-            // Judged again after the commit too (`Shared::commit_in_view`).
             let commit = || pool.commit_prehashed(&addr, item.checksum, hashed);
             return Ok(self.s.commit_in_view(&addr, self.routing(), commit));
+        }
+        if self.s.view_moved(self.routing()) {
+            // A peer's copy routed by a view this node has left, refused the same way.
+            let _ = pool.abort(&addr);
+            return Ok(Err(ErrorCode::WrongView));
         }
         // A peer's copy of an unpinned object (the mover handing over a key this node now
         // owns): taken only while no write or remove acknowledged here can be newer, and never

@@ -197,7 +197,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         // Cancelled here, but by a view this node has since left: the client cancels again by
         // the new one, as a `Remove` is removed again (`Shared::remove_keys`).
-        if self.s.view_moved(self.routing()) && self.answered_moved(id, true).await? {
+        if self.answered_moved(id, true).await? {
             return Ok(true);
         }
         self.answer(id, Ok(Reply::Count(freed))).await

@@ -399,7 +399,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     /// removal done under such a view is answered so too (`missed` true), so the client
     /// removes again by the new view (`Shared::remove_keys`). Returns whether it answered so.
     async fn answered_moved(&mut self, id: u64, missed: bool) -> io::Result<bool> {
-        if !missed || self.stamp == 0 || self.s.cluster.stamp() == self.stamp {
+        if !missed || !self.s.view_moved(self.routing()) {
             return Ok(false);
         }
         let version = self.s.cluster.view().version;
