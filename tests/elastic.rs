@@ -15,7 +15,7 @@ use kvpool_bench::replay::cli::BUNDLED_TRACE;
 use kvpool_bench::replay::elastic::{replay_around, Outcome, Plan};
 use kvpool_bench::replay::pool_engine::Remote;
 use kvpool_bench::replay::trace::{Trace, TraceFormat};
-use kvpool_client::{Client, ClientConfig, SameHost};
+use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
 
 const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
 const N: u64 = 3_000;
@@ -155,6 +155,55 @@ async fn a_handed_over_copy_never_replaces_a_newer_value() {
     // A copy over a copy: the key is present, so refused too.
     assert!(peer.put(b"fresh", &new).await.is_err());
     assert_eq!(c.get(b"fresh").await.unwrap(), Some(old));
+}
+
+/// The public two-phase put (`alloc`, `write`, `commit`) is judged by the view its `alloc` was
+/// routed by, as every other put is: a commit after the key's owners changed is refused with
+/// `WrongView` and nothing is stored, and doing it again routes by the new view. Over TCP and
+/// on the same host (stores into the mapping, the commit over the Unix socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_phase_put_whose_view_changed_after_its_alloc_is_refused() {
+    for same_host in [SameHost::Off, SameHost::Auto] {
+        let n0 = start(0, None, true);
+        let n1 = start(1, Some(&n0), true);
+        let c = Client::connect(&n0.tcp_url(), cfg(same_host))
+            .await
+            .unwrap();
+        let watch = [owners_only(&n0).await, owners_only(&n1).await];
+        for w in &watch {
+            wait_view(w, "2 serving", |v| serving(v) == 2).await;
+        }
+        c.view().await.unwrap();
+        let two_phase = |key: &'static [u8], v: Vec<u8>| {
+            let c = &c;
+            async move {
+                let addr = c.alloc(key, v.len() as u64).await.unwrap();
+                c.write(&addr, 0, &v).await.unwrap();
+                (addr, kvpool::checksum(&v))
+            }
+        };
+        // The control: no view change between the alloc and the commit.
+        let (addr, sum) = two_phase(b"steady", value(1, 4096)).await;
+        c.commit(&addr, sum).await.unwrap();
+        assert_eq!(c.get(b"steady").await.unwrap(), Some(value(1, 4096)));
+
+        let (addr, sum) = two_phase(b"moved", value(2, 4096)).await;
+        let _n2 = start(2, Some(&n0), true);
+        for w in &watch {
+            wait_view(w, "3 serving", |v| serving(v) == 3).await;
+        }
+        let err = c.commit(&addr, sum).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(ErrorCode::WrongView),
+            "{same_host:?}: {err}"
+        );
+        assert_eq!(c.get(b"moved").await.unwrap(), None, "{same_host:?}");
+        // Again, by the new view.
+        let (addr, sum) = two_phase(b"moved", value(3, 4096)).await;
+        c.commit(&addr, sum).await.unwrap();
+        assert_eq!(c.get(b"moved").await.unwrap(), Some(value(3, 4096)));
+    }
 }
 
 /// Three nodes with room for every block replay the first 300 requests of the bundled trace

@@ -523,11 +523,23 @@ impl Client {
         l.write(&self.cfg, addr, offset, bytes).await
     }
 
-    /// Makes a pending allocation visible; `checksum` is the xxh3-64 of its bytes.
+    /// Makes a pending allocation visible; `checksum` is the xxh3-64 of its bytes. Judged by
+    /// the cluster view its [`Client::alloc`] was routed by (when the commit goes over the
+    /// connection that allocated): if the key's owners changed since, the allocation is given
+    /// back (or, when they changed during the commit, kept) and the answer is
+    /// [`ErrorCode::WrongView`]; alloc, write and commit again, which routes by the new view.
     pub async fn commit(&self, addr: &GlobalAddr, checksum: u64) -> Result<(), ClientError> {
         let l = self.link_of(addr).await?;
         let codes = l.commit_many(&self.cfg, 0, &[(*addr, checksum)]).await?;
-        code_result(codes[0])
+        match codes[0] {
+            ErrorCode::WrongView => Err(ClientError::Server {
+                code: ErrorCode::WrongView,
+                message: "the cluster's view changed after the alloc (this node may no longer \
+                          own the key): alloc, write and commit it again"
+                    .into(),
+            }),
+            code => code_result(code),
+        }
     }
 
     /// Gives a pending allocation back.

@@ -120,6 +120,16 @@ pub(crate) enum Routing {
     ByView(u64),
 }
 
+impl Routing {
+    /// The routing of a request that carried view stamp `stamp` (0: none).
+    pub(crate) fn of_stamp(stamp: u64) -> Routing {
+        match stamp {
+            0 => Routing::Direct,
+            stamp => Routing::ByView(stamp),
+        }
+    }
+}
+
 /// Why a namespace name was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum NamespaceError {

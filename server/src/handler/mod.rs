@@ -242,10 +242,12 @@ struct Conn<'a, R, W> {
     /// The staging area this connection asked for (`Staging`), retired when it closes.
     staging: Option<crate::staging::Held>,
     /// Generations of the allocations this connection's `Alloc`s made that may still be
-    /// pending: at most `max_pending_per_connection`. Those committed or aborted over this
-    /// connection leave at once; the others (committed elsewhere, reaped) when an `Alloc` would
-    /// pass the cap.
-    pending: std::collections::HashSet<u64>,
+    /// pending, each with the view stamp its `Alloc` was routed by (0 for a direct one): at
+    /// most `max_pending_per_connection`. Those committed or aborted over this connection leave
+    /// at once; the others (committed elsewhere, reaped) when an `Alloc` would pass the cap. A
+    /// `Commit` over this connection that carries no stamp of its own is judged by the one
+    /// noted here.
+    pending: std::collections::HashMap<u64, u64>,
 }
 
 /// What the bulk scheduler needs to know of the request being served.
@@ -387,10 +389,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
     /// are served.
     fn routing(&self) -> Routing {
-        match self.stamp {
-            0 => Routing::Direct,
-            stamp => Routing::ByView(stamp),
-        }
+        Routing::of_stamp(self.stamp)
     }
 
     /// For a read that `missed` something: when it was routed by a view this node has since

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{payload_failure, Conn, Next};
 use crate::metrics::{Limit, Transport};
-use crate::service::Access;
+use crate::service::{Access, Routing};
 
 /// Largest one-sided read buffer a connection keeps between reads (larger reads allocate
 /// their own): a weights chunk of the default size fits.
@@ -45,7 +45,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::LimitExceeded, &msg).await?;
             return Ok(true);
         }
-        let pending = &mut self.pending;
+        let (pending, stamp) = (&mut self.pending, self.stamp);
         let results = items
             .iter()
             .enumerate()
@@ -57,7 +57,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .begin_put(ns, i.key.as_slice(), i.len.to_native(), pin, depth)
                 {
                     Ok(a) => {
-                        pending.insert(a.generation);
+                        pending.insert(a.generation, stamp);
                         AllocResult {
                             addr: Some(a),
                             code: 0,
@@ -82,7 +82,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let max = self.s.conn.max_pending;
         if self.pending.len() + more > max {
             let pool = &*self.s.pool;
-            self.pending.retain(|&g| pool.is_pending(g));
+            self.pending.retain(|&g, _| pool.is_pending(g));
         }
         self.pending.len() + more <= max
     }
@@ -106,7 +106,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         items: &Archived<Vec<CommitItem>>,
         now: Millis,
     ) -> Next {
-        let (s, routing) = (self.s, self.routing());
+        let (s, stamp) = (self.s, self.stamp);
         let pending = &mut self.pending;
         let r = self.s.batch_check(items.len()).map(|()| {
             Reply::Statuses(
@@ -114,8 +114,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .iter()
                     .map(|i| {
                         let addr = GlobalAddr::from(&i.addr);
-                        // A same-host put's commit carries the view its `Alloc` was routed
-                        // by (0 for a plain two-phase put): judged like a socket put's.
+                        // Judged like a socket put's, by the view its `Alloc` was routed by:
+                        // a same-host put's commit carries it; a plain two-phase commit does
+                        // not, and takes the one noted when this connection allocated.
+                        let routing = alloc_routing(stamp, pending, addr.generation);
                         let commit = || s.pool.commit(&addr, i.checksum.to_native(), now);
                         let r = s.commit_in_view(&addr, routing, commit);
                         if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
@@ -280,13 +282,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return Ok(true);
         };
         let pool = &*self.s.pool;
-        let routing = self.routing();
         let mut bytes = 0;
         let mut statuses = Vec::with_capacity(items.len());
         for item in items.iter() {
             let addr = GlobalAddr::from(&item.addr);
             let offset = item.offset.to_native();
             // Judged by the view its `Alloc` was routed by, as `Commit` is.
+            let routing = alloc_routing(self.stamp, &self.pending, addr.generation);
             let commit = || {
                 pool.begin_write(&addr).and_then(|mut w| {
                     match area.copy_out(offset, w.bytes_mut()) {
@@ -370,6 +372,21 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         Ok(Ok(()))
     }
+}
+
+/// The routing a commit of the allocation of generation `generation` is judged by: the
+/// commit's own view stamp when it carries one, else the stamp its `Alloc` carried when this
+/// connection made it (`pending`), else none (an allocation made over another connection, as a
+/// one-sided handoff's is, or a direct one).
+fn alloc_routing(
+    stamp: u64,
+    pending: &std::collections::HashMap<u64, u64>,
+    generation: u64,
+) -> Routing {
+    Routing::of_stamp(match stamp {
+        0 => pending.get(&generation).copied().unwrap_or(0),
+        stamp => stamp,
+    })
 }
 
 fn code_of(r: Result<(), PoolError>) -> u16 {
