@@ -48,6 +48,7 @@ pub mod fdpass;
 #[cfg(not(loom))]
 pub mod journal;
 #[cfg(not(loom))]
+pub mod mapping;
 pub mod membership;
 mod paged;
 #[cfg(not(loom))]

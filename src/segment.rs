@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::addr::NodeId;
+use crate::mapping::{AlignedMap, HugeRegions, Mapped, HUGE_PAGE};
 
 /// Magic bytes at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"KVPOOLSG";
@@ -41,7 +42,7 @@ pub const LAYOUT_VERSION: u32 = 3;
 /// Byte offset in the header of the incarnation word (an `AtomicU64`; 0: retired).
 pub const INCARNATION_OFFSET: usize = 64;
 const HEADER_LEN: u64 = 4096;
-const DATA_ALIGN: u64 = 2 << 20;
+const DATA_ALIGN: u64 = HUGE_PAGE;
 
 /// Whether to ask for huge pages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,7 +69,9 @@ pub enum PageKind {
     /// Explicit huge pages (`MAP_HUGETLB` or a hugetlbfs file).
     HugeTlb,
     /// Normal pages with `MADV_HUGEPAGE` advice: the kernel may back them with transparent huge
-    /// pages, depending on its settings.
+    /// pages, depending on its settings. The data area is also collapsed into huge pages a
+    /// 2 MiB region at a time as it is first used, where the mapping allows it
+    /// ([`Segment::huge_regions`]).
     TransparentAdvised,
     /// Normal pages.
     Normal,
@@ -174,12 +177,37 @@ impl SegmentLayout {
     }
 }
 
+/// A segment's mapping: a file's at a huge-page-aligned address, or memmap2's.
+enum SegmentMap {
+    Aligned(AlignedMap),
+    Raw(MmapRaw),
+}
+
+// SAFETY: both variants own their mapping for the enum's life.
+unsafe impl Mapped for SegmentMap {
+    fn base(&self) -> *mut u8 {
+        match self {
+            SegmentMap::Aligned(m) => m.base(),
+            SegmentMap::Raw(m) => m.base(),
+        }
+    }
+    fn mapped_len(&self) -> usize {
+        match self {
+            SegmentMap::Aligned(m) => m.mapped_len(),
+            SegmentMap::Raw(m) => m.mapped_len(),
+        }
+    }
+}
+
 /// A mapped segment.
 pub struct Segment {
     layout: SegmentLayout,
-    map: MmapRaw,
+    map: SegmentMap,
     path: Option<PathBuf>,
     pages: PageKind,
+    /// The data area's 2 MiB regions collapsed into huge pages as they are first used; None
+    /// with `HugePages::Off`, explicit huge pages, or a data area not 2 MiB aligned in memory.
+    huge: Option<HugeRegions>,
     /// Keep the file when dropped (retired all the same), for the next life to recover.
     keep_file: bool,
 }
@@ -222,17 +250,26 @@ impl Segment {
                 (map, Some(path), pages)
             }
         };
-        let seg = Segment {
+        let mut seg = Segment {
             layout,
             map,
             path,
             pages,
+            huge: None,
             keep_file: false,
         };
+        if pages == PageKind::TransparentAdvised && seg.data_ptr() as u64 % HUGE_PAGE == 0 {
+            let regions = HugeRegions::new(layout.data_len);
+            if spec.prefault {
+                // SAFETY: the data area is mapped while `seg` lives.
+                unsafe { regions.back(seg.data_ptr(), layout.data_len, 0, layout.data_len) };
+            }
+            seg.huge = Some(regions);
+        }
         // SAFETY: the header page lies inside the fresh mapping and nobody else has it yet.
         unsafe {
             let hdr = layout.encode();
-            std::ptr::copy_nonoverlapping(hdr.as_ptr(), seg.map.as_mut_ptr(), hdr.len());
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), seg.map.base(), hdr.len());
         }
         incarnation_word(&seg.map)
             .expect("the header page is mapped")
@@ -265,6 +302,25 @@ impl Segment {
     /// Which pages the segment got.
     pub fn page_kind(&self) -> PageKind {
         self.pages
+    }
+
+    /// Backs the data area's 2 MiB regions that `[offset, offset + len)` touches with huge
+    /// pages, each the first time it is asked for (`MADV_COLLAPSE`; see [`crate::mapping`]):
+    /// the pool calls it for every block it allocates, before anyone writes the block. Best
+    /// effort, and a no-op where the segment does not collapse.
+    pub fn back_with_huge_pages(&self, offset: u64, len: u64) {
+        if let Some(h) = &self.huge {
+            if self.in_bounds(offset, len) {
+                // SAFETY: the data area is mapped while `self` lives.
+                unsafe { h.back(self.data_ptr(), self.layout.data_len, offset, len) };
+            }
+        }
+    }
+
+    /// The data area's 2 MiB regions the kernel collapsed into huge pages, and those it did
+    /// not; (0, 0) where the segment does not collapse.
+    pub fn huge_regions(&self) -> (u64, u64) {
+        self.huge.as_ref().map_or((0, 0), HugeRegions::counts)
     }
 
     /// Length of the data area.
@@ -336,7 +392,7 @@ impl Segment {
 
     fn data_ptr(&self) -> *mut u8 {
         // SAFETY: data_offset < total_len, the mapping's length.
-        unsafe { self.map.as_mut_ptr().add(self.layout.data_offset as usize) }
+        unsafe { self.map.base().add(self.layout.data_offset as usize) }
     }
 }
 
@@ -402,8 +458,8 @@ impl RetiredSegment {
 
 /// The version word for `offset` inside a mapping with this layout; shared with the client's
 /// read-only mapping code.
-pub fn version_word<'a>(
-    map: &'a MmapRaw,
+pub fn version_word<'a, M: Mapped>(
+    map: &'a M,
     layout: &SegmentLayout,
     offset: u64,
 ) -> Option<&'a AtomicU64> {
@@ -411,23 +467,23 @@ pub fn version_word<'a>(
         return None;
     }
     let at = layout.versions_offset + (offset / layout.granule) * 8;
-    if at + 8 > map.len() as u64 {
+    if at + 8 > map.mapped_len() as u64 {
         return None;
     }
     // SAFETY: `at` is in bounds (checked), 8-byte aligned (versions_offset is 4096 and the
     // mapping is page aligned), and the word is only ever accessed atomically.
-    Some(unsafe { &*(map.as_ptr().add(at as usize) as *const AtomicU64) })
+    Some(unsafe { &*(map.base().add(at as usize) as *const AtomicU64) })
 }
 
 /// The incarnation word of a mapping's header, or None when the mapping is shorter than the
 /// header; shared with the client's mapping code.
-pub fn incarnation_word(map: &MmapRaw) -> Option<&AtomicU64> {
-    if map.len() < HEADER_LEN as usize {
+pub fn incarnation_word<M: Mapped>(map: &M) -> Option<&AtomicU64> {
+    if map.mapped_len() < HEADER_LEN as usize {
         return None;
     }
     // SAFETY: the word lies inside the header page (checked), is 8-byte aligned (the mapping
     // is page aligned, the offset a multiple of 8) and is only ever accessed atomically.
-    Some(unsafe { &*(map.as_ptr().add(INCARNATION_OFFSET) as *const AtomicU64) })
+    Some(unsafe { &*(map.base().add(INCARNATION_OFFSET) as *const AtomicU64) })
 }
 
 /// Retires a segment file a dead daemon left behind: if it is a kvpool segment, zeroes its
@@ -503,7 +559,7 @@ pub fn segment_file_name(node: NodeId, id: u32) -> String {
     format!("segment-{}-{}.kvp", node.0, id)
 }
 
-fn map_anonymous(len: u64, spec: &SegmentSpec) -> io::Result<(MmapRaw, PageKind)> {
+fn map_anonymous(len: u64, spec: &SegmentSpec) -> io::Result<(SegmentMap, PageKind)> {
     let mut opts = MmapOptions::new();
     opts.len(len as usize);
     if spec.prefault {
@@ -513,31 +569,35 @@ fn map_anonymous(len: u64, spec: &SegmentSpec) -> io::Result<(MmapRaw, PageKind)
         let mut huge = opts.clone();
         huge.huge(None);
         if let Ok(m) = huge.map_anon() {
-            return Ok((m.into(), PageKind::HugeTlb));
+            return Ok((SegmentMap::Raw(m.into()), PageKind::HugeTlb));
         }
     }
     let map: MmapRaw = opts.map_anon()?.into();
-    Ok(advise(map, spec))
+    let advised =
+        spec.huge_pages == HugePages::Auto && map.advise(memmap2::Advice::HugePage).is_ok();
+    Ok((SegmentMap::Raw(map), page_kind(advised)))
 }
 
-fn map_file(file: &File, len: u64, spec: &SegmentSpec) -> io::Result<(MmapRaw, PageKind)> {
-    let mut opts = MmapOptions::new();
-    opts.len(len as usize);
-    if spec.prefault {
-        opts.populate();
-    }
-    let map = opts.map_raw(file)?;
+fn map_file(file: &File, len: u64, spec: &SegmentSpec) -> io::Result<(SegmentMap, PageKind)> {
     if on_hugetlbfs(file) {
-        return Ok((map, PageKind::HugeTlb));
+        let mut opts = MmapOptions::new();
+        opts.len(len as usize);
+        if spec.prefault {
+            opts.populate();
+        }
+        return Ok((SegmentMap::Raw(opts.map_raw(file)?), PageKind::HugeTlb));
     }
-    Ok(advise(map, spec))
+    // At a 2 MiB-aligned address, so that the data area can be mapped with huge pages.
+    let map = AlignedMap::map_shared(file, len, true, spec.prefault)?;
+    let advised = spec.huge_pages == HugePages::Auto && map.advise_huge();
+    Ok((SegmentMap::Aligned(map), page_kind(advised)))
 }
 
-fn advise(map: MmapRaw, spec: &SegmentSpec) -> (MmapRaw, PageKind) {
-    if spec.huge_pages == HugePages::Auto && map.advise(memmap2::Advice::HugePage).is_ok() {
-        return (map, PageKind::TransparentAdvised);
+fn page_kind(advised: bool) -> PageKind {
+    match advised {
+        true => PageKind::TransparentAdvised,
+        false => PageKind::Normal,
     }
-    (map, PageKind::Normal)
 }
 
 fn on_hugetlbfs(file: &File) -> bool {
@@ -623,6 +683,62 @@ mod tests {
         assert_eq!(word2.load(Ordering::Acquire), 8);
         drop(second);
         assert_eq!(word2.load(Ordering::Acquire), 0, "dropped segment retired");
+        let _ = std::fs::remove_dir(&dir);
+    }
+
+    /// Where a test's segment files go: /dev/shm (tmpfs, the default backing's file system)
+    /// when there is one.
+    fn shm_dir(name: &str) -> PathBuf {
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        base.join(format!("kvpool-seg-{name}-{}", std::process::id()))
+    }
+
+    /// A file segment's data area lies at a 2 MiB-aligned address, and backing its regions with
+    /// huge pages (whatever the kernel makes of it) changes no byte, written before or after,
+    /// through the segment or a client's read-only mapping of the file; each whole region is
+    /// tried once.
+    #[test]
+    fn backing_a_segment_with_huge_pages_keeps_every_byte() {
+        let dir = shm_dir("huge");
+        let spec = SegmentSpec {
+            data_len: 6 << 20,
+            ..spec(&dir)
+        };
+        let seg = Segment::create(&spec).unwrap();
+        assert_eq!(seg.data_ptr() as u64 % HUGE_PAGE, 0);
+        let pattern = |i: u64| (i.wrapping_mul(31) ^ (i >> 12)) as u8;
+        // The first region written before it is backed; the others after.
+        let first: Vec<u8> = (0..HUGE_PAGE).map(pattern).collect();
+        // SAFETY: nothing else uses this segment.
+        unsafe { seg.data_mut(0, HUGE_PAGE) }.copy_from_slice(&first);
+        seg.back_with_huge_pages(4096, 8192);
+        seg.back_with_huge_pages(HUGE_PAGE - 1, 2);
+        seg.back_with_huge_pages(0, 6 << 20);
+        let (collapsed, refused) = seg.huge_regions();
+        println!("collapsed {collapsed}, refused {refused}");
+        if seg.page_kind() == PageKind::TransparentAdvised {
+            assert_eq!(collapsed + refused, 3, "each region tried once");
+        }
+        let rest: Vec<u8> = (HUGE_PAGE..6 << 20).map(pattern).collect();
+        // SAFETY: as above.
+        unsafe { seg.data_mut(HUGE_PAGE, rest.len() as u64) }.copy_from_slice(&rest);
+        let mut all = vec![0u8; 6 << 20];
+        assert!(seg.copy_out_racy(0, &mut all));
+        assert!(all.iter().enumerate().all(|(i, &b)| b == pattern(i as u64)));
+        // A client's read-only mapping of the file sees the same bytes.
+        let file = File::open(seg.path().unwrap()).unwrap();
+        let client = AlignedMap::map_shared(&file, seg.layout().total_len(), false, false).unwrap();
+        assert_eq!(client.as_ptr() as u64 % HUGE_PAGE, 0);
+        let data = seg.layout().data_offset as usize;
+        // SAFETY: the data area lies inside the client's mapping of the whole file.
+        let seen = unsafe { std::slice::from_raw_parts(client.as_ptr().add(data), 6 << 20) };
+        assert!(seen == &all[..]);
+        drop(seg);
         let _ = std::fs::remove_dir(&dir);
     }
 

@@ -246,6 +246,20 @@ async fn the_page_parses_and_escapes_label_values() {
         1.0
     );
     assert!(get(&page, "kvpool_connections", &[("transport", "tcp")]) >= 1.0);
+    // The put's block was the first in its 2 MiB region: the region was tried for huge pages
+    // (collapsed where the kernel can, docs/ARCHITECTURE.md), and counted either way.
+    let seg = [("node", "0"), ("segment", "0")];
+    let tried: f64 = ["collapsed", "refused"]
+        .iter()
+        .map(|s| {
+            get(
+                &page,
+                "kvpool_segment_huge_regions",
+                &[seg[0], seg[1], ("state", s)],
+            )
+        })
+        .sum();
+    assert!(tried >= 1.0, "no region tried: {tried}");
 
     // Every documented metric is on the page, and every family on it is documented.
     let names: BTreeSet<&str> = page.samples.iter().map(|s| s.name.as_str()).collect();

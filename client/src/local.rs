@@ -16,10 +16,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvpool::mapping::AlignedMap;
 use kvpool::protocol::SegmentMap;
 use kvpool::segment::{incarnation_word, version_word, SegmentLayout};
 use kvpool::{seqlock, AddrFault, GlobalAddr};
-use memmap2::MmapRaw;
 
 /// One of the seqlock's read checks.
 type VersionCheck = fn(&AtomicU64, u64) -> bool;
@@ -58,7 +58,7 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
 }
 
 struct Mapped {
-    map: MmapRaw,
+    map: AlignedMap,
     layout: SegmentLayout,
     /// The segment file (the descriptor the node passed), for read-only mappings of parts of
     /// it ([`ReadView`]).
@@ -103,13 +103,9 @@ impl LocalMap {
         let mut segments: Vec<Option<Mapped>> = Vec::new();
         for (m, fd) in maps {
             let file = std::fs::File::from(fd);
-            let mut options = memmap2::MmapOptions::new();
-            options.len(m.total_len as usize);
-            let map = if m.writable {
-                options.map_raw(&file)?
-            } else {
-                options.map_raw_read_only(&file)?
-            };
+            // At a 2 MiB-aligned address, as the node maps it: the pages the node collapsed
+            // into huge pages are then mapped huge here too (`kvpool::mapping`).
+            let map = AlignedMap::map_shared(&file, m.total_len, m.writable, false)?;
             // SAFETY: the header page is inside the mapping (total_len >= 4096 is checked by
             // decode against the mapped length) and is written once, before the node serves.
             let header = unsafe { std::slice::from_raw_parts(map.as_ptr(), 4096.min(map.len())) };

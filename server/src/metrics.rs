@@ -417,6 +417,7 @@ impl Metrics {
             daemon: self.daemon.clone(),
             pool: pool.stats(),
             long_keys: pool.long_keys_refused(),
+            huge_regions: pool.segments().map(|s| s.huge_regions()).collect(),
             namespaces,
         }));
         let mut out = String::with_capacity(16 << 10);
@@ -433,6 +434,9 @@ struct Scrape {
     /// Keys the pool refused for their length (every door checks keys with the pool's check,
     /// which counts them): the `key_length` series.
     long_keys: u64,
+    /// Per segment: its data area's 2 MiB regions collapsed into huge pages, and those the
+    /// kernel refused (`Segment::huge_regions`).
+    huge_regions: Vec<(u64, u64)>,
     namespaces: bool,
 }
 
@@ -549,6 +553,25 @@ impl Scrape {
                     )
                 })
             }),
+        )?;
+        family(
+            e,
+            "kvpool_segment_huge_regions",
+            "The data area's 2 MiB regions collapsed into huge pages as they were first used \
+             (collapsed), and those the kernel did not collapse (refused): docs/ARCHITECTURE.md.",
+            None,
+            gauge_t,
+            self.huge_regions
+                .iter()
+                .zip(&ids)
+                .flat_map(|(&(done, refused), id)| {
+                    [("collapsed", done), ("refused", refused)].map(|(state, v)| {
+                        (
+                            [("node", node), ("segment", id), ("state", state)],
+                            gauge(v),
+                        )
+                    })
+                }),
         )?;
         family(
             e,

@@ -1508,9 +1508,16 @@ impl Pool {
     ) -> Option<(usize, crate::alloc::Block)> {
         let n = segments.len().max(1);
         let start = self.segment_cursor.fetch_add(1, Ordering::Relaxed) % n;
-        (0..n)
+        let found = (0..n)
             .map(|i| segments.start + (start + i) % n)
-            .find_map(|s| self.alloc_lock(s).allocate(len).map(|b| (s, b)))
+            .find_map(|s| self.alloc_lock(s).allocate(len).map(|b| (s, b)));
+        if let Some((s, b)) = &found {
+            // Before anyone writes the block, outside the allocator's lock.
+            self.segments[*s]
+                .segment
+                .back_with_huge_pages(b.offset, b.size);
+        }
+        found
     }
 
     /// Evicts one object: from namespace `only` if given, else from any. False when nothing is

@@ -1,0 +1,273 @@
+//! Segment mappings placed for huge pages, and the huge-page backing of a segment's data area.
+//!
+//! A value a node sends over a socket is copied by the kernel out of the segment, and one a
+//! same-host client reads is copied out of its own mapping: with normal pages, every 4 KiB of
+//! it is a TLB entry to find, and on a virtual machine a TLB miss walks two page tables. On this
+//! project's VM type, a node whose segment was backed by 2 MiB pages served 64 KiB gets over
+//! loopback TCP at twice the rate of one on 4 KiB pages, measured the same day
+//! (docs/BENCHMARKS.md, "Huge pages for the segments").
+//!
+//! The default segment is a file on `/dev/shm`, so that same-host clients can map it, and most
+//! kernels never give a tmpfs file transparent huge pages on their own (`shmem_enabled` is
+//! `never` and `/dev/shm` is mounted without `huge=`). `MADV_COLLAPSE` (Linux 6.1) collapses a
+//! range of a file mapping into huge pages whatever those settings say, unless they are `deny`.
+//! Two things make it work here:
+//!
+//! * the file is mapped at a 2 MiB-aligned address ([`AlignedMap`]): a huge page can only be
+//!   mapped where the address and the file offset agree modulo 2 MiB, and the data area starts
+//!   at a 2 MiB file offset (`DATA_ALIGN` in `segment`);
+//! * each 2 MiB region of the data area is collapsed once, when the allocator first hands out a
+//!   block in it ([`HugeRegions::back`]), so memory is committed as it is used, as with normal
+//!   pages, rather than all of it at start.
+//!
+//! Collapsing is best effort: a kernel without `MADV_COLLAPSE`, a region the kernel can't find a
+//! huge page for, or settings that deny it leave the region on normal pages, which work the
+//! same, only slower. The kernel collapses a region that other threads or processes are
+//! reading and writing safely (khugepaged does the same to live memory), so no caller waits for
+//! anything but its own collapse.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::MmapRaw;
+
+/// Size of a huge page (x86-64 and arm64 with 4 KiB base pages): the unit collapsed.
+pub const HUGE_PAGE: u64 = 2 << 20;
+
+/// `madvise` advice to collapse a range into huge pages now (Linux 6.1; not yet in `libc`).
+const MADV_COLLAPSE: libc::c_int = 25;
+
+/// `madvise` advice to fault a range in for writing, without changing a byte (Linux 5.14).
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// A mapping whose bytes `[base, base + len)` stay mapped while it is borrowed.
+///
+/// # Safety
+/// Implementations must return a base pointer to a mapping at least `mapped_len` bytes long,
+/// page aligned, that stays mapped for as long as the implementing value lives.
+pub unsafe trait Mapped {
+    /// The first mapped byte (page aligned).
+    fn base(&self) -> *mut u8;
+    /// Bytes mapped from `base`.
+    fn mapped_len(&self) -> usize;
+}
+
+// SAFETY: an `MmapRaw` owns its mapping, page aligned, until it is dropped.
+unsafe impl Mapped for MmapRaw {
+    fn base(&self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn mapped_len(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A shared mapping of a file's first `len` bytes at a [`HUGE_PAGE`]-aligned address;
+/// unmapped when dropped.
+pub struct AlignedMap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; what may be read or written
+// through it concurrently is the owner's contract (the segment's), as for `MmapRaw`.
+unsafe impl Send for AlignedMap {}
+// SAFETY: as above.
+unsafe impl Sync for AlignedMap {}
+
+// SAFETY: `ptr` is the start of a mapping of `len` bytes (page aligned, since it is
+// `HUGE_PAGE` aligned) that only `Drop` unmaps.
+unsafe impl Mapped for AlignedMap {
+    fn base(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn mapped_len(&self) -> usize {
+        self.len
+    }
+}
+
+impl AlignedMap {
+    /// Maps `file`'s first `len` bytes (`len` > 0) shared, read-write or read-only, at an
+    /// address that is a multiple of [`HUGE_PAGE`], faulting them all in first with `populate`.
+    pub fn map_shared(
+        file: &File,
+        len: u64,
+        writable: bool,
+        populate: bool,
+    ) -> io::Result<AlignedMap> {
+        let len = usize::try_from(len).map_err(|_| io::Error::other("mapping too long"))?;
+        let huge = HUGE_PAGE as usize;
+        let span = len
+            .checked_add(huge)
+            .filter(|_| len > 0)
+            .ok_or_else(|| io::Error::other("mapping length out of range"))?;
+        // SAFETY: a fresh anonymous reservation with no access; nothing else refers to it.
+        let reserved = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if reserved == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let start = reserved as usize;
+        let aligned = start.next_multiple_of(huge);
+        let flags =
+            libc::MAP_SHARED | libc::MAP_FIXED | if populate { libc::MAP_POPULATE } else { 0 };
+        let prot = match writable {
+            true => libc::PROT_READ | libc::PROT_WRITE,
+            false => libc::PROT_READ,
+        };
+        // SAFETY: `[aligned, aligned + len)` lies inside the reservation made above (`aligned`
+        // is less than one huge page past its start, and the reservation is `len` plus one huge
+        // page long), which this function owns, so MAP_FIXED replaces nothing of anyone else's.
+        let mapped = unsafe {
+            libc::mmap(
+                aligned as *mut libc::c_void,
+                len,
+                prot,
+                flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // SAFETY: the whole reservation is still ours and unused.
+            unsafe { libc::munmap(reserved, span) };
+            return Err(e);
+        }
+        // Give back the reservation's unused head and tail (the mapping's end rounded up to a
+        // page, as the kernel maps whole pages).
+        let end = (aligned + len).next_multiple_of(page_size());
+        // SAFETY: both ranges are parts of the reservation outside the file mapping, page
+        // aligned, and used by nothing.
+        unsafe {
+            if aligned > start {
+                libc::munmap(reserved, aligned - start);
+            }
+            if start + span > end {
+                libc::munmap(end as *mut libc::c_void, start + span - end);
+            }
+        }
+        Ok(AlignedMap {
+            ptr: NonNull::new(mapped as *mut u8).ok_or_else(|| io::Error::other("null mapping"))?,
+            len,
+        })
+    }
+
+    /// The first mapped byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The first mapped byte, for stores (only through a read-write mapping).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is mapped (never: a mapping has at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Advises the kernel to back the mapping with transparent huge pages where its settings
+    /// allow (`MADV_HUGEPAGE`); false when it refused the advice.
+    pub fn advise_huge(&self) -> bool {
+        // SAFETY: the range is this value's own mapping; advice changes no contents.
+        unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_HUGEPAGE) == 0 }
+    }
+}
+
+impl Drop for AlignedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is this value's and nothing borrows it any more (borrows of its
+        // bytes are tied to `&self`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// Which 2 MiB regions of a data area have been collapsed into huge pages (or tried), so each
+/// is collapsed once, when first used.
+pub struct HugeRegions {
+    /// One bit per region: set once its collapse was started.
+    tried: Box<[AtomicU64]>,
+    /// Regions the kernel collapsed.
+    collapsed: AtomicU64,
+    /// Regions it did not (no `MADV_COLLAPSE`, no huge page to be had, settings that deny it).
+    refused: AtomicU64,
+}
+
+impl HugeRegions {
+    /// For a data area of `data_len` bytes.
+    pub fn new(data_len: u64) -> HugeRegions {
+        let regions = data_len.div_ceil(HUGE_PAGE);
+        HugeRegions {
+            tried: (0..regions.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            collapsed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Collapses into huge pages each region of `[offset, offset + len)` not tried before; the
+    /// data area starts at `data` (a [`HUGE_PAGE`]-aligned address) and is `data_len` bytes.
+    /// A region past the data area's last whole huge page is left alone.
+    ///
+    /// # Safety
+    /// `[data, data + data_len)` must be mapped for the duration of the call.
+    pub unsafe fn back(&self, data: *mut u8, data_len: u64, offset: u64, len: u64) {
+        let last = offset.saturating_add(len.max(1)) - 1;
+        for region in offset / HUGE_PAGE..=last / HUGE_PAGE {
+            let start = region * HUGE_PAGE;
+            if start + HUGE_PAGE > data_len {
+                break;
+            }
+            let (word, bit) = ((region / 64) as usize, 1u64 << (region % 64));
+            let Some(w) = self.tried.get(word) else { break };
+            if w.load(Ordering::Relaxed) & bit != 0 || w.fetch_or(bit, Ordering::Relaxed) & bit != 0
+            {
+                continue;
+            }
+            // The kernel collapses only a region with a page in it: the region's first page is
+            // faulted in first (a page of a file's hole reads as zeros either way).
+            // SAFETY: the region lies inside the mapped data area (checked above, and by the
+            // caller's contract), and neither advice changes a byte of it.
+            let ok = unsafe {
+                let at = data.add(start as usize).cast();
+                libc::madvise(at, 4096, MADV_POPULATE_WRITE);
+                libc::madvise(at, HUGE_PAGE as usize, MADV_COLLAPSE) == 0
+            };
+            let counter = if ok { &self.collapsed } else { &self.refused };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Regions collapsed into huge pages, and regions tried that the kernel did not collapse.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.collapsed.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+}
