@@ -104,20 +104,7 @@ impl AlignedMap {
             .checked_add(huge)
             .filter(|_| len > 0)
             .ok_or_else(|| io::Error::other("mapping length out of range"))?;
-        // SAFETY: a fresh anonymous reservation with no access; nothing else refers to it.
-        let reserved = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if reserved == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let reserved = reserve(span)?;
         let start = reserved as usize;
         let aligned = start.next_multiple_of(huge);
         let flags =
@@ -197,6 +184,26 @@ impl Drop for AlignedMap {
         // SAFETY: the mapping is this value's and nothing borrows it any more (borrows of its
         // bytes are tied to `&self`).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Reserves `len` bytes of address space, mapped with no access (so nothing can be read or
+/// written there), for a caller to map files into with `MAP_FIXED`; the caller unmaps it.
+pub fn reserve(len: usize) -> io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh anonymous mapping placed by the kernel; it replaces nothing.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    match base {
+        libc::MAP_FAILED => Err(io::Error::last_os_error()),
+        base => Ok(base),
     }
 }
 

@@ -514,20 +514,7 @@ pub(crate) fn stitch(
     }
     let len: usize = parts.iter().map(|(_, a)| a.len as usize).sum();
     let reserved: usize = pieces.iter().map(|p| p.2).sum::<usize>().max(page);
-    // SAFETY: a fresh anonymous reservation, placed by the kernel; nothing else uses it.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            reserved,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(ViewError::Map(std::io::Error::last_os_error()));
-    }
+    let base = kvpool::mapping::reserve(reserved).map_err(ViewError::Map)?;
     let view = ReadView {
         base,
         reserved,
