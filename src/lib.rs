@@ -49,6 +49,7 @@ pub mod fdpass;
 pub mod journal;
 #[cfg(not(loom))]
 pub mod mapping;
+#[cfg(not(loom))]
 pub mod membership;
 mod paged;
 #[cfg(not(loom))]
