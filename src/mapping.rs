@@ -151,26 +151,6 @@ impl AlignedMap {
         })
     }
 
-    /// The first mapped byte.
-    pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// The first mapped byte, for stores (only through a read-write mapping).
-    pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// Bytes mapped.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing is mapped (never: a mapping has at least one byte).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Advises the kernel to back the mapping with transparent huge pages where its settings
     /// allow (`MADV_HUGEPAGE`); false when it refused the advice.
     pub fn advise_huge(&self) -> bool {

@@ -733,10 +733,10 @@ mod tests {
         // A client's read-only mapping of the file sees the same bytes.
         let file = File::open(seg.path().unwrap()).unwrap();
         let client = AlignedMap::map_shared(&file, seg.layout().total_len(), false, false).unwrap();
-        assert_eq!(client.as_ptr() as u64 % HUGE_PAGE, 0);
+        assert_eq!(client.base() as u64 % HUGE_PAGE, 0);
         let data = seg.layout().data_offset as usize;
         // SAFETY: the data area lies inside the client's mapping of the whole file.
-        let seen = unsafe { std::slice::from_raw_parts(client.as_ptr().add(data), 6 << 20) };
+        let seen = unsafe { std::slice::from_raw_parts(client.base().add(data), 6 << 20) };
         assert!(seen == &all[..]);
         drop(seg);
         let _ = std::fs::remove_dir(&dir);

@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvpool::mapping::AlignedMap;
+use kvpool::mapping::{AlignedMap, Mapped as _};
 use kvpool::protocol::SegmentMap;
 use kvpool::segment::{incarnation_word, version_word, SegmentLayout};
 use kvpool::{seqlock, AddrFault, GlobalAddr};
@@ -108,8 +108,9 @@ impl LocalMap {
             let map = AlignedMap::map_shared(&file, m.total_len, m.writable, false)?;
             // SAFETY: the header page is inside the mapping (total_len >= 4096 is checked by
             // decode against the mapped length) and is written once, before the node serves.
-            let header = unsafe { std::slice::from_raw_parts(map.as_ptr(), 4096.min(map.len())) };
-            let layout = SegmentLayout::decode(header, map.len() as u64)?;
+            let header =
+                unsafe { std::slice::from_raw_parts(map.base(), 4096.min(map.mapped_len())) };
+            let layout = SegmentLayout::decode(header, map.mapped_len() as u64)?;
             if layout.node.0 != node || layout.id != m.id {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
@@ -293,7 +294,7 @@ impl LocalMap {
         // concurrently by the node or another client; they are plain bytes, read only through
         // this raw pointer, and discarded unless the version check below proves no write
         // overlapped the copy.
-        let src = seg.map.as_ptr().wrapping_add(at as usize);
+        let src = seg.map.base().wrapping_add(at as usize);
         let r = copy(src);
         if !validate(word, addr.generation) {
             return Err(AddrFault::Stale);
@@ -338,11 +339,7 @@ impl LocalMap {
         // allocation's deadline can land in reused memory, so callers must commit well within
         // `pending_timeout_ms` (the version check above narrows, but cannot close, that window).
         unsafe {
-            copy_bytes(
-                src.as_ptr(),
-                seg.map.as_mut_ptr().add(at as usize),
-                src.len(),
-            );
+            copy_bytes(src.as_ptr(), seg.map.base().add(at as usize), src.len());
         }
         Ok(())
     }
@@ -507,7 +504,7 @@ pub(crate) fn stitch(
             return Err(ViewError::Unaligned);
         }
         let span = (end - (at - lead)).next_multiple_of(page);
-        if (at - lead) + span > seg.map.len() {
+        if (at - lead) + span > seg.map.mapped_len() {
             return Err(ViewError::Unaligned);
         }
         pieces.push((seg, at - lead, span, lead));

@@ -388,8 +388,7 @@ impl Shared {
     where
         I: Iterator<Item = &'k [u8]> + Clone,
     {
-        let n = self.pool.exists_prefix(ns, keys.clone())?;
-        Ok(self.fresh_run(ns, keys, n, routing))
+        self.served_run(ns, keys, routing, Pool::exists_prefix)
     }
 
     /// [`Shared::exists_run`] without counting a prefix lookup: how many of `keys`, from the
@@ -403,22 +402,26 @@ impl Shared {
     where
         I: Iterator<Item = &'k [u8]> + Clone,
     {
-        let n = self.pool.present_prefix(ns, keys.clone())?;
-        Ok(self.fresh_run(ns, keys, n, routing))
+        self.served_run(ns, keys, routing, Pool::present_prefix)
     }
 
-    /// How many of the first `n` of `keys` (all present here) a read routed by `routing` may
-    /// serve, from the first ([`Shared::fresh_key`]).
-    fn fresh_run<'k>(
+    /// The two above: the leading run `present` finds here, cut at the first key a read routed
+    /// by `routing` may not serve.
+    fn served_run<'k, I>(
         &self,
         ns: u32,
-        keys: impl Iterator<Item = &'k [u8]>,
-        n: usize,
+        keys: I,
         routing: Routing,
-    ) -> usize {
-        keys.take(n)
+        present: fn(&Pool, u32, I) -> Result<usize, PoolError>,
+    ) -> Result<usize, PoolError>
+    where
+        I: Iterator<Item = &'k [u8]> + Clone,
+    {
+        let n = present(&self.pool, ns, keys.clone())?;
+        Ok(keys
+            .take(n)
             .position(|k| !self.fresh_key(ns, k, routing))
-            .unwrap_or(n)
+            .unwrap_or(n))
     }
 
     /// Whether a request routed by `routing` was routed by a view this node has since left

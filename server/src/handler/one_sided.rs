@@ -3,6 +3,7 @@
 //! `MapInfo` hands a same-host client descriptors of the segments its token admits to, which
 //! it then reads (and, where it may write, writes) directly.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -17,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{payload_failure, Conn, Next};
 use crate::metrics::{Limit, Transport};
-use crate::service::{Access, Routing};
+use crate::service::{Access, Routing, Shared};
 
 /// Largest one-sided read buffer a connection keeps between reads (larger reads allocate
 /// their own): a weights chunk of the default size fits.
@@ -114,16 +115,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .iter()
                     .map(|i| {
                         let addr = GlobalAddr::from(&i.addr);
-                        // Judged like a socket put's, by the view its `Alloc` was routed by:
-                        // a same-host put's commit carries it; a plain two-phase commit does
-                        // not, and takes the one noted when this connection allocated.
-                        let routing = alloc_routing(stamp, pending, addr.generation);
                         let commit = || s.pool.commit(&addr, i.checksum.to_native(), now);
-                        let r = s.commit_in_view(&addr, routing, commit);
-                        if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
-                            pending.remove(&addr.generation);
-                        }
-                        status_of(r)
+                        status_of(commit_pending(s, pending, stamp, &addr, commit))
                     })
                     .collect(),
             )
@@ -287,8 +280,6 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         for item in items.iter() {
             let addr = GlobalAddr::from(&item.addr);
             let offset = item.offset.to_native();
-            // Judged by the view its `Alloc` was routed by, as `Commit` is.
-            let routing = alloc_routing(self.stamp, &self.pending, addr.generation);
             let commit = || {
                 pool.begin_write(&addr).and_then(|mut w| {
                     match area.copy_out(offset, w.bytes_mut()) {
@@ -297,10 +288,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     }
                 })
             };
-            let r = self.s.commit_in_view(&addr, routing, commit);
-            if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
-                self.pending.remove(&addr.generation);
-            }
+            let r = commit_pending(self.s, &mut self.pending, self.stamp, &addr, commit);
             if r.is_ok() {
                 bytes += addr.len;
             }
@@ -374,19 +362,28 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     }
 }
 
-/// The routing a commit of the allocation of generation `generation` is judged by: the
-/// commit's own view stamp when it carries one, else the stamp its `Alloc` carried when this
-/// connection made it (`pending`), else none (an allocation made over another connection, as a
-/// one-sided handoff's is, or a direct one).
-fn alloc_routing(
+/// Commits the pending allocation `addr` with `commit` (a `Commit` or `CommitStaged` item),
+/// judged like a socket put by the view its `Alloc` was routed by (`Shared::commit_in_view`):
+/// the request's own view stamp (`stamp`) when it carries one, as a same-host put's does, else
+/// the stamp noted in `pending` when this connection allocated it, else none (an allocation
+/// made over another connection, as a one-sided handoff's is, or a direct one). An allocation
+/// committed, or aborted for its view, leaves `pending`.
+fn commit_pending(
+    s: &Shared,
+    pending: &mut HashMap<u64, u64>,
     stamp: u64,
-    pending: &std::collections::HashMap<u64, u64>,
-    generation: u64,
-) -> Routing {
-    Routing::of_stamp(match stamp {
-        0 => pending.get(&generation).copied().unwrap_or(0),
+    addr: &GlobalAddr,
+    commit: impl FnOnce() -> Result<(), PoolError>,
+) -> Result<(), ErrorCode> {
+    let stamp = match stamp {
+        0 => pending.get(&addr.generation).copied().unwrap_or(0),
         stamp => stamp,
-    })
+    };
+    let r = s.commit_in_view(addr, Routing::of_stamp(stamp), commit);
+    if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
+        pending.remove(&addr.generation);
+    }
+    r
 }
 
 fn code_of(r: Result<(), PoolError>) -> u16 {
