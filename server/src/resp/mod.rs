@@ -205,6 +205,9 @@ pub(crate) async fn serve<R, W>(
             Ok(_) => {}
         }
     }
+    // The buffer's charge goes back before the peer can see the close, so that a client that
+    // saw this connection end finds its room free (a refused one's charge, above all).
+    drop(input);
     let _ = conn.shutdown().await;
     door.clients.fetch_sub(1, Relaxed);
     shared.metrics.connection_closed(Transport::Resp);
@@ -334,13 +337,14 @@ impl Input {
     }
 
     /// Room for what the command still needs (a value's remaining bytes at once, up to
-    /// READ_AHEAD: the peer's declared length is not believed further). Consumed bytes are
-    /// dropped when nothing is left after them, and otherwise moved out only when the room is
-    /// short, so a pipeline of large values is not shifted down after every command.
+    /// READ_AHEAD: the peer's declared length is not believed further), and 64 KiB to read ahead
+    /// while that is cheap. Consumed bytes are dropped when nothing is left after them, and
+    /// otherwise moved out only when the room is short, so a pipeline of large values is not
+    /// shifted down after every command.
     ///
     /// Growth is charged to the door's `InputMemory` before it is allocated: false when the
-    /// node has no room for it (the buffer is left as it was). A buffer emptied with more than
-    /// `INPUT_KEEP` of capacity is given back.
+    /// node has no room for it and the command needs it (the buffer is left as it was). A
+    /// buffer emptied with more than `INPUT_KEEP` of capacity is given back.
     fn make_room(&mut self, need: usize) -> bool {
         let want = need.clamp(64 << 10, READ_AHEAD);
         if self.start == self.buf.len() {
@@ -358,12 +362,20 @@ impl Input {
         if cap - len >= want {
             return true;
         }
+        // Reading ahead is worth growing for only while the buffer is small (a pipeline of small
+        // commands). A large one with room for the rest of its command (a value's last bytes,
+        // after a short read) reads them as it is rather than doubling for them.
+        let fits = cap - len >= need.max(1);
+        if fits && cap >= INPUT_KEEP {
+            return true;
+        }
         // Doubling, as `Vec::reserve` does, so that a command arriving in many reads is not
         // copied once per read.
         let grown = (len + want).max(cap.saturating_mul(2));
         let extra = (grown.saturating_sub(INPUT_BASE) as u64).saturating_sub(self.charged);
         if !self.door.input_memory.take(extra) {
-            return false;
+            // Refused only when the command cannot be read without the growth.
+            return fits;
         }
         self.charged += extra;
         self.buf.reserve_exact(grown - len);
