@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{value, Node};
-use kvpool::protocol::{FramePrefix, Op};
+use kvpool::protocol::{ErrorCode, FramePrefix, Op};
 use kvpool_client::{Client, ClientConfig, SameHost};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -601,4 +601,70 @@ async fn keys_longer_than_the_configured_limit_are_refused() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_key_len"));
+}
+
+/// A client cuts every request to the limits its nodes announce (`max_batch` keys or items,
+/// `max_payload` bytes): a batch of any length works, where a node would refuse it with
+/// `BatchTooLarge` or close the connection for its payload. Over TCP and on the same host; the
+/// prefix calls still stop at the first gap, across the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_over_the_nodes_limits_are_cut_to_fit() {
+    use kvpool_client::Prefix;
+    let cfg = config_file("[limits]\nmax_batch = 8\nmax_payload = \"64KiB\"\n");
+    let n = Node::start("64MiB", &["-c", &cfg]);
+    for same_host in [SameHost::Off, SameHost::Auto] {
+        let c = Client::connect(
+            &n.tcp_url(),
+            ClientConfig {
+                same_host,
+                ..ClientConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(c.hello().max_batch, 8);
+        // 100 values of 4 KiB: 13 batches by count, and 400 KiB of payload against 64 KiB.
+        let keys: Vec<Vec<u8>> = (0..100)
+            .map(|i| format!("{same_host:?}-{i}").into_bytes())
+            .collect();
+        let vals: Vec<Vec<u8>> = (0..100).map(|i| value(i, 4096)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let items: Vec<(&[u8], &[u8])> =
+            refs.iter().zip(&vals).map(|(k, v)| (*k, &v[..])).collect();
+        let codes = c.batch_put_from(&items).await.unwrap();
+        assert!(codes.iter().all(|&c| c == ErrorCode::Ok), "{codes:?}");
+        assert_eq!(c.batch_exists(&refs).await.unwrap(), 100);
+        assert_eq!(c.present(&refs).await.unwrap(), vec![true; 100]);
+
+        let mut bufs = vec![vec![0u8; 4096]; 100];
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let got = c.batch_get_into(&refs, &mut dsts).await.unwrap();
+        assert_eq!(got, vec![Some(4096); 100]);
+        assert!(bufs == vals, "every value whole, in its own buffer");
+        let leases = c.lease(&refs, 1_000).await.unwrap();
+        assert!(leases.iter().all(Option::is_some));
+        assert_eq!(c.release(&refs).await.unwrap(), 100);
+
+        // A gap at block 50: the prefix calls stop there, though later cuts hold every key.
+        assert!(c.remove(refs[50]).await.unwrap());
+        assert_eq!(c.batch_exists(&refs).await.unwrap(), 50);
+        assert_eq!(c.match_prefix(Prefix::Keys(&refs)).await.unwrap(), 50);
+        let mut bufs = vec![vec![0u8; 4096]; 100];
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        assert_eq!(
+            c.load_prefix(Prefix::Keys(&refs), &mut dsts).await.unwrap(),
+            50
+        );
+        assert!(bufs[..50] == vals[..50]);
+        let blocks: Vec<&[u8]> = vals.iter().map(|v| &v[..]).collect();
+        assert_eq!(
+            c.save_prefix(Prefix::Keys(&refs), &blocks).await.unwrap(),
+            100
+        );
+        assert_eq!(c.batch_remove(&refs).await.unwrap(), 100);
+        assert_eq!(c.batch_exists(&refs).await.unwrap(), 0);
+    }
+    // Nothing was refused on the way.
+    assert_eq!(refusals(&n, "batch"), 0);
+    still_serves(&n).await;
 }

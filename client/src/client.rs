@@ -57,6 +57,9 @@ struct Inner {
     unreachable: std::sync::atomic::AtomicU64,
     /// Handoff waits, subscriptions and watching connections.
     handoff: Arc<handoff::Hub>,
+    /// The smallest `max_batch` and `max_payload` of the nodes met so far: requests are cut to
+    /// fit them ([`fanout::Cut`]).
+    cut: fanout::CutLimits,
 }
 
 /// A client of a kvpool cluster, bound to one namespace. Cheap to clone; clones share
@@ -121,6 +124,7 @@ impl Client {
         let link = Arc::new(link);
         let ns: Arc<str> = cfg.namespace.as_str().into();
         let links = HashMap::from([(link.node(), link.clone())]);
+        let cut = fanout::CutLimits::new(&link.hello);
         Ok(Client {
             inner: Arc::new(Inner {
                 scheme,
@@ -134,6 +138,7 @@ impl Client {
                 })),
                 unreachable: Default::default(),
                 handoff: Arc::default(),
+                cut,
             }),
             ns,
             repl,
@@ -369,12 +374,12 @@ impl Client {
         let cfg = &self.cfg;
         routed!(self, r => {
             // The owners, routed by the view; the previous owner asked on purpose (stamp 0).
-            let mut batches = Vec::new();
+            let (mut batches, cut) = (Vec::new(), self.cut());
             for o in r.view.owners(key, self.read_replicas()) {
-                add_key(&mut batches, o.0, r.stamp, (), 0);
+                add_key(&mut batches, (o.0, r.stamp, ()), 0, cut);
             }
             if let Some(p) = self.prev_owner(&r, key) {
-                add_key(&mut batches, p, 0, (), 0);
+                add_key(&mut batches, (p, 0, ()), 0, cut);
             }
             let answers = self
                 .fan_out(&r, &mut batches, |l, ns, b| async move {
@@ -755,9 +760,9 @@ impl Client {
     pub async fn remove_all(&self) -> Result<u64, ClientError> {
         let cfg = &self.cfg;
         let r = self.routing();
-        let mut batches = Vec::new();
+        let (mut batches, cut) = (Vec::new(), self.cut());
         for n in r.view.nodes.iter().filter(|n| n.state != NodeState::Down) {
-            add_key(&mut batches, n.id, 0, (), 0);
+            add_key(&mut batches, (n.id, 0, ()), 0, cut);
         }
         let answers = self
             .fan_out(&r, &mut batches, |l, ns, _| async move {

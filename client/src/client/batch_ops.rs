@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kvpool::protocol::{ErrorCode, Op, Reply};
 
-use super::fanout::{add_key, asked_of, pick, Batch};
+use super::fanout::{add_item, add_key, asked_of, pick, Batch};
 use super::routing::Routing;
 use super::Client;
 use crate::error::ClientError;
@@ -33,12 +33,12 @@ impl Client {
     ) -> Vec<bool> {
         let cfg = &self.cfg;
         let mut ok = vec![false; keys.len()];
-        let mut batches = Vec::new();
+        let (mut batches, cut) = (Vec::new(), self.cut());
         for &(i, prev) in asked {
             ok[i] = true;
             for o in r.view.owners(keys[i], self.read_replicas()) {
                 if o.0 != prev {
-                    add_key(&mut batches, o.0, 0, (), i);
+                    add_key(&mut batches, (o.0, 0, ()), i, cut);
                 }
             }
         }
@@ -149,10 +149,10 @@ impl Client {
             // chain tail first and its eviction policy sees the chain's root as the newest of
             // its blocks: under pressure a chain shrinks from its end, where a prefix lookup
             // loses least (docs/EVICTION.md, "tail first").
-            let mut batches = Vec::new();
-            for (i, (k, _)) in items.iter().enumerate().rev() {
+            let (mut batches, cut) = (Vec::new(), self.cut());
+            for (i, (k, v)) in items.iter().enumerate().rev() {
                 for o in r.view.owners(k, r_count) {
-                    add_key(&mut batches, o.0, r.stamp, (), i);
+                    add_item(&mut batches, (o.0, r.stamp, ()), (i, v.len() as u64), cut);
                 }
             }
             let answers = self
@@ -364,10 +364,10 @@ impl Client {
         let make = &make;
         routed!(self, r => {
             // Batches tagged with whether they go to the keys' primary owner.
-            let mut batches = Vec::new();
+            let (mut batches, cut) = (Vec::new(), self.cut());
             for (i, k) in keys.iter().enumerate() {
                 for (rank, o) in r.view.owners(k, r_count).into_iter().enumerate() {
-                    add_key(&mut batches, o.0, r.stamp, rank == 0, i);
+                    add_key(&mut batches, (o.0, r.stamp, rank == 0), i, cut);
                 }
             }
             let answers = self
@@ -403,6 +403,7 @@ fn take_bufs<'a, 'b>(
             node: b.node,
             stamp: b.stamp,
             idx: b.idx,
+            bytes: b.bytes,
         })
         .collect()
 }

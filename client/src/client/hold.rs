@@ -66,7 +66,8 @@ impl Client {
     /// Holds `keys` on their `replica`-th owners (see [`Client::lease_replica`]) when those are
     /// on this host, for reading in place with [`LocalHold::view`]. A key whose owner is not
     /// on this host (or can't be reached), or that is absent, is None. One connection per node
-    /// is opened for the holds and kept by the returned [`LocalHold`].
+    /// (and per `max_batch` keys) is opened for the holds and kept by the returned
+    /// [`LocalHold`].
     pub async fn hold_local(
         &self,
         keys: &[&[u8]],

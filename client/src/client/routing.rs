@@ -174,6 +174,7 @@ impl Client {
                 link.node()
             )));
         }
+        self.inner.cut.meet(&link.hello);
         let mut links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
         Ok(links.entry(node).or_insert_with(|| Arc::new(link)).clone())
     }

@@ -38,9 +38,9 @@ impl Client {
         }
         let cfg = &self.cfg;
         routed!(self, r => {
-            let mut batches = Vec::new();
+            let (mut batches, cut) = (Vec::new(), self.cut());
             for n in r.view.nodes.iter().filter(|n| n.state == NodeState::Serving) {
-                add_key(&mut batches, n.id, r.stamp, (), 0);
+                add_key(&mut batches, (n.id, r.stamp, ()), 0, cut);
             }
             let answers = self
                 .fan_out(&r, &mut batches, |l, ns, b| async move {
