@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{
-    discard, read_direct, read_exact_direct, read_header, read_prefix, write_frame,
+    discard, read_direct, read_exact_direct, read_header, read_prefix, write_frame, FrameReader,
 };
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
@@ -20,7 +20,7 @@ use kvpool::protocol::{
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::DigitallySignedStruct;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::ClientConfig;
@@ -40,7 +40,7 @@ const HASH_PIECE: usize = 256 << 10;
 const FRESH: Duration = Duration::from_millis(1);
 
 pub(crate) struct Conn {
-    r: BufReader<Reader>,
+    r: FrameReader<Reader>,
     w: BufWriter<Writer>,
     hdr: AlignedVec,
     next_id: u64,
@@ -117,7 +117,7 @@ impl Conn {
             }
         };
         let mut conn = Conn {
-            r: BufReader::with_capacity(IO_BUFFER, r),
+            r: FrameReader::with_capacity(IO_BUFFER, r),
             w: BufWriter::with_capacity(IO_BUFFER, w),
             hdr: AlignedVec::new(),
             next_id: 1,
@@ -383,7 +383,7 @@ impl Conn {
 
 /// The reading half of a split [`Conn`].
 pub(crate) struct ConnReader {
-    r: BufReader<Reader>,
+    r: FrameReader<Reader>,
     hdr: AlignedVec,
     limits: Limits,
 }

@@ -2,10 +2,12 @@
 //! Shared by the daemon and the client, so both sides frame identically.
 
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
 use rkyv::util::AlignedVec;
 use thiserror::Error;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::frame::{FrameError, FramePrefix, Limits, PREFIX_LEN};
 
@@ -120,28 +122,140 @@ pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Most bytes a [`FrameReader`] reads into its buffer at once after a large payload: enough
+/// for the next frame's prefix and header, so the payload after them is read straight into
+/// its destination instead of through the buffer.
+pub const SMALL_FILL: usize = 4 << 10;
+
+/// Payload bytes read with [`read_direct`] since the buffer was last filled that make the next
+/// fill a [`SMALL_FILL`].
+pub const LARGE_PAYLOAD: usize = 16 << 10;
+
+/// A buffered reader for frames (`tokio::io::BufReader`'s job) that keeps large payloads out
+/// of its buffer.
+///
+/// A `BufReader` fills its whole buffer whenever it is empty: the read meant for a frame's
+/// prefix brings in the payload after it too, up to the buffer's size, and every one of those
+/// bytes is copied a second time on its way to the payload's destination (a 64 KiB put went
+/// almost whole through the node's buffer). This reader fills only [`SMALL_FILL`] bytes when
+/// the frames before were large ([`LARGE_PAYLOAD`] or more read with [`read_direct`] since the
+/// last fill), and the whole buffer otherwise, so a stream of small frames still arrives many
+/// to a system call.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: Box<[u8]>,
+    /// The buffered bytes are `buf[pos..filled]`.
+    pos: usize,
+    filled: usize,
+    /// Payload bytes [`read_direct`] has returned since the last fill.
+    direct: usize,
+}
+
+impl<R> FrameReader<R> {
+    /// A reader over `inner` with a buffer of `capacity` bytes (at least 1).
+    pub fn with_capacity(capacity: usize, inner: R) -> FrameReader<R> {
+        FrameReader {
+            inner,
+            buf: vec![0u8; capacity.max(1)].into_boxed_slice(),
+            pos: 0,
+            filled: 0,
+            direct: 0,
+        }
+    }
+
+    /// The bytes read from the stream and not yet consumed.
+    pub fn buffer(&self) -> &[u8] {
+        &self.buf[self.pos..self.filled]
+    }
+
+    /// The stream (reading from it directly skips what is buffered).
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// See [`FrameReader::get_ref`].
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    fn consume_buffered(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.filled);
+    }
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Refills the buffer when it is empty (with at most [`SMALL_FILL`] bytes after a large
+    /// payload); the buffered bytes, empty only at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        if self.pos == self.filled {
+            let cap = if self.direct >= LARGE_PAYLOAD {
+                SMALL_FILL.min(self.buf.len())
+            } else {
+                self.buf.len()
+            };
+            let mut rb = ReadBuf::new(&mut self.buf[..cap]);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut rb))?;
+            self.filled = rb.filled().len();
+            self.pos = 0;
+            self.direct = 0;
+        }
+        Poll::Ready(Ok(&self.buf[self.pos..self.filled]))
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for FrameReader<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        // Nothing buffered and a read at least as large as the buffer: straight from the
+        // stream, as `BufReader` does.
+        if me.pos == me.filled && out.remaining() >= me.buf.len() {
+            return Pin::new(&mut me.inner).poll_read(cx, out);
+        }
+        let have = ready!(me.poll_fill(cx))?;
+        let n = have.len().min(out.remaining());
+        out.put_slice(&have[..n]);
+        me.consume_buffered(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncBufRead for FrameReader<R> {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        self.get_mut().poll_fill(cx)
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        self.get_mut().consume_buffered(amt);
+    }
+}
+
 /// Reads some bytes of a payload into `dst` (`Ok(0)` only at the end of the stream): what `r`
-/// has buffered first, then straight from the stream into `dst`, whatever `dst`'s size (a
-/// `BufReader` reads through its own buffer, and copies again, for any read smaller than that
-/// buffer).
+/// has buffered first, then straight from the stream into `dst`, whatever `dst`'s size.
 pub async fn read_direct<R: AsyncRead + Unpin>(
-    r: &mut BufReader<R>,
+    r: &mut FrameReader<R>,
     dst: &mut [u8],
 ) -> io::Result<usize> {
-    let buffered = r.buffer();
-    if !buffered.is_empty() || dst.is_empty() {
+    let n = if !r.buffer().is_empty() || dst.is_empty() {
+        let buffered = r.buffer();
         let n = buffered.len().min(dst.len());
         dst[..n].copy_from_slice(&buffered[..n]);
-        r.consume(n);
-        return Ok(n);
-    }
-    // The buffer is empty, so the stream's next bytes are the payload's next bytes.
-    r.get_mut().read(dst).await
+        r.consume_buffered(n);
+        n
+    } else {
+        // The buffer is empty, so the stream's next bytes are the payload's next bytes.
+        r.get_mut().read(dst).await?
+    };
+    r.direct = r.direct.saturating_add(n);
+    Ok(n)
 }
 
 /// Fills `dst` with [`read_direct`]; an early end of the stream is `UnexpectedEof`.
 pub async fn read_exact_direct<R: AsyncRead + Unpin>(
-    r: &mut BufReader<R>,
+    r: &mut FrameReader<R>,
     dst: &mut [u8],
 ) -> io::Result<()> {
     let mut at = 0;
@@ -308,7 +422,7 @@ mod tests {
             let (mut tx, rx) = tokio::io::duplex(8192);
             let sent = data.clone();
             let send = tokio::spawn(async move { tx.write_all(&sent).await });
-            let mut r = BufReader::with_capacity(buffer, rx);
+            let mut r = FrameReader::with_capacity(buffer, rx);
             // A small read first leaves bytes in the buffer (as a frame's header does).
             let mut head = [0u8; 3];
             r.read_exact(&mut head).await.unwrap();
@@ -322,6 +436,83 @@ mod tests {
             let mut more = [0u8; 1];
             let err = read_exact_direct(&mut r, &mut more).await.unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        }
+    }
+
+    /// After a large payload a fill stops at `SMALL_FILL` bytes, so the next frame's payload is
+    /// read past the buffer rather than copied through it; after small payloads the buffer fills
+    /// whole again. Every byte comes out in order either way.
+    #[tokio::test]
+    async fn a_fill_after_a_large_payload_is_small() {
+        let lens = [100usize, 64 << 10, 64 << 10, 100, 100, 8000];
+        let mut data = Vec::new();
+        for (i, &len) in lens.iter().enumerate() {
+            data.extend_from_slice(&(len as u64).to_le_bytes());
+            data.extend((0..len).map(|j| (i * 31 + j * 7) as u8));
+        }
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        tx.write_all(&data).await.unwrap();
+        drop(tx);
+        let mut r = FrameReader::with_capacity(64 << 10, rx);
+        let mut got = Vec::new();
+        let mut after_header = Vec::new();
+        for _ in lens {
+            let mut h = [0u8; 8];
+            r.read_exact(&mut h).await.unwrap();
+            after_header.push(r.buffer().len());
+            let mut p = vec![0u8; u64::from_le_bytes(h) as usize];
+            read_exact_direct(&mut r, &mut p).await.unwrap();
+            got.extend_from_slice(&h);
+            got.extend_from_slice(&p);
+        }
+        assert!(got == data, "bytes changed");
+        // The first fill took the whole buffer; the one for the frame after a 64 KiB payload
+        // took at most SMALL_FILL; so did the next (its frame's payload was 64 KiB too).
+        assert_eq!(after_header[0], (64 << 10) - 8);
+        assert_eq!(after_header[2], SMALL_FILL - 8);
+        assert_eq!(after_header[3], SMALL_FILL - 8);
+        // Frame 4 came out of frame 3's fill.
+        assert_eq!(after_header[4], SMALL_FILL - 8 - 100 - 8);
+        let mut more = [0u8; 1];
+        assert_eq!(r.read(&mut more).await.unwrap(), 0);
+    }
+
+    proptest::proptest! {
+        /// Against the model (the bytes sent, in order): frames of any payload sizes, arriving
+        /// in pieces of any size, read as a header (`read_exact` through the buffer) and a
+        /// payload (`read_exact_direct`), come out whole whatever the buffer's size and fill.
+        #[test]
+        fn frames_come_out_as_they_went_in(
+            lens in proptest::collection::vec(0usize..40_000, 1..12),
+            capacity in 1usize..70_000,
+            pipe in 1usize..20_000,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let mut data = Vec::new();
+            for (i, &len) in lens.iter().enumerate() {
+                data.extend_from_slice(&(len as u64).to_le_bytes());
+                data.extend((0..len).map(|j| (i * 131 + j * 17 + j / 256) as u8));
+            }
+            let got = rt.block_on(async {
+                let (mut tx, rx) = tokio::io::duplex(pipe);
+                let sent = data.clone();
+                let send = tokio::spawn(async move { tx.write_all(&sent).await });
+                let mut r = FrameReader::with_capacity(capacity, rx);
+                let mut got = Vec::new();
+                for _ in &lens {
+                    let mut h = [0u8; 8];
+                    r.read_exact(&mut h).await.unwrap();
+                    let mut p = vec![0u8; u64::from_le_bytes(h) as usize];
+                    read_exact_direct(&mut r, &mut p).await.unwrap();
+                    got.extend_from_slice(&h);
+                    got.extend_from_slice(&p);
+                }
+                send.await.unwrap().unwrap();
+                let mut more = [0u8; 1];
+                assert_eq!(r.read(&mut more).await.unwrap(), 0, "nothing after the frames");
+                got
+            });
+            proptest::prop_assert!(got == data, "bytes changed");
         }
     }
 }

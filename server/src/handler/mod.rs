@@ -32,14 +32,14 @@ use std::time::Instant;
 use kvpool::protocol::auth::{self, AuthBytes};
 use kvpool::protocol::io::{
     discard, read_exact_direct, read_header, read_prefix, write_all_vectored, write_frame,
-    WireError,
+    FrameReader, WireError,
 };
 use kvpool::protocol::AlignedVec;
 use kvpool::protocol::{
     decode_request, encode, ArchivedOp, ErrorCode, FrameError, Priority, Reply, Response,
 };
 use kvpool::PoolError;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::watch;
 
 use self::data::Item;
@@ -80,7 +80,7 @@ pub(crate) async fn serve<R, W>(
         transport,
         // A request that stops arriving half-way fails the connection (idling between
         // requests is the idle policy's).
-        r: BufReader::with_capacity(IO_BUFFER, ReadStall::new(r, shared.conn.read)),
+        r: FrameReader::with_capacity(IO_BUFFER, ReadStall::new(r, shared.conn.read)),
         // A reply the peer stops reading fails the connection, releasing what it referenced.
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
@@ -210,7 +210,7 @@ pub(crate) async fn serve<R, W>(
 struct Conn<'a, R, W> {
     s: &'a Shared,
     transport: Transport,
-    r: BufReader<R>,
+    r: FrameReader<R>,
     w: BufWriter<W>,
     /// The namespaces this connection may use; `None` until its `Hello` is accepted.
     access: Option<Access>,
