@@ -187,7 +187,8 @@ pub fn reserve(len: usize) -> io::Result<*mut libc::c_void> {
     }
 }
 
-fn page_size() -> usize {
+/// The system's page size (4096 when it can't be read).
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)

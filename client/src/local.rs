@@ -442,16 +442,6 @@ impl Drop for ReadView {
     }
 }
 
-fn os_page() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
-
 /// Why objects could not be stitched into one [`ReadView`] (the caller copies them instead).
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
@@ -492,7 +482,7 @@ pub(crate) fn stitch(
     parts: &[(&LocalMap, GlobalAddr)],
     populate: bool,
 ) -> Result<ReadView, ViewError> {
-    let page = os_page();
+    let page = kvpool::mapping::page_size();
     let mut pieces = Vec::with_capacity(parts.len());
     for (i, (map, addr)) in parts.iter().enumerate() {
         let (seg, at) = map.file_range(addr).map_err(ViewError::Fault)?;

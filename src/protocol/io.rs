@@ -169,11 +169,6 @@ impl<R> FrameReader<R> {
     }
 
     /// The stream (reading from it directly skips what is buffered).
-    pub fn get_ref(&self) -> &R {
-        &self.inner
-    }
-
-    /// See [`FrameReader::get_ref`].
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.inner
     }

@@ -123,10 +123,6 @@ pub(crate) fn value(size: u64) -> Arc<Vec<u8>> {
     Arc::new(v)
 }
 
-/// Most keys per request while loading: under the node's default `limits.max_batch` (16 384),
-/// which a data set of values under 2 KiB would pass at 32 MiB a batch.
-const LOAD_BATCH_KEYS: u64 = 4096;
-
 /// Stores the data set (and the put keys, see [`all_put_keys`]) of every size in `sizes` not
 /// stored yet.
 pub(crate) async fn ensure_loaded(
@@ -152,11 +148,11 @@ pub(crate) async fn ensure_loaded(
     Ok(())
 }
 
-/// Stores `keys`, each with the value of `size` ([`value`]), in batches of about 32 MiB and at
-/// most [`LOAD_BATCH_KEYS`] keys (a node takes at most `limits.max_batch` items per request).
+/// Stores `keys`, each with the value of `size` ([`value`]), in calls of about 32 MiB (the client
+/// cuts each to the node's `max_batch` and `max_payload`).
 pub(crate) async fn store(client: &Client, keys: &[Vec<u8>], size: u64) -> anyhow::Result<()> {
     let value = value(size);
-    let per_batch = ((32u64 << 20) / size).clamp(1, LOAD_BATCH_KEYS) as usize;
+    let per_batch = ((32u64 << 20) / size).max(1) as usize;
     for chunk in keys.chunks(per_batch) {
         let items: Vec<(&[u8], &[u8])> = chunk
             .iter()
