@@ -207,6 +207,34 @@ async fn a_dead_daemons_memory_is_not_served_from_the_index() {
     }
 }
 
+/// Once a call of the client's own has found the daemon gone, the very next read is not served
+/// from the index: the watch of the daemon's life may not have run yet on a busy machine, but
+/// the failed call ends it before it returns. (The Python client's restart test reads right
+/// after a failed write, and was served the dead daemon's value when the watch ran late.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_finds_the_daemon_gone_closes_the_index_before_it_returns() {
+    let mut n = Node::start("64MiB", &[]);
+    let a = client(&n).await;
+    let keys: [&[u8]; 2] = [b"g0", b"g1"];
+    for (i, k) in keys.iter().enumerate() {
+        a.put(k, &value(500 + i as u64, LEN)).await.unwrap();
+    }
+    for _ in 0..3 {
+        assert!(get_all(&a, &keys).await.iter().all(Option::is_some));
+    }
+    n.kill();
+    a.put(b"g2", &value(502, LEN))
+        .await
+        .expect_err("a put to a killed daemon fails");
+    let mut bufs = vec![vec![0u8; LEN]; 2];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = a.batch_get_into(&keys, &mut dsts).await;
+    assert!(
+        !matches!(&got, Ok(v) if v.iter().any(Option::is_some)),
+        "served from the index after a call found the daemon gone: {got:?}"
+    );
+}
+
 /// Reads served from the index are reported to the node in batches, in the background: its hit
 /// counter (and eviction policy) sees them, and the reads never wait for the report. Reads go
 /// on until two batches' worth have been counted (a report still on its way when the reads

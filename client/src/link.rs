@@ -106,10 +106,21 @@ pub(crate) struct Link {
 /// were another daemon started on other files, values it no longer has). So the index is only
 /// read while a watch connection to the node, idle after its handshake, stays open: the
 /// daemon's exit (or a restart, or an idle timeout closing it) ends the connection and the
-/// watching task clears `alive` at once; reads then look up through the socket, and the first
-/// one the node answers arms a new watch. The task ends with the link (`stop` dropped).
+/// watching task clears `alive` as soon as it runs; reads then look up through the socket, and
+/// the first one the node answers arms a new watch. The task ends with the link (`stop`
+/// dropped).
+///
+/// The watching task may run late on a busy machine, so a call of this client's own that finds
+/// the node gone (a broken stream, a refused connect) ends the watch too, before it returns
+/// ([`Watch::lost`]): after a call has failed that way, no read is served from the index until
+/// the node answers again.
 struct Watch {
-    alive: Arc<AtomicBool>,
+    /// The id of the watch that holds the index open; 0 while none does. Each watch clears it
+    /// only if it still holds its own id, so a watch that ends late never closes the index a
+    /// newer one opened.
+    alive: Arc<AtomicU64>,
+    /// The last id handed out.
+    ids: AtomicU64,
     arming: Arc<AtomicBool>,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
@@ -117,14 +128,22 @@ struct Watch {
 impl Watch {
     fn new() -> Watch {
         Watch {
-            alive: Arc::new(AtomicBool::new(false)),
+            alive: Arc::new(AtomicU64::new(0)),
+            ids: AtomicU64::new(0),
             arming: Arc::new(AtomicBool::new(false)),
             stop: Mutex::new(None),
         }
     }
 
     fn alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
+        self.alive.load(Ordering::Acquire) != 0
+    }
+
+    /// The node was found gone by a call: the index closes now, and the watch's task is told to
+    /// end (it clears nothing a newer watch set).
+    fn lost(&self) {
+        self.alive.store(0, Ordering::Release);
+        drop(self.stop.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 
@@ -318,8 +337,13 @@ impl Link {
                 None => {
                     let quic = self.quic_connection(cfg).await?;
                     let bulk = lane == Lane::Bulk;
-                    let (mut c, hello) =
-                        Conn::open(&self.endpoint, cfg, (quic.as_ref(), bulk)).await?;
+                    let (mut c, hello) = Conn::open(&self.endpoint, cfg, (quic.as_ref(), bulk))
+                        .await
+                        .inspect_err(|e| {
+                            if matches!(e, ClientError::Io(_)) {
+                                self.watch.lost();
+                            }
+                        })?;
                     self.adopt(cfg, &mut c, &hello).await?;
                     c
                 }
@@ -335,6 +359,8 @@ impl Link {
                     if matches!(e, ClientError::Io(_)) {
                         // The stream broke: the others of the pool are likely broken too
                         // (the daemon exited), and a fresh one will say whether it restarted.
+                        // Nor is the index read until the node answers again.
+                        self.watch.lost();
                         self.clear_idle();
                     }
                 }
@@ -1058,6 +1084,7 @@ impl Link {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         *self.watch.stop.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop);
         let (alive, arming) = (self.watch.alive.clone(), self.watch.arming.clone());
+        let id = self.watch.ids.fetch_add(1, Ordering::Relaxed) + 1;
         let (endpoint, cfg) = (self.endpoint.clone(), cfg.clone());
         let incarnation = self.incarnation.load(Ordering::Acquire);
         tokio::spawn(async move {
@@ -1071,7 +1098,7 @@ impl Link {
                 arming.store(false, Ordering::Release);
                 return;
             }
-            alive.store(true, Ordering::Release);
+            alive.store(id, Ordering::Release);
             arming.store(false, Ordering::Release);
             let (mut reader, _writer) = conn.split();
             // The node sends nothing unasked: any outcome of this read (its end above all)
@@ -1080,7 +1107,7 @@ impl Link {
                 _ = reader.next() => {}
                 _ = stopped => {}
             }
-            alive.store(false, Ordering::Release);
+            let _ = alive.compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire);
         });
     }
 
