@@ -36,6 +36,19 @@ async fn get_all(c: &Client, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
         .collect()
 }
 
+/// A client of `n` that has put `keys` (the value of `key[i]` is `value(seed + i)`) and read
+/// them all back three times, so its index knows every one.
+async fn remembering(n: &Node, keys: &[&[u8]], seed: u64) -> Client {
+    let a = client(n).await;
+    for (i, k) in keys.iter().enumerate() {
+        a.put(k, &value(seed + i as u64, LEN)).await.unwrap();
+    }
+    for _ in 0..3 {
+        assert!(get_all(&a, keys).await.iter().all(Option::is_some));
+    }
+    a
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remembered_key_reads_its_current_value_whatever_other_clients_did() {
     let n = Node::start("64MiB", &[]);
@@ -173,14 +186,8 @@ async fn remembered_keys_whose_memory_was_reused_are_misses_never_other_bytes() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_daemons_memory_is_not_served_from_the_index() {
     let mut n = Node::start("64MiB", &[]);
-    let a = client(&n).await;
     let keys: [&[u8]; 2] = [b"d0", b"d1"];
-    for (i, k) in keys.iter().enumerate() {
-        a.put(k, &value(400 + i as u64, LEN)).await.unwrap();
-    }
-    for _ in 0..3 {
-        assert!(get_all(&a, &keys).await.iter().all(Option::is_some));
-    }
+    let a = remembering(&n, &keys, 400).await;
     n.kill();
     let served =
         |got: &Result<Vec<Option<usize>>, _>| matches!(got, Ok(v) if v.iter().any(Option::is_some));
@@ -214,14 +221,8 @@ async fn a_dead_daemons_memory_is_not_served_from_the_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_finds_the_daemon_gone_closes_the_index_before_it_returns() {
     let mut n = Node::start("64MiB", &[]);
-    let a = client(&n).await;
     let keys: [&[u8]; 2] = [b"g0", b"g1"];
-    for (i, k) in keys.iter().enumerate() {
-        a.put(k, &value(500 + i as u64, LEN)).await.unwrap();
-    }
-    for _ in 0..3 {
-        assert!(get_all(&a, &keys).await.iter().all(Option::is_some));
-    }
+    let a = remembering(&n, &keys, 500).await;
     n.kill();
     a.put(b"g2", &value(502, LEN))
         .await

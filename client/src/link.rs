@@ -337,13 +337,8 @@ impl Link {
                 None => {
                     let quic = self.quic_connection(cfg).await?;
                     let bulk = lane == Lane::Bulk;
-                    let (mut c, hello) = Conn::open(&self.endpoint, cfg, (quic.as_ref(), bulk))
-                        .await
-                        .inspect_err(|e| {
-                            if matches!(e, ClientError::Io(_)) {
-                                self.watch.lost();
-                            }
-                        })?;
+                    let (mut c, hello) =
+                        Conn::open(&self.endpoint, cfg, (quic.as_ref(), bulk)).await?;
                     self.adopt(cfg, &mut c, &hello).await?;
                     c
                 }
@@ -354,32 +349,29 @@ impl Link {
                 deadline_us: cfg.deadline.map_or(0, |d| d.as_micros().max(1) as u64),
             };
             let r = f(&mut conn).await;
-            match &r {
-                Err(e) if !e.keeps_connection() => {
-                    if matches!(e, ClientError::Io(_)) {
-                        // The stream broke: the others of the pool are likely broken too
-                        // (the daemon exited), and a fresh one will say whether it restarted.
-                        // Nor is the index read until the node answers again.
-                        self.watch.lost();
-                        self.clear_idle();
-                    }
-                }
-                _ => {
-                    conn.last_used = std::time::Instant::now();
-                    let mut idle = self.idle[lane as usize]
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    if idle.len() < cfg.max_idle {
-                        idle.push(conn);
-                    }
+            if r.as_ref().err().is_none_or(ClientError::keeps_connection) {
+                conn.last_used = std::time::Instant::now();
+                let mut idle = self.idle[lane as usize]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if idle.len() < cfg.max_idle {
+                    idle.push(conn);
                 }
             }
             r
         };
         let limit = cfg.deadline.map_or(cfg.timeout, |d| d.min(cfg.timeout));
-        tokio::time::timeout(limit, work)
+        let r = tokio::time::timeout(limit, work)
             .await
-            .map_err(|_| ClientError::Timeout)?
+            .map_err(|_| ClientError::Timeout)?;
+        if let Err(ClientError::Io(_)) = &r {
+            // The node is gone (a stream broke, or a connect was refused): the others of the
+            // pool are likely broken too (the daemon exited), and a fresh one will say whether
+            // it restarted. Nor is the index read until the node answers again.
+            self.watch.lost();
+            self.clear_idle();
+        }
+        r
     }
 
     /// Drops every pooled connection (the node exited or restarted).
