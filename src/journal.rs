@@ -413,9 +413,7 @@ impl Journal {
             return;
         }
         let Some(f) = self.file.as_mut() else { return };
-        let len = (body.len() as u32).to_le_bytes();
-        let hash = xxh3_64(body).to_le_bytes();
-        if f.append(&[&len, &hash, body]).is_err() {
+        if f.append(&[&frame_head(body), body]).is_err() {
             self.fail();
             return;
         }
@@ -513,9 +511,16 @@ fn write_whole(path: &Path, header: &[u8], records: &[u8]) -> io::Result<File> {
 }
 
 fn frame(body: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&xxh3_64(body).to_le_bytes());
+    out.extend_from_slice(&frame_head(body));
     out.extend_from_slice(body);
+}
+
+/// What goes before a record's body: its length and its xxh3.
+fn frame_head(body: &[u8]) -> [u8; 12] {
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    head[4..].copy_from_slice(&xxh3_64(body).to_le_bytes());
+    head
 }
 
 /// Encodes a commit record's body into `b`; returns its length.

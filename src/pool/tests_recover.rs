@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
@@ -162,8 +163,8 @@ proptest! {
         if torn {
             // A record cut short by the crash: the first bytes of the last write, where it
             // began.
-            std::fs::OpenOptions::new().write(true).open(&journal).unwrap()
-                .write_all_at(&[1, 2, 3], end);
+            let f = std::fs::OpenOptions::new().write(true).open(&journal).unwrap();
+            f.write_all_at(&[1, 2, 3], end).unwrap();
         }
 
         let p = Pool::new(&cfg(&dir), [2; 16]).unwrap();
@@ -189,17 +190,6 @@ proptest! {
         prop_assert_eq!(p.recovery().recovered, model.len() as u64);
         drop(p);
         let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
-trait WriteGarbage {
-    fn write_all_at(self, b: &[u8], at: u64);
-}
-
-impl WriteGarbage for std::fs::File {
-    fn write_all_at(mut self, b: &[u8], at: u64) {
-        self.seek(SeekFrom::Start(at)).unwrap();
-        self.write_all(b).unwrap();
     }
 }
 
