@@ -33,14 +33,21 @@
 //! ```
 //!
 //! The journal grows with every change; once it holds many more records than live objects it
-//! is rewritten with only the live ones ([`Journal::compact_if_due`]).
+//! is rewritten with only the live ones, off the locks of the writers ([`SharedJournal`]): the
+//! records up to the journal's end at that moment are read back, replayed and written as a
+//! new file by a thread of its own, while appends go on to the old file; then, under the
+//! journal's lock again, the records appended meanwhile are copied after them verbatim and the
+//! new file is renamed onto the old one. A crash at any point leaves the old file or the new
+//! one, each complete.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use memmap2::{MmapMut, MmapOptions};
 use xxhash_rust::xxh3::xxh3_64;
@@ -284,6 +291,10 @@ pub struct Journal {
     live: u64,
     /// Records held back by [`Journal::hold`] until [`Journal::release`].
     held: Option<Vec<u8>>,
+    /// A compaction was started and has not finished.
+    compacting: bool,
+    /// The pool is gone: a compaction finishing now is thrown away.
+    closed: bool,
 }
 
 impl Journal {
@@ -312,6 +323,8 @@ impl Journal {
         header.extend_from_slice(&xxh3_64(&body).to_le_bytes());
         header.extend_from_slice(&body);
         let path = dir.join(journal_file_name(node));
+        // A compaction's file left by a crash in the middle of one.
+        let _ = std::fs::remove_file(path.with_extension("kvj.compact"));
         let file = Appender::new(write_whole(&path, &header, &[])?, header.len())?;
         Ok(Journal {
             path,
@@ -321,6 +334,8 @@ impl Journal {
             records: 0,
             live: 0,
             held: None,
+            compacting: false,
+            closed: false,
         })
     }
 
@@ -356,35 +371,71 @@ impl Journal {
         self.file.is_some()
     }
 
-    /// Rewrites the file with only the live objects once it holds more than twice as many
-    /// records as there are live objects (plus a slack of 65536 records). Called after each
-    /// append; the work is amortised over the records that made it due.
-    pub fn compact_if_due(&mut self) {
-        if self.file.is_none() || self.records <= 2 * self.live + COMPACT_SLACK {
-            return;
+    /// Starts a compaction when one is due: when the file holds more than twice as many
+    /// records as there are live objects (plus a slack of 65536 records), none is under way and
+    /// no records are held back. What it returns is built off the lock
+    /// ([`Compaction::build`]) and then handed to [`Journal::finish`].
+    pub fn compaction_due(&mut self) -> Option<Compaction> {
+        if self.records <= 2 * self.live + COMPACT_SLACK {
+            return None;
         }
-        let compacted = std::fs::read(&self.path)
-            .ok()
-            .and_then(|bytes| replay(&bytes, self.layout).ok())
-            .and_then(|r| {
-                let mut recs = Vec::with_capacity(r.objects.len() * 64);
-                let mut b = [0u8; MAX_RECORD];
-                for c in &r.objects {
-                    let n = encode_commit(&c.record(), &mut b);
-                    frame(&b[..n], &mut recs);
-                }
-                let file = write_whole(&self.path, &self.header, &recs).ok()?;
-                let file = Appender::new(file, self.header.len() + recs.len()).ok()?;
-                Some((file, r.objects.len() as u64))
-            });
-        match compacted {
-            Some((file, live)) => {
-                self.file = Some(file);
-                self.records = live;
-                self.live = live;
+        self.start_compaction()
+    }
+
+    /// Starts a compaction whether or not one is due, unless one is under way, records are
+    /// held back, or the journal failed or closed.
+    fn start_compaction(&mut self) -> Option<Compaction> {
+        if self.compacting || self.closed || self.held.is_some() {
+            return None;
+        }
+        let end = self.file.as_ref()?.len;
+        self.compacting = true;
+        Some(Compaction {
+            path: self.path.clone(),
+            header: self.header.clone(),
+            layout: self.layout,
+            end,
+            records: self.records,
+        })
+    }
+
+    /// Ends the compaction [`Journal::compaction_due`] started: copies the records appended
+    /// since it began after the compacted ones, renames the new file onto the journal's and
+    /// appends to it from now on. Returns the old file's appender, for the caller to drop
+    /// outside the lock (unmapping a large file takes a while). A compaction that failed
+    /// fails the journal, as a failed append does; one that finishes after the pool closed
+    /// or the journal failed is thrown away.
+    pub fn finish(&mut self, built: io::Result<Built>) -> Option<impl Drop> {
+        self.compacting = false;
+        let mut built = match built {
+            Ok(b) => b,
+            Err(_) if self.closed => return None,
+            Err(_) => {
+                self.fail();
+                return None;
             }
-            None => self.fail(),
+        };
+        let Some(old) = self.file.as_ref().filter(|_| !self.closed) else {
+            built.discard();
+            return None;
+        };
+        // Read through the file, not the mapping, which is only ever written (see `reserve`).
+        let mut tail = vec![0u8; old.len - built.end];
+        let swapped = old
+            .file
+            .read_exact_at(&mut tail, built.end as u64)
+            .and_then(|()| built.file.append(&[&tail]))
+            .and_then(|()| std::fs::rename(&built.tmp, &self.path));
+        if swapped.is_err() {
+            built.discard();
+            self.fail();
+            return None;
         }
+        self.records = built.objects + (self.records - built.records);
+        let mut old = std::mem::replace(self.file.as_mut()?, built.file);
+        // The old file is no longer the journal: it must not be truncated on the way out.
+        old.len = 0;
+        Some(old)
     }
 
     /// Holds records back in memory instead of writing each one (for a recovery, which
@@ -401,9 +452,7 @@ impl Journal {
         let Some(f) = self.file.as_mut() else { return };
         if f.append(&[&held]).is_err() {
             self.fail();
-            return;
         }
-        self.compact_if_due();
     }
 
     fn append(&mut self, body: &[u8]) {
@@ -418,7 +467,6 @@ impl Journal {
             return;
         }
         self.records += 1;
-        self.compact_if_due();
     }
 
     fn fail(&mut self) {
@@ -427,6 +475,139 @@ impl Journal {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// A compaction started by [`Journal::compaction_due`]: what it needs to build the new file
+/// without the journal's lock.
+#[derive(Debug)]
+pub struct Compaction {
+    path: PathBuf,
+    header: Vec<u8>,
+    layout: u32,
+    /// The journal's length when it began: the records before are compacted, the ones after
+    /// copied as they are.
+    end: usize,
+    /// [`Journal::records`] then.
+    records: u64,
+}
+
+/// A compacted journal, written to a temporary file but not yet in place.
+#[derive(Debug)]
+pub struct Built {
+    tmp: PathBuf,
+    file: Appender,
+    end: usize,
+    records: u64,
+    /// Records in it: one commit per live object.
+    objects: u64,
+}
+
+impl Built {
+    fn discard(&mut self) {
+        self.file.len = 0;
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+impl Compaction {
+    /// Reads the journal's records up to where the compaction began (they never change once
+    /// written), replays them, and writes the header and one commit per live object to a
+    /// temporary file, allocated and mapped for the appends to come.
+    pub fn build(self) -> io::Result<Built> {
+        let mut bytes = vec![0u8; self.end];
+        File::open(&self.path)?.read_exact_at(&mut bytes, 0)?;
+        let r = replay(&bytes, self.layout).map_err(io::Error::other)?;
+        if r.end != self.end as u64 {
+            return Err(io::Error::other("journal records end early"));
+        }
+        drop(bytes);
+        let mut recs = Vec::with_capacity(r.objects.len() * 64);
+        let mut b = [0u8; MAX_RECORD];
+        for c in &r.objects {
+            let n = encode_commit(&c.record(), &mut b);
+            frame(&b[..n], &mut recs);
+        }
+        let tmp = self.path.with_extension("kvj.compact");
+        let file = write_new(&tmp, &self.header, &recs)?;
+        Ok(Built {
+            tmp,
+            file: Appender::new(file, self.header.len() + recs.len())?,
+            end: self.end,
+            records: self.records,
+            objects: r.objects.len() as u64,
+        })
+    }
+}
+
+/// A pool's journal, locked by its writers and compacted by a thread of its own.
+#[derive(Debug)]
+pub struct SharedJournal {
+    journal: Arc<Mutex<Journal>>,
+    compactor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl SharedJournal {
+    /// Shares `journal`.
+    pub fn new(journal: Journal) -> SharedJournal {
+        SharedJournal {
+            journal: Arc::new(Mutex::new(journal)),
+            compactor: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the journal under its lock, then starts a compaction on a thread of its
+    /// own if one became due.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Journal) -> R) -> R {
+        let (r, due) = {
+            let mut j = guard(&self.journal);
+            let r = f(&mut j);
+            (r, j.compaction_due())
+        };
+        if let Some(c) = due {
+            let mut compactor = guard(&self.compactor);
+            // The previous compaction has finished (only one runs at a time); reap it.
+            if let Some(h) = compactor.take() {
+                let _ = h.join();
+            }
+            let journal = Arc::clone(&self.journal);
+            match std::thread::Builder::new()
+                .name("kvpool-journal".into())
+                .spawn(move || compact(&journal, c))
+            {
+                Ok(h) => *compactor = Some(h),
+                // No thread to be had now: a later append tries again.
+                Err(_) => guard(&self.journal).compacting = false,
+            }
+        }
+        r
+    }
+
+    /// Waits for a compaction under way to finish.
+    pub fn settle(&self) {
+        if let Some(h) = guard(&self.compactor).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for SharedJournal {
+    /// A compaction under way is waited for and thrown away: the journal as it stands is
+    /// complete, and a pool opened on the same directory next must not find it renamed over.
+    fn drop(&mut self) {
+        guard(&self.journal).closed = true;
+        self.settle();
+    }
+}
+
+/// Builds a compaction without the lock and finishes it under it.
+fn compact(journal: &Mutex<Journal>, c: Compaction) {
+    let built = c.build();
+    let old = guard(journal).finish(built);
+    drop(old);
+}
+
+fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A journal file open for appending through a mapping of it (see the module docs).
@@ -484,30 +665,38 @@ fn reserve(file: &File, len: usize) -> io::Result<MmapMut> {
     if rc != 0 {
         return Err(io::Error::from_raw_os_error(rc));
     }
-    // SAFETY: `file` is this daemon's own journal (created 0600 in its data directory by
-    // `write_whole`) and only its `Appender` writes it while it is mapped; all `len` bytes of
-    // it were allocated just above, so no store through the mapping can fault for want of
-    // space. The mapping is only ever written, never read, so bytes another process changed
-    // would not be read back here. Truncating the file under a running daemon is outside its
-    // contract, as for the segment files (docs/OPERATIONS.md).
+    // SAFETY: `file` is this daemon's own journal or the compacted one about to replace it
+    // (created 0600 in its data directory by `write_new`) and only its `Appender` writes it
+    // while it is mapped; all `len` bytes of it were allocated just above, so no store
+    // through the mapping can fault for want of space. The mapping is only ever written,
+    // never read (a compaction reads the file with `pread`), so bytes another process changed
+    // would not be read back through it. Truncating the file under a running daemon is
+    // outside its contract, as for the segment files (docs/OPERATIONS.md).
     unsafe { MmapOptions::new().len(len).map_mut(file) }
 }
 
-/// Writes `header` and `records` to a temporary file renamed onto `path`; returns the file
-/// opened for appending.
+/// Writes `header` and `records` to a temporary file renamed onto `path`; returns the file,
+/// open for reading and writing.
 fn write_whole(path: &Path, header: &[u8], records: &[u8]) -> io::Result<File> {
     let tmp = path.with_extension("kvj.tmp");
+    let f = write_new(&tmp, header, records)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(f)
+}
+
+/// Writes `header` and `records` to a new file at `path` (replacing any), open for reading
+/// and writing, without renaming it anywhere.
+fn write_new(path: &Path, header: &[u8], records: &[u8]) -> io::Result<File> {
     let mut f = OpenOptions::new()
         .mode(0o600)
+        .read(true)
         .write(true)
         .create(true)
         .truncate(true)
-        .open(&tmp)?;
+        .open(path)?;
     f.write_all(header)?;
     f.write_all(records)?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    OpenOptions::new().read(true).write(true).open(path)
+    Ok(f)
 }
 
 fn frame(body: &[u8], out: &mut Vec<u8>) {
@@ -599,6 +788,8 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("kvpool-journal-{name}-{}", std::process::id()));
@@ -670,6 +861,223 @@ mod tests {
         );
         let again = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
         assert_eq!(again, r);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// What a journal file replays to, by generation.
+    fn live(path: &Path) -> BTreeMap<u64, Committed> {
+        let r = replay(&std::fs::read(path).unwrap(), 7).unwrap();
+        assert_eq!(r.torn_tail, 0);
+        r.objects.into_iter().map(|c| (c.generation, c)).collect()
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// Commit a new generation under key `k`, replacing the live one of that key if any
+        /// (its "gone" follows, as the pool writes it).
+        Put(u8),
+        /// The live object of key `k` goes.
+        Remove(u8),
+        /// Pin or unpin the live object of key `k`.
+        Pin(u8, bool),
+        /// Start a compaction (if none is under way) and build it now.
+        Begin,
+        /// Finish the compaction built, if any.
+        Finish,
+        /// Close the journal (as the pool's drop does) before the next finish.
+        Close,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (0u8..12).prop_map(Step::Put),
+            2 => (0u8..12).prop_map(Step::Remove),
+            1 => (0u8..12, any::<bool>()).prop_map(|(k, p)| Step::Pin(k, p)),
+            1 => Just(Step::Begin),
+            1 => Just(Step::Finish),
+            1 => Just(Step::Close),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// However compactions interleave with appends (records appended while one is built
+        /// are carried over verbatim), the file always replays to exactly the objects the
+        /// records describe, and a compaction that finishes after a close changes nothing.
+        #[test]
+        fn compaction_keeps_exactly_the_live_objects(steps in prop::collection::vec(step(), 1..120)) {
+            let d = dir(&format!("model-{}", rand_suffix()));
+            let path = d.join(journal_file_name(NodeId(0)));
+            let mut j = Journal::create(&d, NodeId(0), 7, &["default".to_string()]).unwrap();
+            // key -> live object
+            let mut model: BTreeMap<u8, Committed> = BTreeMap::new();
+            let mut built: Option<io::Result<Built>> = None;
+            let mut generation = 0u64;
+            let mut closed_before_finish = false;
+            for s in &steps {
+                match *s {
+                    Step::Put(k) => {
+                        generation += 1;
+                        let c = Committed {
+                            ns: 0,
+                            segment: 0,
+                            offset: generation * 64,
+                            len: 64,
+                            checksum: generation ^ 0x77,
+                            generation,
+                            pinned: false,
+                            depth: 0,
+                            key: vec![k; 1 + k as usize],
+                        };
+                        j.commit(&c.record());
+                        if let Some(old) = model.insert(k, c) {
+                            j.gone(old.generation);
+                        }
+                    }
+                    Step::Remove(k) => {
+                        if let Some(old) = model.remove(&k) {
+                            j.gone(old.generation);
+                        }
+                    }
+                    Step::Pin(k, p) => {
+                        if let Some(c) = model.get_mut(&k) {
+                            c.pinned = p;
+                            j.pin(c.generation, p);
+                        }
+                    }
+                    Step::Begin => {
+                        if built.is_none() {
+                            if let Some(c) = j.start_compaction() {
+                                built = Some(c.build());
+                            }
+                        }
+                    }
+                    Step::Finish => {
+                        if let Some(b) = built.take() {
+                            drop(j.finish(b));
+                            prop_assert!(!d.join("journal-0.kvj.compact").exists());
+                        }
+                    }
+                    Step::Close => {
+                        if built.is_some() {
+                            j.closed = true;
+                            closed_before_finish = true;
+                            let before = std::fs::read(&path).unwrap();
+                            drop(j.finish(built.take().unwrap()));
+                            prop_assert_eq!(std::fs::read(&path).unwrap(), before);
+                            prop_assert!(!d.join("journal-0.kvj.compact").exists());
+                            break;
+                        }
+                    }
+                }
+                prop_assert!(j.healthy());
+                let want: BTreeMap<u64, Committed> =
+                    model.values().map(|c| (c.generation, c.clone())).collect();
+                prop_assert_eq!(live(&path), want);
+            }
+            if !closed_before_finish {
+                if let Some(b) = built.take() {
+                    drop(j.finish(b));
+                }
+            }
+            drop(j);
+            let want: BTreeMap<u64, Committed> =
+                model.values().map(|c| (c.generation, c.clone())).collect();
+            prop_assert_eq!(live(&path), want);
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A compaction shrinks the file to one commit per live object plus what was appended
+    /// while it was built, and the journal goes on appending to the new file. A compaction's
+    /// file left by a crash is removed at the next start.
+    #[test]
+    fn a_compaction_carries_over_the_records_appended_while_it_was_built() {
+        let d = dir("carry");
+        let path = d.join(journal_file_name(NodeId(0)));
+        // What a crash in the middle of a compaction leaves goes at the next start.
+        std::fs::write(d.join("journal-0.kvj.compact"), b"half a compaction").unwrap();
+        let mut j = Journal::create(&d, NodeId(0), 7, &["default".to_string()]).unwrap();
+        assert!(!d.join("journal-0.kvj.compact").exists());
+        for g in 1..=10_000u64 {
+            j.commit(&commit(g, b"hot"));
+            if g > 1 {
+                j.gone(g - 1);
+            }
+        }
+        let long = replay(&std::fs::read(&path).unwrap(), 7).unwrap().end;
+        let c = j.start_compaction().unwrap();
+        assert!(j.start_compaction().is_none(), "one at a time");
+        let built = c.build();
+        // Meanwhile: the hot key is replaced twice and a pinned one arrives.
+        j.commit(&commit(10_001, b"hot"));
+        j.gone(10_000);
+        j.commit(&commit(10_002, b"hot"));
+        j.gone(10_001);
+        j.commit(&Record {
+            pinned: true,
+            ..commit(10_003, b"cold")
+        });
+        drop(j.finish(built));
+        let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
+        assert!(r.end < long / 100, "{} bytes from {long}", r.end);
+        let got: Vec<(u64, bool)> = r.objects.iter().map(|c| (c.generation, c.pinned)).collect();
+        assert_eq!(got, [(10_002, false), (10_003, true)]);
+        j.gone(10_003);
+        drop(j);
+        let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
+        assert_eq!(r.objects.len(), 1);
+        assert_eq!(r.end, std::fs::metadata(&path).unwrap().len());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Through [`SharedJournal`], compactions start by themselves on another thread while
+    /// writers on several threads keep appending; the file ends up short and exact.
+    #[test]
+    fn shared_journal_compacts_behind_concurrent_writers() {
+        let d = dir("shared");
+        let path = d.join(journal_file_name(NodeId(0)));
+        let j = SharedJournal::new(
+            Journal::create(&d, NodeId(0), 7, &["default".to_string()]).unwrap(),
+        );
+        let threads = 4u64;
+        let per = 60_000u64;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let j = &j;
+                s.spawn(move || {
+                    let key = t.to_le_bytes();
+                    for i in 0..per {
+                        let g = 1 + t + i * threads;
+                        j.with(|j| j.commit(&commit(g, &key)));
+                        if i > 0 {
+                            j.with(|j| j.gone(g - threads));
+                        }
+                    }
+                });
+            }
+        });
+        j.settle();
+        let written = threads * per * 2 * 50;
+        let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
+        assert!(
+            r.end < written / 2,
+            "compacted: {} of {written} bytes",
+            r.end
+        );
+        let mut got: Vec<u64> = r.objects.iter().map(|c| c.generation).collect();
+        got.sort_unstable();
+        let want: Vec<u64> = (0..threads).map(|t| 1 + t + (per - 1) * threads).collect();
+        assert_eq!(got, want);
+        drop(j);
+        assert!(!d.join("journal-0.kvj.compact").exists());
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -31,7 +31,7 @@ use crate::addr::{GlobalAddr, MacKey, NodeId, Place};
 use crate::alloc::{AllocConfig, Allocator};
 use crate::checksum::checksum;
 use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
-use crate::journal::{Journal, Record};
+use crate::journal::{Journal, Record, SharedJournal};
 use crate::segment::{Backing, HugePages, Segment, SegmentSpec, LAYOUT_VERSION};
 use crate::seqlock;
 use index::{Entry, Shard, Zombie};
@@ -158,8 +158,8 @@ pub struct Pool {
     /// Told of every commit (see [`Pool::observe`]).
     observer: std::sync::OnceLock<Arc<dyn CommitObserver>>,
     /// The index journal, for file-backed segments (see [`crate::journal`]). Locked under an
-    /// index shard's lock, never the other way.
-    journal: Option<Mutex<Journal>>,
+    /// index shard's lock, never the other way; compacted without either.
+    journal: Option<SharedJournal>,
     /// What was recovered of the previous life at start-up.
     recovery: Recovery,
 }
@@ -345,7 +345,7 @@ impl Pool {
         let journal = match &cfg.backing {
             Backing::File(dir) => {
                 let names: Vec<String> = ns_cfg.iter().map(|n| n.name.clone()).collect();
-                Some(Mutex::new(Journal::create(
+                Some(SharedJournal::new(Journal::create(
                     dir,
                     cfg.node,
                     LAYOUT_VERSION,
@@ -1677,7 +1677,16 @@ impl Pool {
     /// so the records of one key are in the order of its changes.
     fn journal(&self, f: impl FnOnce(&mut Journal)) {
         if let Some(j) = &self.journal {
-            f(&mut lock(j));
+            j.with(f);
+        }
+    }
+
+    /// Waits for a compaction of the journal under way to finish (for tests, which stop a
+    /// pool by forgetting it and start the next on the same files).
+    #[cfg(test)]
+    pub(crate) fn settle_journal(&self) {
+        if let Some(j) = &self.journal {
+            j.settle();
         }
     }
 
