@@ -565,8 +565,10 @@ impl SharedJournal {
         };
         if let Some(c) = due {
             let mut compactor = guard(&self.compactor);
-            // The previous compaction has finished (only one runs at a time); reap it.
-            if let Some(h) = compactor.take() {
+            // The previous compaction has finished (only one runs at a time), but its thread
+            // may still be unmapping the old file: reaped if done, otherwise left to end on its
+            // own rather than waited for here, under the caller's shard lock.
+            if let Some(h) = compactor.take().filter(|h| h.is_finished()) {
                 let _ = h.join();
             }
             let journal = Arc::clone(&self.journal);
@@ -582,7 +584,7 @@ impl SharedJournal {
         r
     }
 
-    /// Waits for a compaction under way to finish.
+    /// Waits for a compaction under way to finish (its file renamed in, or thrown away).
     pub fn settle(&self) {
         if let Some(h) = guard(&self.compactor).take() {
             let _ = h.join();
