@@ -293,6 +293,9 @@ pub struct Journal {
     held: Option<Vec<u8>>,
     /// A compaction was started and has not finished.
     compacting: bool,
+    /// No compaction starts before `records` reaches this (set when one could not be written,
+    /// a full disk say: the journal as it stands is kept, and tried again later).
+    retry_at: u64,
     /// The pool is gone: a compaction finishing now is thrown away.
     closed: bool,
 }
@@ -335,6 +338,7 @@ impl Journal {
             live: 0,
             held: None,
             compacting: false,
+            retry_at: 0,
             closed: false,
         })
     }
@@ -376,7 +380,7 @@ impl Journal {
     /// no records are held back. What it returns is built off the lock
     /// ([`Compaction::build`]) and then handed to [`Journal::finish`].
     pub fn compaction_due(&mut self) -> Option<Compaction> {
-        if self.records <= 2 * self.live + COMPACT_SLACK {
+        if self.records <= 2 * self.live + COMPACT_SLACK || self.records < self.retry_at {
             return None;
         }
         self.start_compaction()
@@ -402,16 +406,23 @@ impl Journal {
     /// Ends the compaction [`Journal::compaction_due`] started: copies the records appended
     /// since it began after the compacted ones, renames the new file onto the journal's and
     /// appends to it from now on. Returns the old file's appender, for the caller to drop
-    /// outside the lock (unmapping a large file takes a while). A compaction that failed
-    /// fails the journal, as a failed append does; one that finishes after the pool closed
-    /// or the journal failed is thrown away.
+    /// outside the lock (unmapping a large file takes a while). A compaction that could not
+    /// be written (a full disk, say) leaves the journal as it is, complete, and is tried again
+    /// after [`COMPACT_SLACK`] more records; one that found the journal's own records damaged
+    /// fails the journal, as a failed append does; one that finishes after the pool closed or
+    /// the journal failed is thrown away.
     pub fn finish(&mut self, built: io::Result<Built>) -> Option<impl Drop> {
         self.compacting = false;
         let mut built = match built {
             Ok(b) => b,
             Err(_) if self.closed => return None,
-            Err(_) => {
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 self.fail();
+                return None;
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(self.path.with_extension("kvj.compact"));
+                self.retry_at = self.records + COMPACT_SLACK;
                 return None;
             }
         };
@@ -427,8 +438,9 @@ impl Journal {
             .and_then(|()| built.file.append(&[&tail]))
             .and_then(|()| std::fs::rename(&built.tmp, &self.path));
         if swapped.is_err() {
+            // Nothing was renamed: the journal is still the old file, complete.
             built.discard();
-            self.fail();
+            self.retry_at = self.records + COMPACT_SLACK;
             return None;
         }
         self.records = built.objects + (self.records - built.records);
@@ -516,9 +528,12 @@ impl Compaction {
     pub fn build(self) -> io::Result<Built> {
         let mut bytes = vec![0u8; self.end];
         File::open(&self.path)?.read_exact_at(&mut bytes, 0)?;
-        let r = replay(&bytes, self.layout).map_err(io::Error::other)?;
+        // Damage to the journal's own records (never expected) is `InvalidData`, which fails
+        // the journal; any other error is the file system's, and the compaction is retried.
+        let damaged = |e| io::Error::new(io::ErrorKind::InvalidData, e);
+        let r = replay(&bytes, self.layout).map_err(|e| damaged(e.to_string()))?;
         if r.end != self.end as u64 {
-            return Err(io::Error::other("journal records end early"));
+            return Err(damaged("journal records end early".to_string()));
         }
         drop(bytes);
         let mut recs = Vec::with_capacity(r.objects.len() * 64);
@@ -1037,6 +1052,56 @@ mod tests {
         let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
         assert_eq!(r.objects.len(), 1);
         assert_eq!(r.end, std::fs::metadata(&path).unwrap().len());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A compaction that cannot be written (here its file's name is taken by a directory, as
+    /// a full disk would refuse it) keeps the journal as it is, healthy and complete, and is
+    /// tried again only after another slack's worth of records; then it goes through.
+    #[test]
+    fn a_compaction_that_cannot_be_written_keeps_the_journal_and_is_retried() {
+        let d = dir("retry");
+        let path = d.join(journal_file_name(NodeId(0)));
+        let blocker = d.join("journal-0.kvj.compact");
+        let mut j = Journal::create(&d, NodeId(0), 7, &["default".to_string()]).unwrap();
+        std::fs::create_dir(&blocker).unwrap();
+        // One key overwritten again and again: generation g replaces g - 1.
+        fn put(j: &mut Journal, g: &mut u64) {
+            *g += 1;
+            j.commit(&commit(*g, b"hot"));
+            if *g > 1 {
+                j.gone(*g - 1);
+            }
+        }
+        let mut g = 0u64;
+        let c = loop {
+            put(&mut j, &mut g);
+            if let Some(c) = j.compaction_due() {
+                break c;
+            }
+        };
+        let built = c.build();
+        assert!(built.is_err(), "its file's name is taken");
+        drop(j.finish(built));
+        assert!(j.healthy(), "kept");
+        let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
+        assert_eq!((r.objects.len(), r.objects[0].generation), (1, g));
+        let failed_at = j.records;
+        // Not tried again at once, but after another slack's worth of records.
+        std::fs::remove_dir(&blocker).unwrap();
+        let c = loop {
+            put(&mut j, &mut g);
+            if let Some(c) = j.compaction_due() {
+                break c;
+            }
+        };
+        assert!(j.records >= failed_at + COMPACT_SLACK);
+        drop(j.finish(c.build()));
+        assert!(j.healthy());
+        let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
+        assert_eq!((r.objects.len(), r.objects[0].generation), (1, g));
+        assert!(r.end < 1000, "compacted to {} bytes", r.end);
+        drop(j);
         let _ = std::fs::remove_dir_all(&d);
     }
 
