@@ -135,6 +135,21 @@ pub struct Replayed {
     pub end: u64,
 }
 
+/// What a journal holds and has done, for the daemon's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// False once a write failed and the journal was deleted: the next start will be empty.
+    pub healthy: bool,
+    /// Bytes of its header and records (the file is larger by the space allocated ahead).
+    pub bytes: u64,
+    /// Records in the file since it was last written whole.
+    pub records: u64,
+    /// Compactions finished.
+    pub compactions: u64,
+    /// Compactions that could not be written (the journal was kept; they are tried again).
+    pub compaction_failures: u64,
+}
+
 /// A commit to record, borrowing its key.
 #[derive(Clone, Copy, Debug)]
 pub struct Record<'a> {
@@ -298,6 +313,9 @@ pub struct Journal {
     retry_at: u64,
     /// The pool is gone: a compaction finishing now is thrown away.
     closed: bool,
+    /// Compactions finished, and those that could not be written.
+    compactions: u64,
+    compaction_failures: u64,
 }
 
 impl Journal {
@@ -340,6 +358,8 @@ impl Journal {
             compacting: false,
             retry_at: 0,
             closed: false,
+            compactions: 0,
+            compaction_failures: 0,
         })
     }
 
@@ -373,6 +393,17 @@ impl Journal {
     /// instead of trusting a journal with a hole.
     pub fn healthy(&self) -> bool {
         self.file.is_some()
+    }
+
+    /// What it holds and has done.
+    pub fn stats(&self) -> JournalStats {
+        JournalStats {
+            healthy: self.healthy(),
+            bytes: self.file.as_ref().map_or(0, |f| f.len as u64),
+            records: self.records,
+            compactions: self.compactions,
+            compaction_failures: self.compaction_failures,
+        }
     }
 
     /// Starts a compaction when one is due: when the file holds more than twice as many
@@ -423,6 +454,7 @@ impl Journal {
             Err(_) => {
                 let _ = std::fs::remove_file(self.path.with_extension("kvj.compact"));
                 self.retry_at = self.records + COMPACT_SLACK;
+                self.compaction_failures += 1;
                 return None;
             }
         };
@@ -441,9 +473,11 @@ impl Journal {
             // Nothing was renamed: the journal is still the old file, complete.
             built.discard();
             self.retry_at = self.records + COMPACT_SLACK;
+            self.compaction_failures += 1;
             return None;
         }
         self.records = built.objects + (self.records - built.records);
+        self.compactions += 1;
         let mut old = std::mem::replace(self.file.as_mut()?, built.file);
         // The old file is no longer the journal: it must not be truncated on the way out.
         old.len = 0;
@@ -597,6 +631,11 @@ impl SharedJournal {
             }
         }
         r
+    }
+
+    /// What the journal holds and has done.
+    pub fn stats(&self) -> JournalStats {
+        guard(&self.journal).stats()
     }
 
     /// Waits for a compaction under way to finish (its file renamed in, or thrown away).
@@ -1084,6 +1123,8 @@ mod tests {
         assert!(built.is_err(), "its file's name is taken");
         drop(j.finish(built));
         assert!(j.healthy(), "kept");
+        let st = j.stats();
+        assert_eq!((st.compactions, st.compaction_failures), (0, 1));
         let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
         assert_eq!((r.objects.len(), r.objects[0].generation), (1, g));
         let failed_at = j.records;
@@ -1097,10 +1138,20 @@ mod tests {
         };
         assert!(j.records >= failed_at + COMPACT_SLACK);
         drop(j.finish(c.build()));
-        assert!(j.healthy());
         let r = replay(&std::fs::read(&path).unwrap(), 7).unwrap();
         assert_eq!((r.objects.len(), r.objects[0].generation), (1, g));
         assert!(r.end < 1000, "compacted to {} bytes", r.end);
+        let st = j.stats();
+        assert_eq!(
+            (
+                st.healthy,
+                st.bytes,
+                st.records,
+                st.compactions,
+                st.compaction_failures
+            ),
+            (true, r.end, 1, 1, 1)
+        );
         drop(j);
         let _ = std::fs::remove_dir_all(&d);
     }

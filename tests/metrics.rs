@@ -260,6 +260,18 @@ async fn the_page_parses_and_escapes_label_values() {
         })
         .sum();
     assert!(tried >= 1.0, "no region tried: {tried}");
+    // The node's segments are files: its index journal is written, and holds the put's commit.
+    let node = [("node", "0")];
+    assert_eq!(get(&page, "kvpool_journal_healthy", &node), 1.0);
+    assert!(get(&page, "kvpool_journal_records", &node) >= 1.0);
+    assert!(
+        get(&page, "kvpool_journal_bytes", &node) > 54.0,
+        "more than its header"
+    );
+    assert_eq!(
+        get(&page, "kvpool_journal_compaction_failures_total", &node),
+        0.0
+    );
 
     // Every documented metric is on the page, and every family on it is documented.
     let names: BTreeSet<&str> = page.samples.iter().map(|s| s.name.as_str()).collect();

@@ -537,6 +537,13 @@ async fn a_crash_amid_journal_compactions_keeps_the_last_acknowledged_values() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let journal = n.dir.join("journal-0.kvj");
+    let page = n.scrape();
+    let compactions: u64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("kvpool_journal_compactions_total{node=\"0\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("kvpool_journal_compactions_total on the metrics page");
+    assert!(compactions >= 2, "{compactions} compactions so far");
     let mut child = n.child.take().expect("running");
     child.kill().unwrap();
     child.wait().unwrap();

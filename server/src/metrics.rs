@@ -418,6 +418,7 @@ impl Metrics {
             pool: pool.stats(),
             long_keys: pool.long_keys_refused(),
             huge_regions: pool.segments().map(|s| s.huge_regions()).collect(),
+            journal: pool.journal_stats(),
             namespaces,
         }));
         let mut out = String::with_capacity(16 << 10);
@@ -437,6 +438,8 @@ struct Scrape {
     /// Per segment: its data area's 2 MiB regions collapsed into huge pages, and those the
     /// kernel refused (`Segment::huge_regions`).
     huge_regions: Vec<(u64, u64)>,
+    /// The index journal's, when the segments are files (`Pool::journal_stats`).
+    journal: Option<kvpool::journal::JournalStats>,
     namespaces: bool,
 }
 
@@ -480,6 +483,7 @@ impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let node = self.pool.node.to_string();
         self.encode_pool(&mut enc, &node)?;
+        self.encode_journal(&mut enc, &node)?;
         if self.namespaces {
             self.encode_namespaces(&mut enc, &node)?;
         }
@@ -586,6 +590,60 @@ impl Scrape {
                 )
             }),
         )
+    }
+
+    /// The index journal's state, when there is one (docs/RELIABILITY.md).
+    fn encode_journal(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let Some(j) = self.journal else {
+            return Ok(());
+        };
+        let labels = [("node", node)];
+        for (name, help, unit, v) in [
+            (
+                "kvpool_journal_healthy",
+                "1 while the index journal is written; 0 once a write failed and it was \
+                 deleted (the next start will be empty).",
+                None,
+                u64::from(j.healthy),
+            ),
+            (
+                "kvpool_journal",
+                "The index journal's header and records.",
+                Some(&Unit::Bytes),
+                j.bytes,
+            ),
+            (
+                "kvpool_journal_records",
+                "Records in the index journal since it was last written whole.",
+                None,
+                j.records,
+            ),
+        ] {
+            family(e, name, help, unit, MetricType::Gauge, [(labels, gauge(v))])?;
+        }
+        for (name, help, v) in [
+            (
+                "kvpool_journal_compactions",
+                "Index journal compactions finished.",
+                j.compactions,
+            ),
+            (
+                "kvpool_journal_compaction_failures",
+                "Index journal compactions that could not be written (the journal was kept; \
+                 they are tried again).",
+                j.compaction_failures,
+            ),
+        ] {
+            family(
+                e,
+                name,
+                help,
+                None,
+                MetricType::Counter,
+                [(labels, counter(v))],
+            )?;
+        }
+        Ok(())
     }
 
     /// Per namespace: bytes by kind and objects.

@@ -1681,6 +1681,12 @@ impl Pool {
         }
     }
 
+    /// What the index journal holds and has done; None for anonymous segments, which keep
+    /// none.
+    pub fn journal_stats(&self) -> Option<crate::journal::JournalStats> {
+        self.journal.as_ref().map(SharedJournal::stats)
+    }
+
     /// Waits for a compaction of the journal under way to finish (for tests, which stop a
     /// pool by forgetting it and start the next on the same files).
     #[cfg(test)]
