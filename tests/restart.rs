@@ -47,20 +47,42 @@ fn val(life: u64, i: u64) -> Vec<u8> {
 /// Stops the node (SIGTERM, or SIGKILL for a crash) and starts it again on the same directory
 /// and addresses.
 fn restart(n: &mut Node, crash: bool) -> Node {
-    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
     if crash {
-        let mut child = n.child.take().expect("running");
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kill(n);
     } else {
         assert!(n.stop().success());
     }
+    start_again(n, "16MiB")
+}
+
+/// Kills the node (SIGKILL) and waits for it to be gone.
+fn kill(n: &mut Node) {
+    let mut child = n.child.take().expect("running");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Starts a node again on `n`'s directory and addresses.
+fn start_again(n: &Node, memory: &str) -> Node {
+    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
     Node::start_in(
         n.dir.clone(),
-        "16MiB",
+        memory,
         &[],
         &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
     )
+}
+
+/// Kills the node under writers that end once `stop` is set, and waits for them.
+async fn kill_under(n: &mut Node, stop: &AtomicBool, writers: Vec<tokio::task::JoinHandle<()>>) {
+    kill(n);
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("writers give up once the daemon is gone")
+            .unwrap();
+    }
 }
 
 async fn same_host_client(n: &Node) -> Client {
@@ -396,9 +418,7 @@ async fn an_object_damaged_while_the_daemon_was_down_is_dropped_not_served() {
     let keys: Vec<Vec<u8>> = (0..8).map(key).collect();
     let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
     let found = c.lease(&refs, 0).await.unwrap();
-    let mut child = n.child.take().expect("running");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(&mut n);
     // Flip one byte in the middle of key 3's value, and the last byte of key 6's.
     for (i, at) in [(3usize, 1000u64), (6, val(1, 6).len() as u64 - 1)] {
         let addr = found[i].unwrap().addr;
@@ -414,13 +434,7 @@ async fn an_object_damaged_while_the_daemon_was_down_is_dropped_not_served() {
         f.write_all_at(&[b[0] ^ 1], data_offset + addr.offset + at)
             .unwrap();
     }
-    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
-    let n2 = Node::start_in(
-        n.dir.clone(),
-        "16MiB",
-        &[],
-        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
-    );
+    let n2 = start_again(&n, "16MiB");
     let c = client(&n2, false).await;
     for i in 0..8 {
         let got = c.get(&key(i)).await.unwrap();
@@ -460,25 +474,10 @@ async fn a_crash_mid_write_loses_at_most_the_puts_in_flight_and_serves_nothing_t
     while acked.lock().unwrap().len() < 300 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut child = n.child.take().expect("running");
-    child.kill().unwrap();
-    child.wait().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        tokio::time::timeout(Duration::from_secs(30), w)
-            .await
-            .expect("writers give up once the daemon is gone")
-            .unwrap();
-    }
+    kill_under(&mut n, &stop, writers).await;
     // Every put that returned Ok did so before the kill: nothing else was listening.
     let acked_at_kill: Vec<u64> = acked.lock().unwrap().clone();
-    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
-    let n2 = Node::start_in(
-        n.dir.clone(),
-        "256MiB",
-        &[],
-        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
-    );
+    let n2 = start_again(&n, "256MiB");
     let c = client(&n2, false).await;
     let highest = acked_at_kill.iter().max().copied().unwrap_or(0);
     let mut present = 0;
@@ -544,29 +543,14 @@ async fn a_crash_amid_journal_compactions_keeps_the_last_acknowledged_values() {
         .and_then(|v| v.trim().parse().ok())
         .expect("kvpool_journal_compactions_total on the metrics page");
     assert!(compactions >= 2, "{compactions} compactions so far");
-    let mut child = n.child.take().expect("running");
-    child.kill().unwrap();
-    child.wait().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        tokio::time::timeout(Duration::from_secs(30), w)
-            .await
-            .expect("writers give up once the daemon is gone")
-            .unwrap();
-    }
+    kill_under(&mut n, &stop, writers).await;
     let at_kill = acked.lock().unwrap().clone();
     // Uncompacted, the records would take over 20 MB (a commit of a 14-byte key is 72
     // bytes, a gone 21); the allocation ahead of the last record is at most as large again.
     let len = std::fs::metadata(&journal).unwrap().len();
     let written = 2 * 1_600 * PER * (72 + 21);
     assert!(len < written / 2, "journal of {len} bytes: not compacted");
-    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
-    let n2 = Node::start_in(
-        n.dir.clone(),
-        "64MiB",
-        &[],
-        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
-    );
+    let n2 = start_again(&n, "64MiB");
     let c = client(&n2, false).await;
     for w in 0..2u64 {
         for k in 0..PER {
