@@ -46,7 +46,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use memmap2::{MmapMut, MmapOptions};
@@ -54,6 +54,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::addr::NodeId;
 use crate::error::MAX_KEY_LEN;
+use crate::sync::lock;
 
 /// Magic bytes at the start of a journal.
 pub const JOURNAL_MAGIC: [u8; 8] = *b"KVPOOLJN";
@@ -71,6 +72,11 @@ const COMPACT_SLACK: u64 = 1 << 16;
 const GROW_MIN: usize = 64 << 10;
 /// The most it allocates ahead at a time (it doubles its file up to this step).
 const GROW_MAX: usize = 64 << 20;
+
+/// Where a compaction writes the journal at `path` anew before renaming it onto it.
+fn compaction_path(path: &Path) -> PathBuf {
+    path.with_extension("kvj.compact")
+}
 
 /// The file name of node `node`'s journal inside its segment directory.
 pub fn journal_file_name(node: NodeId) -> String {
@@ -345,7 +351,7 @@ impl Journal {
         header.extend_from_slice(&body);
         let path = dir.join(journal_file_name(node));
         // A compaction's file left by a crash in the middle of one.
-        let _ = std::fs::remove_file(path.with_extension("kvj.compact"));
+        let _ = std::fs::remove_file(compaction_path(&path));
         let file = Appender::new(write_whole(&path, &header, &[])?, header.len())?;
         Ok(Journal {
             path,
@@ -452,7 +458,7 @@ impl Journal {
                 return None;
             }
             Err(_) => {
-                let _ = std::fs::remove_file(self.path.with_extension("kvj.compact"));
+                let _ = std::fs::remove_file(compaction_path(&self.path));
                 self.retry_at = self.records + COMPACT_SLACK;
                 self.compaction_failures += 1;
                 return None;
@@ -576,7 +582,7 @@ impl Compaction {
             let n = encode_commit(&c.record(), &mut b);
             frame(&b[..n], &mut recs);
         }
-        let tmp = self.path.with_extension("kvj.compact");
+        let tmp = compaction_path(&self.path);
         let file = write_new(&tmp, &self.header, &recs)?;
         Ok(Built {
             tmp,
@@ -608,12 +614,12 @@ impl SharedJournal {
     /// own if one became due.
     pub fn with<R>(&self, f: impl FnOnce(&mut Journal) -> R) -> R {
         let (r, due) = {
-            let mut j = guard(&self.journal);
+            let mut j = lock(&self.journal);
             let r = f(&mut j);
             (r, j.compaction_due())
         };
         if let Some(c) = due {
-            let mut compactor = guard(&self.compactor);
+            let mut compactor = lock(&self.compactor);
             // The previous compaction has finished (only one runs at a time), but its thread
             // may still be unmapping the old file: reaped if done, otherwise left to end on its
             // own rather than waited for here, under the caller's shard lock.
@@ -627,7 +633,7 @@ impl SharedJournal {
             {
                 Ok(h) => *compactor = Some(h),
                 // No thread to be had now: a later append tries again.
-                Err(_) => guard(&self.journal).compacting = false,
+                Err(_) => lock(&self.journal).compacting = false,
             }
         }
         r
@@ -635,12 +641,12 @@ impl SharedJournal {
 
     /// What the journal holds and has done.
     pub fn stats(&self) -> JournalStats {
-        guard(&self.journal).stats()
+        lock(&self.journal).stats()
     }
 
     /// Waits for a compaction under way to finish (its file renamed in, or thrown away).
     pub fn settle(&self) {
-        if let Some(h) = guard(&self.compactor).take() {
+        if let Some(h) = lock(&self.compactor).take() {
             let _ = h.join();
         }
     }
@@ -650,7 +656,7 @@ impl Drop for SharedJournal {
     /// A compaction under way is waited for and thrown away: the journal as it stands is
     /// complete, and a pool opened on the same directory next must not find it renamed over.
     fn drop(&mut self) {
-        guard(&self.journal).closed = true;
+        lock(&self.journal).closed = true;
         self.settle();
     }
 }
@@ -658,12 +664,8 @@ impl Drop for SharedJournal {
 /// Builds a compaction without the lock and finishes it under it.
 fn compact(journal: &Mutex<Journal>, c: Compaction) {
     let built = c.build();
-    let old = guard(journal).finish(built);
+    let old = lock(journal).finish(built);
     drop(old);
-}
-
-fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A journal file open for appending through a mapping of it (see the module docs).
@@ -847,8 +849,13 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
+    /// A fresh directory, unique to this call.
     fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("kvpool-journal-{name}-{}", std::process::id()));
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let d =
+            std::env::temp_dir().join(format!("kvpool-journal-{name}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -963,7 +970,7 @@ mod tests {
         /// records describe, and a compaction that finishes after a close changes nothing.
         #[test]
         fn compaction_keeps_exactly_the_live_objects(steps in prop::collection::vec(step(), 1..120)) {
-            let d = dir(&format!("model-{}", rand_suffix()));
+            let d = dir("model");
             let path = d.join(journal_file_name(NodeId(0)));
             let mut j = Journal::create(&d, NodeId(0), 7, &["default".to_string()]).unwrap();
             // key -> live object
@@ -1043,12 +1050,6 @@ mod tests {
             prop_assert_eq!(live(&path), want);
             let _ = std::fs::remove_dir_all(&d);
         }
-    }
-
-    fn rand_suffix() -> u64 {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        N.fetch_add(1, Ordering::Relaxed)
     }
 
     /// A compaction shrinks the file to one commit per live object plus what was appended

@@ -10,3 +10,10 @@ pub(crate) use loom::sync::Arc;
 pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
+
+/// Locks a std mutex, recovering from poisoning: every critical section in the core (the pool's
+/// shards and allocators, the journal) leaves its data consistent before anything that could
+/// panic.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -34,6 +34,7 @@ use crate::error::{AddrFault, PoolError, MAX_KEY_LEN};
 use crate::journal::{Journal, Record, SharedJournal};
 use crate::segment::{Backing, HugePages, Segment, SegmentSpec, LAYOUT_VERSION};
 use crate::seqlock;
+use crate::sync::lock;
 use index::{Entry, Shard, Zombie};
 use namespace::Namespace;
 pub use namespace::{NamespaceConfig, DEFAULT_NAMESPACE};
@@ -1810,12 +1811,6 @@ pub fn check_key(key: &[u8]) -> Result<(), PoolError> {
         return Err(PoolError::BadKey);
     }
     Ok(())
-}
-
-/// Locks a mutex, recovering from poisoning: every critical section leaves the data consistent
-/// before anything that could panic.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
