@@ -530,19 +530,28 @@ async fn a_crash_amid_journal_compactions_keeps_the_last_acknowledged_values() {
             }
         }));
     }
-    // 1,600 rounds of both writers: about 205,000 overwriting puts, 410,000 journal records,
-    // several compactions' worth; then the kill, with the writers still going.
-    while acked.lock().unwrap().iter().min().copied().unwrap_or(0) < 1_600 {
+    // At least 1,600 rounds of both writers (about 205,000 overwriting puts, 410,000 journal
+    // records, several compactions' worth) and two compactions finished, as the metrics page
+    // counts them; then the kill, with the writers still going. Waiting for the count rather
+    // than reading it after a fixed number of rounds keeps a loaded machine, whose compactions
+    // lag the writers, from failing the test.
+    let journal = n.dir.join("journal-0.kvj");
+    let compactions = || -> u64 {
+        n.scrape()
+            .lines()
+            .find_map(|l| l.strip_prefix("kvpool_journal_compactions_total{node=\"0\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("kvpool_journal_compactions_total on the metrics page")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while acked.lock().unwrap().iter().min().copied().unwrap_or(0) < 1_600 || compactions() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than two compactions in a minute of overwrites: {}",
+            compactions()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let journal = n.dir.join("journal-0.kvj");
-    let page = n.scrape();
-    let compactions: u64 = page
-        .lines()
-        .find_map(|l| l.strip_prefix("kvpool_journal_compactions_total{node=\"0\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("kvpool_journal_compactions_total on the metrics page");
-    assert!(compactions >= 2, "{compactions} compactions so far");
     kill_under(&mut n, &stop, writers).await;
     let at_kill = acked.lock().unwrap().clone();
     // Uncompacted, the records would take over 20 MB (a commit of a 14-byte key is 72

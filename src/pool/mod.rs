@@ -1688,7 +1688,7 @@ impl Pool {
         self.journal.as_ref().map(SharedJournal::stats)
     }
 
-    /// Waits for a compaction of the journal under way to finish (for tests, which stop a
+    /// Waits until no compaction of the journal is under way or due (for tests, which stop a
     /// pool by forgetting it and start the next on the same files).
     #[cfg(test)]
     pub(crate) fn settle_journal(&self) {

@@ -247,10 +247,14 @@ fn a_long_journal_is_compacted_and_still_recovers() {
     // Compactions run on a thread of their own; the file is exact whenever it is read, but
     // the next pool must not start before one under way has renamed its file into place.
     p.settle_journal();
-    let journal = dir.join(journal_file_name(NodeId(0)));
-    let len = std::fs::metadata(&journal).unwrap().len();
-    // About 5.5 MB of records were written.
-    assert!(len < 4 << 20, "compacted: {len} bytes");
+    // About 5.5 MB of records were written. The file is larger than its records by the space
+    // allocated ahead of them, which depends on when the last compaction ran: the records are
+    // what is measured.
+    let st = p.journal_stats().unwrap();
+    assert!(
+        st.compactions >= 1 && st.bytes < 4 << 20,
+        "compacted: {st:?}"
+    );
     std::mem::forget(p);
     let p = Pool::new(&cfg(&dir), [2; 16]).unwrap();
     assert_eq!(p.recovery().recovered, 2);
