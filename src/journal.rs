@@ -412,6 +412,13 @@ impl Journal {
         }
     }
 
+    /// Counts a compaction that could not be written and puts the next one off by
+    /// [`COMPACT_SLACK`] records; the journal as it stands is kept.
+    fn postpone(&mut self) {
+        self.retry_at = self.records + COMPACT_SLACK;
+        self.compaction_failures += 1;
+    }
+
     /// Starts a compaction when one is due: when the file holds more than twice as many
     /// records as there are live objects (plus a slack of 65536 records), none is under way and
     /// no records are held back. What it returns is built off the lock
@@ -459,8 +466,7 @@ impl Journal {
             }
             Err(_) => {
                 let _ = std::fs::remove_file(compaction_path(&self.path));
-                self.retry_at = self.records + COMPACT_SLACK;
-                self.compaction_failures += 1;
+                self.postpone();
                 return None;
             }
         };
@@ -478,8 +484,7 @@ impl Journal {
         if swapped.is_err() {
             // Nothing was renamed: the journal is still the old file, complete.
             built.discard();
-            self.retry_at = self.records + COMPACT_SLACK;
-            self.compaction_failures += 1;
+            self.postpone();
             return None;
         }
         self.records = built.objects + (self.records - built.records);

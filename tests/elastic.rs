@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{admin, cfg, check, drain, fill, serving, wait_view};
-use common::{bin, value, Node};
+use common::{bin, metric, value, Node};
 use kvpool_bench::replay::cache::Unbounded;
 use kvpool_bench::replay::cli::BUNDLED_TRACE;
 use kvpool_bench::replay::elastic::{replay_around, Outcome, Plan};
@@ -42,13 +42,6 @@ async fn held(c: &Client, ids: &[u32]) -> u64 {
         n += c.node_stats(id).await.map_or(0, |s| s.objects);
     }
     n
-}
-
-/// The value of the metric series `name` (no labels) on a metrics page; 0 when absent.
-fn metric(page: &str, name: &str) -> u64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Three serving nodes holding keys `0..N`, and a client through node 0 that reads owners only.
@@ -103,11 +96,11 @@ async fn join_one(handover: bool) -> (usize, u64) {
         let on_3 = c.node_stats(3).await.map_or(0, |s| s.objects);
         let handed: u64 = nodes
             .iter()
-            .map(|n| metric(&n.scrape(), "kvpool_handover_objects_total"))
+            .map(|n| metric(&n.scrape(), "kvpool_handover_objects_total").unwrap_or(0))
             .sum();
         let pending: u64 = nodes
             .iter()
-            .map(|n| metric(&n.scrape(), "kvpool_handover_pending"))
+            .map(|n| metric(&n.scrape(), "kvpool_handover_pending").unwrap_or(0))
             .sum();
         if on_3 > N / 8 && held(&c, &[0, 1, 2, 3]).await == N && handed == on_3 && pending == 0 {
             return (check(&c, 0..N).await, on_3);

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{value, Node};
+use common::{metric, value, Node};
 use kvpool::protocol::ErrorCode;
 use kvpool::AddrFault;
 use kvpool_client::{Client, ClientConfig, Located};
@@ -48,18 +48,11 @@ fn val(life: u64, i: u64) -> Vec<u8> {
 /// and addresses.
 fn restart(n: &mut Node, crash: bool) -> Node {
     if crash {
-        kill(n);
+        n.kill();
     } else {
         assert!(n.stop().success());
     }
     start_again(n, "16MiB")
-}
-
-/// Kills the node (SIGKILL) and waits for it to be gone.
-fn kill(n: &mut Node) {
-    let mut child = n.child.take().expect("running");
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 /// Starts a node again on `n`'s directory and addresses.
@@ -75,7 +68,7 @@ fn start_again(n: &Node, memory: &str) -> Node {
 
 /// Kills the node under writers that end once `stop` is set, and waits for them.
 async fn kill_under(n: &mut Node, stop: &AtomicBool, writers: Vec<tokio::task::JoinHandle<()>>) {
-    kill(n);
+    n.kill();
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         tokio::time::timeout(Duration::from_secs(30), w)
@@ -418,7 +411,7 @@ async fn an_object_damaged_while_the_daemon_was_down_is_dropped_not_served() {
     let keys: Vec<Vec<u8>> = (0..8).map(key).collect();
     let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
     let found = c.lease(&refs, 0).await.unwrap();
-    kill(&mut n);
+    n.kill();
     // Flip one byte in the middle of key 3's value, and the last byte of key 6's.
     for (i, at) in [(3usize, 1000u64), (6, val(1, 6).len() as u64 - 1)] {
         let addr = found[i].unwrap().addr;
@@ -537,10 +530,7 @@ async fn a_crash_amid_journal_compactions_keeps_the_last_acknowledged_values() {
     // lag the writers, from failing the test.
     let journal = n.dir.join("journal-0.kvj");
     let compactions = || -> u64 {
-        n.scrape()
-            .lines()
-            .find_map(|l| l.strip_prefix("kvpool_journal_compactions_total{node=\"0\"} "))
-            .and_then(|v| v.trim().parse().ok())
+        metric(&n.scrape(), "kvpool_journal_compactions_total{node=\"0\"}")
             .expect("kvpool_journal_compactions_total on the metrics page")
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

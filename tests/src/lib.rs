@@ -277,6 +277,18 @@ impl Drop for Node {
     }
 }
 
+/// The value of the series `series` on a metrics page: its name, with its labels as the page
+/// writes them (`kvpool_x_total{node="0"}`); None when absent.
+pub fn metric(page: &str, series: &str) -> Option<u64> {
+    page.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// A node's log (stderr), as it is written.
 #[derive(Clone, Default)]
 pub struct Log(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
