@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvpool::protocol::auth::{self, ClusterSecret};
-use kvpool::protocol::io::{
-    discard, read_direct, read_exact_direct, read_header, read_prefix, write_frame, FrameReader,
-};
+use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, FrameReader, LowWater};
 use kvpool::protocol::{
     decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
     Request, Response, MIN_PROTOCOL_VERSION,
@@ -335,7 +333,7 @@ impl Conn {
     }
 
     pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> Result<(), ClientError> {
-        read_exact_direct(&mut self.r, dst).await?;
+        self.read_pieces(&mut [dst], false).await?;
         Ok(())
     }
 
@@ -349,29 +347,35 @@ impl Conn {
 
     /// Reads one value into `pieces`, filling them in order; with `hash`, hashes it (xxh3-64,
     /// over all the pieces as one) as it arrives, as [`Conn::read_into_hashed`] does, and
-    /// returns the hash (0 without).
+    /// returns the hash (0 without). Over TCP a large value is read with the socket's
+    /// low-water mark raised ([`LowWater`]): woken per MiB, not per segment.
     pub(crate) async fn read_pieces(
         &mut self,
         pieces: &mut [&mut [u8]],
         hash: bool,
     ) -> Result<u64, ClientError> {
         let mut h = hash.then(kvpool::checksum::Hasher::new);
+        let mut left: usize = pieces.iter().map(|p| p.len()).sum();
+        let mut water = LowWater::new(self.fd.filter(|_| !self.unix));
         for dst in pieces.iter_mut() {
-            let Some(h) = h.as_mut() else {
-                read_exact_direct(&mut self.r, dst).await?;
-                continue;
-            };
             let mut at = 0;
             while at < dst.len() {
-                let end = dst.len().min(at + HASH_PIECE);
-                let n = read_direct(&mut self.r, &mut dst[at..end]).await?;
+                let end = match h {
+                    Some(_) => dst.len().min(at + HASH_PIECE),
+                    None => dst.len(),
+                };
+                let n = water.read(&mut self.r, &mut dst[at..end], left).await?;
                 if n == 0 {
                     return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
                 }
-                h.update(&dst[at..at + n]);
+                if let Some(h) = h.as_mut() {
+                    h.update(&dst[at..at + n]);
+                }
                 at += n;
+                left -= n;
             }
         }
+        water.finish()?;
         Ok(h.map_or(0, |h| h.digest()))
     }
 

@@ -110,6 +110,12 @@ impl<W: AsyncWrite + Unpin> StallLimit<W> {
 /// progress for `limit` with `TimedOut`, so a peer that sends half a frame or half a payload and
 /// stops cannot hold its connection, buffers and pending allocation for ever. Disarmed (between
 /// requests) it waits as long as the connection's idle policy allows.
+///
+/// Over TCP a large payload is read with the socket's low-water mark raised
+/// ([`LowWater`](kvpool::protocol::io::LowWater)), so a read may wait while bytes do arrive,
+/// slowly; with the socket given ([`ReadStall::on_socket`]), a read whose timer runs out while
+/// more bytes were queued than when it was set is given another `limit` instead of failing. So
+/// it is still the bytes that must stop arriving, not the reads returning.
 pub(crate) struct ReadStall<R> {
     inner: R,
     limit: Duration,
@@ -118,6 +124,10 @@ pub(crate) struct ReadStall<R> {
     in_request: bool,
     /// The timer runs: a read blocked since it was set.
     running: bool,
+    /// The TCP socket under `inner`, open as long as `inner` is.
+    socket: Option<std::os::fd::RawFd>,
+    /// Bytes queued on `socket` when the timer was last set.
+    queued: usize,
 }
 
 impl<R> ReadStall<R> {
@@ -128,7 +138,23 @@ impl<R> ReadStall<R> {
             timer: Box::pin(tokio::time::sleep(limit)),
             in_request: false,
             running: false,
+            socket: None,
+            queued: 0,
         }
+    }
+
+    /// The TCP socket under the reader (owned by it), whose queue tells a slow peer from one
+    /// that stopped while a raised low-water mark keeps reads waiting.
+    pub(crate) fn on_socket(mut self, socket: Option<std::os::fd::RawFd>) -> ReadStall<R> {
+        self.socket = socket;
+        self
+    }
+
+    /// Bytes queued on the socket now (0 without one, or if the query fails).
+    fn queued_now(&self) -> usize {
+        self.socket
+            .and_then(|fd| kvpool::protocol::io::queued_bytes(fd).ok())
+            .unwrap_or(0)
     }
 
     /// Arms (a request's first byte arrived) or disarms (waiting for the next request).
@@ -154,16 +180,24 @@ impl<R: AsyncRead + Unpin> AsyncRead for ReadStall<R> {
             Poll::Pending => {
                 if !this.running {
                     this.running = true;
+                    this.queued = this.queued_now();
                     let at = Instant::now() + this.limit;
                     this.timer.as_mut().reset(at);
                 }
-                match this.timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the peer stopped sending in the middle of a request",
-                    ))),
-                    Poll::Pending => Poll::Pending,
+                while this.timer.as_mut().poll(cx).is_ready() {
+                    let queued = this.queued_now();
+                    if queued <= this.queued {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the peer stopped sending in the middle of a request",
+                        )));
+                    }
+                    // Bytes arrived, below the raised mark: the peer is slow, not stopped.
+                    this.queued = queued;
+                    let at = Instant::now() + this.limit;
+                    this.timer.as_mut().reset(at);
                 }
+                Poll::Pending
             }
         }
     }
@@ -245,6 +279,56 @@ mod tests {
         r.in_request(false);
         let waited = tokio::time::timeout(Duration::from_secs(60), r.read_exact(&mut one)).await;
         assert!(waited.is_err(), "a disarmed read timed out by itself");
+    }
+
+    /// With a large payload's low-water mark raised, a read waits while bytes trickle in below
+    /// the mark: a peer sending slowly but steadily is given all the time it needs, one that
+    /// stops half-way still fails after the limit. Real TCP on loopback, real time.
+    #[tokio::test]
+    async fn a_slow_payload_under_a_raised_mark_is_not_a_stall() {
+        use kvpool::protocol::io::{FrameReader, LowWater};
+        use std::os::fd::AsRawFd;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let connect = tokio::net::TcpStream::connect(l.local_addr().unwrap());
+        let (w, a) = tokio::join!(connect, l.accept());
+        let (a, mut w) = (a.unwrap().0, w.unwrap());
+        let fd = a.as_raw_fd();
+        let limit = Duration::from_millis(300);
+        let mut r = FrameReader::with_capacity(4096, ReadStall::new(a, limit).on_socket(Some(fd)));
+        r.get_mut().in_request(true);
+        const LEN: usize = 512 << 10;
+        // 8 KiB every 10 ms: the whole payload (the mark) takes about twice the limit to arrive.
+        let writer = tokio::spawn(async move {
+            for _ in 0..LEN / (8 << 10) {
+                w.write_all(&[9u8; 8 << 10]).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Half of a second payload, then nothing.
+            w.write_all(&[8u8; LEN / 2]).await.unwrap();
+            w
+        });
+        async fn read_payload<R: AsyncRead + Unpin>(
+            r: &mut FrameReader<R>,
+            fd: std::os::fd::RawFd,
+            fill: u8,
+        ) -> io::Result<usize> {
+            let mut got = vec![0u8; LEN];
+            let mut water = LowWater::new(Some(fd));
+            let mut at = 0;
+            while at < LEN {
+                match water.read(r, &mut got[at..], LEN - at).await? {
+                    0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    n => at += n,
+                }
+            }
+            water.finish()?;
+            assert!(got.iter().all(|&b| b == fill));
+            Ok(at)
+        }
+        assert_eq!(read_payload(&mut r, fd, 9).await.unwrap(), LEN);
+        let _w = writer.await.unwrap();
+        let e = read_payload(&mut r, fd, 8).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
 
     #[tokio::test(start_paused = true)]

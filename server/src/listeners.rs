@@ -72,9 +72,10 @@ trait Accept {
         &self,
     ) -> impl Future<Output = io::Result<(Self::Open, Option<IpAddr>)>> + Send;
 
-    /// The Unix socket under an opened connection's read half (descriptors are passed over it:
-    /// `MapInfo`); None for other transports.
-    fn unix_fd(_r: &Self::R) -> Option<std::os::fd::RawFd> {
+    /// The socket under an opened connection's read half, for plain TCP (its receive
+    /// low-water mark is raised for large payloads) and Unix (descriptors are passed over it:
+    /// `MapInfo`) connections; None for TLS, whose socket carries records, not the payload.
+    fn socket_fd(_r: &Self::R) -> Option<std::os::fd::RawFd> {
         None
     }
 }
@@ -117,6 +118,12 @@ impl Accept for TcpListener {
         tracing::trace!(%peer, "tcp connection");
         Ok((std::future::ready(Ok(sock.into_split())), Some(peer.ip())))
     }
+
+    fn socket_fd(r: &Self::R) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let sock: &tokio::net::TcpStream = r.as_ref();
+        Some(sock.as_raw_fd())
+    }
 }
 
 impl Accept for UnixListener {
@@ -128,7 +135,7 @@ impl Accept for UnixListener {
         Ok((std::future::ready(Ok(sock.into_split())), None))
     }
 
-    fn unix_fd(r: &Self::R) -> Option<std::os::fd::RawFd> {
+    fn socket_fd(r: &Self::R) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         let sock: &tokio::net::UnixStream = r.as_ref();
         Some(sock.as_raw_fd())
@@ -188,8 +195,8 @@ async fn accept_loop<L: Accept>(
                 Ok((r, w)) => match door {
                     Some(door) => crate::resp::serve(shared, door, peer, r, w, stop).await,
                     None => {
-                        let unix = L::unix_fd(&r);
-                        serve(shared, (transport, peer, unix), r, w, stop).await
+                        let fd = L::socket_fd(&r);
+                        serve(shared, (transport, peer, fd), r, w, stop).await
                     }
                 },
                 Err(e) => tracing::debug!(error = %e, ?peer, "a connection failed to open"),

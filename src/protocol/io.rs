@@ -263,6 +263,154 @@ pub async fn read_exact_direct<R: AsyncRead + Unpin>(
     Ok(())
 }
 
+/// Payloads at least this large are read with the socket's receive low-water mark raised
+/// ([`LowWater`]); smaller ones arrive in a few segments anyway.
+pub const LOW_WATER_MIN: usize = 256 << 10;
+
+/// The highest receive low-water mark [`LowWater`] sets: the reader is woken at most once per
+/// this many bytes of a payload, and still hashes what arrived while the rest is on its way.
+pub const LOW_WATER_MAX: usize = 1 << 20;
+
+/// Reads a large payload from a TCP socket with the socket's receive low-water mark
+/// (`SO_RCVLOWAT`) raised, so that the reader sleeps until up to [`LOW_WATER_MAX`] bytes of it
+/// have arrived instead of being woken for every segment the kernel queues (64 KiB over
+/// loopback). Each wake-up costs the *sender* too: over loopback the sending thread delivers
+/// the segment and runs the reader's wake-up itself (`sock_def_readable`), and on the 2 MiB gets
+/// of `kvpool-bench perf` that was a quarter of the node's CPU.
+///
+/// The mark never makes a read wait for bytes that will not come: before every read that goes
+/// to the socket (nothing of the payload is buffered above it) the mark is at most the
+/// payload's bytes still to come, all of which are on their way through the socket (the
+/// frame's prefix announced the length); it is lowered as they arrive, and put back to 1
+/// (every byte wakes the reader) by [`LowWater::finish`] before anything else is read, or when
+/// dropped (an error or a cancelled read; the connection is then not reused in sync anyway). A peer that stops
+/// half-way leaves the reader waiting exactly as long as without the mark. A slow one wakes
+/// the reader once per mark's worth of bytes instead of per segment, so per-read progress
+/// timers see fewer, larger reads.
+///
+/// Only on Linux 4.18 or later, where raising the mark also lets the receive window grow to
+/// hold it; elsewhere (and for other transports: `fd` None) plain reads.
+#[derive(Debug)]
+pub struct LowWater {
+    /// The TCP socket being read; it outlives this value (owned by the connection that the
+    /// reads borrow).
+    fd: Option<std::os::fd::RawFd>,
+    /// The mark set on the socket now (1: the kernel's default).
+    mark: usize,
+}
+
+impl LowWater {
+    /// For reading one payload from `fd`, the TCP socket under the reader (None: another
+    /// transport; every read is then a plain [`read_direct`]).
+    pub fn new(fd: Option<std::os::fd::RawFd>) -> LowWater {
+        LowWater {
+            fd: fd.filter(|_| low_water_supported()),
+            mark: 1,
+        }
+    }
+
+    /// [`read_direct`] of the payload's next bytes into `dst`, `left` of them (at least
+    /// `dst.len()`) still to come, with the mark adjusted first when the read goes to the
+    /// socket.
+    pub async fn read<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut FrameReader<R>,
+        dst: &mut [u8],
+        left: usize,
+    ) -> io::Result<usize> {
+        if r.buffer().is_empty() && !dst.is_empty() {
+            self.before_socket_read(left.max(dst.len()))?;
+        }
+        read_direct(r, dst).await
+    }
+
+    /// Puts the mark back to 1: the payload is read, and what follows may be a few bytes.
+    pub fn finish(mut self) -> io::Result<()> {
+        self.set(1)
+    }
+
+    /// Sets the mark for a read straight from the socket (nothing of the payload buffered
+    /// above it) with `left` bytes of the payload still to come; for readers that do not go
+    /// through [`LowWater::read`].
+    pub fn before_socket_read(&mut self, left: usize) -> io::Result<()> {
+        if self.mark > left {
+            // The tail of the payload: wake when all of it is here.
+            self.set(left)
+        } else if self.mark == 1 && left >= LOW_WATER_MIN {
+            self.set(left.min(LOW_WATER_MAX))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn set(&mut self, mark: usize) -> io::Result<()> {
+        let Some(fd) = self.fd else {
+            return Ok(());
+        };
+        if mark == self.mark {
+            return Ok(());
+        }
+        let value = libc::c_int::try_from(mark).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `fd` is the socket the reads borrow, open for this value's lifetime (see the
+        // field); setsockopt reads `size_of::<c_int>()` bytes from `&value`, a live c_int.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.mark = mark;
+        Ok(())
+    }
+}
+
+impl Drop for LowWater {
+    fn drop(&mut self) {
+        // Best effort: after an error or a cancelled read the connection is dropped, not reused.
+        let _ = self.set(1);
+    }
+}
+
+/// Bytes received on the TCP socket `fd` that no read has taken yet (`SIOCINQ`): while a
+/// raised low-water mark keeps a read waiting, whether bytes are still arriving.
+pub fn queued_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `fd` is a socket its caller owns and keeps open for the call; SIOCINQ writes one
+    // c_int through the pointer, which points at the live `n`.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Whether the kernel grows the receive window to a raised low-water mark (Linux 4.18+), so
+/// that a raised mark can never wait on a window too small to deliver it.
+fn low_water_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .and_then(|r| kernel_at_least(&r, (4, 18)))
+            .unwrap_or(false)
+    })
+}
+
+/// Whether a kernel release string (`6.1.0-13-amd64`) is at least `(major, minor)`; None when
+/// it does not start with two numbers.
+fn kernel_at_least(release: &str, want: (u32, u32)) -> Option<bool> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse::<u32>().ok()?;
+    let minor = parts.next()?.parse::<u32>().ok()?;
+    Some((major, minor) >= want)
+}
+
 /// Reads and drops `n` bytes (the payload of a request that failed before it was consumed),
 /// through a small fixed buffer.
 pub async fn discard<R: AsyncRead + Unpin>(r: &mut R, mut n: u64) -> io::Result<()> {
@@ -278,6 +426,194 @@ pub async fn discard<R: AsyncRead + Unpin>(r: &mut R, mut n: u64) -> io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_are_compared_by_major_and_minor() {
+        assert_eq!(kernel_at_least("6.18.44-fc-v657", (4, 18)), Some(true));
+        assert_eq!(
+            kernel_at_least("4.18.0-513.el8.x86_64\n", (4, 18)),
+            Some(true)
+        );
+        assert_eq!(kernel_at_least("5.4.0-150-generic", (4, 18)), Some(true));
+        assert_eq!(kernel_at_least("4.17.19", (4, 18)), Some(false));
+        assert_eq!(
+            kernel_at_least("3.10.0-1160.el7.x86_64", (4, 18)),
+            Some(false)
+        );
+        assert_eq!(kernel_at_least("linux", (4, 18)), None);
+    }
+
+    /// The socket's receive low-water mark now.
+    fn mark_of(fd: std::os::fd::RawFd) -> usize {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` is an open socket of the caller; getsockopt writes at most `len` bytes
+        // into the live `v` and its length into the live `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        v as usize
+    }
+
+    /// A connected pair of TCP sockets on loopback: (the reader's, the writer's).
+    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let connect = tokio::net::TcpStream::connect(l.local_addr().unwrap());
+        let (c, a) = tokio::join!(connect, l.accept());
+        (a.unwrap().0, c.unwrap())
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    /// Over real TCP, every payload arrives whole and intact through [`LowWater`] however the
+    /// peer cuts it up and however much of it the reader buffered with the header, the mark is
+    /// raised while a large one arrives and back at 1 after it, and no read ever waits for
+    /// more than the payload: the peer sends what follows each payload only after the reader
+    /// said it has the payload, so a mark set one byte too high hangs this test.
+    #[tokio::test]
+    async fn low_water_reads_payloads_whole_and_never_waits_past_them() {
+        use std::os::fd::AsRawFd;
+        let (r, mut w) = tcp_pair().await;
+        let fd = r.as_raw_fd();
+        let (rh, mut ack) = r.into_split();
+        let mut reader = FrameReader::with_capacity(64 << 10, rh);
+        // (payload length, bytes per write, bytes of the payload sent with its 16-byte header)
+        let cases: &[(usize, usize, usize)] = &[
+            (2 << 20, 2 << 20, 0),
+            (2 << 20, 7 << 10, 0),
+            ((2 << 20) + 17, 100 << 10, 40 << 10),
+            (300 << 10, 1000, 0),
+            (600 << 10, 4 << 10, 0),
+            (5 << 20, 1 << 20, 60 << 10),
+            (256 << 10, 256 << 10, 0),
+            (100 << 10, 4 << 10, 0),
+        ];
+        let plan = cases.to_vec();
+        let writer = tokio::spawn(async move {
+            let mut ok = [0u8; 2];
+            for (k, &(len, per_write, with_header)) in plan.iter().enumerate() {
+                let payload = pattern(len, k as u8);
+                let mut first = vec![k as u8; 16];
+                first.extend_from_slice(&payload[..with_header]);
+                w.write_all(&first).await.unwrap();
+                // The rest once the reader has the header: it then drains what came with it
+                // and meets an empty socket.
+                let (mut back, _) = w.split();
+                back.read_exact(&mut ok).await.unwrap();
+                assert_eq!(&ok, b"go");
+                for (i, piece) in payload[with_header..].chunks(per_write).enumerate() {
+                    w.write_all(piece).await.unwrap();
+                    if i % 64 == 63 {
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                }
+                // What follows the payload only once the reader has all of it.
+                let (mut back, _) = w.split();
+                back.read_exact(&mut ok).await.unwrap();
+                assert_eq!(&ok, b"ok");
+                w.write_all(b"tail").await.unwrap();
+            }
+        });
+        for (k, &(len, _, _)) in cases.iter().enumerate() {
+            let mut hdr = [0u8; 16];
+            reader.read_exact(&mut hdr).await.unwrap();
+            assert_eq!(hdr, [k as u8; 16]);
+            ack.write_all(b"go").await.unwrap();
+            let mut got = vec![0u8; len];
+            let mut water = LowWater::new(Some(fd));
+            let (mut at, mut raised) = (0, 0);
+            while at < len {
+                // Pieces as the client hashes them: at most 256 KiB per read.
+                let end = len.min(at + (256 << 10));
+                let read = water.read(&mut reader, &mut got[at..end], len - at);
+                let n = tokio::time::timeout(std::time::Duration::from_secs(20), read)
+                    .await
+                    .expect("a read waited for bytes that were never sent")
+                    .unwrap();
+                assert!(n > 0);
+                at += n;
+                raised = raised.max(mark_of(fd));
+            }
+            water.finish().unwrap();
+            assert_eq!(mark_of(fd), 1, "payload {k}: the mark was left raised");
+            assert!(got == pattern(len, k as u8), "payload {k} arrived changed");
+            // Raised only for what is left once the reader's buffer (64 KiB) is drained.
+            if low_water_supported() && len >= LOW_WATER_MIN + (64 << 10) {
+                assert!(
+                    raised > 1,
+                    "payload {k} of {len} bytes: the mark was never raised"
+                );
+                assert!(raised <= LOW_WATER_MAX);
+            } else if len < LOW_WATER_MIN || !low_water_supported() {
+                assert_eq!(
+                    raised, 1,
+                    "payload {k}: the mark was raised for {len} bytes"
+                );
+            }
+            ack.write_all(b"ok").await.unwrap();
+            let mut tail = [0u8; 4];
+            reader.read_exact(&mut tail).await.unwrap();
+            assert_eq!(&tail, b"tail");
+        }
+        writer.await.unwrap();
+    }
+
+    /// A read given up half-way (a timeout, a cancelled call) still puts the mark back.
+    #[tokio::test]
+    async fn dropping_low_water_half_way_puts_the_mark_back() {
+        use std::os::fd::AsRawFd;
+        let (r, mut w) = tcp_pair().await;
+        let fd = r.as_raw_fd();
+        let mut reader = FrameReader::with_capacity(64 << 10, r);
+        w.write_all(&pattern(1 << 20, 3)).await.unwrap();
+        let mut got = vec![0u8; 2 << 20];
+        let mut water = LowWater::new(Some(fd));
+        let mut at = 0;
+        let gave_up = loop {
+            let read = water.read(&mut reader, &mut got[at..], (2 << 20) - at);
+            match tokio::time::timeout(std::time::Duration::from_millis(300), read).await {
+                Ok(n) => at += n.unwrap(),
+                Err(_) => break true,
+            }
+        };
+        // The peer stopped half-way: the read waits, as it would without the mark.
+        assert!(gave_up && at <= 1 << 20);
+        if low_water_supported() {
+            assert!(mark_of(fd) > 1);
+        }
+        drop(water);
+        assert_eq!(mark_of(fd), 1);
+        assert_eq!(&got[..at], &pattern(1 << 20, 3)[..at]);
+    }
+
+    /// What [`queued_bytes`] reports is what a read then takes.
+    #[tokio::test]
+    async fn queued_bytes_counts_what_no_read_took() {
+        use std::os::fd::AsRawFd;
+        let (mut r, mut w) = tcp_pair().await;
+        assert_eq!(queued_bytes(r.as_raw_fd()).unwrap(), 0);
+        w.write_all(&[5u8; 1000]).await.unwrap();
+        let mut waited = 0;
+        while queued_bytes(r.as_raw_fd()).unwrap() < 1000 && waited < 1000 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            waited += 1;
+        }
+        assert_eq!(queued_bytes(r.as_raw_fd()).unwrap(), 1000);
+        let mut buf = [0u8; 600];
+        r.read_exact(&mut buf).await.unwrap();
+        assert_eq!(queued_bytes(r.as_raw_fd()).unwrap(), 400);
+    }
 
     /// A peer that announces the largest header and sends a few bytes makes the reader hold
     /// one chunk, not the announced length; a header sent whole still arrives whole.

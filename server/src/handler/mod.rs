@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use kvpool::protocol::auth::{self, AuthBytes};
 use kvpool::protocol::io::{
-    discard, read_exact_direct, read_header, read_prefix, write_all_vectored, write_frame,
-    FrameReader, WireError,
+    discard, read_header, read_prefix, write_all_vectored, write_frame, FrameReader, LowWater,
+    WireError,
 };
 use kvpool::protocol::AlignedVec;
 use kvpool::protocol::{
@@ -62,7 +62,7 @@ const RECEIVE_PIECE: usize = 256 << 10;
 /// while the connection is idle between requests.
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
-    (transport, peer_ip, unix_fd): (
+    (transport, peer_ip, fd): (
         Transport,
         Option<std::net::IpAddr>,
         Option<std::os::fd::RawFd>,
@@ -75,17 +75,22 @@ pub(crate) async fn serve<R, W>(
     W: AsyncWrite + Unpin + Send,
 {
     shared.metrics.connection_opened(transport);
+    let tcp_fd = fd.filter(|_| transport == Transport::Tcp);
     let mut conn = Conn {
         s: &shared,
         transport,
         // A request that stops arriving half-way fails the connection (idling between
         // requests is the idle policy's).
-        r: FrameReader::with_capacity(IO_BUFFER, ReadStall::new(r, shared.conn.read)),
+        r: FrameReader::with_capacity(
+            IO_BUFFER,
+            ReadStall::new(r, shared.conn.read).on_socket(tcp_fd),
+        ),
         // A reply the peer stops reading fails the connection, releasing what it referenced.
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
         peer_ip,
-        unix_fd,
+        unix_fd: fd.filter(|_| transport == Transport::Unix),
+        tcp_fd,
         peer: false,
         challenge: [0; auth::AUTH_LEN],
         stamp: 0,
@@ -218,6 +223,9 @@ struct Conn<'a, R, W> {
     peer_ip: Option<std::net::IpAddr>,
     /// The Unix socket the connection is on (owned by `r` and `w`), for passing descriptors.
     unix_fd: Option<std::os::fd::RawFd>,
+    /// The plain TCP socket the connection is on (owned by `r` and `w`), whose receive
+    /// low-water mark is raised while a large payload arrives ([`LowWater`]).
+    tcp_fd: Option<std::os::fd::RawFd>,
     /// Proved the cluster secret (`ClusterAuth`): a cluster peer, may gossip and drain.
     peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.
@@ -440,14 +448,21 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     ) -> Result<io::Result<usize>, tokio::time::error::Elapsed> {
         let mut ticket = self.bulk_in.take();
         let (s, class, r) = (self.s, self.class, &mut self.r);
+        let mut water = LowWater::new(self.tcp_fd);
         let receive = async {
             let total = dst.len();
-            let mut done = 0;
+            let (mut done, mut left) = (0, total);
             for chunk in dst.chunks_mut(BULK_CHUNK) {
                 let n = chunk.len();
                 let pieces = async {
                     for piece in chunk.chunks_mut(RECEIVE_PIECE) {
-                        read_exact_direct(r, piece).await?;
+                        let mut at = 0;
+                        while at < piece.len() {
+                            match water.read(r, &mut piece[at..], left).await? {
+                                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                                got => (at, left) = (at + got, left - got),
+                            }
+                        }
                         seen(piece);
                     }
                     Ok::<(), io::Error>(())
@@ -458,6 +473,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                     tokio::task::yield_now().await;
                 }
             }
+            water.finish()?;
             Ok(done)
         };
         let read = tokio::time::timeout_at(deadline, receive).await;
