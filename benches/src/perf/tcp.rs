@@ -135,7 +135,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              answers each 8-byte request (a u64 length) with that many bytes from a preallocated buffer; the \
              client writes the request and reads the bytes into a reused buffer (depth {DEPTH}: one request for \
              all {DEPTH} values, the reply read into {DEPTH} buffers with readv; put: header and value in one \
-             writev, the server reads them into a reused buffer and echoes the 8-byte header); no framing, lookup \
+             writev, the server reads them into a reused buffer and echoes the 8-byte header); whoever receives 256 KiB \
+             or more raises the socket's receive low-water mark as kvpool's client and node do; no framing, lookup \
              or checksum; the n-th connections of kvpool, raw tcp and the baselines share their receive buffers",
             if verify {
                 "every value received is checked against its xxh3 checksum (the default)"
