@@ -267,26 +267,27 @@ pub async fn read_exact_direct<R: AsyncRead + Unpin>(
 /// ([`LowWater`]); smaller ones arrive in a few segments anyway.
 pub const LOW_WATER_MIN: usize = 256 << 10;
 
-/// The highest receive low-water mark [`LowWater`] sets: the reader is woken at most once per
-/// this many bytes of a payload, and still hashes what arrived while the rest is on its way.
+/// The highest receive low-water mark [`LowWater`] sets: the reader is signalled at most once
+/// per this many bytes of a payload, and still hashes what arrived while the rest is on its way.
 pub const LOW_WATER_MAX: usize = 1 << 20;
 
 /// Reads a large payload from a TCP socket with the socket's receive low-water mark
-/// (`SO_RCVLOWAT`) raised, so that the reader sleeps until up to [`LOW_WATER_MAX`] bytes of it
-/// have arrived instead of being woken for every segment the kernel queues (64 KiB over
-/// loopback). Each wake-up costs the *sender* too: over loopback the sending thread delivers
-/// the segment and runs the reader's wake-up itself (`sock_def_readable`), and on the 2 MiB gets
-/// of `kvpool-bench perf` that was a quarter of the node's CPU.
+/// (`SO_RCVLOWAT`) raised, so that the socket's data-ready path (`sock_def_readable`, the epoll
+/// callback behind it, and the reader's wake-up when it sleeps) runs once up to
+/// [`LOW_WATER_MAX`] bytes of it have arrived, instead of for every segment the kernel queues
+/// (64 KiB over loopback). Over loopback that path runs on the *sender's* thread, which
+/// delivers the segment: in a profile of 2 MiB gets from a probe node that sent replies
+/// without copying them, it was a quarter of the node's CPU.
 ///
 /// The mark never makes a read wait for bytes that will not come: before every read that goes
 /// to the socket (nothing of the payload is buffered above it) the mark is at most the
 /// payload's bytes still to come, all of which are on their way through the socket (the
 /// frame's prefix announced the length); it is lowered as they arrive, and put back to 1
 /// (every byte wakes the reader) by [`LowWater::finish`] before anything else is read, or when
-/// dropped (an error or a cancelled read; the connection is then not reused in sync anyway). A peer that stops
-/// half-way leaves the reader waiting exactly as long as without the mark. A slow one wakes
-/// the reader once per mark's worth of bytes instead of per segment, so per-read progress
-/// timers see fewer, larger reads.
+/// dropped (an error or a cancelled read; the connection is then not reused in sync anyway).
+/// A peer that stops half-way leaves the reader waiting exactly as long as without the mark. A
+/// slow one wakes the reader once per mark's worth of bytes instead of per segment, so
+/// per-read progress timers see fewer, larger reads.
 ///
 /// Only on Linux 4.18 or later, where raising the mark also lets the receive window grow to
 /// hold it; elsewhere (and for other transports: `fd` None) plain reads.

@@ -11,7 +11,7 @@
 //! `writev`, the server reads them into a reused buffer and echoes the 8 bytes.
 //!
 //! Whoever receives a large transfer raises the socket's receive low-water mark as kvpool's
-//! client and node do ([`LowWater`]): woken per MiB, not per segment. Without it the stream
+//! client and node do ([`LowWater`]): signalled per MiB, not per segment. Without it the stream
 //! would not be the limit: kvpool's pipelined gets outran it by up to 1.16×.
 
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
