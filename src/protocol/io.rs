@@ -352,8 +352,9 @@ impl LowWater {
             return Ok(());
         }
         let value = libc::c_int::try_from(mark).unwrap_or(libc::c_int::MAX);
-        // SAFETY: `fd` is the socket the reads borrow, open for this value's lifetime (see the
-        // field); setsockopt reads `size_of::<c_int>()` bytes from `&value`, a live c_int.
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from `&value`, a live c_int, and
+        // touches no other memory of ours; a descriptor that is not (or no longer) a socket only
+        // makes the call fail, which is returned.
         let rc = unsafe {
             libc::setsockopt(
                 fd,
@@ -382,8 +383,8 @@ impl Drop for LowWater {
 /// raised low-water mark keeps a read waiting, whether bytes are still arriving.
 pub fn queued_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {
     let mut n: libc::c_int = 0;
-    // SAFETY: `fd` is a socket its caller owns and keeps open for the call; SIOCINQ writes one
-    // c_int through the pointer, which points at the live `n`.
+    // SAFETY: SIOCINQ writes one c_int through the pointer, which points at the live `n`; a
+    // descriptor that is not a socket only makes the call fail, which is returned.
     let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
@@ -448,8 +449,8 @@ mod tests {
     fn mark_of(fd: std::os::fd::RawFd) -> usize {
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `fd` is an open socket of the caller; getsockopt writes at most `len` bytes
-        // into the live `v` and its length into the live `len`.
+        // SAFETY: getsockopt writes at most `len` (the size of `v`) bytes into the live `v`
+        // and the length into the live `len`; a failure is asserted on.
         let rc = unsafe {
             libc::getsockopt(
                 fd,
