@@ -314,16 +314,10 @@ mod tests {
         ) -> io::Result<usize> {
             let mut got = vec![0u8; LEN];
             let mut water = LowWater::new(Some(fd));
-            let mut at = 0;
-            while at < LEN {
-                match water.read(r, &mut got[at..], LEN - at).await? {
-                    0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    n => at += n,
-                }
-            }
+            water.read_exact(r, &mut got, LEN).await?;
             water.finish()?;
             assert!(got.iter().all(|&b| b == fill));
-            Ok(at)
+            Ok(got.len())
         }
         assert_eq!(read_payload(&mut r, fd, 9).await.unwrap(), LEN);
         let _w = writer.await.unwrap();

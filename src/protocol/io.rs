@@ -325,6 +325,25 @@ impl LowWater {
         read_direct(r, dst).await
     }
 
+    /// Fills `dst` with [`LowWater::read`]s, `left` bytes of the payload (`dst`'s included)
+    /// still to come; an early end of the stream is `UnexpectedEof`, as in
+    /// [`read_exact_direct`].
+    pub async fn read_exact<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut FrameReader<R>,
+        dst: &mut [u8],
+        left: usize,
+    ) -> io::Result<()> {
+        let mut at = 0;
+        while at < dst.len() {
+            match self.read(r, &mut dst[at..], left - at).await? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => at += n,
+            }
+        }
+        Ok(())
+    }
+
     /// Puts the mark back to 1: the payload is read, and what follows may be a few bytes.
     pub fn finish(mut self) -> io::Result<()> {
         self.set(1)
@@ -536,13 +555,23 @@ mod tests {
             let mut water = LowWater::new(Some(fd));
             let (mut at, mut raised) = (0, 0);
             while at < len {
-                // Pieces as the client hashes them: at most 256 KiB per read.
+                // Odd payloads as the node receives a put (256 KiB pieces, each filled with
+                // `read_exact`), even ones as the client hashes a value (at most 256 KiB per read).
                 let end = len.min(at + (256 << 10));
-                let read = water.read(&mut reader, &mut got[at..end], len - at);
-                let n = tokio::time::timeout(std::time::Duration::from_secs(20), read)
-                    .await
-                    .expect("a read waited for bytes that were never sent")
-                    .unwrap();
+                let n = if k % 2 == 1 {
+                    let read = water.read_exact(&mut reader, &mut got[at..end], len - at);
+                    tokio::time::timeout(std::time::Duration::from_secs(20), read)
+                        .await
+                        .expect("a read waited for bytes that were never sent")
+                        .unwrap();
+                    end - at
+                } else {
+                    let read = water.read(&mut reader, &mut got[at..end], len - at);
+                    tokio::time::timeout(std::time::Duration::from_secs(20), read)
+                        .await
+                        .expect("a read waited for bytes that were never sent")
+                        .unwrap()
+                };
                 assert!(n > 0);
                 at += n;
                 raised = raised.max(mark_of(fd));

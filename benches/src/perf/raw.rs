@@ -86,13 +86,7 @@ async fn serve(mut stream: TcpStream, payload: Arc<Vec<u8>>) -> anyhow::Result<(
                 sink.resize(len, 0);
             }
             let mut water = LowWater::new(Some(fd));
-            let mut at = 0;
-            while at < len {
-                match water.read(&mut r, &mut sink[at..len], len - at).await? {
-                    0 => anyhow::bail!("raw tcp: connection closed mid-put"),
-                    n => at += n,
-                }
-            }
+            water.read_exact(&mut r, &mut sink[..len], len).await?;
             water.finish()?;
             w.write_all(&req).await?;
         } else {

@@ -456,13 +456,8 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 let n = chunk.len();
                 let pieces = async {
                     for piece in chunk.chunks_mut(RECEIVE_PIECE) {
-                        let mut at = 0;
-                        while at < piece.len() {
-                            match water.read(r, &mut piece[at..], left).await? {
-                                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                                got => (at, left) = (at + got, left - got),
-                            }
-                        }
+                        water.read_exact(r, piece, left).await?;
+                        left -= piece.len();
                         seen(piece);
                     }
                     Ok::<(), io::Error>(())
