@@ -277,7 +277,7 @@ pub const LOW_WATER_MAX: usize = 1 << 20;
 /// [`LOW_WATER_MAX`] bytes of it have arrived, instead of for every segment the kernel queues
 /// (64 KiB over loopback). Over loopback that path runs on the *sender's* thread, which
 /// delivers the segment: in a profile of 2 MiB gets from a probe node that sent replies
-/// without copying them, it was a quarter of the node's CPU.
+/// without copying them, it was the largest single item of the node's CPU.
 ///
 /// The mark never makes a read wait for bytes that will not come: before every read that goes
 /// to the socket (nothing of the payload is buffered above it) the mark is at most the

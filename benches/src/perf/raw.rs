@@ -12,7 +12,7 @@
 //!
 //! Whoever receives a large transfer raises the socket's receive low-water mark as kvpool's
 //! client and node do ([`LowWater`]): signalled per MiB, not per segment. Without it the stream
-//! would not be the limit: kvpool's pipelined gets outran it by up to 1.16×.
+//! would not be the limit: kvpool's pipelined gets outran it.
 
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
