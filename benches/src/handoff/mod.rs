@@ -603,13 +603,21 @@ fn interference(
     let raw = RawServer::start(load.size)?;
     let mut raw_load = Vec::new();
     rt.block_on(async {
-        for _ in 0..load.getters {
-            let w = RawGet::connect(raw.addr, load.size, 1, Buffers::default()).await?;
+        for i in 0..load.getters {
+            let w = RawGet::connect(
+                raw.addr,
+                load.size,
+                1,
+                load.get_keys.len(),
+                2 * i,
+                Buffers::default(),
+            )
+            .await?;
             raw_load.push(AnyWorker::RawGet(w));
         }
         for _ in 0..load.putters {
             raw_load.push(AnyWorker::RawPut(
-                RawPut::connect(raw.addr, load.value.clone()).await?,
+                RawPut::connect(raw.addr, load.value.clone(), load.putters).await?,
             ));
         }
         anyhow::Ok(())

@@ -63,11 +63,19 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                             )),
                         });
                         stream.push(match op {
-                            "put" => {
-                                AnyWorker::RawPut(RawPut::connect(raw.addr, value.clone()).await?)
-                            }
+                            "put" => AnyWorker::RawPut(
+                                RawPut::connect(raw.addr, value.clone(), conns).await?,
+                            ),
                             _ => AnyWorker::RawGet(
-                                RawGet::connect(raw.addr, size, depth, b.clone()).await?,
+                                RawGet::connect(
+                                    raw.addr,
+                                    size,
+                                    depth,
+                                    keys.len(),
+                                    start(w),
+                                    b.clone(),
+                                )
+                                .await?,
                             ),
                         });
                     }
@@ -131,13 +139,15 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              system so that each put overwrites a value (the client hashes each value, the node checks the \
              hash at commit); one client and connection per conn; p50/p99 per round trip; measured in slices \
              alternating with the raw tcp stream, memcached and redis. {RAW} = the physical limit of loopback \
-             TCP for the same transfer: an in-process tokio server on 127.0.0.1 (own runtime, 2 threads) \
-             answers each 8-byte request (a u64 length) with that many bytes from a preallocated buffer; the \
-             client writes the request and reads the bytes into a reused buffer (depth {DEPTH}: one request for \
-             all {DEPTH} values, the reply read into {DEPTH} buffers with readv; put: header and value in one \
-             writev, the server reads them into a reused buffer and echoes the 8-byte header); whoever receives 256 KiB \
-             or more raises the socket's receive low-water mark as kvpool's client and node do; no framing, lookup \
-             or checksum; the n-th connections of kvpool, raw tcp and the baselines share their receive buffers",
+             TCP for the same transfer: an in-process tokio server on 127.0.0.1 (own runtime, 2 threads) holds \
+             a 512 MiB data set (read from DRAM, as kvpool's and the baselines' are) and answers each \
+             request with the objects it names, written straight from it (writev); the client walks as many \
+             objects as kvpool's data set has, in kvpool's order, and reads them into reused buffers (depth {DEPTH}: one request for \
+             {DEPTH} consecutive objects, read into {DEPTH} buffers with readv; put: request and value in one \
+             writev, the server reads the value into one of as many slots per connection as kvpool's put \
+             loop has keys, and echoes the request); whoever receives 256 KiB or more raises the socket's \
+             receive low-water mark per value as kvpool's client and node do; no framing, lookup or checksum; \
+             the n-th connections of kvpool, raw tcp and the baselines share their receive buffers",
             if verify {
                 "every value received is checked against its xxh3 checksum (the default)"
             } else {

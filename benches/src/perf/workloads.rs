@@ -38,7 +38,7 @@ pub(crate) fn keys(size: u64) -> Arc<Vec<Vec<u8>>> {
 }
 
 /// How many keys each of `conns` put loops of values of `size` cycles through.
-fn put_keys_per_loop(size: u64, conns: usize) -> usize {
+pub(crate) fn put_keys_per_loop(size: u64, conns: usize) -> usize {
     (PUT_BYTES / size.max(1) / conns.max(1) as u64).clamp(1, PUT_KEYS as u64) as usize
 }
 
