@@ -599,8 +599,9 @@ fn interference(
         contenders.push(rt.block_on(baseline_contender(&b, load))?);
         running.push(b);
     }
-    // The machine alone: kvpool's probe while the same loaders hit a raw TCP server.
-    let raw = RawServer::start(load.size)?;
+    // The machine alone: kvpool's probe while the same loaders hit a raw TCP server, which
+    // holds a data set of the loaders' size (their getters' keys) as kvpool does.
+    let raw = RawServer::start(load.get_keys.len() as u64 * load.size)?;
     let mut raw_load = Vec::new();
     rt.block_on(async {
         for i in 0..load.getters {

@@ -53,7 +53,7 @@ const IO_BUFFER: usize = 64 << 10;
 /// Bytes of the region that holds the data sets of every size up to `max_size`: the largest
 /// `object_count(s) × s` (512 MiB unless `max_size` is over 32 MiB, when 16 objects of it are
 /// more).
-fn region_bytes(max_size: u64) -> u64 {
+pub(crate) fn region_bytes(max_size: u64) -> u64 {
     workloads::WORKING_SET.max(16 * max_size)
 }
 
@@ -65,9 +65,10 @@ pub(crate) struct RawServer {
 }
 
 impl RawServer {
-    /// Starts the server with a data set for values of up to `max_size` bytes.
-    pub(crate) fn start(max_size: u64) -> anyhow::Result<RawServer> {
-        RawServer::with_region(workloads::value(region_bytes(max_size)))
+    /// Starts the server with a data set of `bytes` ([`region_bytes`] for the data sets of
+    /// [`workloads`]).
+    pub(crate) fn start(bytes: u64) -> anyhow::Result<RawServer> {
+        RawServer::with_region(workloads::value(bytes))
     }
 
     /// Starts the server with the data set `region`.

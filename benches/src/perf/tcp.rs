@@ -11,7 +11,7 @@ use kvpool_client::{Client, ClientConfig, SameHost};
 use super::baseline_client::{BaselineConn, BaselineGet, BaselineSet};
 use super::baselines;
 use super::compare::{interleave_tasks, AnyWorker};
-use super::raw::{RawGet, RawPut, RawServer};
+use super::raw::{self, RawGet, RawPut, RawServer};
 use super::report::{Ref, Row};
 use super::workloads::{self, Buffers, KvGet, KvPut, DEPTH};
 use super::{Ctx, Section};
@@ -28,7 +28,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let endpoint = format!("tcp://{}", ctx.daemon()?.tcp);
     let window = ctx.window();
     let max_size = ctx.args.sizes.iter().copied().max().context("no sizes")?;
-    let raw = RawServer::start(max_size)?;
+    let raw = RawServer::start(raw::region_bytes(max_size))?;
     let running = baselines::start_all(ctx)?;
     let verify = !ctx.args.no_verify;
     let cfg = ClientConfig {
