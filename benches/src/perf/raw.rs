@@ -29,6 +29,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvpool::protocol::io::{FrameReader, LowWater};
+use memmap2::{Advice, MmapMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -68,11 +69,11 @@ impl RawServer {
     /// Starts the server with a data set of `bytes` ([`region_bytes`] for the data sets of
     /// [`workloads`]).
     pub(crate) fn start(bytes: u64) -> anyhow::Result<RawServer> {
-        RawServer::with_region(workloads::value(bytes))
+        RawServer::with_region(Arc::new(region(bytes)?))
     }
 
     /// Starts the server with the data set `region`.
-    fn with_region(region: Arc<Vec<u8>>) -> anyhow::Result<RawServer> {
+    fn with_region(region: Arc<MmapMut>) -> anyhow::Result<RawServer> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("raw-tcp")
@@ -97,6 +98,18 @@ impl Drop for RawServer {
     }
 }
 
+/// A data set of `bytes` of [`workloads::value`]'s noise, in anonymous memory advised for
+/// transparent huge pages before its first touch: kvpool's segments are on 2 MiB pages
+/// (docs/ARCHITECTURE.md, "Huge pages"), and a limit on 4 KiB pages would pay for page walks
+/// kvpool does not.
+fn region(bytes: u64) -> anyhow::Result<MmapMut> {
+    let mut m = MmapMut::map_anon(usize::try_from(bytes)?.max(1))?;
+    // Advice only: a kernel without transparent huge pages leaves the pages at 4 KiB.
+    let _ = m.advise(Advice::HugePage);
+    workloads::fill_noise(&mut m);
+    Ok(m)
+}
+
 /// Where object `k` of `size` bytes lies in `region`: objects wrap at the region's end, as a
 /// data set of `region.len() / size` objects.
 fn object(region: &[u8], size: usize, k: u64) -> anyhow::Result<&[u8]> {
@@ -110,7 +123,7 @@ fn object(region: &[u8], size: usize, k: u64) -> anyhow::Result<&[u8]> {
 }
 
 /// Answers the requests of one connection until the client leaves.
-async fn serve(mut stream: TcpStream, region: Arc<Vec<u8>>) -> anyhow::Result<()> {
+async fn serve(mut stream: TcpStream, region: Arc<MmapMut>) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let (r, mut w) = stream.split();
@@ -303,8 +316,9 @@ mod tests {
     use super::*;
 
     /// The server's data set: 16 objects of 4 KiB.
-    fn server() -> (RawServer, Arc<Vec<u8>>) {
-        let region = workloads::value(16 * 4096);
+    fn server() -> (RawServer, Arc<MmapMut>) {
+        let region = Arc::new(region(16 * 4096).unwrap());
+        assert!(region[..] == workloads::value(16 * 4096)[..]);
         (RawServer::with_region(region.clone()).unwrap(), region)
     }
 

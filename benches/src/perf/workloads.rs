@@ -111,16 +111,20 @@ impl Buffers {
 
 /// A value of `size` bytes of incompressible noise.
 pub(crate) fn value(size: u64) -> Arc<Vec<u8>> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ size;
-    let mut v = Vec::with_capacity(size as usize);
-    while v.len() < size as usize {
+    let mut v = vec![0u8; size as usize];
+    fill_noise(&mut v);
+    Arc::new(v)
+}
+
+/// Writes [`value`]'s noise for a value of `buf.len()` bytes into `buf`.
+pub(crate) fn fill_noise(buf: &mut [u8]) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ buf.len() as u64;
+    for chunk in buf.chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
-    v.truncate(size as usize);
-    Arc::new(v)
 }
 
 /// Stores the data set (and the put keys, see [`all_put_keys`]) of every size in `sizes` not
