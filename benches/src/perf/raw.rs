@@ -28,7 +28,7 @@ use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kvpool::protocol::io::{FrameReader, LowWater};
+use kvpool::protocol::io::{write_all_vectored, FrameReader, LowWater};
 use memmap2::{Advice, MmapMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -113,11 +113,11 @@ fn region(bytes: u64) -> anyhow::Result<MmapMut> {
 /// Where object `k` of `size` bytes lies in `region`: objects wrap at the region's end, as a
 /// data set of `region.len() / size` objects.
 fn object(region: &[u8], size: usize, k: u64) -> anyhow::Result<&[u8]> {
-    let count = (region.len() / size.max(1)) as u64;
     anyhow::ensure!(
-        size > 0 && count > 0,
+        size > 0 && size <= region.len(),
         "raw tcp: no object of {size} bytes in the region"
     );
+    let count = (region.len() / size) as u64;
     let at = (k % count) as usize * size;
     Ok(&region[at..at + size])
 }
@@ -158,12 +158,7 @@ async fn serve(mut stream: TcpStream, region: Arc<MmapMut>) -> anyhow::Result<()
             let mut parts = (0..n)
                 .map(|i| object(&region, size, first + i).map(IoSlice::new))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut parts = &mut parts[..];
-            while !parts.is_empty() {
-                let sent = w.write_vectored(parts).await?;
-                anyhow::ensure!(sent > 0, "raw tcp: connection closed while sending");
-                IoSlice::advance_slices(&mut parts, sent);
-            }
+            write_all_vectored(&mut w, &mut parts).await?;
         }
     }
 }
@@ -298,12 +293,7 @@ impl Worker for RawPut {
         );
         self.next = (self.next + 1) % self.slots;
         let mut parts = [IoSlice::new(&head), IoSlice::new(&self.value)];
-        let mut parts = &mut parts[..];
-        while !parts.is_empty() {
-            let n = self.stream.write_vectored(parts).await?;
-            anyhow::ensure!(n > 0, "raw tcp: connection closed while sending");
-            IoSlice::advance_slices(&mut parts, n);
-        }
+        write_all_vectored(&mut self.stream, &mut parts).await?;
         let mut echo = [0u8; REQUEST];
         self.stream.read_exact(&mut echo).await?;
         anyhow::ensure!(echo == head, "raw tcp: wrong reply to a put");
