@@ -243,13 +243,40 @@ pub struct LimitsConfig {
     /// Objects one connection may hold for reading in place (`Hold`, the same-host zero-copy
     /// views of model weights) at once; a `Hold` beyond it is refused whole. Default 65 536.
     pub max_holds_per_connection: u32,
-    /// Keys and prefixes one connection may watch at once (`Watch`, `Subscribe`: handoff
-    /// notifications); beyond it a `Watch` is refused whole. Default 65 536.
+    /// Objects held (`Hold`) in one namespace at once, over every connection. Default 262 144.
+    pub max_holds_per_namespace: u32,
+    /// Share of a namespace's memory (its quota, or the memory nobody reserved, which it
+    /// shares) that objects held in it (`Hold`) may take at once, between 0 and 1: a held
+    /// object's memory is neither evicted nor reused, even once it is removed or replaced, so
+    /// readers that hold can't park more than this of it. Default 0.5.
+    pub max_held_share: f64,
+    /// Keys one connection may watch at once (`Watch`: handoff notifications); beyond it a
+    /// `Watch` is refused whole with `LimitExceeded`. Default 65 536.
     pub max_watches_per_connection: u32,
+    /// Keys watched in one namespace at once, over every connection. Default 262 144.
+    pub max_watches_per_namespace: u32,
+    /// Prefixes one connection may subscribe to at once (`Subscribe`: every commit of the
+    /// namespace is matched against each). Default 64.
+    pub max_subscriptions_per_connection: u32,
+    /// Prefixes subscribed to in one namespace at once, over every connection. Default 4 096.
+    pub max_subscriptions_per_namespace: u32,
     /// Allocations one connection may have pending at once (`Alloc` without its `Commit` or
     /// `Abort`; those reaped or committed elsewhere no longer count); an `Alloc` beyond it is
     /// refused whole with `LimitExceeded`. Default 65 536 (four of the largest batch).
     pub max_pending_per_connection: u32,
+    /// Allocations pending in one namespace at once, over every connection. Default 262 144.
+    pub max_pending_per_namespace: u32,
+    /// Keys of one namespace under a handoff lease (`Expire`) at once; an `Expire` that would
+    /// pass it is refused with `LimitExceeded`. Default 262 144.
+    pub max_leases_per_namespace: u32,
+    /// Tombstones (`Fail`, `Cancel`) one namespace may have in force at once; a `Fail` that
+    /// would pass it is refused with `LimitExceeded`. Default 65 536.
+    pub max_tombstones_per_namespace: u32,
+    /// Bytes of staging areas (`memory.staging`) the connections of one token may hold at
+    /// once (clients without a token count as one); past it a client puts over the socket.
+    /// Default 256 MiB (four areas).
+    #[serde(deserialize_with = "de_size")]
+    pub max_staging_per_token: u64,
     /// Connections (and QUIC streams) one token may have authenticated at once, across every
     /// door (native `Hello`, RESP `AUTH`/`HELLO`); 0 for no cap. A connection without a token
     /// is not counted here (`listen.max_connections_per_peer` caps it by address). Default 0.
@@ -486,8 +513,17 @@ impl Default for LimitsConfig {
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 0,
             max_holds_per_connection: 65_536,
+            max_holds_per_namespace: 262_144,
+            max_held_share: 0.5,
             max_watches_per_connection: 65_536,
+            max_watches_per_namespace: 262_144,
+            max_subscriptions_per_connection: 64,
+            max_subscriptions_per_namespace: 4_096,
             max_pending_per_connection: 65_536,
+            max_pending_per_namespace: 262_144,
+            max_leases_per_namespace: 262_144,
+            max_tombstones_per_namespace: 65_536,
+            max_staging_per_token: 256 << 20,
             max_connections_per_token: 0,
             max_key_len: kvpool::MAX_KEY_LEN as u32,
             tombstone_ms: 60_000,
@@ -656,11 +692,72 @@ impl Config {
         if l.max_pending_per_connection == 0 {
             bail!("limits: max_pending_per_connection must be at least 1");
         }
+        self.ledger_bounds()?;
         Ok(Limits {
             max_header: l.max_header as u32,
             max_payload: l.max_payload,
             max_batch: l.max_batch,
         })
+    }
+
+    /// The bounds of the resource ledger (`[limits] max_*_per_connection`,
+    /// `max_*_per_namespace`, `max_held_share`, `max_staging_per_token`).
+    pub(crate) fn ledger_bounds(&self) -> anyhow::Result<crate::ledger::Bounds> {
+        use crate::ledger::Resource;
+        let l = &self.limits;
+        let per_namespace = [
+            ("max_pending_per_namespace", l.max_pending_per_namespace),
+            ("max_holds_per_namespace", l.max_holds_per_namespace),
+            ("max_watches_per_namespace", l.max_watches_per_namespace),
+            (
+                "max_subscriptions_per_namespace",
+                l.max_subscriptions_per_namespace,
+            ),
+            ("max_leases_per_namespace", l.max_leases_per_namespace),
+            (
+                "max_tombstones_per_namespace",
+                l.max_tombstones_per_namespace,
+            ),
+        ];
+        if let Some((name, _)) = per_namespace.iter().find(|(_, v)| *v == 0) {
+            bail!("limits: {name} must be at least 1");
+        }
+        if !(l.max_held_share > 0.0 && l.max_held_share <= 1.0) {
+            bail!("limits: max_held_share must be more than 0 and at most 1");
+        }
+        let mut b = crate::ledger::Bounds {
+            per_connection: [0; crate::ledger::RESOURCES.len()],
+            per_namespace: [0; crate::ledger::RESOURCES.len()],
+            held_share: l.max_held_share,
+            staging_per_token: l.max_staging_per_token,
+        };
+        let mut set = |r: Resource, conn: u32, ns: u32| {
+            b.per_connection[r as usize] = conn as u64;
+            b.per_namespace[r as usize] = ns as u64;
+        };
+        set(
+            Resource::Pending,
+            l.max_pending_per_connection,
+            l.max_pending_per_namespace,
+        );
+        set(
+            Resource::Holds,
+            l.max_holds_per_connection,
+            l.max_holds_per_namespace,
+        );
+        set(
+            Resource::Watches,
+            l.max_watches_per_connection,
+            l.max_watches_per_namespace,
+        );
+        set(
+            Resource::Subscriptions,
+            l.max_subscriptions_per_connection,
+            l.max_subscriptions_per_namespace,
+        );
+        set(Resource::Leases, 0, l.max_leases_per_namespace);
+        set(Resource::Tombstones, 0, l.max_tombstones_per_namespace);
+        Ok(b)
     }
 
     /// The wire limits before the handshake: a small header and no payload (a `Hello` has

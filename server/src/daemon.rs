@@ -88,7 +88,11 @@ impl Daemon {
         // directory; every file in it is the daemon user's alone (0600).
         kvpool::segment::create_dir(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-        let policy = (config.wire_limits()?, conn_policy(&config)?);
+        let policy = (
+            config.wire_limits()?,
+            conn_policy(&config)?,
+            config.ledger_bounds()?,
+        );
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
@@ -433,9 +437,13 @@ fn shared(
     config: &Config,
     (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Membership>, &PeerAuth),
     bound: &Bound,
-    (limits, conn): (Limits, ConnPolicy),
+    (limits, conn, bounds): (Limits, ConnPolicy, crate::ledger::Bounds),
 ) -> Shared {
     let namespaces = pool.namespaces();
+    let capacities: Vec<u64> = (0..namespaces.len() as u32)
+        .map(|ns| pool.namespace_capacity(ns).unwrap_or(0))
+        .collect();
+    let ledger = crate::ledger::Ledger::new(&bounds, &capacities);
     let replication = config
         .replication(&namespaces)
         .iter()
@@ -478,7 +486,10 @@ fn shared(
         cluster_secret: creds.secret.clone(),
         conn,
         watches: {
-            let w = Arc::new(crate::watch::Watches::new(config.limits.tombstone_ms));
+            let w = Arc::new(crate::watch::Watches::new(
+                config.limits.tombstone_ms,
+                ledger.clone(),
+            ));
             pool.observe(w.clone());
             w
         },
@@ -491,10 +502,11 @@ fn shared(
             config.limits.max_connections_per_token as usize,
         ),
         stagings: crate::staging::Stagings::new(
-            config.memory.staging,
-            config.memory.staging_total,
+            (config.memory.staging, config.memory.staging_total),
+            ledger.clone(),
             metrics.staging_gauge(),
         ),
+        ledger,
     }
 }
 
@@ -525,6 +537,7 @@ fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::Bu
 
 /// The limits before the handshake and the timeouts of every stage of a connection.
 fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
+    crate::staging::check_setting(&config.memory.same_host_writes)?;
     Ok(ConnPolicy {
         hello_limits: config.hello_limits()?,
         handshake: Duration::from_millis(config.limits.handshake_timeout_ms.max(1)),
@@ -534,10 +547,6 @@ fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
         },
         write: Duration::from_millis(config.limits.write_timeout_ms.max(1)),
         read: Duration::from_millis(config.limits.read_timeout_ms.max(1)),
-        max_holds: config.limits.max_holds_per_connection as usize,
-        max_watches: config.limits.max_watches_per_connection as usize,
-        max_pending: config.limits.max_pending_per_connection as usize,
-        same_host_writes: crate::staging::Policy::parse(&config.memory.same_host_writes)?,
     })
 }
 
@@ -562,13 +571,13 @@ fn serve(
         tasks.extend(serve_resp(l, addr, &ctx, config));
     }
     let mut stop_rx = ctx.shutdown.clone();
-    let pool = ctx.shared.pool.clone();
+    let observed = (ctx.shared.pool.clone(), ctx.shared.ledger.clone());
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));
     if let Some(l) = sockets.metrics {
         tasks.push(tokio::spawn(metrics::serve(
             l,
             metrics,
-            pool,
+            observed,
             config.listen.metrics_namespaces,
             config.auth.token.clone(),
             async move {
@@ -855,7 +864,11 @@ mod tests {
         assert!(refused.contains("no cluster secret"), "{refused}");
 
         let metrics = Arc::new(Metrics::default());
-        let policy = (c.wire_limits().unwrap(), conn_policy(&c).unwrap());
+        let policy = (
+            c.wire_limits().unwrap(),
+            conn_policy(&c).unwrap(),
+            c.ledger_bounds().unwrap(),
+        );
         let parts = (&pool, &metrics, &joining, &creds);
         let s = shared(&c, parts, &bound, policy);
         assert_eq!(s.hello.namespaces, pool.namespaces());

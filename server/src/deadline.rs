@@ -27,14 +27,6 @@ pub(crate) struct ConnPolicy {
     /// Longest a request's bytes may stop arriving once its first byte has (the peer stalls
     /// in the middle of a frame or a payload).
     pub(crate) read: Duration,
-    /// Most objects one connection may hold (`Hold`) at once.
-    pub(crate) max_holds: usize,
-    /// Most keys and prefixes one connection may watch at once.
-    pub(crate) max_watches: usize,
-    /// Most allocations one connection may have pending at once.
-    pub(crate) max_pending: usize,
-    /// Which segments same-host writers map read-only (`memory.same_host_writes`).
-    pub(crate) same_host_writes: crate::staging::Policy,
 }
 
 /// Runs `f`, failing with `TimedOut` if it has not finished by `deadline` (`None`: no deadline).

@@ -53,6 +53,10 @@ impl Harness {
         ));
         cluster.attach_pool(pool.clone());
         let limits = Limits::default();
+        let ledger = crate::ledger::Ledger::new(
+            &crate::ledger::Bounds::uniform(64, 1024),
+            &[1 << 20, 1 << 20],
+        );
         let shared = Shared {
             hello: HelloInfo {
                 version: PROTOCOL_VERSION,
@@ -87,17 +91,18 @@ impl Harness {
                 idle: None,
                 write: Duration::from_secs(30),
                 read: Duration::from_secs(30),
-                max_holds: 64,
-                max_watches: 64,
-                max_pending: 64,
-                same_host_writes: crate::staging::Policy::Auto,
             },
-            watches: Arc::new(crate::watch::Watches::new(1000)),
+            watches: Arc::new(crate::watch::Watches::new(1000, ledger.clone())),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             // Off: every input starts from the same state.
             auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
             tokens: crate::admission::TokenCounts::new(0),
-            stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
+            stagings: crate::staging::Stagings::new(
+                (1 << 20, 4 << 20),
+                ledger.clone(),
+                Default::default(),
+            ),
+            ledger,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

@@ -11,6 +11,9 @@
 //!   `data`, `one_sided`, `prefix`, `cluster`);
 //! - `service`: what every connection shares (`Shared`) and the data operations apart from any
 //!   wire protocol (authenticate a token, put, get, exists, remove), for every front door;
+//! - `ledger`: everything a peer can make the node hold (pending allocations, holds, watches,
+//!   leases, tombstones, staging areas), counted per connection and per namespace against
+//!   `[limits]`, and released when its connection closes;
 //! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
@@ -37,6 +40,7 @@ pub mod fuzzing;
 mod handler;
 mod handover;
 mod http;
+mod ledger;
 mod listeners;
 pub mod metrics;
 mod peer;
@@ -45,9 +49,11 @@ pub mod secret;
 mod service;
 mod staging;
 pub mod tls;
+mod trim;
 mod watch;
 mod written;
 
 pub use config::Config;
 pub use daemon::{Bound, Daemon};
 pub use kvpool::segment::host_id;
+pub use trim::keep_heap_small;

@@ -112,6 +112,7 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    kvpool_server::keep_heap_small();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("KVPOOL_LOG").unwrap_or_else(|_| EnvFilter::new("info")),

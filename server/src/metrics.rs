@@ -241,35 +241,8 @@ impl RespCommand {
     }
 }
 
-/// A limit on what a peer controls ([limits] and [listen], docs/RELIABILITY.md), as labelled on
-/// `kvpool_limit_refusals`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limit {
-    /// `listen.max_connections_per_peer`: a connection (or QUIC stream) closed on arrival.
-    ConnectionsPerPeer,
-    /// `limits.max_connections_per_token`: a `Hello` or RESP `AUTH` refused.
-    ConnectionsPerToken,
-    /// `limits.max_pending_per_connection`: an `Alloc` refused whole.
-    PendingPerConnection,
-    /// `limits.max_holds_per_connection`: a `Hold` refused whole.
-    HoldsPerConnection,
-    /// `limits.max_watches_per_connection`: a `Watch` or `Subscribe` refused whole.
-    WatchesPerConnection,
-    /// `limits.max_batch`: a batch refused whole.
-    Batch,
-    /// `limits.max_key_len`: a key refused (counted by the pool's check, `Pool::check_key`).
-    KeyLength,
-}
-
-const LIMITS: [(Limit, &str); 7] = [
-    (Limit::ConnectionsPerPeer, "connections_per_peer"),
-    (Limit::ConnectionsPerToken, "connections_per_token"),
-    (Limit::PendingPerConnection, "pending_per_connection"),
-    (Limit::HoldsPerConnection, "holds_per_connection"),
-    (Limit::WatchesPerConnection, "watches_per_connection"),
-    (Limit::Batch, "batch"),
-    (Limit::KeyLength, "key_length"),
-];
+pub(crate) use crate::ledger::Limit;
+use crate::ledger::{Ledger, RESOURCES};
 
 /// The daemon's own series: every one a lock-free atomic, indexed by its labels.
 #[derive(Debug, Default)]
@@ -285,7 +258,7 @@ struct Daemon {
     auth_failures: Counter,
     auth_throttled: Counter,
     /// Requests and connections refused by a limit, by limit.
-    limit_refusals: [Counter; LIMITS.len()],
+    limit_refusals: [Counter; Limit::ALL.len()],
     bytes_in: Counter,
     bytes_out: Counter,
     /// Bulk chunks and their bytes by priority (Background .. High).
@@ -393,7 +366,7 @@ impl Metrics {
     }
 
     /// A request or connection refused by `limit`.
-    pub fn limit_refused(&self, limit: Limit) {
+    pub(crate) fn limit_refused(&self, limit: Limit) {
         self.daemon.limit_refusals[limit as usize].inc();
     }
 
@@ -411,10 +384,16 @@ impl Metrics {
 
     /// The page in the OpenMetrics text format, ending in `# EOF`; the per-namespace series
     /// only with `namespaces`.
-    pub fn render(&self, pool: &Pool, namespaces: bool) -> Result<String, std::fmt::Error> {
+    pub(crate) fn render(
+        &self,
+        pool: &Pool,
+        ledger: &Ledger,
+        namespaces: bool,
+    ) -> Result<String, std::fmt::Error> {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Scrape {
             daemon: self.daemon.clone(),
+            resources: RESOURCES.map(|r| (r.name(), ledger.total(r))),
             pool: pool.stats(),
             long_keys: pool.long_keys_refused(),
             huge_regions: pool.segments().map(|s| s.huge_regions()).collect(),
@@ -440,6 +419,8 @@ struct Scrape {
     huge_regions: Vec<(u64, u64)>,
     /// The index journal's, when the segments are files (`Pool::journal_stats`).
     journal: Option<kvpool::journal::JournalStats>,
+    /// What peers make the node hold, by resource (the ledger's totals).
+    resources: [(&'static str, u64); RESOURCES.len()],
     namespaces: bool,
 }
 
@@ -882,13 +863,23 @@ impl Scrape {
             "Requests and connections refused by a limit on what a peer controls, by limit.",
             None,
             counter_t,
-            LIMITS.map(|(l, n)| {
+            Limit::ALL.map(|l| {
                 let v = match l {
                     Limit::KeyLength => self.long_keys,
                     _ => d.limit_refusals[l as usize].get(),
                 };
-                ([("limit", n)], ConstCounter::new(v))
+                ([("limit", l.names().0)], ConstCounter::new(v))
             }),
+        )?;
+        family(
+            e,
+            "kvpool_resources",
+            "What peers make the node hold beyond their objects, by resource, over every \
+             namespace (the resource ledger; bounds in [limits]).",
+            None,
+            MetricType::Gauge,
+            self.resources
+                .map(|(name, v)| ([("resource", name)], gauge(v))),
         )?;
         Ok(())
     }
@@ -936,10 +927,10 @@ const MAX_SCRAPES: usize = 16;
 /// into a small fixed buffer and connections are closed after one response. Per-namespace
 /// series are shown as `namespaces` says (`Token`: to a request bearing `token`, or to all when
 /// the node has none). A failed accept pauses the loop rather than spinning.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    pool: Arc<Pool>,
+    (pool, ledger): (Arc<Pool>, Arc<Ledger>),
     namespaces: NamespaceMetrics,
     token: String,
     shutdown: impl std::future::Future<Output = ()>,
@@ -975,6 +966,7 @@ pub async fn serve(
         let page = Page {
             metrics: metrics.clone(),
             pool: pool.clone(),
+            ledger: ledger.clone(),
             namespaces,
             token: token.clone(),
         };
@@ -989,6 +981,7 @@ pub async fn serve(
 struct Page {
     metrics: Arc<Metrics>,
     pool: Arc<Pool>,
+    ledger: Arc<Ledger>,
     namespaces: NamespaceMetrics,
     token: Arc<str>,
 }
@@ -1032,7 +1025,7 @@ impl Page {
                 NamespaceMetrics::Open => true,
                 NamespaceMetrics::Token => self.token.is_empty() || bears(req, &self.token),
             };
-            match self.metrics.render(&self.pool, show) {
+            match self.metrics.render(&self.pool, &self.ledger, show) {
                 Ok(body) => ("200 OK", OPENMETRICS, body),
                 Err(_) => (
                     "500 Internal Server Error",
@@ -1078,6 +1071,7 @@ mod tests {
         let page = Page {
             metrics: Arc::default(),
             pool: Arc::new(Pool::new(&cfg, [1; 16]).unwrap()),
+            ledger: Ledger::new(&crate::ledger::Bounds::none(), &[1 << 20]),
             namespaces: NamespaceMetrics::Token,
             token: "s3cret".into(),
         };

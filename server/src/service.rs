@@ -51,8 +51,10 @@ pub(crate) struct Shared {
     pub(crate) auth_failures: crate::auth_limit::AuthFailures,
     /// Authenticated connections per token (`[limits] max_connections_per_token`).
     pub(crate) tokens: Arc<crate::admission::TokenCounts>,
-    /// The staging areas of same-host writers of read-only segments.
+    /// The staging areas of same-host writers.
     pub(crate) stagings: Arc<crate::staging::Stagings>,
+    /// What peers make the node hold, per connection and per namespace, and its bounds.
+    pub(crate) ledger: Arc<crate::ledger::Ledger>,
 }
 
 /// Why a token was not accepted.
@@ -642,6 +644,8 @@ mod tests {
         let cluster = Arc::new(Membership::new(node, Source::Gossip));
         cluster.attach_pool(pool.clone());
         let limits = Limits::default();
+        let ledger =
+            crate::ledger::Ledger::new(&crate::ledger::Bounds::uniform(8, 64), &[1 << 20, 1 << 20]);
         Shared {
             hello: HelloInfo {
                 version: kvpool::protocol::PROTOCOL_VERSION,
@@ -671,16 +675,17 @@ mod tests {
                 idle: None,
                 write: Duration::from_secs(1),
                 read: Duration::from_secs(1),
-                max_holds: 8,
-                max_watches: 8,
-                max_pending: 8,
-                same_host_writes: crate::staging::Policy::Auto,
             },
-            watches: Arc::new(crate::watch::Watches::new(1000)),
+            watches: Arc::new(crate::watch::Watches::new(1000, ledger.clone())),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60)),
             tokens: crate::admission::TokenCounts::new(2),
-            stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
+            stagings: crate::staging::Stagings::new(
+                (1 << 20, 4 << 20),
+                ledger.clone(),
+                Default::default(),
+            ),
+            ledger,
         }
     }
 

@@ -1,10 +1,12 @@
 //! Staging areas: where a same-host writer whose segments are mapped read-only puts its values.
 //!
-//! A same-host client that maps a segment read-write can store into any byte of it, committed
-//! objects included, whatever allocation it was given. Where that matters (a segment holding a
-//! namespace with tokens, under `memory.same_host_writes = "auto"`, or every segment under
-//! `"staged"`) the node maps segments read-only for every client and hands a writer a staging
-//! area instead: a memory file of its own (`memfd`), passed as a descriptor after `Staging`.
+//! A same-host client that maps a segment read-write could store into any byte of it,
+//! committed objects included, whatever allocation it was given, and could shrink the segment's
+//! file under the node. So the node hands every client its segments read-only and a writer a
+//! staging area instead: a memory file of its own (`memfd`), passed as a descriptor after
+//! `Staging`, sealed against shrinking and growing (`F_SEAL_SHRINK | F_SEAL_GROW`, then
+//! `F_SEAL_SEAL`) before it is passed, so every byte of it the node reads stays there whatever
+//! the client does (a hole it punches reads as zeros).
 //! The client copies each value into a range of it and names the range in `CommitStaged`; the
 //! node copies the range into the value's pending allocation (checked as any one-sided write
 //! is: pending, right key, generation and bounds), hashing the bytes as they land, and commits
@@ -15,34 +17,27 @@
 //!
 //! An area lives as long as the connection that asked for it, and serves only connections that
 //! authenticated with the same token (its id alone does not admit another tenant). The areas
-//! together are bounded by `memory.staging_total`.
+//! of one token are bounded by `limits.max_staging_per_token` (the resource ledger), all of
+//! them by `memory.staging_total`.
 
 use std::collections::HashMap;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::{Arc, Mutex};
 
-/// Which segments a same-host writer maps read-only (`memory.same_host_writes`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Policy {
-    /// Read-write wherever the token may write every namespace of the segment.
-    Direct,
-    /// Read-only everywhere; writers use staging areas.
-    Staged,
-    /// Staged for segments holding a namespace with tokens, direct for the others.
-    Auto,
-}
-
-impl Policy {
-    /// The setting's value.
-    pub(crate) fn parse(s: &str) -> anyhow::Result<Policy> {
-        Ok(match s {
-            "direct" => Policy::Direct,
-            "staged" => Policy::Staged,
-            "auto" => Policy::Auto,
-            other => anyhow::bail!(
-                "memory.same_host_writes must be \"auto\", \"staged\" or \"direct\", not {other:?}"
-            ),
-        })
+/// Checks `memory.same_host_writes`. Every segment is mapped read-only by every same-host
+/// client and writers go through staging areas: `"staged"`, and `"auto"`, its old default
+/// name, are the same. `"direct"` (writers mapping segments read-write) is refused: a client
+/// holding a writable descriptor of a segment file could shrink the file under the node,
+/// whose next access to the memory past the new end would kill it with `SIGBUS`.
+pub(crate) fn check_setting(s: &str) -> anyhow::Result<()> {
+    match s {
+        "staged" | "auto" => Ok(()),
+        "direct" => anyhow::bail!(
+            "memory.same_host_writes = \"direct\" is not offered: a same-host client given a \
+             writable segment could shrink it under the node; writers use staging areas \
+             (\"staged\"), which cost no throughput (docs/SECURITY.md, \"Same host\")"
+        ),
+        other => anyhow::bail!("memory.same_host_writes must be \"staged\", not {other:?}"),
     }
 }
 
@@ -83,6 +78,8 @@ impl Area {
 
 /// Every staging area of the node, by id.
 pub(crate) struct Stagings {
+    /// Where each token's areas are charged.
+    ledger: Arc<crate::ledger::Ledger>,
     /// Bytes of one area (0: none handed out).
     pub(crate) size: u64,
     /// Most bytes of all areas together.
@@ -111,6 +108,7 @@ impl Drop for Held {
         if let Some(a) = areas.remove(&self.id) {
             *used -= a.len();
             self.stagings.gauge.set(*used as i64);
+            self.stagings.ledger.release_staging(&a.owner, a.len());
         }
     }
 }
@@ -122,6 +120,8 @@ pub(crate) enum StagingError {
     Off,
     #[error("the node's staging areas are all in use (memory.staging_total)")]
     Full,
+    #[error("{0}")]
+    Refused(crate::ledger::Refused),
     #[error("creating a staging area failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("no randomness for a staging area's id: {0}")]
@@ -132,11 +132,12 @@ impl Stagings {
     /// Areas of `size` bytes, at most `total` bytes of them at once; `gauge` follows the bytes
     /// handed out.
     pub(crate) fn new(
-        size: u64,
-        total: u64,
+        (size, total): (u64, u64),
+        ledger: Arc<crate::ledger::Ledger>,
         gauge: prometheus_client::metrics::gauge::Gauge,
     ) -> Arc<Stagings> {
         Arc::new(Stagings {
+            ledger,
             size,
             total,
             areas: Mutex::new((HashMap::new(), 0)),
@@ -159,6 +160,9 @@ impl Stagings {
             if used.saturating_add(self.size) > self.total {
                 return Err(StagingError::Full);
             }
+            self.ledger
+                .charge_staging(&owner, self.size)
+                .map_err(StagingError::Refused)?;
             *used += self.size; // reserved now, so two creations never pass the total together
             self.gauge.set(*used as i64);
         }
@@ -171,14 +175,14 @@ impl Stagings {
         let (file, map) = match made {
             Ok(m) => m,
             Err(e) => {
-                self.release(self.size);
+                self.release(&owner, self.size);
                 return Err(e.into());
             }
         };
         let id = match kvpool::protocol::auth::random() {
             Ok(r) => u64::from_le_bytes(r[..8].try_into().expect("8 bytes")),
             Err(e) => {
-                self.release(self.size);
+                self.release(&owner, self.size);
                 return Err(e.into());
             }
         };
@@ -203,23 +207,34 @@ impl Stagings {
         kvpool::protocol::auth::digests_equal(&area.owner, owner).then(|| area.clone())
     }
 
-    fn release(&self, bytes: u64) {
+    /// Gives back `bytes` reserved for an area of `owner`'s that was not made.
+    fn release(&self, owner: &[u8; 32], bytes: u64) {
         let mut guard = self.areas.lock().unwrap_or_else(|e| e.into_inner());
         guard.1 -= bytes;
         self.gauge.set(guard.1 as i64);
+        self.ledger.release_staging(owner, bytes);
     }
 }
 
-/// An anonymous memory file of `len` bytes, closed on exec.
+/// An anonymous memory file of `len` bytes, closed on exec, sealed at that length: nobody
+/// holding a descriptor of it (the client it is passed to) can shrink or grow it, or lift the
+/// seals, so the node's mapping of it never reaches past the file's end.
 fn memfd(len: u64) -> std::io::Result<std::fs::File> {
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: the name is a NUL-terminated C string; the call only reads it.
-    let fd = unsafe { libc::memfd_create(c"kvpool-staging".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c"kvpool-staging".as_ptr(), flags) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` is a descriptor this process just opened and owns alone.
     let file = unsafe { std::fs::File::from_raw_fd(fd) };
     file.set_len(len)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: `file` is an open memfd this process owns; F_ADD_SEALS takes an int argument
+    // and touches no memory of ours.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(file)
 }
 
@@ -228,18 +243,66 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_setting_takes_three_values() {
-        assert_eq!(Policy::parse("auto").unwrap(), Policy::Auto);
-        assert_eq!(Policy::parse("staged").unwrap(), Policy::Staged);
-        assert_eq!(Policy::parse("direct").unwrap(), Policy::Direct);
-        let e = Policy::parse("Direct").unwrap_err().to_string();
+    fn writers_are_always_staged() {
+        check_setting("staged").unwrap();
+        check_setting("auto").unwrap();
+        let e = check_setting("direct").unwrap_err().to_string();
+        assert!(e.contains("shrink"), "{e}");
+        let e = check_setting("Direct").unwrap_err().to_string();
         assert!(e.contains("memory.same_host_writes"), "{e}");
+    }
+
+    fn ledger(per_token: u64) -> Arc<crate::ledger::Ledger> {
+        let mut b = crate::ledger::Bounds::none();
+        b.staging_per_token = per_token;
+        crate::ledger::Ledger::new(&b, &[1 << 30])
+    }
+
+    #[test]
+    fn an_area_is_sealed_at_its_length() {
+        let s = Stagings::new((1 << 20, 4 << 20), ledger(0), Default::default());
+        let (id, _held, file) = s.create([1; 32]).unwrap();
+        for len in [0, 1 << 19, 2 << 20] {
+            let e = file.set_len(len).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{len}: {e}");
+        }
+        // A punched hole reads back as zeros, through the node's mapping too.
+        std::os::unix::fs::FileExt::write_all_at(&file, &[7u8; 8192], 0).unwrap();
+        // SAFETY: punching a hole in a file this test owns; no memory is passed.
+        let punched = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                8192,
+            )
+        };
+        assert_eq!(punched, 0);
+        let mut out = [1u8; 8192];
+        s.get(id, &[1; 32]).unwrap().copy_out(0, &mut out).unwrap();
+        assert_eq!(out, [0u8; 8192]);
+    }
+
+    #[test]
+    fn a_token_meets_its_own_bound_before_the_nodes() {
+        let s = Stagings::new((1 << 20, 8 << 20), ledger(2 << 20), Default::default());
+        let (_a1, _h1, _) = s.create([1; 32]).unwrap();
+        let (_a2, h2, _) = s.create([1; 32]).unwrap();
+        match s.create([1; 32]) {
+            Err(StagingError::Refused(r)) => {
+                assert_eq!(r.limit, crate::ledger::Limit::StagingPerToken)
+            }
+            other => panic!("{:?}", other.map(|(id, ..)| id)),
+        }
+        s.create([2; 32]).unwrap();
+        drop(h2);
+        s.create([1; 32]).unwrap();
     }
 
     #[test]
     fn areas_are_bounded_owned_and_retired_with_their_holder() {
         let gauge = prometheus_client::metrics::gauge::Gauge::default();
-        let s = Stagings::new(1 << 20, 2 << 20, gauge.clone());
+        let s = Stagings::new((1 << 20, 2 << 20), ledger(0), gauge.clone());
         let (a, held_a, file) = s.create([1; 32]).unwrap();
         let (_b, held_b, _) = s.create([2; 32]).unwrap();
         assert!(matches!(s.create([1; 32]), Err(StagingError::Full)));
@@ -265,6 +328,8 @@ mod tests {
         assert_eq!(gauge.get(), 1 << 20);
         s.create([3; 32]).unwrap();
         drop(held_b);
-        assert!(Stagings::new(0, 1 << 30, gauge).create([0; 32]).is_err());
+        assert!(Stagings::new((0, 1 << 30), ledger(0), gauge)
+            .create([0; 32])
+            .is_err());
     }
 }

@@ -10,23 +10,22 @@
 //!
 //! Each watching connection has a bounded channel of events. A connection that does not read
 //! them fast enough loses the ones that do not fit and is sent one `Lagged` event instead: it
-//! must check what it watches again. Memory is bounded: keys watched per connection
-//! (`max_watches_per_connection`), prefixes per connection (the same bound), and tombstones
-//! (at most [`MAX_TOMBSTONES`], each kept `tombstone_ms`).
+//! must check what it watches again. Memory is bounded through the resource ledger: keys and
+//! prefixes watched per connection and per namespace (charged by the handler), handoff leases
+//! and tombstones per namespace (charged here, each tombstone kept `tombstone_ms`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvpool::protocol::ErrorCode;
 use kvpool::{CommitObserver, Millis};
+
+use crate::ledger::{Ledger, Refused, Resource};
 use tokio::sync::mpsc;
 
 /// Events waiting to be written to one connection before it counts as lagging.
 const EVENTS_PER_CONNECTION: usize = 4096;
-
-/// Tombstones kept at most (the oldest go first).
-pub(crate) const MAX_TOMBSTONES: usize = 1 << 16;
 
 /// Longest reason kept with a tombstone, bytes.
 pub(crate) const MAX_REASON: usize = 1024;
@@ -88,36 +87,67 @@ impl Sink {
     }
 }
 
-/// Most objects under a handoff lease at once, per node (an `Expire` beyond it is refused).
-pub(crate) const MAX_LEASES: usize = 1 << 20;
+/// A connection's subscription to a prefix: (connection, prefix).
+type Subscription = (u64, Box<[u8]>);
+
+/// When a lease or tombstone lapses, made unique by a sequence number: its place in the
+/// order they lapse in.
+type Lapse = (Millis, u64);
 
 #[derive(Default)]
 struct Inner {
     /// Handoff leases: per key, when it lapses.
-    leases: HashMap<LeaseKey, Millis>,
-    /// The leases by lapse time (entries of renewed or ended leases stay until they come up,
-    /// and are skipped then).
-    lease_order: std::collections::BTreeMap<(Millis, u64), LeaseKey>,
-    lease_seq: u64,
+    leases: HashMap<LeaseKey, Lapse>,
+    /// The leases by lapse time: exactly one entry per lease.
+    lease_order: BTreeMap<Lapse, LeaseKey>,
+    /// Numbers leases' and tombstones' lapses.
+    seq: u64,
     next_id: u64,
     sinks: HashMap<u64, Sink>,
-    /// Watched keys and the connections watching each.
-    keys: HashMap<NsKey, Vec<u64>>,
-    /// Subscriptions: (connection, namespace, prefix).
-    prefixes: Vec<(u64, u32, Box<[u8]>)>,
+    /// Watched keys and the connections watching each (each connection's registration holds
+    /// the same keys, to end its watches without walking everyone's).
+    keys: HashMap<Arc<[u8]>, Vec<u64>>,
+    /// Subscriptions by namespace.
+    prefixes: HashMap<u32, Vec<Subscription>>,
     /// Tombstones: reason and when it lapses.
-    tombstones: HashMap<NsKey, (String, Millis)>,
-    /// Tombstones in the order they were posted, to drop the oldest first.
-    tomb_order: VecDeque<(NsKey, Millis)>,
+    tombstones: HashMap<NsKey, (String, Lapse)>,
+    /// The tombstones by lapse time: exactly one entry per tombstone.
+    tomb_order: BTreeMap<Lapse, NsKey>,
 }
 
-/// The node's watches and tombstones.
+impl Inner {
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Takes connection `id` off the watchers of `k`.
+    fn end_watch(&mut self, k: &[u8], id: u64) {
+        if let Some(conns) = self.keys.get_mut(k) {
+            conns.retain(|c| *c != id);
+            if conns.is_empty() {
+                self.keys.remove(k);
+            }
+        }
+    }
+}
+
+/// The namespace of an [`NsKey`].
+fn ns_of(k: &[u8]) -> u32 {
+    let mut id = [0u8; 4];
+    id.copy_from_slice(&k[..4]);
+    u32::from_le_bytes(id)
+}
+
+/// The node's watches, handoff leases and tombstones.
 pub(crate) struct Watches {
     /// Watched keys plus subscriptions, over every connection.
     active: AtomicUsize,
     /// Tombstones held.
     tombs: AtomicUsize,
     tombstone_ms: Millis,
+    /// Where leases and tombstones are charged, per namespace.
+    ledger: Arc<Ledger>,
     inner: Mutex<Inner>,
 }
 
@@ -127,8 +157,10 @@ pub(crate) struct Registration {
     id: u64,
     pub(crate) rx: mpsc::Receiver<Event>,
     lagged: Arc<AtomicBool>,
-    /// Keys and prefixes this connection watches.
-    pub(crate) watched: usize,
+    /// The keys it watches (as [`NsKey`]s).
+    keys: HashSet<Arc<[u8]>>,
+    /// The namespace of each prefix it subscribed to.
+    subscribed: Vec<u32>,
 }
 
 impl Registration {
@@ -140,16 +172,19 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.watches.forget(self.id);
+        let keys = std::mem::take(&mut self.keys);
+        let subscribed = std::mem::take(&mut self.subscribed);
+        self.watches.forget(self.id, keys, subscribed);
     }
 }
 
 impl Watches {
-    pub(crate) fn new(tombstone_ms: Millis) -> Watches {
+    pub(crate) fn new(tombstone_ms: Millis, ledger: Arc<Ledger>) -> Watches {
         Watches {
             active: AtomicUsize::new(0),
             tombs: AtomicUsize::new(0),
             tombstone_ms,
+            ledger,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -177,55 +212,48 @@ impl Watches {
             id,
             rx,
             lagged,
-            watched: 0,
+            keys: HashSet::new(),
+            subscribed: Vec::new(),
         }
     }
 
     /// Watches `key` for `r` (no-op when it already does); returns whether it is new.
     pub(crate) fn watch(&self, r: &mut Registration, ns: u32, key: &[u8]) -> bool {
-        let mut inner = self.lock();
-        let conns = inner.keys.entry(ns_key(ns, key)).or_default();
-        if conns.contains(&r.id) {
+        if on_stack(ns, key, |k| r.keys.contains(k)) {
             return false;
         }
-        conns.push(r.id);
-        r.watched += 1;
+        let mut inner = self.lock();
+        let k: Arc<[u8]> = match on_stack(ns, key, |k| inner.keys.get_key_value(k)) {
+            Some((k, _)) => k.clone(),
+            None => ns_key(ns, key).into(),
+        };
+        inner.keys.entry(k.clone()).or_default().push(r.id);
+        r.keys.insert(k);
         self.active.fetch_add(1, Ordering::AcqRel);
         true
     }
 
     /// Stops `r` watching `key`; returns whether it did.
     pub(crate) fn unwatch(&self, r: &mut Registration, ns: u32, key: &[u8]) -> bool {
-        let mut inner = self.lock();
-        let k = ns_key(ns, key);
-        let Some(conns) = inner.keys.get_mut(&k) else {
+        let Some(k) = on_stack(ns, key, |k| r.keys.take(k)) else {
             return false;
         };
-        let Some(i) = conns.iter().position(|c| *c == r.id) else {
-            return false;
-        };
-        conns.swap_remove(i);
-        if conns.is_empty() {
-            inner.keys.remove(&k);
-        }
-        r.watched -= 1;
+        self.lock().end_watch(&k, r.id);
         self.active.fetch_sub(1, Ordering::AcqRel);
         true
     }
 
-    /// Subscribes `r` to every key of `ns` starting with `prefix`.
-    pub(crate) fn subscribe(&self, r: &mut Registration, ns: u32, prefix: &[u8]) {
+    /// Subscribes `r` to every key of `ns` starting with `prefix`; returns whether it is new.
+    pub(crate) fn subscribe(&self, r: &mut Registration, ns: u32, prefix: &[u8]) -> bool {
         let mut inner = self.lock();
-        if inner
-            .prefixes
-            .iter()
-            .any(|(c, n, p)| *c == r.id && *n == ns && &**p == prefix)
-        {
-            return;
+        let subs = inner.prefixes.entry(ns).or_default();
+        if subs.iter().any(|(c, p)| *c == r.id && &**p == prefix) {
+            return false;
         }
-        inner.prefixes.push((r.id, ns, prefix.into()));
-        r.watched += 1;
+        subs.push((r.id, prefix.into()));
+        r.subscribed.push(ns);
         self.active.fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     /// Sends one event to `r`'s connection alone (a tombstone found by its `Watch`, with its
@@ -243,21 +271,38 @@ impl Watches {
         }
     }
 
-    /// Ends every watch of connection `id`.
-    fn forget(&self, id: u64) {
+    /// Ends every watch of connection `id`: its `keys` and its subscriptions in
+    /// `subscribed`, walking only those.
+    fn forget(&self, id: u64, keys: HashSet<Arc<[u8]>>, mut subscribed: Vec<u32>) {
         let mut inner = self.lock();
         inner.sinks.remove(&id);
-        let mut ended = 0;
-        inner.keys.retain(|_, conns| {
-            let before = conns.len();
-            conns.retain(|c| *c != id);
-            ended += before - conns.len();
-            !conns.is_empty()
-        });
-        let before = inner.prefixes.len();
-        inner.prefixes.retain(|(c, ..)| *c != id);
-        ended += before - inner.prefixes.len();
+        for k in &keys {
+            inner.end_watch(k, id);
+        }
+        let mut ended = keys.len();
+        subscribed.sort_unstable();
+        subscribed.dedup();
+        for ns in subscribed {
+            if let Some(subs) = inner.prefixes.get_mut(&ns) {
+                let before = subs.len();
+                subs.retain(|(c, _)| *c != id);
+                ended += before - subs.len();
+                if subs.is_empty() {
+                    inner.prefixes.remove(&ns);
+                }
+            }
+        }
         self.active.fetch_sub(ended, Ordering::AcqRel);
+        // The table keeps the room it grew to: give it back once it is mostly empty, so that a
+        // crowd of watchers that came and went leaves no memory behind.
+        if inner.keys.capacity() > 4 * inner.keys.len().max(1024) {
+            inner.keys.shrink_to_fit();
+        }
+        drop(inner);
+        drop(keys);
+        if ended >= 4096 {
+            crate::trim::after_release();
+        }
     }
 
     /// The reason of `key`'s tombstone, if it has one still in force at `now`.
@@ -266,37 +311,60 @@ impl Watches {
             return None;
         }
         let inner = self.lock();
-        let (reason, until) = on_stack(ns, key, |k| inner.tombstones.get(k))?;
+        let (reason, (until, _)) = on_stack(ns, key, |k| inner.tombstones.get(k))?;
         (*until > now).then(|| reason.clone())
     }
 
-    /// Posts a tombstone for `key` (replacing an older one) and tells its watchers.
-    pub(crate) fn fail(&self, ns: u32, key: &[u8], reason: &str, now: Millis) {
+    /// Posts a tombstone for each of `keys` (replacing an older one) and tells their
+    /// watchers; refused whole when the namespace would hold more than its bound.
+    pub(crate) fn fail<'k>(
+        &self,
+        ns: u32,
+        keys: impl Iterator<Item = &'k [u8]> + Clone,
+        reason: &str,
+        now: Millis,
+    ) -> Result<(), Refused> {
         let reason = cut(reason, MAX_REASON);
         let until = now.saturating_add(self.tombstone_ms);
         let mut inner = self.lock();
-        let k = ns_key(ns, key);
-        // Lapsed ones first, then the oldest while over the bound.
-        while let Some((old, at)) = inner.tomb_order.front() {
-            let lapsed = *at <= now;
-            let over = inner.tombstones.len() >= MAX_TOMBSTONES
-                || inner.tomb_order.len() >= 2 * MAX_TOMBSTONES;
-            if !lapsed && !over {
+        self.prune_tombstones(&mut inner, now);
+        let fresh = keys
+            .clone()
+            .filter(|k| on_stack(ns, k, |k| !inner.tombstones.contains_key(k)))
+            .count();
+        self.ledger
+            .charge_namespace(ns, Resource::Tombstones, fresh as u64)?;
+        let mut added = 0;
+        for key in keys {
+            let seq = inner.next_seq();
+            let k = ns_key(ns, key);
+            let stone = (reason.to_owned(), (until, seq));
+            match inner.tombstones.insert(k.clone(), stone) {
+                Some((_, old)) => drop(inner.tomb_order.remove(&old)),
+                None => added += 1,
+            }
+            inner.tomb_order.insert((until, seq), k);
+            inner.tell(ns, key, ErrorCode::Failed, reason);
+        }
+        // A key named twice was counted twice.
+        let extra = fresh as u64 - added;
+        self.ledger
+            .release_namespace(ns, Resource::Tombstones, extra);
+        self.tombs.store(inner.tombstones.len(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Drops the tombstones lapsed by `now`.
+    fn prune_tombstones(&self, inner: &mut Inner, now: Millis) {
+        while let Some(entry) = inner.tomb_order.first_entry() {
+            if entry.key().0 > now {
                 break;
             }
-            let old = old.clone();
-            let at = *at;
-            inner.tomb_order.pop_front();
-            if inner.tombstones.get(&old).is_some_and(|(_, u)| *u == at) {
-                inner.tombstones.remove(&old);
-            }
+            let k = entry.remove();
+            inner.tombstones.remove(&k);
+            self.ledger
+                .release_namespace(ns_of(&k), Resource::Tombstones, 1);
         }
-        inner
-            .tombstones
-            .insert(k.clone(), (reason.to_owned(), until));
-        inner.tomb_order.push_back((k, until));
-        self.tombs.store(inner.tombstones.len(), Ordering::Release);
-        inner.tell(ns, key, ErrorCode::Failed, reason);
     }
 }
 
@@ -310,8 +378,8 @@ impl Inner {
                 }
             }
         }
-        for (c, n, p) in &self.prefixes {
-            if *n == ns && key.starts_with(p) {
+        for (c, p) in self.prefixes.get(&ns).into_iter().flatten() {
+            if key.starts_with(p) {
                 if let Some(s) = self.sinks.get(c) {
                     s.send(ns, key, code, reason);
                 }
@@ -326,36 +394,58 @@ impl CommitObserver for Watches {
             return;
         }
         let mut inner = self.lock();
-        if self.tombs.load(Ordering::Acquire) > 0
-            && on_stack(ns, key, |k| inner.tombstones.remove(k)).is_some()
-        {
-            // The producer wrote it after all: the tombstone is over.
-            self.tombs.store(inner.tombstones.len(), Ordering::Release);
+        if self.tombs.load(Ordering::Acquire) > 0 {
+            if let Some((_, lapse)) = on_stack(ns, key, |k| inner.tombstones.remove(k)) {
+                // The producer wrote it after all: the tombstone is over.
+                inner.tomb_order.remove(&lapse);
+                self.ledger.release_namespace(ns, Resource::Tombstones, 1);
+                self.tombs.store(inner.tombstones.len(), Ordering::Release);
+            }
         }
         inner.tell(ns, key, ErrorCode::Ok, "");
     }
 }
 
 impl Watches {
-    /// Leases `key` until `until` (replacing its lease), whether or not it is written yet;
-    /// `until` None ends the lease. False when the node holds [`MAX_LEASES`] already.
-    pub(crate) fn lease(&self, ns: u32, key: &[u8], until: Option<Millis>) -> bool {
+    /// Leases each of `keys` until `until` (replacing its lease), whether or not it is
+    /// written yet; `until` None ends their leases. Refused whole when the new leases would
+    /// take the namespace past its bound.
+    pub(crate) fn lease<'k>(
+        &self,
+        ns: u32,
+        keys: impl Iterator<Item = &'k [u8]> + Clone,
+        until: Option<Millis>,
+    ) -> Result<(), Refused> {
         let mut inner = self.lock();
-        let k: LeaseKey = (ns, key.into());
         let Some(until) = until else {
-            inner.leases.remove(&k);
-            return true;
+            for key in keys {
+                if let Some(lapse) = inner.leases.remove(&(ns, key.into())) {
+                    inner.lease_order.remove(&lapse);
+                    self.ledger.release_namespace(ns, Resource::Leases, 1);
+                }
+            }
+            return Ok(());
         };
-        if !inner.leases.contains_key(&k)
-            && (inner.leases.len() >= MAX_LEASES || inner.lease_order.len() >= 2 * MAX_LEASES)
-        {
-            return false;
+        let fresh = keys
+            .clone()
+            .filter(|k| !inner.leases.contains_key(&(ns, Box::from(*k))))
+            .count();
+        self.ledger
+            .charge_namespace(ns, Resource::Leases, fresh as u64)?;
+        let mut added = 0;
+        for key in keys {
+            let k: LeaseKey = (ns, key.into());
+            let seq = inner.next_seq();
+            match inner.leases.insert(k.clone(), (until, seq)) {
+                Some(old) => drop(inner.lease_order.remove(&old)),
+                None => added += 1,
+            }
+            inner.lease_order.insert((until, seq), k);
         }
-        inner.lease_seq += 1;
-        let seq = inner.lease_seq;
-        inner.leases.insert(k.clone(), until);
-        inner.lease_order.insert((until, seq), k);
-        true
+        // A key named twice was counted twice.
+        let extra = fresh as u64 - added;
+        self.ledger.release_namespace(ns, Resource::Leases, extra);
+        Ok(())
     }
 
     /// The leases lapsed by `now`, taken out: (namespace, key) of each object to remove.
@@ -366,12 +456,10 @@ impl Watches {
             if entry.key().0 > now {
                 break;
             }
-            let ((at, _), k) = entry.remove_entry();
-            // Only if this entry is the key's current lease (not one renewed or ended since).
-            if inner.leases.get(&k) == Some(&at) {
-                inner.leases.remove(&k);
-                out.push(k);
-            }
+            let k = entry.remove();
+            inner.leases.remove(&k);
+            self.ledger.release_namespace(k.0, Resource::Leases, 1);
+            out.push(k);
         }
         out
     }
@@ -393,9 +481,18 @@ fn cut(s: &str, max: usize) -> &str {
 mod tests {
     use super::*;
 
+    fn one(key: &[u8]) -> impl Iterator<Item = &[u8]> + Clone {
+        std::iter::once(key)
+    }
+
+    fn watches(tombstone_ms: Millis, per_namespace: u64) -> Watches {
+        let bounds = crate::ledger::Bounds::uniform(0, per_namespace);
+        Watches::new(tombstone_ms, Ledger::new(&bounds, &[1 << 20, 1 << 20]))
+    }
+
     #[tokio::test]
     async fn watchers_hear_commits_and_tombstones_until_they_go() {
-        let w = Arc::new(Watches::new(1000));
+        let w = Arc::new(watches(1000, 100));
         let mut a = w.register();
         let mut b = w.register();
         assert!(w.watch(&mut a, 0, b"k"));
@@ -412,7 +509,8 @@ mod tests {
         assert_eq!(b.rx.recv().await.unwrap().code, ErrorCode::Ok);
         assert!(a.rx.try_recv().is_err() && b.rx.try_recv().is_err());
 
-        w.fail(0, b"k", "prefill died", 10);
+        w.fail(0, [&b"k"[..]].into_iter(), "prefill died", 10)
+            .unwrap();
         let ev = a.rx.recv().await.unwrap();
         assert_eq!(
             (ev.code, ev.reason.as_str()),
@@ -433,7 +531,7 @@ mod tests {
 
     #[tokio::test]
     async fn keys_of_every_length_are_found_and_namespaces_kept_apart() {
-        let w = Arc::new(Watches::new(1000));
+        let w = Arc::new(watches(1000, 100));
         let mut a = w.register();
         let long = vec![b'x'; kvpool::MAX_KEY_LEN + 1]; // looked up on the heap
         for key in [&b""[..], b"k", &[b'y'; kvpool::MAX_KEY_LEN], &long] {
@@ -448,7 +546,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slow_reader_lags_instead_of_growing_memory() {
-        let w = Arc::new(Watches::new(1000));
+        let w = Arc::new(watches(1000, 100));
         let mut a = w.register();
         w.subscribe(&mut a, 0, b"");
         for i in 0..EVENTS_PER_CONNECTION + 10 {
@@ -465,28 +563,80 @@ mod tests {
 
     #[test]
     fn leases_lapse_once_unless_renewed_or_ended() {
-        let w = Watches::new(1000);
-        assert!(w.lease(0, b"a", Some(100)));
-        assert!(w.lease(0, b"b", Some(100)));
-        assert!(w.lease(0, b"c", Some(100)));
-        assert!(w.lease(0, b"b", Some(300))); // renewed
-        assert!(w.lease(0, b"c", None)); // ended
+        let w = watches(1000, 3);
+        w.lease(0, one(b"a"), Some(100)).unwrap();
+        w.lease(0, one(b"b"), Some(100)).unwrap();
+        w.lease(0, one(b"c"), Some(100)).unwrap();
+        w.lease(0, one(b"b"), Some(300)).unwrap(); // renewed: still one lease
+        w.lease(1, one(b"a"), Some(100)).unwrap(); // another namespace's bound
+        let e = w.lease(0, one(b"d"), Some(100)).unwrap_err();
+        assert_eq!(e.limit, crate::ledger::Limit::LeasesPerNamespace);
+        w.lease(0, one(b"c"), None).unwrap(); // ended: its room is free again
+        w.lease(0, one(b"d"), Some(100)).unwrap();
+        w.lease(0, one(b"d"), None).unwrap();
         assert!(w.lapsed(99).is_empty());
-        assert_eq!(w.lapsed(100), vec![(0, Box::from(&b"a"[..]))]);
+        assert_eq!(
+            w.lapsed(100),
+            vec![(0, Box::from(&b"a"[..])), (1, Box::from(&b"a"[..]))]
+        );
         assert!(w.lapsed(200).is_empty());
         assert_eq!(w.lapsed(1000), vec![(0, Box::from(&b"b"[..]))]);
         assert!(w.lock().lease_order.is_empty() && w.lock().leases.is_empty());
+        assert_eq!(w.ledger.total(Resource::Leases), 0);
     }
 
     #[test]
-    fn tombstones_are_bounded_and_reasons_cut() {
-        let w = Watches::new(1_000_000);
-        for i in 0..MAX_TOMBSTONES + 5 {
-            w.fail(0, format!("k{i}").as_bytes(), &"x".repeat(2000), 1);
+    fn a_key_named_twice_in_one_request_is_charged_once() {
+        let w = watches(1000, 10);
+        let twice = [&b"a"[..], b"a", b"b"];
+        w.lease(0, twice.iter().copied(), Some(100)).unwrap();
+        w.fail(0, twice.iter().copied(), "x", 1).unwrap();
+        assert_eq!(w.ledger.total(Resource::Leases), 2);
+        assert_eq!(w.ledger.total(Resource::Tombstones), 2);
+        w.lease(0, twice.iter().copied(), None).unwrap();
+        assert_eq!(w.ledger.total(Resource::Leases), 0);
+    }
+
+    #[test]
+    fn renewing_a_lease_or_a_tombstone_takes_no_more_room() {
+        let w = watches(1_000_000, 2);
+        for at in 0..1000 {
+            w.lease(0, one(b"a"), Some(10 + at)).unwrap();
+            w.fail(0, [&b"t"[..]].into_iter(), "again", at).unwrap();
         }
-        assert_eq!(w.lock().tombstones.len(), MAX_TOMBSTONES);
-        assert_eq!(w.tombstone(0, b"k0", 2), None, "the oldest went first");
-        let r = w.tombstone(0, format!("k{}", MAX_TOMBSTONES + 4).as_bytes(), 2);
-        assert_eq!(r.map(|r| r.len()), Some(MAX_REASON));
+        let inner = w.lock();
+        assert_eq!((inner.lease_order.len(), inner.tomb_order.len()), (1, 1));
+    }
+
+    #[test]
+    fn tombstones_are_bounded_per_namespace_and_reasons_cut() {
+        let w = watches(1000, 4);
+        let keys = |from: usize, to: usize| {
+            (from..to)
+                .map(|i| format!("k{i}").into_bytes())
+                .collect::<Vec<_>>()
+        };
+        let four = keys(0, 4);
+        w.fail(0, four.iter().map(|k| &k[..]), &"x".repeat(2000), 1)
+            .unwrap();
+        let two = keys(4, 6);
+        let e = w
+            .fail(0, two.iter().map(|k| &k[..]), "more", 1)
+            .unwrap_err();
+        assert_eq!(e.limit, crate::ledger::Limit::TombstonesPerNamespace);
+        assert_eq!(w.tombstone(0, b"k4", 2), None, "refused whole");
+        assert_eq!(w.tombstone(0, b"k0", 2).map(|r| r.len()), Some(MAX_REASON));
+        // Another namespace has room of its own; a commit, or time, frees a namespace's.
+        w.fail(1, two.iter().map(|k| &k[..]), "other", 1).unwrap();
+        w.committed(0, b"k0");
+        w.fail(0, [&b"k4"[..]].into_iter(), "more", 1).unwrap();
+        w.fail(0, two.iter().map(|k| &k[..]), "later", 2000)
+            .unwrap();
+        assert_eq!(w.tombstone(0, b"k1", 2000), None, "lapsed");
+        assert_eq!(
+            w.ledger.total(Resource::Tombstones),
+            2,
+            "the lapsed ones left"
+        );
     }
 }

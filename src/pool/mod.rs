@@ -1435,6 +1435,12 @@ impl Pool {
             .ok_or(PoolError::UnknownNamespace)
     }
 
+    /// The memory namespace `ns` may use: its quota, or, for one without a quota, the memory
+    /// no namespace reserved, which it shares with the others without one.
+    pub fn namespace_capacity(&self, ns: u32) -> Result<u64, PoolError> {
+        Ok(self.ns(ns)?.quota)
+    }
+
     /// Counts a read of namespace `ns` that found nothing, for a caller that judged the miss
     /// itself without reading (a prefix read that found its run's end quietly).
     pub fn count_miss(&self, ns: u32) -> Result<(), PoolError> {

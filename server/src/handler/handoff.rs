@@ -9,6 +9,7 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{Conn, Next};
+use crate::ledger::Resource;
 use crate::watch::{MAX_PREFIX, MAX_REASON};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
@@ -28,23 +29,18 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(e) = self.s.pool.check_namespace(ns) {
             return self.answer(id, Err(e.into())).await;
         }
-        let watched = self.watching.as_ref().map_or(0, |r| r.watched);
-        if watched + keys.len() > self.s.conn.max_watches {
-            let max = self.s.conn.max_watches;
-            self.s
-                .metrics
-                .limit_refused(crate::metrics::Limit::WatchesPerConnection);
-            let msg = format!(
-                "this connection would watch more than {max} keys (limits.max_watches_per_connection)"
-            );
-            self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
-            return Ok(true);
+        let n = keys.len() as u64;
+        if let Err(r) = self.account.charge(ns, Resource::Watches, n) {
+            return self.refused(id, r).await;
         }
         let watches = self.s.watches.clone();
         let reg = self.watching.get_or_insert_with(|| watches.register());
-        for k in keys.iter() {
-            watches.watch(reg, ns, k.as_slice());
-        }
+        let new = keys
+            .iter()
+            .filter(|k| watches.watch(reg, ns, k.as_slice()))
+            .count();
+        // A key watched already is charged once.
+        self.account.release(ns, Resource::Watches, n - new as u64);
         let pool = &*self.s.pool;
         let mut codes = Vec::with_capacity(keys.len());
         for k in keys.iter() {
@@ -78,6 +74,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 n += watches.unwatch(reg, ns, k.as_slice()) as u64;
             }
         }
+        self.account.release(ns, Resource::Watches, n);
         self.answer(id, Ok(Reply::Count(n))).await
     }
 
@@ -90,19 +87,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(e) = self.s.pool.check_namespace(ns) {
             return self.answer(id, Err(e.into())).await;
         }
-        let watched = self.watching.as_ref().map_or(0, |r| r.watched);
-        if watched + 1 > self.s.conn.max_watches {
-            let max = self.s.conn.max_watches;
-            self.s
-                .metrics
-                .limit_refused(crate::metrics::Limit::WatchesPerConnection);
-            let msg = format!("this connection already watches {max} keys and prefixes");
-            self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
-            return Ok(true);
+        if let Err(r) = self.account.charge(ns, Resource::Subscriptions, 1) {
+            return self.refused(id, r).await;
         }
         let watches = self.s.watches.clone();
         let reg = self.watching.get_or_insert_with(|| watches.register());
-        watches.subscribe(reg, ns, prefix);
+        if !watches.subscribe(reg, ns, prefix) {
+            self.account.release(ns, Resource::Subscriptions, 1);
+        }
         self.answer(id, Ok(Reply::Done)).await
     }
 
@@ -121,20 +113,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         let mut n = 0;
         for k in keys.iter() {
-            let key = k.as_slice();
-            match self.s.pool.provenance(ns, key) {
+            match self.s.pool.provenance(ns, k.as_slice()) {
                 Ok(found) => n += found.is_some() as u64,
                 Err(e) => return self.answer(id, Err(e.into())).await,
             }
-            let until = (ttl_ms > 0).then(|| now.saturating_add(ttl_ms));
-            if !self.s.watches.lease(ns, key, until) {
-                let msg = format!(
-                    "this node holds {} handoff leases already",
-                    crate::watch::MAX_LEASES
-                );
-                self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
-                return Ok(true);
-            }
+        }
+        let until = (ttl_ms > 0).then(|| now.saturating_add(ttl_ms));
+        let keys = keys.iter().map(|k| k.as_slice());
+        if let Err(r) = self.s.watches.lease(ns, keys, until) {
+            return self.refused(id, r).await;
         }
         self.answer(id, Ok(Reply::Count(n))).await
     }
@@ -160,8 +147,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return self.answer(id, Err(ErrorCode::BadKey)).await;
             }
         }
-        for k in keys.iter() {
-            self.s.watches.fail(ns, k.as_slice(), reason, now);
+        let posted = self
+            .s
+            .watches
+            .fail(ns, keys.iter().map(|k| k.as_slice()), reason, now);
+        if let Err(r) = posted {
+            return self.refused(id, r).await;
         }
         self.answer(id, Ok(Reply::Count(keys.len() as u64))).await
     }
@@ -191,9 +182,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             Ok(n) => n,
             Err(e) => return self.answer(id, Err(e.into())).await,
         };
-        for key in &keys {
-            self.s.watches.lease(ns, key, None);
-            self.s.watches.fail(ns, key, reason, now);
+        // Ending leases is never refused.
+        let _ = self.s.watches.lease(ns, keys.iter().copied(), None);
+        // The objects are gone; the tombstones that wake their waiters may still meet the
+        // namespace's bound, which the client is told (a cancel can be sent again).
+        if let Err(r) = self.s.watches.fail(ns, keys.iter().copied(), reason, now) {
+            return self.refused(id, r).await;
         }
         // Cancelled here, but by a view this node has since left: the client cancels again by
         // the new one, as a `Remove` is removed again (`Shared::remove_keys`).

@@ -98,6 +98,7 @@ pub(crate) async fn serve<R, W>(
             pool: &shared.pool,
             held: Vec::new(),
         },
+        account: shared.ledger.account(),
         watching: None,
         read_buf: Vec::new(),
         class: ReqClass {
@@ -234,6 +235,9 @@ struct Conn<'a, R, W> {
     stamp: u64,
     /// The objects this connection holds (`Hold`); ended when the connection is dropped.
     holds: Holds<'a>,
+    /// What this connection holds, in the resource ledger: its holds, watches and pending
+    /// allocations, charged as they are taken; settled when the connection is dropped.
+    account: crate::ledger::Account,
     /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
     watching: Option<crate::watch::Registration>,
     /// The buffer one-sided reads are copied into before they are sent (reused).
@@ -249,13 +253,8 @@ struct Conn<'a, R, W> {
     token_slot: Option<crate::admission::TokenSlot>,
     /// The staging area this connection asked for (`Staging`), retired when it closes.
     staging: Option<crate::staging::Held>,
-    /// Generations of the allocations this connection's `Alloc`s made that may still be
-    /// pending, each with the view stamp its `Alloc` was routed by (0 for a direct one): at
-    /// most `max_pending_per_connection`. Those committed or aborted over this connection leave
-    /// at once; the others (committed elsewhere, reaped) when an `Alloc` would pass the cap. A
-    /// `Commit` over this connection that carries no stamp of its own is judged by the one
-    /// noted here.
-    pending: std::collections::HashMap<u64, u64>,
+    /// The allocations this connection's `Alloc`s made that may still be pending.
+    pending: one_sided::PendingAllocs,
 }
 
 /// What the bulk scheduler needs to know of the request being served.
@@ -278,11 +277,12 @@ impl ReqClass {
     }
 }
 
-/// The objects one connection holds, one entry per hold (namespace, key, generation); every
-/// hold ends when this is dropped, however the connection ends.
+/// The objects one connection holds, one entry per hold (namespace, key, generation, length);
+/// every hold ends when this is dropped, however the connection ends (the connection's
+/// [`crate::ledger::Account`] gives their charges back at the same time).
 struct Holds<'a> {
     pool: &'a kvpool::Pool,
-    held: Vec<(u32, Box<[u8]>, u64)>,
+    held: Vec<(u32, Box<[u8]>, u64, u64)>,
 }
 
 impl Holds<'_> {
@@ -290,22 +290,23 @@ impl Holds<'_> {
         self.held.is_empty()
     }
 
-    fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    /// Ends the last `n` holds taken.
-    fn end_last(&mut self, n: usize) {
+    /// Ends the last `n` holds taken, crediting their bytes back to `account`.
+    fn end_last(&mut self, n: usize, account: &mut crate::ledger::Account) {
+        use crate::ledger::Resource;
         let from = self.held.len().saturating_sub(n);
-        for (ns, key, generation) in self.held.split_off(from) {
+        for (ns, key, generation, len) in self.held.split_off(from) {
             let _ = self.pool.unhold(ns, &key, generation);
+            account.release(ns, Resource::HeldBytes, len);
+            account.release(ns, Resource::Holds, 1);
         }
     }
 }
 
 impl Drop for Holds<'_> {
     fn drop(&mut self) {
-        self.end_last(self.held.len());
+        for (ns, key, generation, _) in self.held.drain(..) {
+            let _ = self.pool.unhold(ns, &key, generation);
+        }
     }
 }
 
@@ -648,6 +649,15 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 self.fail(id, code, &message).await?
             }
         }
+        Ok(true)
+    }
+
+    /// Fails a request that the resource ledger refused: `LimitExceeded`, naming the setting,
+    /// counted on `kvpool_limit_refusals_total`; carries on.
+    async fn refused(&mut self, id: u64, r: crate::ledger::Refused) -> Next {
+        self.s.metrics.limit_refused(r.limit);
+        self.fail(id, ErrorCode::LimitExceeded, &r.to_string())
+            .await?;
         Ok(true)
     }
 

@@ -17,7 +17,8 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::{payload_failure, Conn, Next};
-use crate::metrics::{Limit, Transport};
+use crate::ledger::{Account, Resource};
+use crate::metrics::Transport;
 use crate::service::{Access, Routing, Shared};
 
 /// Largest one-sided read buffer a connection keeps between reads (larger reads allocate
@@ -36,17 +37,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(code) = self.s.batch_check(items.len()) {
             return self.answer(id, Err(code)).await;
         }
-        if !self.room_for_pending(items.len()) {
-            let max = self.s.conn.max_pending;
-            self.s.metrics.limit_refused(Limit::PendingPerConnection);
-            let msg = format!(
-                "this connection would have more than {max} allocations pending \
-                 (limits.max_pending_per_connection): commit or abort some first"
-            );
-            self.fail(id, ErrorCode::LimitExceeded, &msg).await?;
-            return Ok(true);
+        let n = items.len() as u64;
+        let (pool, account) = (&*self.s.pool, &mut self.account);
+        if let Err(r) = self.pending.admit(account, pool, ns, n) {
+            return self.refused(id, r).await;
         }
-        let (pending, stamp) = (&mut self.pending, self.stamp);
+        let (pending, account, stamp) = (&mut self.pending, &mut self.account, self.stamp);
         let results = items
             .iter()
             .enumerate()
@@ -58,34 +54,24 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .begin_put(ns, i.key.as_slice(), i.len.to_native(), pin, depth)
                 {
                     Ok(a) => {
-                        pending.insert(a.generation, stamp);
+                        pending.note(a.generation, stamp, ns);
                         AllocResult {
                             addr: Some(a),
                             code: 0,
                         }
                     }
-                    Err(e) => AllocResult {
-                        addr: None,
-                        code: ErrorCode::from(e) as u16,
-                    },
+                    Err(e) => {
+                        account.release(ns, Resource::Pending, 1);
+                        AllocResult {
+                            addr: None,
+                            code: ErrorCode::from(e) as u16,
+                        }
+                    }
                 }
             })
             .collect();
         self.reply(id, Reply::Allocated(results), &[]).await?;
         Ok(true)
-    }
-
-    /// Can `more` allocations be added without this connection having more than
-    /// `max_pending_per_connection` pending? Forgets, first, those that are no longer pending
-    /// (committed or aborted, over any connection; cancelled; reaped), but only when the list
-    /// would otherwise pass the cap, so the usual `Alloc` pays nothing for it.
-    fn room_for_pending(&mut self, more: usize) -> bool {
-        let max = self.s.conn.max_pending;
-        if self.pending.len() + more > max {
-            let pool = &*self.s.pool;
-            self.pending.retain(|&g, _| pool.is_pending(g));
-        }
-        self.pending.len() + more <= max
     }
 
     /// The payload (`len` bytes) goes to `addr` at `offset`.
@@ -108,7 +94,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         now: Millis,
     ) -> Next {
         let (s, stamp) = (self.s, self.stamp);
-        let pending = &mut self.pending;
+        let pending = (&mut self.pending, &mut self.account);
         let r = self.s.batch_check(items.len()).map(|()| {
             Reply::Statuses(
                 items
@@ -116,6 +102,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .map(|i| {
                         let addr = GlobalAddr::from(&i.addr);
                         let commit = || s.pool.commit(&addr, i.checksum.to_native(), now);
+                        let pending = (&mut *pending.0, &mut *pending.1);
                         status_of(commit_pending(s, pending, stamp, &addr, commit))
                     })
                     .collect(),
@@ -126,7 +113,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 
     pub(super) async fn abort(&mut self, id: u64, addrs: &Archived<Vec<GlobalAddr>>) -> Next {
         let pool = &*self.s.pool;
-        let pending = &mut self.pending;
+        let (pending, account) = (&mut self.pending, &mut self.account);
         let r = self.s.batch_check(addrs.len()).map(|()| {
             Reply::Statuses(
                 addrs
@@ -135,7 +122,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                         let addr = GlobalAddr::from(a);
                         let r = pool.abort(&addr);
                         if r.is_ok() {
-                            pending.remove(&addr.generation);
+                            pending.forget(account, addr.generation);
                         }
                         code_of(r)
                     })
@@ -240,6 +227,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         let (area, held, file) = match self.s.stagings.create(self.token_digest()) {
             Ok(made) => made,
+            Err(crate::staging::StagingError::Refused(r)) => return self.refused(id, r).await,
             Err(e) => {
                 self.fail(id, ErrorCode::LimitExceeded, &e.to_string())
                     .await?;
@@ -288,7 +276,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     }
                 })
             };
-            let r = commit_pending(self.s, &mut self.pending, self.stamp, &addr, commit);
+            let pending = (&mut self.pending, &mut self.account);
+            let r = commit_pending(self.s, pending, self.stamp, &addr, commit);
             if r.is_ok() {
                 bytes += addr.len;
             }
@@ -370,20 +359,73 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 /// committed, or aborted for its view, leaves `pending`.
 fn commit_pending(
     s: &Shared,
-    pending: &mut HashMap<u64, u64>,
+    (pending, account): (&mut PendingAllocs, &mut Account),
     stamp: u64,
     addr: &GlobalAddr,
     commit: impl FnOnce() -> Result<(), PoolError>,
 ) -> Result<(), ErrorCode> {
     let stamp = match stamp {
-        0 => pending.get(&addr.generation).copied().unwrap_or(0),
+        0 => pending.stamp(addr.generation),
         stamp => stamp,
     };
     let r = s.commit_in_view(addr, Routing::of_stamp(stamp), commit);
     if matches!(r, Ok(()) | Err(ErrorCode::WrongView)) {
-        pending.remove(&addr.generation);
+        pending.forget(account, addr.generation);
     }
     r
+}
+
+/// The allocations one connection's `Alloc`s made that may still be pending, each with the
+/// view stamp its `Alloc` was routed by (0 for a direct one) and its namespace, charged to
+/// the connection's account (`max_pending_per_connection`, `max_pending_per_namespace`).
+/// Those committed or aborted over this connection leave at once; the others (committed
+/// elsewhere, cancelled, reaped) when an `Alloc` would pass a bound. A `Commit` over this
+/// connection that carries no stamp of its own is judged by the one noted here.
+#[derive(Default)]
+pub(super) struct PendingAllocs {
+    by_generation: HashMap<u64, (u64, u32)>,
+}
+
+impl PendingAllocs {
+    /// Charges `n` allocations in `ns`; when a bound refuses them, forgets first those no
+    /// longer pending and tries again, so the usual `Alloc` pays nothing for the walk.
+    fn admit(
+        &mut self,
+        account: &mut Account,
+        pool: &kvpool::Pool,
+        ns: u32,
+        n: u64,
+    ) -> Result<(), crate::ledger::Refused> {
+        if account.charge(ns, Resource::Pending, n).is_ok() {
+            return Ok(());
+        }
+        self.by_generation.retain(|&g, &mut (_, ns)| {
+            let live = pool.is_pending(g);
+            if !live {
+                account.release(ns, Resource::Pending, 1);
+            }
+            live
+        });
+        account.charge(ns, Resource::Pending, n)
+    }
+
+    /// Notes an allocation made (its charge taken by [`PendingAllocs::admit`]).
+    fn note(&mut self, generation: u64, stamp: u64, ns: u32) {
+        self.by_generation.insert(generation, (stamp, ns));
+    }
+
+    /// The view stamp generation `generation`'s `Alloc` was routed by (0: none, or not made
+    /// here).
+    fn stamp(&self, generation: u64) -> u64 {
+        self.by_generation.get(&generation).map_or(0, |&(s, _)| s)
+    }
+
+    /// Forgets an allocation committed or aborted, crediting its charge back.
+    fn forget(&mut self, account: &mut Account, generation: u64) {
+        if let Some((_, ns)) = self.by_generation.remove(&generation) {
+            account.release(ns, Resource::Pending, 1);
+        }
+    }
 }
 
 fn code_of(r: Result<(), PoolError>) -> u16 {
@@ -394,44 +436,25 @@ fn status_of(r: Result<(), ErrorCode>) -> u16 {
     r.err().map_or(0, |e| e as u16)
 }
 
-/// The segments `access` may map and a descriptor of each: a namespace's own segment when the
-/// token admits to the namespace, the common segments when it admits to every namespace kept
-/// there; read-write only where it may write every namespace the segment holds and
-/// `memory.same_host_writes` lets writers store into the segment directly, read-only
-/// otherwise. At most [`kvpool::fdpass::MAX_FDS`].
+/// The segments `access` may map and a read-only descriptor of each: a namespace's own segment
+/// when the token admits to the namespace, the common segments when it admits to every
+/// namespace kept there. Never a writable one: a client holding one could shrink the segment's
+/// file under the node (writers go through staging areas, [`crate::staging`]). At most
+/// [`kvpool::fdpass::MAX_FDS`].
 fn segments_to_offer(
     s: &crate::service::Shared,
     access: &Access,
 ) -> (Vec<SegmentMap>, Vec<std::fs::File>) {
-    use crate::staging::Policy;
     let pool = &*s.pool;
-    let (common_read, common_write) = pool.common_namespaces().fold((true, true), |(r, w), ns| {
-        (r && access.allows(ns), w && access.writes(ns))
-    });
-    // Under `auto`, a segment holding a namespace with tokens is staged: mapped read-only by
-    // writers too, whose values then land only through `CommitStaged`.
-    let tokened = |ns: u32| {
-        let has = |t: &Vec<Vec<String>>| t.get(ns as usize).is_some_and(|t| !t.is_empty());
-        has(&s.ns_tokens) || has(&s.ns_read_tokens)
-    };
-    let direct = |owner: Option<u32>| match s.conn.same_host_writes {
-        Policy::Direct => true,
-        Policy::Staged => false,
-        Policy::Auto => match owner {
-            Some(ns) => !tokened(ns),
-            None => !pool.common_namespaces().any(tokened),
-        },
-    };
+    let common = pool.common_namespaces().all(|ns| access.allows(ns));
     let mut maps = Vec::new();
     let mut files = Vec::new();
     for seg in pool.segments() {
         let id = seg.layout().id;
-        let owner = pool.segment_owner(id);
-        let (read, write) = match owner {
-            Some(ns) => (access.allows(ns), access.writes(ns)),
-            None => (common_read, common_write),
+        let read = match pool.segment_owner(id) {
+            Some(ns) => access.allows(ns),
+            None => common,
         };
-        let write = write && direct(owner);
         let Some(path) = seg.path().filter(|_| read) else {
             continue;
         };
@@ -441,7 +464,6 @@ fn segments_to_offer(
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .write(write)
             .custom_flags(libc::O_CLOEXEC)
             .open(path);
         match file {
@@ -450,7 +472,7 @@ fn segments_to_offer(
                 maps.push(SegmentMap {
                     id,
                     total_len: seg.layout().total_len(),
-                    writable: write,
+                    writable: false,
                 });
             }
             Err(e) => {

@@ -8,7 +8,16 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{Conn, Next};
+use crate::ledger::{Refused, Resource};
 use crate::metrics::Transport;
+
+/// Why a batch of holds was refused whole.
+enum HoldFailed {
+    /// A bound of the resource ledger.
+    Limit(Refused),
+    /// A bad key or namespace.
+    Pool(kvpool::PoolError),
+}
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// A key whose object here may not be served as its owner's (see [`kvpool::placement::history`]) is
@@ -54,8 +63,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     }
 
     /// Holds every object found until this connection closes (Unix socket only: a hold is for
-    /// a reader that maps the segments). A batch that would take the connection past
-    /// `max_holds_per_connection` is refused whole.
+    /// a reader that maps the segments). A batch that would take the connection or the
+    /// namespace past its bounds (objects held, and bytes held: `max_held_share` of the
+    /// namespace's memory) is refused whole, with `LimitExceeded`.
     pub(super) async fn hold(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
         if self.transport != Transport::Unix {
             let msg =
@@ -66,47 +76,77 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(code) = self.s.batch_check(keys.len()) {
             return self.answer(id, Err(code)).await;
         }
-        if self.holds.len() + keys.len() > self.s.conn.max_holds {
-            let max = self.s.conn.max_holds;
-            self.s
-                .metrics
-                .limit_refused(crate::metrics::Limit::HoldsPerConnection);
-            let msg = format!(
-                "this connection would hold more than {max} objects (limits.max_holds_per_connection)"
-            );
-            self.fail(id, ErrorCode::BatchTooLarge, &msg).await?;
+        if let Err(e) = self.s.pool.check_namespace(ns) {
+            return self.answer(id, Err(e.into())).await;
+        }
+        let n = keys.len() as u64;
+        if let Err(r) = self.account.charge(ns, Resource::Holds, n) {
+            return self.refused(id, r).await;
+        }
+        let found = match self.hold_each(ns, keys) {
+            Ok(found) => found,
+            Err(e) => {
+                // Nothing of this batch stays held.
+                self.account.release(ns, Resource::Holds, n);
+                return match e {
+                    HoldFailed::Limit(r) => self.refused(id, r).await,
+                    HoldFailed::Pool(e) => self.answer(id, Err(e.into())).await,
+                };
+            }
+        };
+        let held = found.iter().flatten().count();
+        self.account.release(ns, Resource::Holds, n - held as u64);
+        if self.answered_moved(id, held < found.len()).await? {
+            self.holds.end_last(held, &mut self.account);
             return Ok(true);
         }
+        self.answer(id, Ok(Reply::Located(found))).await
+    }
+
+    /// Holds each of `keys` that is here, charging its bytes; on a refusal or a bad key, ends
+    /// the holds this call took and says why.
+    fn hold_each(
+        &mut self,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+    ) -> Result<Vec<Option<LocatedWire>>, HoldFailed> {
         let pool = &*self.s.pool;
         let mut found = Vec::with_capacity(keys.len());
         for k in keys.iter() {
             let key = k.as_slice();
-            let held = if self.s.fresh_key(ns, key, self.routing()) {
-                pool.hold(ns, key)
-            } else {
-                Ok(None)
+            let held = match self.s.fresh_key(ns, key, self.routing()) {
+                true => pool.hold(ns, key),
+                false => Ok(None),
             };
-            match held {
+            let refused = match held {
                 Ok(Some(l)) => {
-                    self.holds.held.push((ns, key.into(), l.addr.generation));
-                    found.push(Some(LocatedWire {
-                        addr: l.addr,
-                        checksum: l.checksum,
-                    }));
+                    let (generation, len) = (l.addr.generation, l.addr.len);
+                    match self.account.charge(ns, Resource::HeldBytes, len) {
+                        Ok(()) => {
+                            self.holds.held.push((ns, key.into(), generation, len));
+                            found.push(Some(LocatedWire {
+                                addr: l.addr,
+                                checksum: l.checksum,
+                            }));
+                            continue;
+                        }
+                        Err(r) => {
+                            let _ = pool.unhold(ns, key, generation);
+                            HoldFailed::Limit(r)
+                        }
+                    }
                 }
-                Ok(None) => found.push(None),
-                Err(e) => {
-                    // Bad key or namespace: nothing of this batch stays held.
-                    self.holds.end_last(found.iter().flatten().count());
-                    return self.answer(id, Err(e.into())).await;
+                Ok(None) => {
+                    found.push(None);
+                    continue;
                 }
-            }
+                Err(e) => HoldFailed::Pool(e),
+            };
+            self.holds
+                .end_last(found.iter().flatten().count(), &mut self.account);
+            return Err(refused);
         }
-        if self.answered_moved(id, found.contains(&None)).await? {
-            self.holds.end_last(found.iter().flatten().count());
-            return Ok(true);
-        }
-        self.answer(id, Ok(Reply::Located(found))).await
+        Ok(found)
     }
 
     pub(super) async fn release(&mut self, id: u64, ns: u32, keys: &Archived<Vec<Key>>) -> Next {
