@@ -1,4 +1,4 @@
-//! Tenant isolation, door by door (issue 18): with namespaces `a` and `b` guarded by their own
+//! Tenant isolation, door by door: with namespaces `a` and `b` guarded by their own
 //! tokens, tenant B (holding only `token-b`) can neither read, probe (exists, prefix match),
 //! list, remove nor take the quota of tenant A's namespace through any socket door of a real
 //! `kvpoold`: TCP, TLS over TCP, QUIC, the Unix socket, a same-host client (its calls), and the
@@ -201,10 +201,10 @@ async fn a_same_host_writer_stores_only_through_its_staging_area() {
         client: "stager".into(),
     };
     let mut b = tokio::net::UnixStream::connect(&n.unix).await.unwrap();
-    let (r, _) = unix_call(&mut b, 1, hello("token-b")).await;
+    let (r, _) = common::raw::unix_call(&mut b, 1, hello("token-b")).await;
     let Reply::Hello(h) = r else { panic!("{r:?}") };
     let ns_b = h.namespaces.iter().find(|(name, _)| name == "b").unwrap().1;
-    let (r, mut fds) = unix_call(&mut b, 2, Op::Staging).await;
+    let (r, mut fds) = common::raw::unix_call(&mut b, 2, Op::Staging).await;
     let Reply::Staging { id, len } = r else {
         panic!("{r:?}")
     };
@@ -229,7 +229,7 @@ async fn a_same_host_writer_stores_only_through_its_staging_area() {
     let value = value(21, 100_000);
     area.write_all_at(&value, 8192).unwrap();
     let (i, op) = alloc(3, "staged", value.len());
-    let (r, _) = unix_call(&mut b, i, op).await;
+    let (r, _) = common::raw::unix_call(&mut b, i, op).await;
     let addr = allocated(r);
     let commit = |addr, offset, checksum| Op::CommitStaged {
         staging: id,
@@ -243,28 +243,28 @@ async fn a_same_host_writer_stores_only_through_its_staging_area() {
 
     // Tenant A can't name B's area, whatever its id.
     let mut a = tokio::net::UnixStream::connect(&n.unix).await.unwrap();
-    let _ = unix_call(&mut a, 1, hello("token-a")).await;
-    let (r, _) = unix_call(&mut a, 2, commit(addr, 8192, sum)).await;
+    let _ = common::raw::unix_call(&mut a, 1, hello("token-a")).await;
+    let (r, _) = common::raw::unix_call(&mut a, 2, commit(addr, 8192, sum)).await;
     match r {
         Reply::Error { code, .. } => assert_eq!(ErrorCode::from_u16(code), ErrorCode::NotFound),
         other => panic!("A used B's staging area: {other:?}"),
     }
     // A range past the area's end, and bytes that don't match their checksum, are refused.
-    let (r, _) = unix_call(&mut b, 4, commit(addr, len - 10, sum)).await;
+    let (r, _) = common::raw::unix_call(&mut b, 4, commit(addr, len - 10, sum)).await;
     assert!(
         matches!(&r, Reply::Statuses(s) if s == &[ErrorCode::OutOfBounds as u16]),
         "{r:?}"
     );
-    let (r, _) = unix_call(&mut b, 5, commit(addr, 8192, sum ^ 1)).await;
+    let (r, _) = common::raw::unix_call(&mut b, 5, commit(addr, 8192, sum ^ 1)).await;
     assert!(
         matches!(&r, Reply::Statuses(s) if s == &[ErrorCode::ChecksumMismatch as u16]),
         "{r:?}"
     );
     // (A failed commit released the allocation: a new one, committed right.)
     let (i, op) = alloc(6, "staged", value.len());
-    let (r, _) = unix_call(&mut b, i, op).await;
+    let (r, _) = common::raw::unix_call(&mut b, i, op).await;
     let addr = allocated(r);
-    let (r, _) = unix_call(&mut b, 7, commit(addr, 8192, sum)).await;
+    let (r, _) = common::raw::unix_call(&mut b, 7, commit(addr, 8192, sum)).await;
     assert!(matches!(&r, Reply::Statuses(s) if s == &[0]), "{r:?}");
     let c = Client::connect(&n.tcp_url(), cfg(&n, "token-b", "b"))
         .await
@@ -321,24 +321,6 @@ fn assert_no_socket_puts(page: &str) {
     }
 }
 
-/// One request over a raw Unix connection, and its reply with the descriptors riding on it.
-async fn unix_call(
-    s: &mut tokio::net::UnixStream,
-    id: u64,
-    op: kvpool::protocol::Op,
-) -> (kvpool::protocol::Reply, Vec<std::os::fd::OwnedFd>) {
-    use std::os::fd::AsRawFd;
-    common::raw::send(s, id, op, &[]).await;
-    let fds = loop {
-        if let Some(fds) = kvpool::fdpass::peek_fds(s.as_raw_fd()).unwrap() {
-            break fds;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
-    let r = common::raw::recv(s).await.expect("a reply");
-    (r.reply, fds)
-}
-
 /// What a process holding `token` gets when it asks the node's Unix socket for its segments,
 /// bypassing the client: (segment id, writable, the file behind the descriptor).
 async fn segments_handed_to(n: &Node, token: &str) -> Vec<(u32, bool, std::fs::File)> {
@@ -349,10 +331,10 @@ async fn segments_handed_to(n: &Node, token: &str) -> Vec<(u32, bool, std::fs::F
         token: token.into(),
         client: "prober".into(),
     };
-    let (r, fds) = unix_call(&mut s, 1, hello).await;
+    let (r, fds) = common::raw::unix_call(&mut s, 1, hello).await;
     assert!(matches!(r, Reply::Hello(_)), "{r:?}");
     assert!(fds.is_empty());
-    let (r, fds) = unix_call(&mut s, 2, Op::MapInfo).await;
+    let (r, fds) = common::raw::unix_call(&mut s, 2, Op::MapInfo).await;
     let Reply::MapInfo { segments, .. } = r else {
         panic!("{r:?}")
     };
@@ -404,16 +386,16 @@ async fn a_same_host_process_is_handed_its_own_segments_only() {
     let b_value = value(12, 64 << 10);
     b.put(b"mine", &b_value).await.unwrap();
 
-    // B, bypassing its client, gets the common segments (open namespaces only: read-write)
-    // and its own, read-only even to B's writer token (`memory.same_host_writes = "auto"`: its
-    // puts went through a staging area), so not even its own committed objects can be
-    // overwritten through the mapping...
+    // B, bypassing its client, gets the common segments and its own, every one read-only
+    // even to B's writer token (its puts went through a staging area), so not even its own
+    // committed objects can be overwritten through the mapping...
     let to_b = segments_handed_to(&n, "token-b").await;
     assert_eq!(to_b.len(), 2, "the common segment and B's own");
-    let own_b: Vec<_> = to_b.iter().filter(|(_, w, _)| !*w).collect();
-    assert_eq!(own_b.len(), 1, "B's own segment, read-only");
-    let e = own_b[0].2.write_at(b"x", 8192).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(9), "EBADF: {e}");
+    for (id, writable, file) in &to_b {
+        assert!(!writable, "segment {id} handed out writable");
+        let e = file.write_at(b"x", 8192).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(9), "EBADF: {e}");
+    }
     assert!(holds(&to_b, &b_value[..256]));
     // ...and not one byte of A's.
     assert!(

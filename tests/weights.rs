@@ -1116,7 +1116,11 @@ async fn a_view_of_a_corrupted_chunk_is_refused_and_holds_are_bounded() {
     let (dir2, _, m2) = publish_generated(&w, "too-many", &big, 6, 4096).await;
     match w.view(&m2, &every_tensor(&m2), true).await {
         Err(WeightsError::Client(e)) => {
-            assert_eq!(e.code(), Some(ErrorCode::BatchTooLarge), "{e}")
+            assert_eq!(e.code(), Some(ErrorCode::LimitExceeded), "{e}");
+            assert!(
+                e.to_string().contains("limits.max_holds_per_connection"),
+                "{e}"
+            );
         }
         Err(e) => panic!("refused for another reason: {e}"),
         Ok(_) => panic!("41 holds on one connection were granted"),

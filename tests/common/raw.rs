@@ -75,3 +75,38 @@ pub async fn hello(s: &mut (impl AsyncRead + AsyncWrite + Unpin), client: &str) 
     let r = recv(s).await.expect("a reply to Hello");
     assert!(matches!(r.reply, Reply::Hello(_)), "{r:?}");
 }
+
+/// One request over a raw Unix connection, and its reply with the descriptors riding on it.
+pub async fn unix_call(
+    s: &mut tokio::net::UnixStream,
+    id: u64,
+    op: Op,
+) -> (Reply, Vec<std::os::fd::OwnedFd>) {
+    use std::os::fd::AsRawFd;
+    send(s, id, op, &[]).await;
+    let fds = loop {
+        if let Some(fds) = kvpool::fdpass::peek_fds(s.as_raw_fd()).unwrap() {
+            break fds;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let r = recv(s).await.expect("a reply");
+    (r.reply, fds)
+}
+
+/// Greets the node over `s` with `token` and returns its `Hello` reply.
+pub async fn hello_with(
+    s: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    token: &str,
+) -> kvpool::protocol::HelloInfo {
+    let op = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: token.into(),
+        client: "raw".into(),
+    };
+    send(s, 1, op, &[]).await;
+    match recv(s).await.expect("a reply to Hello").reply {
+        Reply::Hello(h) => h,
+        other => panic!("{other:?}"),
+    }
+}
