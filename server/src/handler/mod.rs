@@ -16,7 +16,7 @@
 //!   `Remove`, `Clear`, `Scan`, over the transport-independent operations of [`crate::service`];
 //! - `one_sided`: `Alloc`, `Write`, `Commit`, `Abort`, `Read`, `MapInfo` (access by address);
 //! - `prefix`: `Lookup`, `Release`, `Pin` (finding, leasing and pinning objects by key);
-//! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch` (node to node).
+//! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch`, `Move` (node to node).
 
 mod admin;
 mod cluster;
@@ -577,6 +577,9 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 self.cancel(id, ns.to_native(), keys, reason.as_str(), now)
                     .await
             }
+            ArchivedOp::Move { ns, keys, view } => {
+                self.move_keys(id, ns.to_native(), keys, view).await
+            }
         }
     }
 
@@ -837,6 +840,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         | ArchivedOp::ClusterAuth { .. }
         | ArchivedOp::Gossip { .. }
         | ArchivedOp::Heartbeat { .. }
+        | ArchivedOp::Move { .. }
         | ArchivedOp::Drain => OpKind::Admin,
     }
 }
@@ -854,6 +858,7 @@ fn changes_namespace(op: &ArchivedOp) -> bool {
             | ArchivedOp::Expire { .. }
             | ArchivedOp::Fail { .. }
             | ArchivedOp::Cancel { .. }
+            | ArchivedOp::Move { .. }
     )
 }
 
@@ -878,6 +883,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Cancel { ns, .. }
         | ArchivedOp::Expire { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
+        | ArchivedOp::Move { ns, .. }
         | ArchivedOp::Release { ns, .. }
         | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
         _ => None,
