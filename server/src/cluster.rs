@@ -51,6 +51,11 @@ impl Timing {
     }
 }
 
+/// How long after a view change this node, where it took keys over, asks the nodes that held
+/// them for a pinned object it lacks before a read misses it (see [`Membership::holders`]): as
+/// long as a client looks a miss up on the key's previous owner (its `fallback_window`).
+pub(crate) const SETTLE: Duration = Duration::from_secs(60);
+
 /// What [`Membership::continuity`] found of an object for a routed read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Continuity {
@@ -82,6 +87,12 @@ pub(crate) struct Membership {
     written: Written,
     /// The pool whose generation marks date the adopted views (unset: every mark is 0).
     pool: OnceLock<Arc<Pool>>,
+    /// While the cluster settles: the first view adopted since the view was last steady for
+    /// [`SETTLE`] (the core's count, see [`membership::Membership::adopted`]).
+    settle_since: AtomicU64,
+    /// Until when (ms on [`Membership::now`]'s clock) the cluster settles: [`SETTLE`] after the
+    /// last change of the view; 0 before the first.
+    settle_until: AtomicU64,
 }
 
 impl Membership {
@@ -101,6 +112,8 @@ impl Membership {
             published: watch::channel(0).0,
             written: Written::default(),
             pool: OnceLock::new(),
+            settle_since: AtomicU64::new(0),
+            settle_until: AtomicU64::new(0),
         }
     }
 
@@ -131,6 +144,14 @@ impl Membership {
             );
         }
         if step.changed {
+            // Settling goes on while the view keeps changing; a change after a steady spell
+            // starts it afresh. Stored under the lock, as `holders` reads them under it.
+            let now = self.now();
+            if now >= self.settle_until.load(Ordering::Acquire) {
+                self.settle_since.store(core.adopted(), Ordering::Release);
+            }
+            let until = now.saturating_add(SETTLE.as_millis() as u64);
+            self.settle_until.store(until, Ordering::Release);
             let v = core.view();
             let stamp = v.stamp();
             self.stamp.store(stamp, Ordering::Release);
@@ -168,6 +189,25 @@ impl Membership {
             true => Continuity::Continuous,
             false => Continuity::Broken,
         }
+    }
+
+    /// Whether the view changed less than [`SETTLE`] ago: the nodes that held keys this node
+    /// took over may still be moving their pinned objects here.
+    pub(crate) fn settling(&self) -> bool {
+        self.now() < self.settle_until.load(Ordering::Acquire)
+    }
+
+    /// The nodes to ask for a pinned object of `key` that this node lacks, as one of its first
+    /// `replicas` owners, because it took the key over while the cluster settles: its other
+    /// owners first, then the nodes that owned it in the views since the last steady one (see
+    /// [`kvpool::placement::history::History::holders`]). Empty when the cluster is steady, or
+    /// this node owned the key throughout.
+    pub(crate) fn holders(&self, key: &[u8], replicas: usize) -> Vec<NodeId> {
+        let core = self.read();
+        if !self.settling() {
+            return Vec::new();
+        }
+        core.holders(key, replicas, self.settle_since.load(Ordering::Acquire))
     }
 
     /// The node that took `key` over directly from this node, when this node's unpinned

@@ -478,6 +478,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
 
     /// Hands the operation to its family's method (see the module docs).
     async fn dispatch(&mut self, id: u64, op: &ArchivedOp, payload: u64) -> Next {
+        self.settle(op).await;
         let now = self.s.now();
         match op {
             ArchivedOp::Hello {
@@ -580,6 +581,29 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             ArchivedOp::Move { ns, keys, view } => {
                 self.move_keys(id, ns.to_native(), keys, view).await
             }
+        }
+    }
+
+    /// Before a client's read routed by a view: the pinned objects of keys this node took over
+    /// while the cluster settles may still be on their way here, and are asked for first
+    /// ([`crate::settle`]). A cluster peer's reads (a mover asking what this node lacks) are
+    /// served as they are.
+    async fn settle(&mut self, op: &ArchivedOp) {
+        if self.peer || self.stamp == 0 || !self.s.cluster.settling() {
+            return;
+        }
+        let (ns, keys): (u32, Vec<&[u8]>) = match op {
+            ArchivedOp::Get { ns, key } => (ns.to_native(), vec![key.as_slice()]),
+            ArchivedOp::BatchGet { ns, keys, .. }
+            | ArchivedOp::Exists { ns, keys }
+            | ArchivedOp::Lookup { ns, keys, .. } => {
+                (ns.to_native(), keys.iter().map(|k| k.as_slice()).collect())
+            }
+            _ => return,
+        };
+        // A batch over the limit is refused as it is.
+        if keys.len() <= self.s.limits.max_batch as usize {
+            self.s.settle_misses(ns, &keys, self.stamp).await;
         }
     }
 
