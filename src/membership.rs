@@ -162,6 +162,18 @@ impl Membership {
         self.history.continuous(key, generation, replicas)
     }
 
+    /// How many views this node has adopted (see [`History::adopted`]).
+    pub fn adopted(&self) -> u64 {
+        self.history.adopted()
+    }
+
+    /// The nodes that may hold a pinned object of `key` that this node, an owner now, lacks
+    /// because it took the key over in a view adopted at or after `since` (see
+    /// [`History::holders`]).
+    pub fn holders(&self, key: &[u8], replicas: usize, since: u64) -> Vec<NodeId> {
+        self.history.holders(key, replicas, since)
+    }
+
     /// The node that took `key` over directly from this node, when this node's object of it
     /// allocated at `generation` was the owner's copy up to then (see
     /// [`crate::placement::history::History::handed_to`]).

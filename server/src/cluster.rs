@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use kvpool::membership::{self, Step};
 use kvpool::placement::routing::{self, Outcome};
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
-use kvpool::protocol::{Heard, LocatedWire, Op, Priority, Reply, PROTOCOL_VERSION};
+use kvpool::protocol::{Heard, LocatedWire, Op, Priority, Reply, HEARTBEAT_VERSION};
 use kvpool::{NodeId, Pool};
 use tokio::sync::watch;
 
@@ -50,6 +50,11 @@ impl Timing {
         }
     }
 }
+
+/// How long after a view change this node, where it took keys over, asks the nodes that held
+/// them for a pinned object it lacks before a read misses it (see [`Membership::holders`]): as
+/// long as a client looks a miss up on the key's previous owner (its `fallback_window`).
+pub(crate) const SETTLE: Duration = Duration::from_secs(60);
 
 /// What [`Membership::continuity`] found of an object for a routed read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +87,12 @@ pub(crate) struct Membership {
     written: Written,
     /// The pool whose generation marks date the adopted views (unset: every mark is 0).
     pool: OnceLock<Arc<Pool>>,
+    /// While the cluster settles: the first view adopted since the view was last steady for
+    /// [`SETTLE`] (the core's count, see [`membership::Membership::adopted`]).
+    settle_since: AtomicU64,
+    /// Until when (ms on [`Membership::now`]'s clock) the cluster settles: [`SETTLE`] after the
+    /// last change of the view; 0 before the first.
+    settle_until: AtomicU64,
 }
 
 impl Membership {
@@ -101,6 +112,8 @@ impl Membership {
             published: watch::channel(0).0,
             written: Written::default(),
             pool: OnceLock::new(),
+            settle_since: AtomicU64::new(0),
+            settle_until: AtomicU64::new(0),
         }
     }
 
@@ -131,6 +144,14 @@ impl Membership {
             );
         }
         if step.changed {
+            // Settling goes on while the view keeps changing; a change after a steady spell
+            // starts it afresh. Stored under the lock, as `holders` reads them under it.
+            let now = self.now();
+            if now >= self.settle_until.load(Ordering::Acquire) {
+                self.settle_since.store(core.adopted(), Ordering::Release);
+            }
+            let until = now.saturating_add(SETTLE.as_millis() as u64);
+            self.settle_until.store(until, Ordering::Release);
             let v = core.view();
             let stamp = v.stamp();
             self.stamp.store(stamp, Ordering::Release);
@@ -168,6 +189,25 @@ impl Membership {
             true => Continuity::Continuous,
             false => Continuity::Broken,
         }
+    }
+
+    /// Whether the view changed less than [`SETTLE`] ago: the nodes that held keys this node
+    /// took over may still be moving their pinned objects here.
+    pub(crate) fn settling(&self) -> bool {
+        self.now() < self.settle_until.load(Ordering::Acquire)
+    }
+
+    /// The nodes to ask for a pinned object of `key` that this node lacks, as one of its first
+    /// `replicas` owners, because it took the key over while the cluster settles: its other
+    /// owners first, then the nodes that owned it in the views since the last steady one (see
+    /// [`kvpool::placement::history::History::holders`]). Empty when the cluster is steady, or
+    /// this node owned the key throughout.
+    pub(crate) fn holders(&self, key: &[u8], replicas: usize) -> Vec<NodeId> {
+        let core = self.read();
+        if !self.settling() {
+            return Vec::new();
+        }
+        core.holders(key, replicas, self.settle_since.load(Ordering::Acquire))
     }
 
     /// The node that took `key` over directly from this node, when this node's unpinned
@@ -393,7 +433,7 @@ async fn peer_loop(
         }
         let Some(p) = peer.as_mut() else { continue };
         let view = m.view();
-        let op = if p.hello.version >= PROTOCOL_VERSION {
+        let op = if p.hello.version >= HEARTBEAT_VERSION {
             let heard = m.read().heard_directly(m.now(), timing.millis().down_after);
             Op::Heartbeat { view, heard }
         } else {
@@ -502,19 +542,85 @@ pub(crate) async fn move_pass(
 ) -> MovePass {
     let view = m.view();
     let mut out = MovePass::default();
-    let mut peers = Peers {
+    let mut peers = Peers::new(&view, creds, m.me(), timeout);
+    let moving = Moving {
+        pool,
+        m,
+        bulk,
+        started,
         view: &view,
-        creds,
-        me: m.me(),
-        timeout,
-        open: HashMap::new(),
     };
     for (ns, &r) in repl.pinned.iter().enumerate() {
         let ns = ns as u32;
         let Ok(keys) = pool.pinned_keys(ns) else {
             continue;
         };
-        let plan = routing::plan(&view, NodeId(m.me()), &keys, r as usize);
+        moving
+            .keys(&mut peers, (ns, r as usize), &keys, &mut out)
+            .await;
+    }
+    out
+}
+
+/// [`move_pass`] for the pinned objects of `keys` in namespace `ns` (`pinned_replicas` `r`)
+/// alone, now: what a `Move` asks of this node, from an owner that lacks them while the
+/// cluster settles.
+pub(crate) async fn move_now(
+    pool: &Pool,
+    m: &Membership,
+    (ns, r, keys): (u32, usize, Vec<Vec<u8>>),
+    (creds, bulk): (&PeerAuth, &Bulk),
+    timeout: Duration,
+    started: Instant,
+) {
+    let pinned = |k: &Vec<u8>| matches!(pool.provenance(ns, k), Ok(Some((_, true))));
+    let keys: Vec<Vec<u8>> = keys.into_iter().filter(pinned).collect();
+    if keys.is_empty() {
+        return;
+    }
+    let view = m.view();
+    let mut out = MovePass::default();
+    let mut peers = Peers::new(&view, creds, m.me(), timeout);
+    let moving = Moving {
+        pool,
+        m,
+        bulk,
+        started,
+        view: &view,
+    };
+    moving.keys(&mut peers, (ns, r), &keys, &mut out).await;
+    if out != MovePass::default() {
+        tracing::debug!(
+            copied = out.copied,
+            handed_off = out.handed_off,
+            stranded = out.stranded,
+            "moved pinned objects an owner asked for"
+        );
+    }
+}
+
+/// What moving pinned objects under one view needs.
+struct Moving<'a> {
+    pool: &'a Pool,
+    m: &'a Membership,
+    bulk: &'a Bulk,
+    started: Instant,
+    /// The view the owners are found in.
+    view: &'a ClusterView,
+}
+
+impl Moving<'_> {
+    /// Moves the pinned objects of `keys` (of namespace `ns`, each to live on `r` owners):
+    /// copied to the owners that lack them, dropped here once every owner holds them if this
+    /// node owns none of them. Counts what it did in `out`.
+    async fn keys(
+        &self,
+        peers: &mut Peers<'_>,
+        (ns, r): (u32, usize),
+        keys: &[Vec<u8>],
+        out: &mut MovePass,
+    ) {
+        let plan = routing::plan(self.view, NodeId(self.m.me()), keys, r);
         let mut confirmed = vec![0usize; keys.len()];
         let mut failed = vec![false; keys.len()];
         let mut exact = vec![Exact::Unseen; keys.len()];
@@ -524,21 +630,16 @@ pub(crate) async fn move_pass(
                 continue;
             };
             let copy = Copy {
-                pool,
-                bulk,
+                pool: self.pool,
+                bulk: self.bulk,
                 ns,
-                keys: &keys,
-                started,
-                view: view.stamp(),
+                keys,
+                started: self.started,
+                view: self.view.stamp(),
             };
             for chunk in idx.chunks(MOVE_BATCH) {
-                copy.to(
-                    p,
-                    chunk,
-                    (&mut confirmed, &mut failed, &mut exact),
-                    &mut out,
-                )
-                .await;
+                let seen = (&mut confirmed[..], &mut failed[..], &mut exact[..]);
+                copy.to(p, chunk, seen, out).await;
             }
         }
         for (i, k) in keys.iter().enumerate() {
@@ -546,27 +647,31 @@ pub(crate) async fn move_pass(
                 Outcome::Keep if failed[i] => out.short += 1,
                 Outcome::Keep => {}
                 Outcome::Stranded => out.stranded += 1,
-                Outcome::HandOff => match exact[i] {
-                    // Every owner holds exactly this node's latest write of the key: dropped
-                    // only while it is still that write, and then this node no longer needs
-                    // its record of the write to refuse vouching for the owners' copies (a
-                    // drain back to it can serve them as previous owners' without a miss).
-                    Exact::Generation(g) => {
-                        if pool.remove_generation(ns, k, g).unwrap_or(false) {
-                            out.handed_off += 1;
-                            m.forget_write(ns, k);
-                        }
-                    }
-                    Exact::Unseen | Exact::Differs => {
-                        if pool.remove(ns, k).unwrap_or(false) {
-                            out.handed_off += 1;
-                        }
-                    }
-                },
+                Outcome::HandOff => self.hand_off(ns, k, exact[i], out),
             }
         }
     }
-    out
+
+    /// Drops this node's copy of `key`: every owner holds it and this node is not one.
+    fn hand_off(&self, ns: u32, key: &[u8], exact: Exact, out: &mut MovePass) {
+        match exact {
+            // Every owner holds exactly this node's latest write of the key: dropped only
+            // while it is still that write, and then this node no longer needs its record of
+            // the write to refuse vouching for the owners' copies (a drain back to it can
+            // serve them as previous owners' without a miss).
+            Exact::Generation(g) => {
+                if self.pool.remove_generation(ns, key, g).unwrap_or(false) {
+                    out.handed_off += 1;
+                    self.m.forget_write(ns, key);
+                }
+            }
+            Exact::Unseen | Exact::Differs => {
+                if self.pool.remove(ns, key).unwrap_or(false) {
+                    out.handed_off += 1;
+                }
+            }
+        }
+    }
 }
 
 /// What the owners of a key hold, against this node's copy, as a pass learns it.
@@ -592,8 +697,9 @@ impl Exact {
     }
 }
 
-/// The mover's connections to the owners of one pass, opened on first use.
-struct Peers<'a> {
+/// Connections to the nodes of one view, opened on first use: the mover's to the owners of one
+/// pass, or a read's to the holders it asks while the cluster settles.
+pub(crate) struct Peers<'a> {
     view: &'a ClusterView,
     creds: &'a PeerAuth,
     me: u32,
@@ -602,8 +708,24 @@ struct Peers<'a> {
     open: HashMap<u32, Option<Peer>>,
 }
 
-impl Peers<'_> {
-    async fn get(&mut self, node: u32) -> Option<&mut Peer> {
+impl<'a> Peers<'a> {
+    pub(crate) fn new(
+        view: &'a ClusterView,
+        creds: &'a PeerAuth,
+        me: u32,
+        timeout: Duration,
+    ) -> Self {
+        Peers {
+            view,
+            creds,
+            me,
+            timeout,
+            open: HashMap::new(),
+        }
+    }
+
+    /// The connection to `node`, opened now if it is not yet; None when it could not be.
+    pub(crate) async fn get(&mut self, node: u32) -> Option<&mut Peer> {
         if !self.open.contains_key(&node) {
             let p = match self.view.node(NodeId(node)) {
                 Some(n) => Peer::connect(&n.tcp, self.creds, self.me, self.timeout)

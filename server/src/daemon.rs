@@ -484,6 +484,7 @@ fn shared(
         hello,
         cluster: membership.clone(),
         cluster_secret: creds.secret.clone(),
+        peer_timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
         conn,
         watches: {
             let w = Arc::new(crate::watch::Watches::new(

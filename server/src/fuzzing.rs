@@ -81,6 +81,7 @@ impl Harness {
             cluster,
             cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32])
                 .expect("a 32-byte secret"),
+            peer_timeout: Duration::from_secs(1),
             conn: ConnPolicy {
                 hello_limits: Limits {
                     max_header: MAX_HELLO_HEADER,

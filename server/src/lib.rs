@@ -17,6 +17,8 @@
 //! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
+//! - `settle`: reads while the cluster settles, asking the nodes that held a key this node took
+//!   over to move its pinned object here before the read misses it;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
 //!   served over them;
 //! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over a
@@ -47,6 +49,7 @@ mod peer;
 mod resp;
 pub mod secret;
 mod service;
+mod settle;
 mod staging;
 pub mod tls;
 mod trim;

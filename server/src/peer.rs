@@ -1,6 +1,6 @@
 //! A daemon's own connection to another daemon: heartbeats (`Heartbeat`, or `Gossip` to a
-//! node of protocol 5) and moving objects (`Lookup`, `Put`). Plain TCP, one request at a
-//! time, every call bounded by a timeout. Requests go with view stamp 0: the daemon addresses
+//! node of protocol 5), moving objects (`Lookup`, `Put`) and asking for them (`Move`, `Vouch`).
+//! Plain TCP, one request at a time, every call bounded by a timeout. Requests go with view stamp 0: the daemon addresses
 //! the peer on purpose. Every connection proves the cluster secret right after the handshake
 //! (`ClusterAuth`) and checks the peer's proof in turn, so objects and views only ever go to a
 //! node of the cluster.
@@ -59,20 +59,24 @@ pub(crate) struct Peer {
 impl Peer {
     /// Connects to `addr` (`host:port`), shakes hands with the token and proves the cluster
     /// secret; fails unless the peer proves it too. Asks for this build's protocol version,
-    /// and connects again asking for [`MIN_PROTOCOL_VERSION`] when the peer is older
-    /// (`UnsupportedVersion`): `hello.version` says which one the connection speaks.
+    /// and connects again asking for each older one down to [`MIN_PROTOCOL_VERSION`] while the
+    /// peer is older (`UnsupportedVersion`): `hello.version` says which one the connection
+    /// speaks.
     pub(crate) async fn connect(
         addr: &str,
         creds: &PeerAuth,
         node: u32,
         timeout: Duration,
     ) -> Result<Peer, PeerError> {
-        match Peer::connect_as(PROTOCOL_VERSION, addr, creds, node, timeout).await {
-            Err(PeerError::Server {
-                code: ErrorCode::UnsupportedVersion,
-                ..
-            }) => Peer::connect_as(MIN_PROTOCOL_VERSION, addr, creds, node, timeout).await,
-            r => r,
+        let mut version = PROTOCOL_VERSION;
+        loop {
+            match Peer::connect_as(version, addr, creds, node, timeout).await {
+                Err(PeerError::Server {
+                    code: ErrorCode::UnsupportedVersion,
+                    ..
+                }) if version > MIN_PROTOCOL_VERSION => version -= 1,
+                r => return r,
+            }
         }
     }
 
@@ -289,9 +293,11 @@ mod tests {
         );
         assert_eq!(p.hello.node, 9);
         drop(p);
+        let asked: Vec<u32> = (MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).rev().collect();
         assert_eq!(
             node.await.unwrap(),
-            [PROTOCOL_VERSION, MIN_PROTOCOL_VERSION]
+            asked,
+            "each version down to the peer's"
         );
     }
 }

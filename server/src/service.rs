@@ -41,6 +41,9 @@ pub(crate) struct Shared {
     pub(crate) cluster: Arc<Membership>,
     /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
     pub(crate) cluster_secret: ClusterSecret,
+    /// The longest a call to another node made for a request may take (four heartbeats, as
+    /// the mover's): asking for objects while the cluster settles, moving them when asked.
+    pub(crate) peer_timeout: std::time::Duration,
     /// Limits before the handshake and the timeouts of every stage of a connection.
     pub(crate) conn: ConnPolicy,
     /// Handoff watches and tombstones (told of every commit by the pool).
@@ -561,6 +564,14 @@ impl Shared {
             .ok_or(PoolError::UnknownNamespace)
     }
 
+    /// What this node proves itself to its peers with: its token and the cluster secret.
+    pub(crate) fn peer_auth(&self) -> crate::peer::PeerAuth {
+        crate::peer::PeerAuth {
+            token: self.token.clone(),
+            secret: self.cluster_secret.clone(),
+        }
+    }
+
     /// Namespace `ns`'s replication factors, as told to clients in `Hello`.
     pub(crate) fn replication(&self, ns: u32) -> Option<&Replication> {
         self.hello.replication.iter().find(|r| r.ns == ns)
@@ -669,6 +680,7 @@ mod tests {
             started: Instant::now(),
             cluster,
             cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32]).unwrap(),
+            peer_timeout: Duration::from_secs(1),
             conn: ConnPolicy {
                 hello_limits: limits,
                 handshake: Duration::from_secs(1),

@@ -26,6 +26,11 @@
 //! tell nothing of what the others did, so every object it holds becomes suspect (the *floor*).
 //! The history keeps the last [`HISTORY`] views; objects older than the oldest kept one are
 //! suspect too. Suspect objects are misses; the caller removes them.
+//!
+//! The same views say where a pinned object this node lacks may still be while the cluster
+//! settles ([`History::holders`]): a node that became one of a key's owners gets the key's
+//! pinned object from the movers of the nodes that held it, after each of them adopts the view,
+//! so a read routed to it by the new view can come first.
 
 use std::collections::VecDeque;
 
@@ -39,6 +44,8 @@ pub const HISTORY: usize = 64;
 /// One adopted view, as far as ownership goes.
 #[derive(Clone, Debug)]
 struct Adopted {
+    /// Its place in the order of adoption: 1 for the first view, one more for each after.
+    seq: u64,
     /// The pool's generation mark when this node adopted the view: objects with a generation
     /// from here on (up to the next entry's mark) were allocated while it was current.
     mark: u64,
@@ -59,6 +66,8 @@ pub struct History {
     last: Option<ClusterView>,
     /// Objects with a lower generation are suspect.
     floor: u64,
+    /// Views adopted so far (the last one's `seq`).
+    adopted: u64,
 }
 
 impl History {
@@ -69,7 +78,14 @@ impl History {
             views: VecDeque::new(),
             last: None,
             floor: 0,
+            adopted: 0,
         }
+    }
+
+    /// How many views this node has adopted: the `seq` of the current one, by which
+    /// [`History::holders`] is told where the settling began.
+    pub fn adopted(&self) -> u64 {
+        self.adopted
     }
 
     /// Records that this node adopted `view` when the pool's generation mark was `mark`.
@@ -79,7 +95,9 @@ impl History {
             None => serving.clone(),
             Some(prev) => self.between(prev, view),
         };
+        self.adopted += 1;
         self.views.push_back(Adopted {
+            seq: self.adopted,
             mark,
             serving,
             between,
@@ -117,6 +135,47 @@ impl History {
         };
         owns(&self.views[first].serving)
             && self.views.iter().skip(first + 1).all(|a| owns(&a.between))
+    }
+
+    /// The nodes that may hold a pinned object of `key` that this node, one of its first
+    /// `replicas` owners now, lacks because it took the key over in a view adopted at or after
+    /// `since` (a `seq`, see [`History::adopted`]): its other owners now, then every node
+    /// among the key's first `replicas` owners in those views, in the views before them and in
+    /// the transitions' hypothetical views, the latest first. Empty when this node does not own
+    /// the key now, or owned it before `since` and through every transition since: then every
+    /// write of the key went to it as an owner, and a miss here is a miss.
+    ///
+    /// A node that becomes an owner gets the key's pinned object from the movers of the nodes
+    /// that held it, each once it has adopted the view, and a read routed by the new view may
+    /// come first: these are the nodes to ask for it.
+    pub fn holders(&self, key: &[u8], replicas: usize, since: u64) -> Vec<NodeId> {
+        let r = replicas.max(1);
+        let Some(now) = self.views.back().map(|a| a.serving.owners(key, r)) else {
+            return Vec::new();
+        };
+        // The transitions into the views adopted since `since` (the first view has none).
+        let from = self.views.partition_point(|a| a.seq < since).max(1);
+        if !now.contains(&self.me) || from >= self.views.len() {
+            return Vec::new();
+        }
+        let mut kept = true;
+        let mut earlier = Vec::new();
+        for i in (from..self.views.len()).rev() {
+            let across = self.views[i].between.owners(key, r);
+            let before = self.views[i - 1].serving.owners(key, r);
+            kept &= across.contains(&self.me) && before.contains(&self.me);
+            earlier.extend(across.into_iter().chain(before));
+        }
+        if kept {
+            return Vec::new();
+        }
+        let mut out: Vec<NodeId> = Vec::new();
+        for n in now.into_iter().chain(earlier) {
+            if n != self.me && !out.contains(&n) {
+                out.push(n);
+            }
+        }
+        out
     }
 
     /// The node that took `key` over directly from this node, when this node's object of it,
@@ -482,6 +541,60 @@ mod tests {
         for k in &mine {
             let expect = (now.owner(k) == after.owner(k)).then(|| now.owner(k).unwrap());
             assert_eq!(later.handed_to(k, 5), expect);
+        }
+    }
+
+    #[test]
+    fn a_node_that_took_keys_over_asks_the_nodes_that_held_them_while_it_settles() {
+        let keys: Vec<Vec<u8>> = (0..200u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        // Node 1 joins node 0; every pinned object (2 replicas) lives on both once it serves.
+        let joining = view(&[(0, Serving, 1), (1, Joining, 1)]);
+        let both = view(&[(0, Serving, 1), (1, Serving, 2)]);
+        let mut joiner = History::new(NodeId(1));
+        joiner.adopt(&view(&[(1, Joining, 1)]), 0);
+        joiner.adopt(&joining, 3);
+        joiner.adopt(&both, 3);
+        assert_eq!(joiner.adopted(), 3);
+        for k in &keys {
+            // The settling began with the view that brought node 0 in.
+            assert_eq!(joiner.holders(k, 2, 2), vec![NodeId(0)]);
+            // With one replica, only the keys it owns now.
+            let mine = both.owner(k) == Some(NodeId(1));
+            assert_eq!(
+                joiner.holders(k, 1, 2),
+                mine.then_some(NodeId(0)).into_iter().collect::<Vec<_>>()
+            );
+            // No change since the view it asks from: nothing to ask for.
+            assert!(joiner.holders(k, 2, 4).is_empty());
+        }
+        // Node 0 owned every key throughout: a miss there is a miss.
+        let mut first = History::new(NodeId(0));
+        first.adopt(&view(&[(0, Serving, 1)]), 0);
+        first.adopt(&joining, 3);
+        first.adopt(&both, 3);
+        assert!(keys.iter().all(|k| first.holders(k, 2, 2).is_empty()));
+        assert!(keys.iter().all(|k| first.holders(k, 1, 2).is_empty()));
+        // Node 2 joins the two: its other owner now first, then the owners before it.
+        let three = view(&[(0, Serving, 1), (1, Serving, 2), (2, Serving, 2)]);
+        let mut third = History::new(NodeId(2));
+        third.adopt(&view(&[(2, Joining, 1)]), 0);
+        third.adopt(
+            &view(&[(0, Serving, 1), (1, Serving, 2), (2, Joining, 1)]),
+            5,
+        );
+        third.adopt(&three, 5);
+        for k in &keys {
+            let owners = three.owners(k, 2);
+            let asked = third.holders(k, 2, 2);
+            if !owners.contains(&NodeId(2)) {
+                assert!(asked.is_empty(), "not an owner of it");
+                continue;
+            }
+            let other = owners.iter().find(|&&o| o != NodeId(2)).copied();
+            assert_eq!(asked.first().copied(), other);
+            let mut sorted = asked.clone();
+            sorted.sort();
+            assert_eq!(sorted, vec![NodeId(0), NodeId(1)], "both held it before");
         }
     }
 

@@ -377,6 +377,20 @@ pub enum Op {
         /// One per allocation.
         items: Vec<StagedCommit>,
     },
+    /// Node to node, protocol 7 on: sent by an owner of these keys that lacks them while the
+    /// cluster settles after a view change. The receiver merges `view` as it merges `Gossip`,
+    /// then moves each pinned object of the keys that it holds as its mover does after a view
+    /// change, now: copied to the key's owners under its view that lack it, and dropped here
+    /// once they all hold it if this node is not one of them. Reply: `View`, as for `Gossip`.
+    /// Only on a connection that passed `ClusterAuth`.
+    Move {
+        /// Namespace id.
+        ns: u32,
+        /// Keys.
+        keys: Vec<Key>,
+        /// The sender's view.
+        view: ClusterView,
+    },
 }
 
 /// One value of a `CommitStaged`.

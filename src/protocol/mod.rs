@@ -30,13 +30,21 @@ pub use rkyv::util::AlignedVec;
 /// Protocol version spoken by this build: a node's `HelloInfo` says it, and its clients and
 /// peers ask for it in their `Hello`.
 ///
-/// 6 added `Heartbeat` (node to node only); nothing else changed since 5.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 6 added `Heartbeat` and 7 added `Move`, both node to node only; nothing a client sends
+/// changed since 5.
+pub const PROTOCOL_VERSION: u32 = 7;
+
+/// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
+pub const HEARTBEAT_VERSION: u32 = 6;
+
+/// The first version with `Move`: a peer of an older one is not asked to move objects.
+pub const MOVE_VERSION: u32 = 7;
 
 /// The oldest version a node of this build accepts in a `Hello` (older ones get
 /// `UnsupportedVersion`). A connection that asked for an older version than the node's is
 /// answered in it; a node that gets `UnsupportedVersion` from a peer (an older node, in a
-/// rolling upgrade) connects again asking for this one and gossips as that version did.
+/// rolling upgrade) connects again asking for each older version down to this one and speaks
+/// as the version it was answered in did.
 pub const MIN_PROTOCOL_VERSION: u32 = 5;
 
 /// The request id of an `Event` (sent unasked on a connection that watches keys); never the

@@ -1,6 +1,7 @@
 //! The cluster family, node to node: `ClusterAuth` proves the cluster secret, after which a
-//! peer may `Gossip` (merge views) and `Drain` (ask this node to leave); `View` shows this
-//! node's view; `Vouch` tells a key's previous owner whether its copy may still be served.
+//! peer may `Gossip` (merge views), `Drain` (ask this node to leave) and `Move` (ask for the
+//! pinned objects of keys it took over); `View` shows this node's view; `Vouch` tells a key's
+//! previous owner whether its copy may still be served.
 
 use kvpool::protocol::{ErrorCode, Heard, Key, Reply};
 use rkyv::Archived;
@@ -130,5 +131,59 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 )
             });
         self.answer(id, r).await
+    }
+
+    /// `Move`: the sender's view merged, then this node's pinned objects of `keys` moved to
+    /// their owners under its view now; answered with its view, as `Gossip` is.
+    pub(super) async fn move_keys(
+        &mut self,
+        id: u64,
+        ns: u32,
+        keys: &Archived<Vec<Key>>,
+        view: &Archived<kvpool::placement::ClusterView>,
+    ) -> Next {
+        if !self.peer {
+            self.fail(
+                id,
+                ErrorCode::Unauthorized,
+                "move is cluster control: it needs the cluster secret (ClusterAuth)",
+            )
+            .await?;
+            return Ok(true);
+        }
+        let pinned = self
+            .s
+            .replication(ns)
+            .map(|r| r.pinned_replicas.max(1) as usize)
+            .ok_or(ErrorCode::UnknownNamespace);
+        let r = match self.s.batch_check(keys.len()).and(pinned) {
+            Ok(r) => r,
+            Err(code) => return self.answer(id, Err(code)).await,
+        };
+        let theirs: kvpool::placement::ClusterView =
+            match rkyv::deserialize::<_, rkyv::rancor::Error>(view) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.fail(id, ErrorCode::Malformed, &e.to_string()).await?;
+                    return Ok(true);
+                }
+            };
+        // Moved under the newer of the two views: the sender's read is routed by its own, and
+        // a copy made under a view the sender does not hold would not be taken.
+        let s = self.s;
+        s.cluster.merge(&theirs);
+        let creds = s.peer_auth();
+        let keys = keys.iter().map(|k| k.as_slice().to_vec()).collect();
+        crate::cluster::move_now(
+            &s.pool,
+            &s.cluster,
+            (ns, r, keys),
+            (&creds, &s.bulk),
+            s.peer_timeout,
+            s.started,
+        )
+        .await;
+        self.reply(id, Reply::View(s.cluster.view()), &[]).await?;
+        Ok(true)
     }
 }

@@ -16,7 +16,7 @@
 //!   `Remove`, `Clear`, `Scan`, over the transport-independent operations of [`crate::service`];
 //! - `one_sided`: `Alloc`, `Write`, `Commit`, `Abort`, `Read`, `MapInfo` (access by address);
 //! - `prefix`: `Lookup`, `Release`, `Pin` (finding, leasing and pinning objects by key);
-//! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch` (node to node).
+//! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch`, `Move` (node to node).
 
 mod admin;
 mod cluster;
@@ -479,6 +479,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
 
     /// Hands the operation to its family's method (see the module docs).
     async fn dispatch(&mut self, id: u64, op: &ArchivedOp, payload: u64) -> Next {
+        self.settle(op).await;
         let now = self.s.now();
         match op {
             ArchivedOp::Hello {
@@ -578,6 +579,32 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 self.cancel(id, ns.to_native(), keys, reason.as_str(), now)
                     .await
             }
+            ArchivedOp::Move { ns, keys, view } => {
+                self.move_keys(id, ns.to_native(), keys, view).await
+            }
+        }
+    }
+
+    /// Before a client's read routed by a view: the pinned objects of keys this node took over
+    /// while the cluster settles may still be on their way here, and are asked for first
+    /// ([`crate::settle`]). A cluster peer's reads (a mover asking what this node lacks) are
+    /// served as they are.
+    async fn settle(&mut self, op: &ArchivedOp) {
+        if self.peer || self.stamp == 0 || !self.s.cluster.settling() {
+            return;
+        }
+        let (ns, keys): (u32, Vec<&[u8]>) = match op {
+            ArchivedOp::Get { ns, key } => (ns.to_native(), vec![key.as_slice()]),
+            ArchivedOp::BatchGet { ns, keys, .. }
+            | ArchivedOp::Exists { ns, keys }
+            | ArchivedOp::Lookup { ns, keys, .. } => {
+                (ns.to_native(), keys.iter().map(|k| k.as_slice()).collect())
+            }
+            _ => return,
+        };
+        // A batch over the limit is refused as it is.
+        if keys.len() <= self.s.limits.max_batch as usize {
+            self.s.settle_misses(ns, &keys, self.stamp).await;
         }
     }
 
@@ -847,6 +874,7 @@ fn op_kind(op: &ArchivedOp) -> OpKind {
         | ArchivedOp::ClusterAuth { .. }
         | ArchivedOp::Gossip { .. }
         | ArchivedOp::Heartbeat { .. }
+        | ArchivedOp::Move { .. }
         | ArchivedOp::Drain => OpKind::Admin,
     }
 }
@@ -864,6 +892,7 @@ fn changes_namespace(op: &ArchivedOp) -> bool {
             | ArchivedOp::Expire { .. }
             | ArchivedOp::Fail { .. }
             | ArchivedOp::Cancel { .. }
+            | ArchivedOp::Move { .. }
     )
 }
 
@@ -888,6 +917,7 @@ fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Cancel { ns, .. }
         | ArchivedOp::Expire { ns, .. }
         | ArchivedOp::Vouch { ns, .. }
+        | ArchivedOp::Move { ns, .. }
         | ArchivedOp::Release { ns, .. }
         | ArchivedOp::Pin { ns, .. } => Some(ns.to_native()),
         _ => None,
