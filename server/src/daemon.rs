@@ -485,7 +485,15 @@ fn shared(
         bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
         auth_failures: crate::auth_limit::AuthFailures::new(
             config.limits.auth_failures,
-            std::time::Duration::from_millis(config.limits.auth_failure_refill_ms),
+            Duration::from_millis(config.limits.auth_failure_refill_ms),
+            config.limits.auth_failures_per_second,
+        ),
+        // No per-address allowance: nodes often share an address (containers behind one,
+        // nodes on one host), and a wrong node's heartbeats must not lock out the right ones.
+        cluster_auth_failures: crate::auth_limit::AuthFailures::new(
+            0,
+            Duration::from_millis(config.limits.auth_failure_refill_ms),
+            config.limits.cluster_auth_failures_per_second,
         ),
         tokens: crate::admission::TokenCounts::new(
             config.limits.max_connections_per_token as usize,

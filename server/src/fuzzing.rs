@@ -95,7 +95,8 @@ impl Harness {
             watches: Arc::new(crate::watch::Watches::new(1000)),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             // Off: every input starts from the same state.
-            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
+            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
             tokens: crate::admission::TokenCounts::new(0),
             stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
         };

@@ -12,6 +12,7 @@
 //! - `service`: what every connection shares (`Shared`) and the data operations apart from any
 //!   wire protocol (authenticate a token, put, get, exists, remove), for every front door;
 //! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
+//! - `auth_limit`: failed authentications, throttled per address and across the node;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never

@@ -284,6 +284,8 @@ struct Daemon {
     resp_input_refusals: Counter,
     auth_failures: Counter,
     auth_throttled: Counter,
+    cluster_auth_failures: Counter,
+    cluster_auth_throttled: Counter,
     /// Requests and connections refused by a limit, by limit.
     limit_refusals: [Counter; LIMITS.len()],
     bytes_in: Counter,
@@ -385,6 +387,17 @@ impl Metrics {
     /// A peer's authentication refused unchecked: it failed too often.
     pub fn auth_throttled(&self) {
         self.daemon.auth_throttled.inc();
+    }
+
+    /// A peer presented a wrong proof of the cluster secret.
+    pub fn cluster_auth_failed(&self) {
+        self.daemon.cluster_auth_failures.inc();
+    }
+
+    /// A peer's proof of the cluster secret refused unchecked: the node's budget of failed
+    /// proofs was spent and the peer had failed recently.
+    pub fn cluster_auth_throttled(&self) {
+        self.daemon.cluster_auth_throttled.inc();
     }
 
     /// The gauge of the bytes of staging areas handed out, for the areas' registry to keep.
@@ -863,10 +876,26 @@ impl Scrape {
         single(
             e,
             "kvpool_auth_throttled",
-            "Authentications refused unchecked: the peer address failed too often ([limits] auth_failures).",
+            "Authentications refused unchecked: the peer address failed too often ([limits] auth_failures), or failed recently while the node's budget was spent (auth_failures_per_second).",
             None,
             counter_t,
             &d.auth_throttled,
+        )?;
+        single(
+            e,
+            "kvpool_cluster_auth_failures",
+            "Wrong proofs of the cluster secret presented (ClusterAuth).",
+            None,
+            counter_t,
+            &d.cluster_auth_failures,
+        )?;
+        single(
+            e,
+            "kvpool_cluster_auth_throttled",
+            "Proofs of the cluster secret refused unchecked: the peer address failed recently while the node's budget was spent ([limits] cluster_auth_failures_per_second).",
+            None,
+            counter_t,
+            &d.cluster_auth_throttled,
         )?;
         single(
             e,
