@@ -1,6 +1,7 @@
-//! A hostile peer must not starve honest clients of a node: a flood of guessed tokens or
-//! cluster proofs is checked within a node-wide budget while a client that has not failed is
-//! still admitted. Real `kvpoold` processes over real sockets on loopback (127.0.0.0/8 is all
+//! A hostile peer must not starve honest clients of a node: connections that never
+//! authenticate give way to new ones when connection slots or descriptors run short, and a
+//! flood of guessed tokens or cluster proofs is checked within a node-wide budget while a client
+//! that has not failed is still admitted. Real `kvpoold` processes over real sockets on loopback (127.0.0.0/8 is all
 //! local, so a test plays many peers); every wait is bounded.
 #![cfg(not(loom))]
 
@@ -9,9 +10,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{metric, Node};
+use common::{metric, value, Node};
 use kvpool::protocol::auth::ClusterSecret;
-use kvpool::protocol::{ErrorCode, Op, Reply, PROTOCOL_VERSION};
+use kvpool::protocol::{ErrorCode, HelloInfo, Op, Reply, PROTOCOL_VERSION};
+use kvpool_client::{Client, ClientConfig, SameHost};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Writes `toml` into a config file for a node and returns its path.
@@ -30,9 +32,131 @@ async fn connect_from(from: &str, to: &str) -> std::io::Result<TcpStream> {
     sock.connect(to.parse().unwrap()).await
 }
 
+/// `count` connections to `to`, spread over the loopback addresses 127.0.0.2 to 127.0.0.6
+/// (each within the default `max_connections_per_peer`), that send nothing.
+async fn idle_connections(to: &str, count: usize) -> Vec<TcpStream> {
+    let mut conns = Vec::with_capacity(count);
+    for i in 0..count {
+        let from = format!("127.0.0.{}", 2 + i % 5);
+        if let Ok(s) = connect_from(&from, to).await {
+            conns.push(s);
+        }
+    }
+    conns
+}
+
+/// The time an honest client takes to connect (its `Hello` included) and store a value,
+/// failing the test when it is not served within `within`.
+async fn honest_put(n: &Node, within: Duration) -> Duration {
+    let config = ClientConfig {
+        same_host: SameHost::Off,
+        timeout: within,
+        ..ClientConfig::default()
+    };
+    let start = Instant::now();
+    let served = async {
+        let c = Client::connect(&n.tcp_url(), config).await?;
+        c.put(b"honest", &value(7, 4096)).await?;
+        Ok::<_, kvpool_client::ClientError>(())
+    };
+    match tokio::time::timeout(within, served).await {
+        Ok(Ok(())) => start.elapsed(),
+        Ok(Err(e)) => panic!("the honest client failed after {:?}: {e}", start.elapsed()),
+        Err(_) => panic!("the honest client was not served within {within:?}"),
+    }
+}
+
+/// The best of three honest puts: the latency of a node that is not busy otherwise.
+async fn honest_best_of_three(n: &Node, within: Duration) -> Duration {
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        best = best.min(honest_put(n, within).await);
+    }
+    best
+}
+
+/// A raw connection that has said `Hello` (no token); the node's handshake reply.
+async fn greeted(to: &str) -> (TcpStream, HelloInfo) {
+    let mut s = TcpStream::connect(to).await.unwrap();
+    let op = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: String::new(),
+        client: "admission".into(),
+    };
+    common::raw::send(&mut s, 1, op, &[]).await;
+    match common::raw::recv(&mut s).await.map(|r| r.reply) {
+        Some(Reply::Hello(h)) => (s, h),
+        other => panic!("handshake answered {other:?}"),
+    }
+}
+
 /// `name` on the node's metrics page (0 when absent).
 fn counter(n: &Node, name: &str) -> u64 {
     metric(&n.scrape(), name).unwrap_or(0)
+}
+
+/// 1 100 idle TCP connections from five addresses hold more than the node's 1 024 connection
+/// slots. The oldest of those that never said `Hello` are closed to admit new connections, so
+/// an honest client is served at once, long before the handshake timeout (60 s here) would
+/// have reaped them; connections that did authenticate are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_give_way_to_an_honest_client() {
+    let handshake = Duration::from_secs(60);
+    let cfg = config_file("[limits]\nhandshake_timeout_ms = 60000\n");
+    let n = Node::start("64MiB", &["-c", &cfg]);
+    let idle_node = honest_best_of_three(&n, handshake / 2).await;
+
+    let mut authenticated = Vec::new();
+    for _ in 0..8 {
+        authenticated.push(greeted(&n.tcp).await.0);
+    }
+    let idle = idle_connections(&n.tcp, 1100).await;
+    assert_eq!(idle.len(), 1100, "the kernel queued every connection");
+    // Served while every slot is taken, well before the handshake timeout frees any.
+    let flooded = honest_best_of_three(&n, handshake / 2).await;
+    println!(
+        "connect + Hello + put: {idle_node:?} on an idle node, {flooded:?} with 1100 idle \
+         connections open"
+    );
+    let reaped = counter(
+        &n,
+        "kvpool_connections_reaped_total{cause=\"max_connections\"}",
+    );
+    // Every connection past the 1 024 slots, and the first honest one after them (the others
+    // may take the slot a finished one gave back).
+    assert!(
+        reaped > 1100 + 8 - 1024,
+        "{reaped} unauthenticated connections reaped"
+    );
+    for (i, s) in authenticated.iter_mut().enumerate() {
+        common::raw::send(s, 2, Op::View, &[]).await;
+        let r = common::raw::recv(s).await;
+        assert!(
+            matches!(r.as_ref().map(|r| &r.reply), Some(Reply::View(_))),
+            "authenticated connection {i} was closed: {r:?}"
+        );
+    }
+    drop(idle);
+}
+
+/// The same when the node runs out of descriptors before it runs out of connection slots
+/// (open-file limit 128, no descriptors kept in reserve): an accept that fails for lack of
+/// descriptors closes the oldest unauthenticated connection and tries again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_give_way_when_descriptors_run_out() {
+    let handshake = Duration::from_secs(60);
+    let cfg = config_file("[limits]\nhandshake_timeout_ms = 60000\n[listen]\nreserve_fds = 0\n");
+    let (n, _log) = Node::start_logged(&["prlimit", "--nofile=128:128"], "64MiB", &["-c", &cfg]);
+    let idle_node = honest_best_of_three(&n, handshake / 2).await;
+    let idle = idle_connections(&n.tcp, 160).await;
+    let flooded = honest_best_of_three(&n, handshake / 2).await;
+    println!(
+        "connect + Hello + put: {idle_node:?} on an idle node, {flooded:?} with 160 idle \
+         connections and no descriptors left"
+    );
+    let reaped = counter(&n, "kvpool_connections_reaped_total{cause=\"descriptors\"}");
+    assert!(reaped > 0, "no connection reaped for a descriptor");
+    drop(idle);
 }
 
 /// What the node answered one `Hello` with `token` from `from`.

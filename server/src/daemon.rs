@@ -107,6 +107,7 @@ impl Daemon {
             shutdown: shutdown.clone(),
             done: done_tx,
             peers: PeerCounts::new(config.listen.max_connections_per_peer),
+            reaper: crate::reaper::Reaper::new(),
         };
         let mut tasks = serve(sockets, ctx, &config, metrics);
         let timing = Timing {

@@ -118,7 +118,12 @@ impl Harness {
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
         let serve = crate::handler::serve(
             self.shared.clone(),
-            (Transport::Tcp, None, None),
+            crate::handler::Accepted {
+                transport: Transport::Tcp,
+                peer: None,
+                fd: None,
+                admit: None,
+            },
             input,
             out.clone(),
             shutdown,

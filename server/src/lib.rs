@@ -11,7 +11,9 @@
 //!   `data`, `one_sided`, `prefix`, `cluster`);
 //! - `service`: what every connection shares (`Shared`) and the data operations apart from any
 //!   wire protocol (authenticate a token, put, get, exists, remove), for every front door;
-//! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
+//! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff, and
+//!   `reaper`'s closing of the oldest unauthenticated connection when slots or descriptors run
+//!   short;
 //! - `auth_limit`: failed authentications, throttled per address and across the node;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
@@ -41,6 +43,7 @@ mod http;
 mod listeners;
 pub mod metrics;
 mod peer;
+mod reaper;
 mod resp;
 pub mod secret;
 mod service;

@@ -271,6 +271,21 @@ const LIMITS: [(Limit, &str); 7] = [
     (Limit::KeyLength, "key_length"),
 ];
 
+/// Why an unauthenticated connection was closed to admit a new one, as labelled on
+/// `kvpool_connections_reaped`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReapCause {
+    /// The node was at `listen.max_connections`.
+    MaxConnections,
+    /// An accept failed for lack of descriptors (`EMFILE`, `ENFILE`).
+    Descriptors,
+}
+
+const REAP_CAUSES: [(ReapCause, &str); 2] = [
+    (ReapCause::MaxConnections, "max_connections"),
+    (ReapCause::Descriptors, "descriptors"),
+];
+
 /// The daemon's own series: every one a lock-free atomic, indexed by its labels.
 #[derive(Debug, Default)]
 struct Daemon {
@@ -286,6 +301,8 @@ struct Daemon {
     auth_throttled: Counter,
     cluster_auth_failures: Counter,
     cluster_auth_throttled: Counter,
+    /// Unauthenticated connections closed to admit new ones, by cause.
+    reaped: [Counter; REAP_CAUSES.len()],
     /// Requests and connections refused by a limit, by limit.
     limit_refusals: [Counter; LIMITS.len()],
     bytes_in: Counter,
@@ -398,6 +415,11 @@ impl Metrics {
     /// proofs was spent and the peer had failed recently.
     pub fn cluster_auth_throttled(&self) {
         self.daemon.cluster_auth_throttled.inc();
+    }
+
+    /// An unauthenticated connection closed to admit a new one.
+    pub fn connection_reaped(&self, cause: ReapCause) {
+        self.daemon.reaped[cause as usize].inc();
     }
 
     /// The gauge of the bytes of staging areas handed out, for the areas' registry to keep.
@@ -896,6 +918,14 @@ impl Scrape {
             None,
             counter_t,
             &d.cluster_auth_throttled,
+        )?;
+        family(
+            e,
+            "kvpool_connections_reaped",
+            "Unauthenticated connections closed to admit a new connection, by cause.",
+            None,
+            counter_t,
+            REAP_CAUSES.map(|(c, n)| ([("cause", n)], d.reaped[c as usize].clone())),
         )?;
         single(
             e,

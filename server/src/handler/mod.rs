@@ -58,15 +58,22 @@ pub(crate) const BULK_CHUNK: usize = 1 << 20;
 /// Bytes of a payload received at a time before they are looked at (hashed while in cache).
 const RECEIVE_PIECE: usize = 256 << 10;
 
+/// What the accept loop knows of a connection it hands to [`serve`].
+pub(crate) struct Accepted {
+    pub(crate) transport: Transport,
+    /// The peer's IP address; None over the Unix socket.
+    pub(crate) peer: Option<std::net::IpAddr>,
+    /// The socket under a plain TCP or Unix connection.
+    pub(crate) fd: Option<std::os::fd::RawFd>,
+    /// Tells the reaper that the connection authenticated; None where nothing reaps it.
+    pub(crate) admit: Option<crate::reaper::Admit>,
+}
+
 /// Serves one connection until the peer leaves, the protocol breaks, or shutdown is signalled
 /// while the connection is idle between requests.
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
-    (transport, peer_ip, fd): (
-        Transport,
-        Option<std::net::IpAddr>,
-        Option<std::os::fd::RawFd>,
-    ),
+    accepted: Accepted,
     r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
@@ -74,6 +81,12 @@ pub(crate) async fn serve<R, W>(
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
+    let Accepted {
+        transport,
+        peer: peer_ip,
+        fd,
+        admit,
+    } = accepted;
     shared.metrics.connection_opened(transport);
     let tcp_fd = fd.filter(|_| transport == Transport::Tcp);
     let mut conn = Conn {
@@ -88,6 +101,7 @@ pub(crate) async fn serve<R, W>(
         // A reply the peer stops reading fails the connection, releasing what it referenced.
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
+        admit,
         peer_ip,
         unix_fd: fd.filter(|_| transport == Transport::Unix),
         tcp_fd,
@@ -219,6 +233,8 @@ struct Conn<'a, R, W> {
     w: BufWriter<W>,
     /// The namespaces this connection may use; `None` until its `Hello` is accepted.
     access: Option<Access>,
+    /// Until the `Hello` is accepted: tells the reaper that the connection authenticated.
+    admit: Option<crate::reaper::Admit>,
     /// The peer's address (wrong tokens are counted per address); None over the Unix socket.
     peer_ip: Option<std::net::IpAddr>,
     /// The Unix socket the connection is on (owned by `r` and `w`), for passing descriptors.
