@@ -1,8 +1,10 @@
 //! A hostile peer must not starve honest clients of a node: connections that never
-//! authenticate give way to new ones when connection slots or descriptors run short, and a
-//! flood of guessed tokens or cluster proofs is checked within a node-wide budget while a client
-//! that has not failed is still admitted. Real `kvpoold` processes over real sockets on loopback (127.0.0.0/8 is all
-//! local, so a test plays many peers); every wait is bounded.
+//! authenticate give way to new ones when connection slots or descriptors run short, memory
+//! taken by headers sent before authenticating goes back to the OS once their connections
+//! close, and a flood of guessed tokens or cluster proofs is checked within a node-wide budget
+//! while a client that has not failed is still admitted. Real `kvpoold` processes over real
+//! sockets on loopback (127.0.0.0/8 is all local, so a test plays many peers); every wait is
+//! bounded.
 #![cfg(not(loom))]
 
 mod common;
@@ -12,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::{metric, value, Node};
 use kvpool::protocol::auth::ClusterSecret;
-use kvpool::protocol::{ErrorCode, HelloInfo, Op, Reply, PROTOCOL_VERSION};
+use kvpool::protocol::{ErrorCode, FramePrefix, HelloInfo, Op, Reply, PROTOCOL_VERSION};
 use kvpool_client::{Client, ClientConfig, SameHost};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Writes `toml` into a config file for a node and returns its path.
@@ -157,6 +160,65 @@ async fn idle_connections_give_way_when_descriptors_run_out() {
     let reaped = counter(&n, "kvpool_connections_reaped_total{cause=\"descriptors\"}");
     assert!(reaped > 0, "no connection reaped for a descriptor");
     drop(idle);
+}
+
+/// 1 000 connections that never authenticate, each announcing a 64 KiB header (the most
+/// allowed before `Hello`) and sending 16 bytes of it, then closing: once they are gone the
+/// node's resident memory comes back to what it was before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_of_unauthenticated_headers_goes_back_after_they_close() {
+    let n = Node::start("16MiB", &[]);
+    // Warm the node up (a client, a put, a scrape), so that what it allocates once is counted.
+    honest_put(&n, Duration::from_secs(10)).await;
+    counter(&n, "kvpool_connections");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = n.rss();
+
+    let mut conns = idle_connections(&n.tcp, 1000).await;
+    assert_eq!(conns.len(), 1000);
+    let prefix = FramePrefix {
+        header_len: 64 << 10,
+        payload_len: 0,
+    };
+    for s in &mut conns {
+        s.write_all(&prefix.encode()).await.unwrap();
+        s.write_all(&[0x5a; 16]).await.unwrap();
+    }
+    // Until the node has read them all: it answers nothing while a header is incomplete.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let held = n.rss();
+    drop(conns);
+
+    // Freed memory goes back within a few seconds (the release is rate-limited); wait for it,
+    // bounded.
+    //
+    // The margin, 8 MiB, from measurement (2 cores, debug build): with 64 KiB header buffers
+    // and nothing given back, RSS grew 98 MiB while the connections were open and stayed
+    // 35 MiB above its baseline after they closed; with the small buffers before `Hello`
+    // alone, 27 MiB and 18.6 MiB; with freed memory given back too, it settles 0.3 MiB above.
+    // 8 MiB leaves room for the allocator's bookkeeping and the node's maps grown once, and is
+    // well below what either fix alone leaves.
+    let margin = 8u64 << 20;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut after = n.rss();
+    while after > before + margin && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = n.rss();
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "RSS: {:.1} MiB before, {:.1} MiB with 1000 unauthenticated 64 KiB headers, {:.1} MiB \
+         after they closed",
+        mib(before),
+        mib(held),
+        mib(after)
+    );
+    assert!(
+        after <= before + margin,
+        "RSS stayed {:.1} MiB above its baseline after the connections closed",
+        mib(after.saturating_sub(before))
+    );
+    honest_put(&n, Duration::from_secs(10)).await;
 }
 
 /// What the node answered one `Hello` with `token` from `from`.

@@ -496,6 +496,7 @@ fn shared(
             Duration::from_millis(config.limits.auth_failure_refill_ms),
             config.limits.cluster_auth_failures_per_second,
         ),
+        trim: Default::default(),
         tokens: crate::admission::TokenCounts::new(
             config.limits.max_connections_per_token as usize,
         ),
@@ -570,6 +571,10 @@ fn serve(
     if let (Some(l), Some(addr)) = (sockets.resp, sockets.bound.resp) {
         tasks.extend(serve_resp(l, addr, &ctx, config));
     }
+    tasks.push(tokio::spawn(crate::trim::run(
+        ctx.shared.trim.clone(),
+        ctx.shutdown.clone(),
+    )));
     let mut stop_rx = ctx.shutdown.clone();
     let pool = ctx.shared.pool.clone();
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));

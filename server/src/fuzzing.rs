@@ -97,6 +97,7 @@ impl Harness {
             // Off: every input starts from the same state.
             auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
             cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            trim: Default::default(),
             tokens: crate::admission::TokenCounts::new(0),
             stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
         };

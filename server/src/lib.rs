@@ -15,6 +15,7 @@
 //!   `reaper`'s closing of the oldest unauthenticated connection when slots or descriptors run
 //!   short;
 //! - `auth_limit`: failed authentications, throttled per address and across the node;
+//! - `trim`: heap memory freed by closed connections given back to the OS;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
@@ -49,6 +50,7 @@ pub mod secret;
 mod service;
 mod staging;
 pub mod tls;
+mod trim;
 mod watch;
 mod written;
 

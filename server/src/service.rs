@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     /// Wrong proofs of the cluster secret, across the node
     /// (`[limits] cluster_auth_failures_per_second`).
     pub(crate) cluster_auth_failures: crate::auth_limit::AuthFailures,
+    /// Heap buffers released by closed connections, given back to the OS in batches.
+    pub(crate) trim: Arc<crate::trim::Trim>,
     /// Authenticated connections per token (`[limits] max_connections_per_token`).
     pub(crate) tokens: Arc<crate::admission::TokenCounts>,
     /// The staging areas of same-host writers of read-only segments.
@@ -720,6 +722,7 @@ mod tests {
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60), 0),
             cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            trim: Default::default(),
             tokens: crate::admission::TokenCounts::new(2),
             stagings: crate::staging::Stagings::new(1 << 20, 4 << 20, Default::default()),
         }

@@ -48,6 +48,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return Ok(false);
             }
         }
+        // Authenticated connections read through a full-size buffer.
+        self.r.set_capacity(super::IO_BUFFER);
         tracing::debug!(
             client = client.as_str(),
             transport = self.transport.name(),

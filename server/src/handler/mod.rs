@@ -48,7 +48,12 @@ use crate::deadline::{within, ReadStall, StallLimit};
 use crate::metrics::{OpKind, Transport};
 use crate::service::{Access, Routing, Shared};
 
+/// The read and write buffers of an authenticated connection.
 const IO_BUFFER: usize = 64 << 10;
+
+/// The read buffer until the `Hello` is accepted: room for a `Hello` frame, so that
+/// connections that never authenticate hold little (a larger `Hello` is read past it).
+const HELLO_BUFFER: usize = 4 << 10;
 
 /// Bytes of a large payload sent or received between two yields to the runtime (see
 /// [`Conn::reply`] and the put path): the most a latency request waits behind a bulk transfer
@@ -93,9 +98,9 @@ pub(crate) async fn serve<R, W>(
         s: &shared,
         transport,
         // A request that stops arriving half-way fails the connection (idling between
-        // requests is the idle policy's).
+        // requests is the idle policy's). Small until the Hello is accepted.
         r: FrameReader::with_capacity(
-            IO_BUFFER,
+            HELLO_BUFFER,
             ReadStall::new(r, shared.conn.read).on_socket(tcp_fd),
         ),
         // A reply the peer stops reading fails the connection, releasing what it referenced.
@@ -223,6 +228,7 @@ pub(crate) async fn serve<R, W>(
         }
     }
     let _ = conn.w.shutdown().await;
+    shared.trim.released(conn.buffers() + hdr.capacity() as u64);
     shared.metrics.connection_closed(transport);
 }
 
@@ -327,6 +333,14 @@ impl Drop for Holds<'_> {
 
 /// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
 type Next = io::Result<bool>;
+
+impl<R, W> Conn<'_, R, W> {
+    /// Bytes of heap buffers this connection holds (released when it closes).
+    fn buffers(&self) -> u64 {
+        let held = self.r.capacity() + IO_BUFFER + self.read_buf.capacity();
+        held as u64
+    }
+}
 
 impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, W> {
     async fn request(&mut self, hdr: &[u8], payload: u64) -> Next {

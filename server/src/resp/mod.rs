@@ -206,6 +206,9 @@ pub(crate) async fn serve<R, W>(
             Ok(_) => {}
         }
     }
+    shared
+        .trim
+        .released((input.buf.capacity() + conn.out.capacity()) as u64);
     // The buffer's charge goes back before the peer can see the close, so that a client that
     // saw this connection end finds its room free (a refused one's charge, above all).
     drop(input);
