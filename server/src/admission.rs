@@ -161,6 +161,20 @@ impl AcceptErrors {
 
     /// An accept failed with `e`: logs (rate-limited) and returns how long to pause.
     pub(crate) fn failed(&mut self, e: &io::Error, listener: &str, now: Instant) -> Duration {
+        self.log(e, listener, now);
+        let pause = self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        pause
+    }
+
+    /// An accept failed with `e` (out of descriptors) and a connection was closed to make
+    /// room: logged (rate-limited) like any failure, but the next accept is not held back.
+    pub(crate) fn made_room(&mut self, e: &io::Error, listener: &str, now: Instant) {
+        self.log(e, listener, now);
+        self.backoff = BACKOFF_MIN;
+    }
+
+    fn log(&mut self, e: &io::Error, listener: &str, now: Instant) {
         if let Some(suppressed) = self.log.allow(now) {
             tracing::warn!(
                 error = %e,
@@ -168,9 +182,6 @@ impl AcceptErrors {
                 "accept failed ({suppressed} more since the last report)"
             );
         }
-        let pause = self.backoff;
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-        pause
     }
 }
 

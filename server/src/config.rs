@@ -316,6 +316,15 @@ pub struct LimitsConfig {
     pub auth_failures: u32,
     /// See `auth_failures`, ms. Default 1 000.
     pub auth_failure_refill_ms: u64,
+    /// Wrong tokens (every door, every address together) the node checks per second, a
+    /// second's worth in a burst. While they are spent, an attempt from an address with a
+    /// failure not yet paid back (`auth_failure_refill_ms` per failure) is refused unchecked;
+    /// one from an address with none is checked. 0: no such budget. Default 100 (flag
+    /// `--auth-failures-per-second`).
+    pub auth_failures_per_second: u32,
+    /// The same budget for wrong proofs of the cluster secret (`ClusterAuth`), which have no
+    /// per-address allowance. 0: none. Default 20 (flag `--cluster-auth-failures-per-second`).
+    pub cluster_auth_failures_per_second: u32,
 }
 
 /// `[auth]`.
@@ -535,6 +544,8 @@ impl Default for LimitsConfig {
             bulk_hold_ms: 2,
             auth_failures: 10,
             auth_failure_refill_ms: 1_000,
+            auth_failures_per_second: 100,
+            cluster_auth_failures_per_second: 20,
         }
     }
 }
@@ -1189,6 +1200,18 @@ mod tests {
         assert_eq!(c.listen.max_connections_per_peer, 256);
         assert_eq!(c.listen.reserve_fds, 64);
         assert_eq!(c.listen.metrics_namespaces, NamespaceMetrics::Off);
+        assert_eq!(
+            (c.limits.auth_failures, c.limits.auth_failure_refill_ms),
+            (10, 1_000)
+        );
+        assert_eq!(c.limits.auth_failures_per_second, 100);
+        assert_eq!(c.limits.cluster_auth_failures_per_second, 20);
+        let budgets = Config::from_toml(
+            "[limits]\nauth_failures_per_second = 5\ncluster_auth_failures_per_second = 0",
+        )
+        .unwrap();
+        assert_eq!(budgets.limits.auth_failures_per_second, 5);
+        assert_eq!(budgets.limits.cluster_auth_failures_per_second, 0);
         let h = c.hello_limits().unwrap();
         assert_eq!((h.max_header, h.max_payload), (64 << 10, 0));
         let open = Config::from_toml("[listen]\nmetrics_namespaces = \"token\"").unwrap();

@@ -111,6 +111,7 @@ impl Daemon {
             shutdown: shutdown.clone(),
             done: done_tx,
             peers: PeerCounts::new(config.listen.max_connections_per_peer),
+            reaper: crate::reaper::Reaper::new(),
         };
         let mut tasks = serve(sockets, ctx, &config, metrics);
         let timing = Timing {
@@ -444,6 +445,7 @@ fn shared(
         .map(|ns| pool.namespace_capacity(ns).unwrap_or(0))
         .collect();
     let ledger = crate::ledger::Ledger::new(&bounds, &capacities);
+    let trim: Arc<crate::trim::Trim> = Default::default();
     let replication = config
         .replication(&namespaces)
         .iter()
@@ -490,6 +492,7 @@ fn shared(
             let w = Arc::new(crate::watch::Watches::new(
                 config.limits.tombstone_ms,
                 ledger.clone(),
+                trim.clone(),
             ));
             pool.observe(w.clone());
             w
@@ -497,8 +500,17 @@ fn shared(
         bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
         auth_failures: crate::auth_limit::AuthFailures::new(
             config.limits.auth_failures,
-            std::time::Duration::from_millis(config.limits.auth_failure_refill_ms),
+            Duration::from_millis(config.limits.auth_failure_refill_ms),
+            config.limits.auth_failures_per_second,
         ),
+        // No per-address allowance: nodes often share an address (containers behind one,
+        // nodes on one host), and a wrong node's heartbeats must not lock out the right ones.
+        cluster_auth_failures: crate::auth_limit::AuthFailures::new(
+            0,
+            Duration::from_millis(config.limits.auth_failure_refill_ms),
+            config.limits.cluster_auth_failures_per_second,
+        ),
+        trim,
         tokens: crate::admission::TokenCounts::new(
             config.limits.max_connections_per_token as usize,
         ),
@@ -571,6 +583,10 @@ fn serve(
     if let (Some(l), Some(addr)) = (sockets.resp, sockets.bound.resp) {
         tasks.extend(serve_resp(l, addr, &ctx, config));
     }
+    tasks.push(tokio::spawn(crate::trim::run(
+        ctx.shared.trim.clone(),
+        ctx.shutdown.clone(),
+    )));
     let mut stop_rx = ctx.shutdown.clone();
     let observed = (ctx.shared.pool.clone(), ctx.shared.ledger.clone());
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));

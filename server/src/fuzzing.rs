@@ -93,10 +93,16 @@ impl Harness {
                 write: Duration::from_secs(30),
                 read: Duration::from_secs(30),
             },
-            watches: Arc::new(crate::watch::Watches::new(1000, ledger.clone())),
+            watches: Arc::new(crate::watch::Watches::new(
+                1000,
+                ledger.clone(),
+                Default::default(),
+            )),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             // Off: every input starts from the same state.
-            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO),
+            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            trim: Default::default(),
             tokens: crate::admission::TokenCounts::new(0),
             stagings: crate::staging::Stagings::new(
                 (1 << 20, 4 << 20),
@@ -123,7 +129,12 @@ impl Harness {
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
         let serve = crate::handler::serve(
             self.shared.clone(),
-            (Transport::Tcp, None, None),
+            crate::handler::Accepted {
+                transport: Transport::Tcp,
+                peer: None,
+                fd: None,
+                admit: None,
+            },
             input,
             out.clone(),
             shutdown,

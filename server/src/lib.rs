@@ -14,7 +14,11 @@
 //! - `ledger`: everything a peer can make the node hold (pending allocations, holds, watches,
 //!   leases, tombstones, staging areas), counted per connection and per namespace against
 //!   `[limits]`, and released when its connection closes;
-//! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff;
+//! - `listeners`: the accept loops, with `admission`'s fd limit, per-peer cap and backoff, and
+//!   `reaper`'s closing of the oldest unauthenticated connection when slots or descriptors run
+//!   short;
+//! - `auth_limit`: failed authentications, throttled per address and across the node;
+//! - `trim`: heap memory freed by closed connections given back to the OS;
 //! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
 //! - `settle`: reads while the cluster settles, asking the nodes that held a key this node took
@@ -46,6 +50,7 @@ mod ledger;
 mod listeners;
 pub mod metrics;
 mod peer;
+mod reaper;
 mod resp;
 pub mod secret;
 mod service;

@@ -1,9 +1,13 @@
 //! Accept loops, one per transport, in the mini-redis shape: a semaphore bounds concurrent
-//! connections (accepting waits when it is exhausted), each connection gets its own task, and
-//! every task holds a clone of `done` so shutdown can wait for all of them to drain. A peer
-//! address over its connection cap (TCP connections and QUIC streams alike) is closed or reset
-//! at once; a failed accept (out of descriptors)
-//! pauses the loop, longer while failures continue, and is logged at a bounded rate.
+//! connections, each connection gets its own task, and every task holds a clone of `done` so
+//! shutdown can wait for all of them to drain. A peer address over its connection cap (TCP
+//! connections and QUIC streams alike) is closed or reset at once.
+//!
+//! A connection accepted while every slot is taken, or an accept that fails for lack of
+//! descriptors, reaps the oldest connection that has not authenticated ([`crate::reaper`]) and
+//! takes its place; only when every connection has authenticated does accepting wait for a
+//! slot. Other failed accepts pause the loop, longer while failures continue, and are logged
+//! at a bounded rate.
 
 use std::future::Future;
 use std::io;
@@ -16,8 +20,9 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::admission::{AcceptErrors, LogLimiter, PeerCounts, LOG_EVERY};
-use crate::handler::serve;
-use crate::metrics::{Limit, Transport};
+use crate::handler::{serve, Accepted};
+use crate::metrics::{Limit, ReapCause, Transport};
+use crate::reaper::{Reaper, Waiting};
 use crate::service::Shared;
 
 /// What every accept loop needs.
@@ -29,6 +34,8 @@ pub(crate) struct Ctx {
     pub(crate) done: mpsc::Sender<()>,
     /// Open connections (and QUIC streams) per peer address.
     pub(crate) peers: Arc<PeerCounts>,
+    /// The connections (and QUIC streams) that have not authenticated, oldest first.
+    pub(crate) reaper: Arc<Reaper>,
 }
 
 pub(crate) async fn tcp(listener: TcpListener, ctx: Ctx) {
@@ -144,7 +151,7 @@ impl Accept for UnixListener {
 
 /// Accepts connections until shutdown, each served by its own task: by the native handler, or
 /// by the RESP front door when `door` is given.
-async fn accept_loop<L: Accept>(
+async fn accept_loop<L: Accept + 'static>(
     mut ctx: Ctx,
     transport: Transport,
     listener: L,
@@ -153,9 +160,6 @@ async fn accept_loop<L: Accept>(
     let mut errors = AcceptErrors::default();
     let mut refusals = LogLimiter::new(LOG_EVERY);
     loop {
-        let Some(permit) = permit(&mut ctx).await else {
-            return;
-        };
         let accepted = tokio::select! {
             r = listener.accept_opening() => r,
             _ = ctx.shutdown.wait_for(|s| *s) => return,
@@ -166,11 +170,10 @@ async fn accept_loop<L: Accept>(
                 accepted
             }
             Err(e) => {
-                let pause = errors.failed(&e, transport.name(), Instant::now());
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = ctx.shutdown.wait_for(|s| *s) => return,
+                if !accept_failed(&mut ctx, &mut errors, &e, transport).await {
+                    return;
                 }
+                continue;
             }
         };
         let slot = match peer.map(|ip| (ip, ctx.peers.enter(ip))) {
@@ -188,23 +191,118 @@ async fn accept_loop<L: Accept>(
                 continue; // dropping the halves closes the connection
             }
         };
-        let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
-        let door = door.clone();
-        tokio::spawn(async move {
-            match open.await {
-                Ok((r, w)) => match door {
-                    Some(door) => crate::resp::serve(shared, door, peer, r, w, stop).await,
-                    None => {
-                        let fd = L::socket_fd(&r);
-                        serve(shared, (transport, peer, fd), r, w, stop).await
-                    }
-                },
-                Err(e) => tracing::debug!(error = %e, ?peer, "a connection failed to open"),
-            }
-            drop((permit, done, slot));
-        });
+        let Some(permit) = permit(&mut ctx).await else {
+            return;
+        };
+        let held = Held {
+            permit,
+            waiting: ctx.reaper.enter(),
+            peer: slot,
+            done: ctx.done.clone(),
+        };
+        let (shared, stop, door) = (ctx.shared.clone(), ctx.shutdown.clone(), door.clone());
+        tokio::spawn(open_and_serve::<L>(
+            open,
+            (transport, peer),
+            door,
+            shared,
+            stop,
+            held,
+        ));
     }
 }
+
+/// What a connection's task holds until the connection ends. Fields drop in this order: the
+/// connection slot before the reaper's entry, whose going tells an accept loop waiting on a
+/// reaped connection that its slot is free.
+struct Held {
+    #[expect(
+        dead_code,
+        reason = "held for its drop, which frees the connection slot"
+    )]
+    permit: tokio::sync::OwnedSemaphorePermit,
+    waiting: Waiting,
+    /// Its count under its address (none over the Unix socket).
+    #[expect(dead_code, reason = "held for its drop, which uncounts the connection")]
+    peer: Option<crate::admission::Slot<IpAddr>>,
+    /// Shutdown waits for every task's clone to go.
+    #[expect(dead_code, reason = "held for its drop, which shutdown waits for")]
+    done: mpsc::Sender<()>,
+}
+
+/// Finishes opening an accepted connection (a TLS handshake) and serves it: by the native
+/// handler, or by the RESP front door when `door` is given.
+async fn open_and_serve<L: Accept + 'static>(
+    open: L::Open,
+    (transport, peer): (Transport, Option<IpAddr>),
+    door: Option<Arc<crate::resp::RespShared>>,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    held: Held,
+) {
+    let waiting = &held.waiting;
+    // The opening is unauthenticated too: reaping ends it.
+    let opened = tokio::select! {
+        o = open => o,
+        () = waiting.reaped() => Err(io::ErrorKind::ConnectionAborted.into()),
+    };
+    let (r, w) = match opened {
+        Ok(halves) => halves,
+        Err(e) => return tracing::debug!(error = %e, ?peer, "a connection failed to open"),
+    };
+    let fd = L::socket_fd(&r);
+    let (r, admit) = (waiting.reader(r), Some(waiting.admit()));
+    match door {
+        Some(door) => crate::resp::serve(shared, door, (peer, admit), r, w, stop).await,
+        None => {
+            let conn = Accepted {
+                transport,
+                peer,
+                fd,
+                admit,
+            };
+            serve(shared, conn, r, w, stop).await
+        }
+    }
+}
+
+/// After a failed accept: when it failed for lack of descriptors and a connection that has not
+/// authenticated can be reaped, waits until it has closed (its descriptor is free); otherwise
+/// pauses (longer while failures continue). Either way the failure is logged at a bounded rate.
+/// False on shutdown.
+async fn accept_failed(
+    ctx: &mut Ctx,
+    errors: &mut AcceptErrors,
+    e: &io::Error,
+    transport: Transport,
+) -> bool {
+    let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+    let reaped = out_of_fds.then(|| ctx.reaper.reap_oldest()).flatten();
+    let pause = match &reaped {
+        Some(_) => {
+            ctx.shared.metrics.connection_reaped(ReapCause::Descriptors);
+            errors.made_room(e, transport.name(), Instant::now());
+            // A reaped connection ends at its task's next turn; never wait on it for long.
+            REAP_WAIT
+        }
+        None => errors.failed(e, transport.name(), Instant::now()),
+    };
+    let wait = async move {
+        match reaped {
+            Some(reaped) => {
+                let _ = tokio::time::timeout(pause, reaped.closed()).await;
+            }
+            None => tokio::time::sleep(pause).await,
+        }
+    };
+    tokio::select! {
+        () = wait => true,
+        _ = ctx.shutdown.wait_for(|s| *s) => false,
+    }
+}
+
+/// The longest an accept loop waits for a connection it reaped to close.
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The application error code a QUIC stream over the per-peer cap is reset and stopped with.
 const STREAM_REFUSED: quinn::VarInt = quinn::VarInt::from_u32(1);
@@ -236,9 +334,6 @@ async fn quic_streams(conn: quinn::Connection, mut ctx: Ctx) {
     let ip = conn.remote_address().ip();
     let mut refusals = LogLimiter::new(LOG_EVERY);
     loop {
-        let Some(permit) = permit(&mut ctx).await else {
-            return;
-        };
         let stream = tokio::select! {
             s = conn.accept_bi() => s,
             _ = ctx.shutdown.wait_for(|s| *s) => return,
@@ -262,17 +357,55 @@ async fn quic_streams(conn: quinn::Connection, mut ctx: Ctx) {
             let _ = recv.stop(STREAM_REFUSED);
             continue;
         };
-        let (shared, stop, done) = (ctx.shared.clone(), ctx.shutdown.clone(), ctx.done.clone());
+        let Some(permit) = permit(&mut ctx).await else {
+            return;
+        };
+        let held = Held {
+            permit,
+            waiting: ctx.reaper.enter(),
+            peer: Some(slot),
+            done: ctx.done.clone(),
+        };
+        let (shared, stop) = (ctx.shared.clone(), ctx.shutdown.clone());
         tokio::spawn(async move {
-            serve(shared, (Transport::Quic, Some(ip), None), recv, send, stop).await;
-            drop((permit, done, slot));
+            let conn = Accepted {
+                transport: Transport::Quic,
+                peer: Some(ip),
+                fd: None,
+                admit: Some(held.waiting.admit()),
+            };
+            serve(shared, conn, held.waiting.reader(recv), send, stop).await;
+            drop(held);
         });
     }
 }
 
+/// A connection slot for a connection just accepted: a free one, or else the one of the oldest
+/// connection that has not authenticated, reaped for it. Only when every connection has
+/// authenticated does it wait for one to close. None on shutdown.
 async fn permit(ctx: &mut Ctx) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    tokio::select! {
-        p = ctx.limit.clone().acquire_owned() => p.ok(),
-        _ = ctx.shutdown.wait_for(|s| *s) => None,
+    loop {
+        if let Ok(p) = ctx.limit.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        let reaped = ctx.reaper.reap_oldest();
+        if reaped.is_some() {
+            ctx.shared
+                .metrics
+                .connection_reaped(ReapCause::MaxConnections);
+        }
+        // Its slot comes back before it is seen closed; if another accept loop took it first,
+        // the next round reaps another.
+        let closed = async {
+            match reaped {
+                Some(r) => r.closed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            p = ctx.limit.clone().acquire_owned() => return p.ok(),
+            () = closed => continue,
+            _ = ctx.shutdown.wait_for(|s| *s) => return None,
+        }
     }
 }

@@ -98,6 +98,13 @@ struct Cli {
     /// the cluster's moves), e.g. 2GiB/s; 0 for none [default: 0].
     #[arg(long, env = "KVPOOL_BULK_RATE")]
     bulk_rate: Option<String>,
+    /// Wrong tokens the node checks per second, every address together; past it, an address
+    /// that failed recently is refused unchecked [default: 100].
+    #[arg(long, env = "KVPOOL_AUTH_FAILURES_PER_SECOND")]
+    auth_failures_per_second: Option<u32>,
+    /// Wrong proofs of the cluster secret the node checks per second [default: 20].
+    #[arg(long, env = "KVPOOL_CLUSTER_AUTH_FAILURES_PER_SECOND")]
+    cluster_auth_failures_per_second: Option<u32>,
     /// Hand unpinned objects to their new owners when a node drains or joins (true or false)
     /// [default: true].
     #[arg(long, env = "KVPOOL_HANDOVER")]
@@ -223,6 +230,12 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.bulk_rate {
         c.limits.bulk_rate = parse_rate(v).context("--bulk-rate")?;
+    }
+    if let Some(v) = cli.auth_failures_per_second {
+        c.limits.auth_failures_per_second = v;
+    }
+    if let Some(v) = cli.cluster_auth_failures_per_second {
+        c.limits.cluster_auth_failures_per_second = v;
     }
     if let Some(v) = cli.handover {
         c.cluster.handover = v;

@@ -244,6 +244,21 @@ impl RespCommand {
 pub(crate) use crate::ledger::Limit;
 use crate::ledger::{Ledger, RESOURCES};
 
+/// Why an unauthenticated connection was closed to admit a new one, as labelled on
+/// `kvpool_connections_reaped`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReapCause {
+    /// The node was at `listen.max_connections`.
+    MaxConnections,
+    /// An accept failed for lack of descriptors (`EMFILE`, `ENFILE`).
+    Descriptors,
+}
+
+const REAP_CAUSES: [(ReapCause, &str); 2] = [
+    (ReapCause::MaxConnections, "max_connections"),
+    (ReapCause::Descriptors, "descriptors"),
+];
+
 /// The daemon's own series: every one a lock-free atomic, indexed by its labels.
 #[derive(Debug, Default)]
 struct Daemon {
@@ -257,6 +272,10 @@ struct Daemon {
     resp_input_refusals: Counter,
     auth_failures: Counter,
     auth_throttled: Counter,
+    cluster_auth_failures: Counter,
+    cluster_auth_throttled: Counter,
+    /// Unauthenticated connections closed to admit new ones, by cause.
+    reaped: [Counter; REAP_CAUSES.len()],
     /// Requests and connections refused by a limit, by limit.
     limit_refusals: [Counter; Limit::ALL.len()],
     bytes_in: Counter,
@@ -358,6 +377,22 @@ impl Metrics {
     /// A peer's authentication refused unchecked: it failed too often.
     pub fn auth_throttled(&self) {
         self.daemon.auth_throttled.inc();
+    }
+
+    /// A peer presented a wrong proof of the cluster secret.
+    pub fn cluster_auth_failed(&self) {
+        self.daemon.cluster_auth_failures.inc();
+    }
+
+    /// A peer's proof of the cluster secret refused unchecked: the node's budget of failed
+    /// proofs was spent and the peer had failed recently.
+    pub fn cluster_auth_throttled(&self) {
+        self.daemon.cluster_auth_throttled.inc();
+    }
+
+    /// An unauthenticated connection closed to admit a new one.
+    pub fn connection_reaped(&self, cause: ReapCause) {
+        self.daemon.reaped[cause as usize].inc();
     }
 
     /// The gauge of the bytes of staging areas handed out, for the areas' registry to keep.
@@ -844,10 +879,34 @@ impl Scrape {
         single(
             e,
             "kvpool_auth_throttled",
-            "Authentications refused unchecked: the peer address failed too often ([limits] auth_failures).",
+            "Authentications refused unchecked: the peer address failed too often ([limits] auth_failures), or failed recently while the node's budget was spent (auth_failures_per_second).",
             None,
             counter_t,
             &d.auth_throttled,
+        )?;
+        single(
+            e,
+            "kvpool_cluster_auth_failures",
+            "Wrong proofs of the cluster secret presented (ClusterAuth).",
+            None,
+            counter_t,
+            &d.cluster_auth_failures,
+        )?;
+        single(
+            e,
+            "kvpool_cluster_auth_throttled",
+            "Proofs of the cluster secret refused unchecked: the peer address failed recently while the node's budget was spent ([limits] cluster_auth_failures_per_second).",
+            None,
+            counter_t,
+            &d.cluster_auth_throttled,
+        )?;
+        family(
+            e,
+            "kvpool_connections_reaped",
+            "Unauthenticated connections closed to admit a new connection, by cause.",
+            None,
+            counter_t,
+            REAP_CAUSES.map(|(c, n)| ([("cause", n)], d.reaped[c as usize].clone())),
         )?;
         single(
             e,

@@ -50,8 +50,14 @@ pub(crate) struct Shared {
     pub(crate) watches: Arc<crate::watch::Watches>,
     /// Turns of the bulk transfers (docs/ARCHITECTURE.md, "Scheduling").
     pub(crate) bulk: Arc<crate::bulk::Bulk>,
-    /// Wrong tokens per peer address (`[limits] auth_failures`).
+    /// Wrong tokens, per peer address and across the node (`[limits] auth_failures`,
+    /// `auth_failures_per_second`).
     pub(crate) auth_failures: crate::auth_limit::AuthFailures,
+    /// Wrong proofs of the cluster secret, across the node
+    /// (`[limits] cluster_auth_failures_per_second`).
+    pub(crate) cluster_auth_failures: crate::auth_limit::AuthFailures,
+    /// Heap buffers released by closed connections, given back to the OS in batches.
+    pub(crate) trim: Arc<crate::trim::Trim>,
     /// Authenticated connections per token (`[limits] max_connections_per_token`).
     pub(crate) tokens: Arc<crate::admission::TokenCounts>,
     /// The staging areas of same-host writers.
@@ -65,8 +71,9 @@ pub(crate) struct Shared {
 pub(crate) enum AuthDenied {
     /// The token admits to nothing.
     Wrong,
-    /// The peer failed too often: it may try again after this long.
-    Throttled(std::time::Duration),
+    /// Refused unchecked: the peer's address failed too often, or the node's budget of
+    /// failures is spent and the address failed recently.
+    Throttled(crate::auth_limit::Throttled),
 }
 
 impl AuthDenied {
@@ -74,10 +81,15 @@ impl AuthDenied {
     pub(crate) fn message(self) -> String {
         match self {
             AuthDenied::Wrong => "wrong or missing auth token".into(),
-            AuthDenied::Throttled(d) => format!(
+            AuthDenied::Throttled(t) if t.node_wide => format!(
+                "too many failed authentications on this node, this address's among them; \
+                 retry in {} ms ([limits] auth_failures_per_second)",
+                t.wait.as_millis().max(1)
+            ),
+            AuthDenied::Throttled(t) => format!(
                 "too many failed authentications from this address; retry in {} ms \
                  ([limits] auth_failures)",
-                d.as_millis().max(1)
+                t.wait.as_millis().max(1)
             ),
         }
     }
@@ -211,22 +223,52 @@ impl Shared {
     }
 
     /// [`Shared::authenticate`] for a peer presenting a token (a `Hello`, a RESP `AUTH`), with
-    /// its wrong tokens counted per address and refused unchecked past `[limits] auth_failures`.
+    /// its wrong tokens counted per address and across the node, and refused unchecked past
+    /// `[limits] auth_failures` or, from an address that failed recently,
+    /// `auth_failures_per_second`.
     pub(crate) fn authenticate_peer(
         &self,
         token: &str,
         peer: Option<std::net::IpAddr>,
     ) -> Result<Access, AuthDenied> {
         let now = Instant::now();
-        if let Err(wait) = self.auth_failures.check(peer, now) {
+        if let Err(throttled) = self.auth_failures.check(peer, now) {
             self.metrics.auth_throttled();
-            return Err(AuthDenied::Throttled(wait));
+            return Err(AuthDenied::Throttled(throttled));
         }
         self.authenticate(token).ok_or_else(|| {
             self.metrics.auth_failed();
             self.auth_failures.failed(peer, now);
             AuthDenied::Wrong
         })
+    }
+
+    /// Checks a peer's proof of the cluster secret (`ClusterAuth`) for `challenge`, the one this
+    /// node sent it. Wrong proofs are counted across the node: past
+    /// `[limits] cluster_auth_failures_per_second`, one from an address that failed recently is
+    /// refused unchecked.
+    pub(crate) fn verify_cluster_peer(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        challenge: &kvpool::protocol::auth::AuthBytes,
+        nonce: &kvpool::protocol::auth::AuthBytes,
+        proof: &kvpool::protocol::auth::AuthBytes,
+    ) -> Result<(), AuthDenied> {
+        let now = Instant::now();
+        if let Err(throttled) = self.cluster_auth_failures.check(peer, now) {
+            self.metrics.cluster_auth_throttled();
+            return Err(AuthDenied::Throttled(throttled));
+        }
+        let node = self.hello.node;
+        if self
+            .cluster_secret
+            .verify_peer(node, challenge, nonce, proof)
+        {
+            return Ok(());
+        }
+        self.metrics.cluster_auth_failed();
+        self.cluster_auth_failures.failed(peer, now);
+        Err(AuthDenied::Wrong)
     }
 
     /// Moves a connection's count under `limits.max_connections_per_token` to `token`, just
@@ -688,9 +730,15 @@ mod tests {
                 write: Duration::from_secs(1),
                 read: Duration::from_secs(1),
             },
-            watches: Arc::new(crate::watch::Watches::new(1000, ledger.clone())),
+            watches: Arc::new(crate::watch::Watches::new(
+                1000,
+                ledger.clone(),
+                Default::default(),
+            )),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
-            auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60)),
+            auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60), 0),
+            cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            trim: Default::default(),
             tokens: crate::admission::TokenCounts::new(2),
             stagings: crate::staging::Stagings::new(
                 (1 << 20, 4 << 20),

@@ -27,6 +27,10 @@ use tokio::sync::mpsc;
 /// Events waiting to be written to one connection before it counts as lagging.
 const EVENTS_PER_CONNECTION: usize = 4096;
 
+/// Heap bytes one watch takes besides its key (the table entries, the connection list, the
+/// key's reference count), for [`crate::trim`].
+const WATCH_OVERHEAD: usize = 128;
+
 /// Longest reason kept with a tombstone, bytes.
 pub(crate) const MAX_REASON: usize = 1024;
 
@@ -148,6 +152,8 @@ pub(crate) struct Watches {
     tombstone_ms: Millis,
     /// Where leases and tombstones are charged, per namespace.
     ledger: Arc<Ledger>,
+    /// Told of the memory a connection's watches free when it closes.
+    trim: Arc<crate::trim::Trim>,
     inner: Mutex<Inner>,
 }
 
@@ -179,12 +185,17 @@ impl Drop for Registration {
 }
 
 impl Watches {
-    pub(crate) fn new(tombstone_ms: Millis, ledger: Arc<Ledger>) -> Watches {
+    pub(crate) fn new(
+        tombstone_ms: Millis,
+        ledger: Arc<Ledger>,
+        trim: Arc<crate::trim::Trim>,
+    ) -> Watches {
         Watches {
             active: AtomicUsize::new(0),
             tombs: AtomicUsize::new(0),
             tombstone_ms,
             ledger,
+            trim,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -299,10 +310,10 @@ impl Watches {
             inner.keys.shrink_to_fit();
         }
         drop(inner);
+        // About what each watch took: its key, the key's entry and the registration's.
+        let freed: usize = keys.iter().map(|k| k.len() + WATCH_OVERHEAD).sum();
         drop(keys);
-        if ended >= 4096 {
-            crate::trim::after_release();
-        }
+        self.trim.released(freed as u64);
     }
 
     /// The reason of `key`'s tombstone, if it has one still in force at `now`.
@@ -487,7 +498,8 @@ mod tests {
 
     fn watches(tombstone_ms: Millis, per_namespace: u64) -> Watches {
         let bounds = crate::ledger::Bounds::uniform(0, per_namespace);
-        Watches::new(tombstone_ms, Ledger::new(&bounds, &[1 << 20, 1 << 20]))
+        let ledger = Ledger::new(&bounds, &[1 << 20, 1 << 20]);
+        Watches::new(tombstone_ms, ledger, Default::default())
     }
 
     #[tokio::test]

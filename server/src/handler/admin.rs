@@ -10,7 +10,8 @@ use super::{Conn, Next};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// A version outside `MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION` or a wrong token closes the
-    /// connection.
+    /// connection. An accepted one leaves the reaper's registry: the connection is never reaped
+    /// to make room after it.
     pub(super) async fn hello(
         &mut self,
         id: u64,
@@ -41,6 +42,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::LimitExceeded, &why).await?;
             return Ok(false);
         }
+        if let Some(admit) = self.admit.take() {
+            if !admit.authenticated() {
+                // Reaped to make room for a newer connection while this Hello was read.
+                return Ok(false);
+            }
+        }
+        // Authenticated connections read through a full-size buffer.
+        self.r.set_capacity(super::IO_BUFFER);
         tracing::debug!(
             client = client.as_str(),
             transport = self.transport.name(),

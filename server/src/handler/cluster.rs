@@ -8,9 +8,11 @@ use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{Conn, Next};
+use crate::service::AuthDenied;
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
-    /// A wrong proof closes the connection.
+    /// A wrong proof closes the connection, and so does one refused unchecked because the
+    /// node's budget of wrong proofs is spent (`[limits] cluster_auth_failures_per_second`).
     pub(super) async fn cluster_auth(
         &mut self,
         id: u64,
@@ -18,18 +20,24 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         proof: &[u8; 32],
     ) -> Next {
         let node = self.s.hello.node;
-        if !self
+        let verified = self
             .s
-            .cluster_secret
-            .verify_peer(node, &self.challenge, nonce, proof)
-        {
+            .verify_cluster_peer(self.peer_ip, &self.challenge, nonce, proof);
+        if let Err(denied) = verified {
             // debug, not warn: anyone can send this, and logs must not be floodable.
             tracing::debug!(
                 transport = self.transport.name(),
                 "refused a connection that failed the cluster secret check"
             );
-            self.fail(id, ErrorCode::Unauthorized, "wrong cluster secret")
-                .await?;
+            let message = match denied {
+                AuthDenied::Wrong => "wrong cluster secret".to_string(),
+                AuthDenied::Throttled(t) => format!(
+                    "too many failed cluster authentications on this node, this address's \
+                     among them; retry in {} ms ([limits] cluster_auth_failures_per_second)",
+                    t.wait.as_millis().max(1)
+                ),
+            };
+            self.fail(id, ErrorCode::Unauthorized, &message).await?;
             return Ok(false);
         }
         self.peer = true;

@@ -48,7 +48,12 @@ use crate::deadline::{within, ReadStall, StallLimit};
 use crate::metrics::{OpKind, Transport};
 use crate::service::{Access, Routing, Shared};
 
+/// The read and write buffers of an authenticated connection.
 const IO_BUFFER: usize = 64 << 10;
+
+/// The read buffer until the `Hello` is accepted: room for a `Hello` frame, so that
+/// connections that never authenticate hold little (a larger `Hello` is read past it).
+const HELLO_BUFFER: usize = 4 << 10;
 
 /// Bytes of a large payload sent or received between two yields to the runtime (see
 /// [`Conn::reply`] and the put path): the most a latency request waits behind a bulk transfer
@@ -58,15 +63,22 @@ pub(crate) const BULK_CHUNK: usize = 1 << 20;
 /// Bytes of a payload received at a time before they are looked at (hashed while in cache).
 const RECEIVE_PIECE: usize = 256 << 10;
 
+/// What the accept loop knows of a connection it hands to [`serve`].
+pub(crate) struct Accepted {
+    pub(crate) transport: Transport,
+    /// The peer's IP address; None over the Unix socket.
+    pub(crate) peer: Option<std::net::IpAddr>,
+    /// The socket under a plain TCP or Unix connection.
+    pub(crate) fd: Option<std::os::fd::RawFd>,
+    /// Tells the reaper that the connection authenticated; None where nothing reaps it.
+    pub(crate) admit: Option<crate::reaper::Admit>,
+}
+
 /// Serves one connection until the peer leaves, the protocol breaks, or shutdown is signalled
 /// while the connection is idle between requests.
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
-    (transport, peer_ip, fd): (
-        Transport,
-        Option<std::net::IpAddr>,
-        Option<std::os::fd::RawFd>,
-    ),
+    accepted: Accepted,
     r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
@@ -74,20 +86,27 @@ pub(crate) async fn serve<R, W>(
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
+    let Accepted {
+        transport,
+        peer: peer_ip,
+        fd,
+        admit,
+    } = accepted;
     shared.metrics.connection_opened(transport);
     let tcp_fd = fd.filter(|_| transport == Transport::Tcp);
     let mut conn = Conn {
         s: &shared,
         transport,
         // A request that stops arriving half-way fails the connection (idling between
-        // requests is the idle policy's).
+        // requests is the idle policy's). Small until the Hello is accepted.
         r: FrameReader::with_capacity(
-            IO_BUFFER,
+            HELLO_BUFFER,
             ReadStall::new(r, shared.conn.read).on_socket(tcp_fd),
         ),
         // A reply the peer stops reading fails the connection, releasing what it referenced.
         w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, shared.conn.write)),
         access: None,
+        admit,
         peer_ip,
         unix_fd: fd.filter(|_| transport == Transport::Unix),
         tcp_fd,
@@ -210,6 +229,7 @@ pub(crate) async fn serve<R, W>(
         }
     }
     let _ = conn.w.shutdown().await;
+    shared.trim.released(conn.buffers() + hdr.capacity() as u64);
     shared.metrics.connection_closed(transport);
 }
 
@@ -220,6 +240,8 @@ struct Conn<'a, R, W> {
     w: BufWriter<W>,
     /// The namespaces this connection may use; `None` until its `Hello` is accepted.
     access: Option<Access>,
+    /// Until the `Hello` is accepted: tells the reaper that the connection authenticated.
+    admit: Option<crate::reaper::Admit>,
     /// The peer's address (wrong tokens are counted per address); None over the Unix socket.
     peer_ip: Option<std::net::IpAddr>,
     /// The Unix socket the connection is on (owned by `r` and `w`), for passing descriptors.
@@ -312,6 +334,14 @@ impl Drop for Holds<'_> {
 
 /// Ok(true): carry on; Ok(false): close the connection; Err: the stream failed.
 type Next = io::Result<bool>;
+
+impl<R, W> Conn<'_, R, W> {
+    /// Bytes of heap buffers this connection holds (released when it closes).
+    fn buffers(&self) -> u64 {
+        let held = self.r.capacity() + IO_BUFFER + self.read_buf.capacity();
+        held as u64
+    }
+}
 
 impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, W> {
     async fn request(&mut self, hdr: &[u8], payload: u64) -> Next {

@@ -38,6 +38,8 @@ pub(crate) struct Conn<'a, W> {
     pub(super) manifests: weights::ManifestCache,
     /// This connection's count under its `AUTH` token (`limits.max_connections_per_token`).
     token_slot: Option<crate::admission::TokenSlot>,
+    /// Until an `AUTH` is accepted: tells the reaper that the connection authenticated.
+    admit: Option<crate::reaper::Admit>,
 }
 
 /// A command's arguments.
@@ -85,11 +87,13 @@ impl Refused {
 }
 
 impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
+    /// A connection from `peer`; `admit` tells the reaper when it has authenticated (at once
+    /// on a node without a token).
     pub(crate) fn new(
         s: &'a Shared,
         door: &'a RespShared,
         id: u64,
-        peer: Option<std::net::IpAddr>,
+        (peer, admit): (Option<std::net::IpAddr>, Option<crate::reaper::Admit>),
         w: StallLimit<W>,
     ) -> Self {
         // A node without a token admits everyone to the default namespace at once.
@@ -104,7 +108,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                     .ok(),
             })
         });
-        Conn {
+        let mut conn = Conn {
             s,
             door,
             id,
@@ -118,6 +122,19 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             routing: Routing::ByView(s.cluster.stamp()),
             manifests: None,
             token_slot: None,
+            admit,
+        };
+        if conn.session.is_some() {
+            conn.admitted();
+        }
+        conn
+    }
+
+    /// The connection authenticated: it is never reaped to make room after this. (One reaped
+    /// meanwhile fails its next read and closes.)
+    fn admitted(&mut self) {
+        if let Some(admit) = self.admit.take() {
+            admit.authenticated();
         }
     }
 
@@ -268,6 +285,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
         self.s
             .admit_token(token, &mut self.token_slot)
             .map_err(|why| format!("ERR kvpool: {why}"))?;
+        self.admitted();
         self.session = Some(Session {
             ns,
             ns_name: ns_name.to_string(),

@@ -136,11 +136,12 @@ pub(crate) enum Next {
 }
 
 /// Serves one RESP connection until the peer leaves, sends bytes that are not RESP, or shutdown
-/// is signalled while it is idle.
+/// is signalled while it is idle. `peer`: its address, and what tells the reaper when it has
+/// authenticated.
 pub(crate) async fn serve<R, W>(
     shared: Arc<Shared>,
     door: Arc<RespShared>,
-    peer: Option<std::net::IpAddr>,
+    peer: (Option<std::net::IpAddr>, Option<crate::reaper::Admit>),
     r: R,
     w: W,
     mut shutdown: watch::Receiver<bool>,
@@ -205,6 +206,9 @@ pub(crate) async fn serve<R, W>(
             Ok(_) => {}
         }
     }
+    shared
+        .trim
+        .released((input.buf.capacity() + conn.out.capacity()) as u64);
     // The buffer's charge goes back before the peer can see the close, so that a client that
     // saw this connection end finds its room free (a refused one's charge, above all).
     drop(input);
