@@ -486,7 +486,7 @@ impl Default for MemoryConfig {
             shards: 1,
             pending_timeout_ms: 30_000,
             max_lease_ms: 30_000,
-            same_host_writes: "auto".into(),
+            same_host_writes: "staged".into(),
             staging: 64 << 20,
             staging_total: 1 << 30,
         }
