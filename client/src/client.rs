@@ -27,10 +27,12 @@ use kvpool::protocol::{ErrorCode, HelloInfo, Op, Priority, Reply};
 use kvpool::{AddrFault, GlobalAddr};
 
 use crate::config::ClientConfig;
+use crate::dst::Dst;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::link::{unexpected, Dst, Link, Located};
+use crate::link::{fault, unexpected, Link};
 use crate::local::{LocalMap, LocalReadError};
+use crate::located::Located;
 
 #[macro_use]
 mod routing;
@@ -646,7 +648,7 @@ impl Client {
             match local.read_verified(&located.addr, dst, located.checksum, false) {
                 Ok(()) => Ok(need as usize),
                 Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
-                Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),
+                Err(LocalReadError::Fault(f)) => Err(fault(f)),
             },
         )
     }
@@ -670,7 +672,7 @@ impl Client {
             match local.read_verified_scatter(&located.addr, pieces, located.checksum, false) {
                 Ok(()) => Ok(need as usize),
                 Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
-                Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),
+                Err(LocalReadError::Fault(f)) => Err(fault(f)),
             },
         )
     }
