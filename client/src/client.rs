@@ -16,7 +16,7 @@
 //! `client::scan` (listing keys by prefix across the nodes), `client::prefix` (the KV blocks of
 //! a prompt's prefix) and `client::one_sided` (two-phase puts, access by global address).
 //! Uses `link` for everything that goes to one node, and `local`, `config`, `endpoint` and
-//! `error`; nothing in the crate uses `client` but `lib` and `blocking`.
+//! `error`; nothing in the crate uses `client` but `lib`, `blocking` and `weights`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
