@@ -29,7 +29,7 @@
 //!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
 //! - `resp`: the Redis-protocol front door (`listen.resp`): RESP2/RESP3 commands mapped onto
 //!   the same data operations as the native protocol;
-//! - [`metrics`]: Prometheus counters and histograms over HTTP;
+//! - [`metrics`]: Prometheus counters and histograms, served over HTTP by `metrics_http`;
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md);
 //! - `fuzzing` (feature `fuzzing`): one connection served from a byte string, for `fuzz/`.
 
@@ -49,6 +49,7 @@ mod http;
 mod ledger;
 mod listeners;
 pub mod metrics;
+mod metrics_http;
 mod peer;
 mod reaper;
 mod resp;
