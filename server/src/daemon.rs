@@ -20,7 +20,7 @@ use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::deadline::ConnPolicy;
 use crate::listeners::{self, Ctx};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::peer::PeerAuth;
 use crate::service::Shared;
 use crate::tls;
@@ -591,7 +591,7 @@ fn serve(
     let observed = (ctx.shared.pool.clone(), ctx.shared.ledger.clone());
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));
     if let Some(l) = sockets.metrics {
-        tasks.push(tokio::spawn(metrics::serve(
+        tasks.push(tokio::spawn(crate::metrics_http::serve(
             l,
             metrics,
             observed,

@@ -25,11 +25,11 @@
 //!   over to move its pinned object here before the read misses it;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
 //!   served over them;
-//! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over a
-//!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
+//! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over an
+//!   HTTP/1.1 client (`http`, on hyper) to etcd's JSON gateway;
 //! - `resp`: the Redis-protocol front door (`listen.resp`): RESP2/RESP3 commands mapped onto
 //!   the same data operations as the native protocol;
-//! - [`metrics`]: Prometheus counters and histograms over HTTP;
+//! - [`metrics`]: Prometheus counters and histograms, served over HTTP by `metrics_http`;
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md);
 //! - `fuzzing` (feature `fuzzing`): one connection served from a byte string, for `fuzz/`.
 
@@ -49,6 +49,7 @@ mod http;
 mod ledger;
 mod listeners;
 pub mod metrics;
+mod metrics_http;
 mod peer;
 mod reaper;
 mod resp;
