@@ -16,11 +16,12 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::admission::{self, PeerCounts};
-use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
+use crate::cluster::{self, Cluster, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::deadline::ConnPolicy;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
+use crate::mover::{self, Mover, Replication};
 use crate::peer::PeerAuth;
 use crate::service::Shared;
 use crate::tls;
@@ -70,7 +71,7 @@ pub struct Daemon {
     done: mpsc::Receiver<()>,
     tasks: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
-    cluster: Arc<Membership>,
+    cluster: Arc<Cluster>,
     creds: PeerAuth,
     timing: Timing,
     drain_on_shutdown: bool,
@@ -409,7 +410,7 @@ fn membership(
     membership: &MembershipConfig,
     bound: &Bound,
     pool: &Arc<Pool>,
-) -> Arc<Membership> {
+) -> Arc<Cluster> {
     let (in_cluster, source) = match membership {
         MembershipConfig::Static { peers } => (!peers.is_empty(), Source::Gossip),
         MembershipConfig::Etcd(_) => (true, Source::Etcd),
@@ -427,7 +428,7 @@ fn membership(
         },
         epoch: 1,
     };
-    let membership = Arc::new(Membership::new(me, source));
+    let membership = Arc::new(Cluster::new(me, source));
     membership.attach_pool(pool.clone());
     membership
 }
@@ -436,7 +437,7 @@ fn membership(
 /// `Hello` a client is told (its view filled in per connection).
 fn shared(
     config: &Config,
-    (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Membership>, &PeerAuth),
+    (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Cluster>, &PeerAuth),
     bound: &Bound,
     (limits, conn, bounds): (Limits, ConnPolicy, crate::ledger::Bounds),
 ) -> Shared {
@@ -641,7 +642,7 @@ fn serve_resp(l: TcpListener, addr: SocketAddr, ctx: &Ctx, config: &Config) -> [
 /// and watch.
 fn join_cluster(
     config: MembershipConfig,
-    membership: &Arc<Membership>,
+    membership: &Arc<Cluster>,
     creds: &PeerAuth,
     timing: &Timing,
     shutdown: &watch::Receiver<bool>,
@@ -687,7 +688,7 @@ fn start_mover(
         handover,
         metrics: shared.metrics.clone(),
     };
-    tokio::spawn(cluster::mover(mover, shutdown.clone()))
+    tokio::spawn(mover::run(mover, shutdown.clone()))
 }
 
 /// Every second, gives allocations abandoned past their deadline back to the pool.

@@ -41,37 +41,9 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{Membership, Timing};
+use crate::cluster::{Cluster, Timing};
+use crate::config::{EtcdAuth, EtcdConfig};
 use crate::http::{self, HttpError, Url};
-
-/// Where etcd is and where in it this cluster lives.
-#[derive(Clone, Debug)]
-pub(crate) struct EtcdConfig {
-    /// Client URLs of the etcd members; tried in turn.
-    pub(crate) endpoints: Vec<Url>,
-    /// Prefix of every key of this cluster.
-    pub(crate) prefix: String,
-    /// etcd's own authentication (`etcd_user`, `etcd_password_file`); None: etcd has it off.
-    pub(crate) auth: Option<EtcdAuth>,
-    /// TLS for `https://` endpoints (`etcd_ca_file`, and the client certificate if any).
-    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
-}
-
-/// A user of etcd's own authentication: the node trades the password for a token
-/// (`/v3/auth/authenticate`) and sends the token with every request.
-#[derive(Clone)]
-pub(crate) struct EtcdAuth {
-    pub(crate) user: String,
-    pub(crate) password: String,
-}
-
-impl std::fmt::Debug for EtcdAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdAuth")
-            .field("user", &self.user)
-            .finish_non_exhaustive()
-    }
-}
 
 /// What can go wrong with etcd.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +83,7 @@ const MAX_REPLY: usize = 4 << 20;
 /// Failures are retried (every heartbeat, at most every second) while the node keeps serving
 /// on its last view.
 pub(crate) async fn run(
-    m: Arc<Membership>,
+    m: Arc<Cluster>,
     cfg: EtcdConfig,
     timing: Timing,
     mut stop: watch::Receiver<bool>,
@@ -273,7 +245,7 @@ struct Lease {
 
 /// The state kept across sessions (one session: from connecting to etcd to losing it).
 struct Registrar {
-    m: Arc<Membership>,
+    m: Arc<Cluster>,
     etcd: Etcd,
     prefix: String,
     keys: Keys,
@@ -825,7 +797,7 @@ mod tests {
 
     #[test]
     fn a_replaced_view_keeps_this_nodes_own_record_and_never_goes_back() {
-        let m = Membership::new(rec(1, NodeState::Draining, 5), crate::cluster::Source::Etcd);
+        let m = Cluster::new(rec(1, NodeState::Draining, 5), crate::cluster::Source::Etcd);
         let mut reg = Registry::default();
         let p = "/p/";
         reg.apply(

@@ -15,7 +15,7 @@ use kvpool::segment::{Backing, HugePages};
 use kvpool::{Pool, PoolConfig};
 use tokio::io::AsyncWrite;
 
-use crate::cluster::{Membership, Source};
+use crate::cluster::{Cluster, Source};
 use crate::deadline::ConnPolicy;
 use crate::metrics::Transport;
 use crate::service::Shared;
@@ -47,10 +47,7 @@ impl Harness {
             ..PoolConfig::default()
         };
         let pool = Arc::new(Pool::new(&cfg, [7; 16]).expect("an anonymous 1 MiB pool"));
-        let cluster = Arc::new(Membership::new(
-            NodeInfo::serving(0, 1 << 20),
-            Source::Gossip,
-        ));
+        let cluster = Arc::new(Cluster::new(NodeInfo::serving(0, 1 << 20), Source::Gossip));
         cluster.attach_pool(pool.clone());
         let limits = Limits::default();
         let ledger = crate::ledger::Ledger::new(

@@ -19,7 +19,9 @@
 //!   short;
 //! - `auth_limit`: failed authentications, throttled per address and across the node;
 //! - `trim`: heap memory freed by closed connections given back to the OS;
-//! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
+//! - `cluster`: this node's view of the cluster (`Cluster`), kept by heartbeats;
+//! - `mover`: pinned objects moved to their owners after a change, and the drain;
+//! - `peers`: connections to the other nodes of a view, and copies sent to them;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
 //! - `settle`: reads while the cluster settles, asking the nodes that held a key this node took
 //!   over to move its pinned object here before the read misses it;
@@ -49,7 +51,9 @@ mod http;
 mod ledger;
 mod listeners;
 pub mod metrics;
+mod mover;
 mod peer;
+mod peers;
 mod reaper;
 mod resp;
 pub mod secret;

@@ -22,7 +22,6 @@ use tokio::sync::Semaphore;
 
 use crate::admission::AcceptErrors;
 use crate::config::NamespaceMetrics;
-use crate::handover::HandoverPass;
 
 /// Operation types, as labelled in the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,13 +317,12 @@ impl Metrics {
 
     /// One handover pass: the objects (and bytes) now held by their new owners, the copies
     /// given up without sending, and those kept here for a later pass.
-    pub(crate) fn handover_pass(&self, pass: &HandoverPass) {
+    pub(crate) fn handover_pass(&self, handed: u64, bytes: u64, dropped: u64, kept: u64) {
         let d = &self.daemon;
-        d.handover_objects.inc_by(pass.handed as u64);
-        d.handover_bytes.inc_by(pass.bytes);
-        d.handover_dropped.inc_by(pass.dropped as u64);
-        d.handover_pending
-            .set(pass.kept.min(i64::MAX as usize) as i64);
+        d.handover_objects.inc_by(handed);
+        d.handover_bytes.inc_by(bytes);
+        d.handover_dropped.inc_by(dropped);
+        d.handover_pending.set(kept.min(i64::MAX as u64) as i64);
     }
 
     /// Records one operation.

@@ -21,7 +21,7 @@ use kvpool::protocol::auth::ClusterSecret;
 use kvpool::protocol::{ErrorCode, HelloInfo, Limits, Replication};
 use kvpool::{GlobalAddr, Millis, Pool, PoolError};
 
-use crate::cluster::{Continuity, Membership};
+use crate::cluster::{Cluster, Continuity};
 use crate::deadline::ConnPolicy;
 use crate::metrics::Metrics;
 
@@ -38,7 +38,7 @@ pub(crate) struct Shared {
     pub(crate) ns_read_tokens: Vec<Vec<String>>,
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
-    pub(crate) cluster: Arc<Membership>,
+    pub(crate) cluster: Arc<Cluster>,
     /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
     pub(crate) cluster_secret: ClusterSecret,
     /// The longest a call to another node made for a request may take (four heartbeats, as
@@ -694,7 +694,7 @@ mod tests {
         };
         let pool = Arc::new(Pool::new(&cfg, [7; 16]).unwrap());
         let node = NodeInfo::serving(0, 4 << 20);
-        let cluster = Arc::new(Membership::new(node, Source::Gossip));
+        let cluster = Arc::new(Cluster::new(node, Source::Gossip));
         cluster.attach_pool(pool.clone());
         let limits = Limits::default();
         let ledger =

@@ -182,7 +182,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         s.cluster.merge(&theirs);
         let creds = s.peer_auth();
         let keys = keys.iter().map(|k| k.as_slice().to_vec()).collect();
-        crate::cluster::move_now(
+        crate::mover::move_now(
             &s.pool,
             &s.cluster,
             (ns, r, keys),
