@@ -6,7 +6,7 @@ use kvpool::protocol::{ErrorCode, Reply, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION}
 use rkyv::string::ArchivedString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// A version outside `MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION` or a wrong token closes the
@@ -49,7 +49,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
         }
         // Authenticated connections read through a full-size buffer.
-        self.r.set_capacity(super::IO_BUFFER);
+        self.r.set_capacity(super::conn::IO_BUFFER);
         tracing::debug!(
             client = client.as_str(),
             transport = self.transport.name(),

@@ -7,7 +7,7 @@ use kvpool::protocol::{ErrorCode, Heard, Key, Reply};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 use crate::service::AuthDenied;
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {

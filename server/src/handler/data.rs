@@ -10,7 +10,7 @@ use kvpool::{Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{payload_failure, Conn, Next};
+use super::conn::{payload_failure, Conn, Next};
 use crate::metrics::Limit;
 
 /// One value of a `Put` or `BatchPut`: its key, length in the payload and checksum.

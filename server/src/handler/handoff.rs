@@ -8,7 +8,7 @@ use kvpool::Millis;
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 use crate::ledger::Resource;
 use crate::watch::{MAX_PREFIX, MAX_REASON};
 

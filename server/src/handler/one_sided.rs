@@ -3,7 +3,6 @@
 //! `MapInfo` hands a same-host client descriptors of the segments its token admits to, which
 //! it then reads (and, where it may write, writes) directly.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -16,7 +15,8 @@ use kvpool::{GlobalAddr, Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{payload_failure, Conn, Next};
+use super::conn::{payload_failure, Conn, Next};
+use super::held::PendingAllocs;
 use crate::ledger::{Account, Resource};
 use crate::metrics::Transport;
 use crate::service::{Access, Routing, Shared};
@@ -373,59 +373,6 @@ fn commit_pending(
         pending.forget(account, addr.generation);
     }
     r
-}
-
-/// The allocations one connection's `Alloc`s made that may still be pending, each with the
-/// view stamp its `Alloc` was routed by (0 for a direct one) and its namespace, charged to
-/// the connection's account (`max_pending_per_connection`, `max_pending_per_namespace`).
-/// Those committed or aborted over this connection leave at once; the others (committed
-/// elsewhere, cancelled, reaped) when an `Alloc` would pass a bound. A `Commit` over this
-/// connection that carries no stamp of its own is judged by the one noted here.
-#[derive(Default)]
-pub(super) struct PendingAllocs {
-    by_generation: HashMap<u64, (u64, u32)>,
-}
-
-impl PendingAllocs {
-    /// Charges `n` allocations in `ns`; when a bound refuses them, forgets first those no
-    /// longer pending and tries again, so the usual `Alloc` pays nothing for the walk.
-    fn admit(
-        &mut self,
-        account: &mut Account,
-        pool: &kvpool::Pool,
-        ns: u32,
-        n: u64,
-    ) -> Result<(), crate::ledger::Refused> {
-        if account.charge(ns, Resource::Pending, n).is_ok() {
-            return Ok(());
-        }
-        self.by_generation.retain(|&g, &mut (_, ns)| {
-            let live = pool.is_pending(g);
-            if !live {
-                account.release(ns, Resource::Pending, 1);
-            }
-            live
-        });
-        account.charge(ns, Resource::Pending, n)
-    }
-
-    /// Notes an allocation made (its charge taken by [`PendingAllocs::admit`]).
-    fn note(&mut self, generation: u64, stamp: u64, ns: u32) {
-        self.by_generation.insert(generation, (stamp, ns));
-    }
-
-    /// The view stamp generation `generation`'s `Alloc` was routed by (0: none, or not made
-    /// here).
-    fn stamp(&self, generation: u64) -> u64 {
-        self.by_generation.get(&generation).map_or(0, |&(s, _)| s)
-    }
-
-    /// Forgets an allocation committed or aborted, crediting its charge back.
-    fn forget(&mut self, account: &mut Account, generation: u64) {
-        if let Some((_, ns)) = self.by_generation.remove(&generation) {
-            account.release(ns, Resource::Pending, 1);
-        }
-    }
 }
 
 fn code_of(r: Result<(), PoolError>) -> u16 {

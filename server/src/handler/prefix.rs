@@ -7,7 +7,7 @@ use kvpool::Millis;
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 use crate::ledger::{Refused, Resource};
 use crate::metrics::Transport;
 
