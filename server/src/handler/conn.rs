@@ -11,7 +11,7 @@ use kvpool::protocol::{decode_request, encode, ArchivedOp, ErrorCode, Priority, 
 use kvpool::PoolError;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 
-use super::held::{Holds, PendingAllocs};
+use super::held::Holdings;
 use crate::bulk::{Bulk, Ticket};
 use crate::metrics::{OpKind, Transport};
 use crate::service::{Access, Routing, Shared};
@@ -31,51 +31,61 @@ pub(crate) const BULK_CHUNK: usize = 1 << 20;
 /// Bytes of a payload received at a time before they are looked at (hashed while in cache).
 const RECEIVE_PIECE: usize = 256 << 10;
 
-/// One connection: its stream, its session, what it holds and the request being served.
+/// One connection: its stream, who is on the other end, the request being served and what
+/// the connection holds.
 pub(super) struct Conn<'a, R, W> {
     pub(super) s: &'a Shared,
     pub(super) transport: Transport,
     pub(super) r: FrameReader<R>,
     pub(super) w: BufWriter<W>,
+    /// Who the peer is and what it may do.
+    pub(super) session: Session,
+    /// The sockets under the stream.
+    pub(super) fds: Fds,
+    /// The request being served.
+    pub(super) req: Serving<'a>,
+    /// What the connection holds; released when it closes.
+    pub(super) held: Holdings<'a>,
+    /// The buffer one-sided reads are copied into before they are sent (reused).
+    pub(super) read_buf: Vec<u8>,
+}
+
+/// Who is on the other end of a connection, and what it may do.
+pub(super) struct Session {
     /// The namespaces this connection may use; `None` until its `Hello` is accepted.
     pub(super) access: Option<Access>,
     /// Until the `Hello` is accepted: tells the reaper that the connection authenticated.
     pub(super) admit: Option<crate::reaper::Admit>,
     /// The peer's address (wrong tokens are counted per address); None over the Unix socket.
     pub(super) peer_ip: Option<std::net::IpAddr>,
-    /// The Unix socket the connection is on (owned by `r` and `w`), for passing descriptors.
-    pub(super) unix_fd: Option<std::os::fd::RawFd>,
-    /// The plain TCP socket the connection is on (owned by `r` and `w`), whose receive
-    /// low-water mark is raised while a large payload arrives ([`LowWater`]).
-    pub(super) tcp_fd: Option<std::os::fd::RawFd>,
     /// Proved the cluster secret (`ClusterAuth`): a cluster peer, may gossip and drain.
     pub(super) peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.
     pub(super) challenge: AuthBytes,
-    /// The view stamp the request being served was routed by (0: none; see [`Conn::routing`]).
-    pub(super) stamp: u64,
-    /// The objects this connection holds (`Hold`); ended when the connection is dropped.
-    pub(super) holds: Holds<'a>,
-    /// What this connection holds, in the resource ledger: its holds, watches and pending
-    /// allocations, charged as they are taken; settled when the connection is dropped.
-    pub(super) account: crate::ledger::Account,
-    /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
-    pub(super) watching: Option<crate::watch::Registration>,
-    /// The buffer one-sided reads are copied into before they are sent (reused).
-    pub(super) read_buf: Vec<u8>,
-    /// The request being served: its flow and deadline, for the bulk scheduler.
-    pub(super) class: ReqClass,
-    /// The request's incoming payload's turns, when it is bulk.
-    pub(super) bulk_in: Option<Ticket<'a>>,
-    /// Whether the request being served moved a bulk payload (either way).
-    pub(super) moved_bulk: bool,
     /// This connection's count under the token it authenticated with
     /// (`limits.max_connections_per_token`); released when the connection is dropped.
     pub(super) token_slot: Option<crate::admission::TokenSlot>,
-    /// The staging area this connection asked for (`Staging`), retired when it closes.
-    pub(super) staging: Option<crate::staging::Held>,
-    /// The allocations this connection's `Alloc`s made that may still be pending.
-    pub(super) pending: PendingAllocs,
+}
+
+/// The sockets a connection's stream is on, where the transport has one.
+pub(super) struct Fds {
+    /// The Unix socket the connection is on (owned by `r` and `w`), for passing descriptors.
+    pub(super) unix: Option<std::os::fd::RawFd>,
+    /// The plain TCP socket the connection is on (owned by `r` and `w`), whose receive
+    /// low-water mark is raised while a large payload arrives ([`LowWater`]).
+    pub(super) tcp: Option<std::os::fd::RawFd>,
+}
+
+/// The request being served.
+pub(super) struct Serving<'a> {
+    /// The view stamp it was routed by (0: none; see [`Conn::routing`]).
+    pub(super) stamp: u64,
+    /// Its flow and deadline, for the bulk scheduler.
+    pub(super) class: ReqClass,
+    /// Its incoming payload's turns, when it is bulk.
+    pub(super) bulk_in: Option<Ticket<'a>>,
+    /// Whether it moved a bulk payload (either way).
+    pub(super) moved_bulk: bool,
 }
 
 /// What the bulk scheduler needs to know of the request being served.
@@ -121,7 +131,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             }
         };
         let id = req.id.to_native();
-        if self.access.is_none() && !matches!(req.op, ArchivedOp::Hello { .. }) {
+        if self.session.access.is_none() && !matches!(req.op, ArchivedOp::Hello { .. }) {
             discard(&mut self.r, payload).await?;
             self.fail(
                 id,
@@ -146,13 +156,13 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 return Ok(true);
             }
         }
-        self.stamp = routed;
+        self.req.stamp = routed;
         let start = Instant::now();
         let deadline_us = req.deadline_us.to_native();
-        self.class = ReqClass {
+        self.req.class = ReqClass {
             ns: op_namespace(&req.op).unwrap_or(ONE_SIDED_NS),
             // Whatever a peer asks, the cluster's own traffic is background.
-            priority: match self.peer {
+            priority: match self.session.peer {
                 true => Priority::Background,
                 false => Priority::from_u8(req.priority),
             },
@@ -174,11 +184,11 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                     (op_kind(&req.op), true)
                 }
                 Ok(ticket) => {
-                    self.moved_bulk = ticket.is_some();
-                    self.bulk_in = ticket;
+                    self.req.moved_bulk = ticket.is_some();
+                    self.req.bulk_in = ticket;
                     let r = self.dispatch(id, &req.op, payload).await;
-                    self.bulk_in = None;
-                    if !self.moved_bulk {
+                    self.req.bulk_in = None;
+                    if !self.req.moved_bulk {
                         // A small request: the worker kept for them stays kept a while.
                         self.s.bulk.served_small();
                     }
@@ -194,7 +204,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     /// reads this node's objects as their owner's (or replica's) copy, so only continuous ones
     /// are served.
     pub(super) fn routing(&self) -> Routing {
-        Routing::of_stamp(self.stamp)
+        Routing::of_stamp(self.req.stamp)
     }
 
     /// For a read that `missed` something: when it was routed by a view this node has since
@@ -221,7 +231,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         if !bulk.is_bulk(bytes) {
             return Ok(None);
         }
-        let c = self.class;
+        let c = self.req.class;
         match bulk.admit(c.ns, c.priority, bytes, c.budget()) {
             Ok(t) => Ok(Some(t)),
             Err(u) => {
@@ -243,9 +253,9 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         mut seen: impl FnMut(&[u8]),
         deadline: tokio::time::Instant,
     ) -> Result<io::Result<usize>, tokio::time::error::Elapsed> {
-        let mut ticket = self.bulk_in.take();
-        let (s, class, r) = (self.s, self.class, &mut self.r);
-        let mut water = LowWater::new(self.tcp_fd);
+        let mut ticket = self.req.bulk_in.take();
+        let (s, class, r) = (self.s, self.req.class, &mut self.r);
+        let mut water = LowWater::new(self.fds.tcp);
         let receive = async {
             let total = dst.len();
             let (mut done, mut left) = (0, total);
@@ -269,7 +279,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             Ok(done)
         };
         let read = tokio::time::timeout_at(deadline, receive).await;
-        self.bulk_in = ticket;
+        self.req.bulk_in = ticket;
         read
     }
 
@@ -278,7 +288,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     /// ([`crate::settle`]). A cluster peer's reads (a mover asking what this node lacks) are
     /// served as they are.
     pub(super) async fn settle(&mut self, op: &ArchivedOp) {
-        if self.peer || self.stamp == 0 || !self.s.cluster.settling() {
+        if self.session.peer || self.req.stamp == 0 || !self.s.cluster.settling() {
             return;
         }
         let (ns, keys): (u32, Vec<&[u8]>) = match op {
@@ -292,7 +302,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         };
         // A batch over the limit is refused as it is.
         if keys.len() <= self.s.limits.max_batch as usize {
-            self.s.settle_misses(ns, &keys, self.stamp).await;
+            self.s.settle_misses(ns, &keys, self.req.stamp).await;
         }
     }
 
@@ -314,7 +324,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             ));
         }
         let ns = op_namespace(op)?;
-        let Some(access) = self.access.as_ref().filter(|a| a.allows(ns)) else {
+        let Some(access) = self.session.access.as_ref().filter(|a| a.allows(ns)) else {
             return Some((ErrorCode::Unauthorized, "not authorised for this namespace"));
         };
         if changes_namespace(op) && !access.writes(ns) {
@@ -346,7 +356,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
     pub(super) fn token_digest(&self) -> [u8; 32] {
         static NONE: std::sync::LazyLock<[u8; 32]> =
             std::sync::LazyLock::new(|| auth::token_digest(b""));
-        self.token_slot.as_ref().map_or(*NONE, |s| *s.key())
+        self.session.token_slot.as_ref().map_or(*NONE, |s| *s.key())
     }
 
     /// Replies with `r`'s reply, or fails with its code; carries on either way.
@@ -408,9 +418,13 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 reason: ev.reason,
             };
             self.reply(kvpool::protocol::EVENT_ID, reply, &[]).await?;
-            next = self.watching.as_mut().and_then(|r| r.rx.try_recv().ok());
+            next = self
+                .held
+                .watching
+                .as_mut()
+                .and_then(|r| r.rx.try_recv().ok());
         }
-        if self.watching.as_ref().is_some_and(|r| r.take_lagged()) {
+        if self.held.watching.as_ref().is_some_and(|r| r.take_lagged()) {
             let reply = Reply::Event {
                 ns: 0,
                 key: Vec::new(),
@@ -436,7 +450,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
         let total: usize = payload.iter().map(|p| p.len()).sum();
         let mut ticket = match self.admit_payload(total as u64) {
             Ok(t) => {
-                self.moved_bulk |= t.is_some();
+                self.req.moved_bulk |= t.is_some();
                 t
             }
             Err(message) => {
@@ -462,7 +476,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                 bufs.splice(0..0, lead);
             }
             let write = write_all_vectored(&mut self.w, &mut bufs);
-            in_turn(self.s, self.class, ticket.as_mut(), bytes, write).await?;
+            in_turn(self.s, self.req.class, ticket.as_mut(), bytes, write).await?;
             if ticket.is_none() {
                 tokio::task::yield_now().await;
             }

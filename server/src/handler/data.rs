@@ -239,7 +239,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         depth: u32,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
-        let begun = match self.peer {
+        let begun = match self.session.peer {
             true => self.s.begin_copy(ns, item.key, item.len, pin, depth),
             false => self.s.begin_put(ns, item.key, item.len, pin, depth),
         };
@@ -280,7 +280,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         // already have handed the older value over to the new owner: the write is refused
         // (aborted), and the client routes it again by the new view. Judged again after the
         // commit (`Shared::commit_in_view`).
-        if !self.peer || pin {
+        if !self.session.peer || pin {
             let commit = || pool.commit_prehashed(&addr, item.checksum, hashed);
             return Ok(self.s.commit_in_view(&addr, self.routing(), commit));
         }

@@ -6,6 +6,22 @@ use std::collections::HashMap;
 
 use crate::ledger::{Account, Resource};
 
+/// Everything one connection holds, each released when the connection closes (in this order:
+/// its holds end, then its account in the ledger settles what is left).
+pub(super) struct Holdings<'a> {
+    /// The objects this connection holds (`Hold`); ended when the connection is dropped.
+    pub(super) holds: Holds<'a>,
+    /// What this connection holds, in the resource ledger: its holds, watches and pending
+    /// allocations, charged as they are taken; settled when the connection is dropped.
+    pub(super) account: Account,
+    /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
+    pub(super) watching: Option<crate::watch::Registration>,
+    /// The staging area this connection asked for (`Staging`), retired when it closes.
+    pub(super) staging: Option<crate::staging::Held>,
+    /// The allocations this connection's `Alloc`s made that may still be pending.
+    pub(super) pending: PendingAllocs,
+}
+
 /// The objects one connection holds, one entry per hold (namespace, key, generation, length);
 /// every hold ends when this is dropped, however the connection ends (the connection's
 /// [`crate::ledger::Account`] gives their charges back at the same time).

@@ -38,11 +38,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return self.answer(id, Err(code)).await;
         }
         let n = items.len() as u64;
-        let (pool, account) = (&*self.s.pool, &mut self.account);
-        if let Err(r) = self.pending.admit(account, pool, ns, n) {
+        let (pool, account) = (&*self.s.pool, &mut self.held.account);
+        if let Err(r) = self.held.pending.admit(account, pool, ns, n) {
             return self.refused(id, r).await;
         }
-        let (pending, account, stamp) = (&mut self.pending, &mut self.account, self.stamp);
+        let (pending, account, stamp) = (
+            &mut self.held.pending,
+            &mut self.held.account,
+            self.req.stamp,
+        );
         let results = items
             .iter()
             .enumerate()
@@ -93,8 +97,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         items: &Archived<Vec<CommitItem>>,
         now: Millis,
     ) -> Next {
-        let (s, stamp) = (self.s, self.stamp);
-        let pending = (&mut self.pending, &mut self.account);
+        let (s, stamp) = (self.s, self.req.stamp);
+        let pending = (&mut self.held.pending, &mut self.held.account);
         let r = self.s.batch_check(items.len()).map(|()| {
             Reply::Statuses(
                 items
@@ -113,7 +117,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 
     pub(super) async fn abort(&mut self, id: u64, addrs: &Archived<Vec<GlobalAddr>>) -> Next {
         let pool = &*self.s.pool;
-        let (pending, account) = (&mut self.pending, &mut self.account);
+        let (pending, account) = (&mut self.held.pending, &mut self.held.account);
         let r = self.s.batch_check(addrs.len()).map(|()| {
             Reply::Statuses(
                 addrs
@@ -179,7 +183,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// (never a path); see [`segments_to_offer`].
     pub(super) async fn map_info(&mut self, id: u64) -> Next {
         let (Transport::Unix, Some(sock), Some(access)) =
-            (self.transport, self.unix_fd, self.access.as_ref())
+            (self.transport, self.fds.unix, self.session.access.as_ref())
         else {
             self.fail(
                 id,
@@ -203,7 +207,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// to a token that may write some namespace, one per connection.
     pub(super) async fn staging(&mut self, id: u64) -> Next {
         let (Transport::Unix, Some(sock), Some(access)) =
-            (self.transport, self.unix_fd, self.access.as_ref())
+            (self.transport, self.fds.unix, self.session.access.as_ref())
         else {
             let msg = "staging areas are only offered over the Unix socket";
             self.fail(id, ErrorCode::NotLocal, msg).await?;
@@ -220,7 +224,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::Unauthorized, msg).await?;
             return Ok(true);
         }
-        if self.staging.is_some() {
+        if self.held.staging.is_some() {
             let msg = "this connection has its staging area already";
             self.fail(id, ErrorCode::LimitExceeded, msg).await?;
             return Ok(true);
@@ -234,7 +238,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return Ok(true);
             }
         };
-        self.staging = Some(held);
+        self.held.staging = Some(held);
         let reply = Reply::Staging {
             id: area,
             len: self.s.stagings.size,
@@ -276,8 +280,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     }
                 })
             };
-            let pending = (&mut self.pending, &mut self.account);
-            let r = commit_pending(self.s, pending, self.stamp, &addr, commit);
+            let pending = (&mut self.held.pending, &mut self.held.account);
+            let r = commit_pending(self.s, pending, self.req.stamp, &addr, commit);
             if r.is_ok() {
                 bytes += addr.len;
             }

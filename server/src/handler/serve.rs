@@ -16,8 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::{Conn, ReqClass, HELLO_BUFFER, IO_BUFFER, ONE_SIDED_NS};
-use super::held::Holds;
+use super::conn::{Conn, Fds, ReqClass, Serving, Session, HELLO_BUFFER, IO_BUFFER, ONE_SIDED_NS};
+use super::held::{Holdings, Holds};
 use crate::deadline::{within, ReadStall, StallLimit};
 use crate::metrics::Transport;
 use crate::service::Shared;
@@ -52,7 +52,7 @@ pub(crate) async fn serve<R, W>(
     let hello_by = Instant::now() + shared.conn.handshake;
     loop {
         let bounds = conn.bounds(hello_by);
-        if conn.watching.is_some()
+        if conn.held.watching.is_some()
             && conn.r.buffer().is_empty()
             && conn.write_events(&mut shutdown).await.is_err()
         {
@@ -92,31 +92,39 @@ where
             ),
             // A reply the peer stops reading fails the connection, releasing what it referenced.
             w: BufWriter::with_capacity(IO_BUFFER, StallLimit::new(w, s.conn.write)),
-            access: None,
-            admit,
-            peer_ip,
-            unix_fd: fd.filter(|_| transport == Transport::Unix),
-            tcp_fd,
-            peer: false,
-            challenge: [0; auth::AUTH_LEN],
-            stamp: 0,
-            holds: Holds {
-                pool: &s.pool,
-                held: Vec::new(),
+            session: Session {
+                access: None,
+                admit,
+                peer_ip,
+                peer: false,
+                challenge: [0; auth::AUTH_LEN],
+                token_slot: None,
             },
-            account: s.ledger.account(),
-            watching: None,
+            fds: Fds {
+                unix: fd.filter(|_| transport == Transport::Unix),
+                tcp: tcp_fd,
+            },
+            req: Serving {
+                stamp: 0,
+                class: ReqClass {
+                    ns: ONE_SIDED_NS,
+                    priority: Priority::Normal,
+                    deadline: None,
+                },
+                bulk_in: None,
+                moved_bulk: false,
+            },
+            held: Holdings {
+                holds: Holds {
+                    pool: &s.pool,
+                    held: Vec::new(),
+                },
+                account: s.ledger.account(),
+                watching: None,
+                staging: None,
+                pending: Default::default(),
+            },
             read_buf: Vec::new(),
-            class: ReqClass {
-                ns: ONE_SIDED_NS,
-                priority: Priority::Normal,
-                deadline: None,
-            },
-            bulk_in: None,
-            moved_bulk: false,
-            token_slot: None,
-            staging: None,
-            pending: Default::default(),
         }
     }
 
@@ -124,17 +132,18 @@ where
     /// the `Hello` is accepted, a small header, no payload, one deadline for it all; after it,
     /// the wire limits and the idle timeout.
     fn bounds(&self, hello_by: Instant) -> (&'a Limits, Option<Instant>) {
-        if self.access.is_none() {
+        if self.session.access.is_none() {
             return (&self.s.conn.hello_limits, Some(hello_by));
         }
         // A connection holding objects is a same-host reader's lifeline for its views:
         // closing it for idling would free memory that the reader still maps.
         // So is a watching one: a consumer waits as long as its producer takes. And one that
         // holds a staging area: a writer keeps it open, idle, for as long as it puts.
-        let idle =
-            self.s.conn.idle.filter(|_| {
-                self.holds.is_empty() && self.watching.is_none() && self.staging.is_none()
-            });
+        let idle = self.s.conn.idle.filter(|_| {
+            self.held.holds.is_empty()
+                && self.held.watching.is_none()
+                && self.held.staging.is_none()
+        });
         (&self.s.limits, idle.map(|d| Instant::now() + d))
     }
 
@@ -142,7 +151,7 @@ where
     /// first bytes arrive (filling the read buffer is cancel-safe). Err: close the connection.
     async fn write_events(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), ()> {
         loop {
-            let Some(reg) = self.watching.as_mut() else {
+            let Some(reg) = self.held.watching.as_mut() else {
                 return Ok(());
             };
             // (The shutdown's guard is dropped inside: it must not live across an await.)
