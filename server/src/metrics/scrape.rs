@@ -112,7 +112,7 @@ impl Collector for Scrape {
 impl Scrape {
     /// The pool's objects, counters and segments.
     fn encode_pool(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
-        let (st, bytes) = (&self.pool, Some(&Unit::Bytes));
+        let st = &self.pool;
         let (gauge_t, counter_t) = (MetricType::Gauge, MetricType::Counter);
         family(
             e,
@@ -154,6 +154,12 @@ impl Scrape {
                 [([("node", node)], counter(v))],
             )?;
         }
+        self.encode_segments(e, node)
+    }
+
+    /// Each segment's bytes by state, huge-page regions and fragmentation.
+    fn encode_segments(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let (st, bytes, gauge_t) = (&self.pool, Some(&Unit::Bytes), MetricType::Gauge);
         let ids: Vec<String> = st.segments.iter().map(|s| s.id.to_string()).collect();
         family(
             e,
@@ -352,6 +358,13 @@ impl Scrape {
                 ([("direction", "out")], d.bytes_out.clone()),
             ],
         )?;
+        self.encode_transfers(e)
+    }
+
+    /// Bulk transfers by priority, the handover's objects, and operations by outcome.
+    fn encode_transfers(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let (d, bytes) = (&*self.daemon, Some(&Unit::Bytes));
+        let (gauge_t, counter_t) = (MetricType::Gauge, MetricType::Counter);
         let prios = [
             kvpool::protocol::Priority::Background,
             kvpool::protocol::Priority::Low,
@@ -501,6 +514,13 @@ impl Scrape {
             counter_t,
             &d.cluster_auth_throttled,
         )?;
+        self.encode_limits(e)
+    }
+
+    /// Connections reaped, staging areas, refusals by limit, and the resource ledger's totals.
+    fn encode_limits(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let d = &*self.daemon;
+        let counter_t = MetricType::Counter;
         family(
             e,
             "kvpool_connections_reaped",
