@@ -447,35 +447,7 @@ fn shared(
         .collect();
     let ledger = crate::ledger::Ledger::new(&bounds, &capacities);
     let trim: Arc<crate::trim::Trim> = Default::default();
-    let replication = config
-        .replication(&namespaces)
-        .iter()
-        .enumerate()
-        .map(
-            |(ns, &(replicas, pinned_replicas))| kvpool::protocol::Replication {
-                ns: ns as u32,
-                replicas,
-                pinned_replicas,
-            },
-        )
-        .collect();
-    let hello = HelloInfo {
-        version: PROTOCOL_VERSION,
-        node: config.node_id,
-        incarnation: pool.incarnation(),
-        namespaces: namespaces.clone(),
-        host_id: kvpool::segment::host_id(),
-        uds_path: bound
-            .unix
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        max_payload: limits.max_payload,
-        max_batch: limits.max_batch,
-        view: ClusterView::default(),
-        replication,
-        challenge: [0; kvpool::protocol::auth::AUTH_LEN],
-    };
+    let hello = hello_info(config, pool, bound, &limits);
     Shared {
         pool: pool.clone(),
         metrics: metrics.clone(),
@@ -521,6 +493,41 @@ fn shared(
             metrics.staging_gauge(),
         ),
         ledger,
+    }
+}
+
+/// The `Hello` a client is told: this node, its namespaces and limits, the same-host socket;
+/// the view and the challenge are filled in per connection.
+fn hello_info(config: &Config, pool: &Pool, bound: &Bound, limits: &Limits) -> HelloInfo {
+    let namespaces = pool.namespaces();
+    let replication = config
+        .replication(&namespaces)
+        .iter()
+        .enumerate()
+        .map(
+            |(ns, &(replicas, pinned_replicas))| kvpool::protocol::Replication {
+                ns: ns as u32,
+                replicas,
+                pinned_replicas,
+            },
+        )
+        .collect();
+    HelloInfo {
+        version: PROTOCOL_VERSION,
+        node: config.node_id,
+        incarnation: pool.incarnation(),
+        namespaces: namespaces.clone(),
+        host_id: kvpool::segment::host_id(),
+        uds_path: bound
+            .unix
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        max_payload: limits.max_payload,
+        max_batch: limits.max_batch,
+        view: ClusterView::default(),
+        replication,
+        challenge: [0; kvpool::protocol::auth::AUTH_LEN],
     }
 }
 

@@ -55,19 +55,7 @@ impl Harness {
             &[1 << 20, 1 << 20],
         );
         let shared = Shared {
-            hello: HelloInfo {
-                version: PROTOCOL_VERSION,
-                node: 0,
-                incarnation: pool.incarnation(),
-                namespaces: pool.namespaces(),
-                host_id: String::new(),
-                uds_path: String::new(),
-                max_payload: limits.max_payload,
-                max_batch: limits.max_batch,
-                view: ClusterView::default(),
-                replication: Vec::new(),
-                challenge: [0; kvpool::protocol::auth::AUTH_LEN],
-            },
+            hello: hello(&pool, &limits),
             pool,
             metrics: Arc::default(),
             limits,
@@ -79,17 +67,7 @@ impl Harness {
             cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32])
                 .expect("a 32-byte secret"),
             peer_timeout: Duration::from_secs(1),
-            conn: ConnPolicy {
-                hello_limits: Limits {
-                    max_header: MAX_HELLO_HEADER,
-                    max_payload: 0,
-                    ..limits
-                },
-                handshake: Duration::from_secs(10),
-                idle: None,
-                write: Duration::from_secs(30),
-                read: Duration::from_secs(30),
-            },
+            conn: conn_policy(limits),
             watches: Arc::new(crate::watch::Watches::new(
                 1000,
                 ledger.clone(),
@@ -139,6 +117,38 @@ impl Harness {
         self.rt.block_on(serve);
         let mut written = out.0.lock().expect("not poisoned");
         std::mem::take(&mut *written)
+    }
+}
+
+/// The `Hello` the harness's node tells a client.
+fn hello(pool: &Pool, limits: &Limits) -> HelloInfo {
+    HelloInfo {
+        version: PROTOCOL_VERSION,
+        node: 0,
+        incarnation: pool.incarnation(),
+        namespaces: pool.namespaces(),
+        host_id: String::new(),
+        uds_path: String::new(),
+        max_payload: limits.max_payload,
+        max_batch: limits.max_batch,
+        view: ClusterView::default(),
+        replication: Vec::new(),
+        challenge: [0; kvpool::protocol::auth::AUTH_LEN],
+    }
+}
+
+/// The harness's timeouts: generous, and no idle timeout (the clock advances by itself).
+fn conn_policy(limits: Limits) -> ConnPolicy {
+    ConnPolicy {
+        hello_limits: Limits {
+            max_header: MAX_HELLO_HEADER,
+            max_payload: 0,
+            ..limits
+        },
+        handshake: Duration::from_secs(10),
+        idle: None,
+        write: Duration::from_secs(30),
+        read: Duration::from_secs(30),
     }
 }
 
