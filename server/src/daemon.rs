@@ -23,7 +23,7 @@ use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
 use crate::mover::{self, Mover, Replication};
 use crate::peer::PeerAuth;
-use crate::service::Shared;
+use crate::service::{Auth, PeerPolicy, Shared};
 use crate::tls;
 
 /// The addresses a running daemon actually bound (port 0 in the config picks a free port).
@@ -452,14 +452,9 @@ fn shared(
         pool: pool.clone(),
         metrics: metrics.clone(),
         limits,
-        token: config.auth.token.clone(),
-        ns_tokens: config.namespace_tokens(&namespaces),
-        ns_read_tokens: config.namespace_read_tokens(&namespaces),
         started: Instant::now(),
         hello,
         cluster: membership.clone(),
-        cluster_secret: creds.secret.clone(),
-        peer_timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
         conn,
         watches: {
             let w = Arc::new(crate::watch::Watches::new(
@@ -471,28 +466,37 @@ fn shared(
             w
         },
         bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
-        auth_failures: crate::auth_limit::AuthFailures::new(
-            config.limits.auth_failures,
-            Duration::from_millis(config.limits.auth_failure_refill_ms),
-            config.limits.auth_failures_per_second,
-        ),
-        // No per-address allowance: nodes often share an address (containers behind one,
-        // nodes on one host), and a wrong node's heartbeats must not lock out the right ones.
-        cluster_auth_failures: crate::auth_limit::AuthFailures::new(
-            0,
-            Duration::from_millis(config.limits.auth_failure_refill_ms),
-            config.limits.cluster_auth_failures_per_second,
-        ),
         trim,
-        tokens: crate::admission::TokenCounts::new(
-            config.limits.max_connections_per_token as usize,
-        ),
         stagings: crate::staging::Stagings::new(
             (config.memory.staging, config.memory.staging_total),
             ledger.clone(),
             metrics.staging_gauge(),
         ),
         ledger,
+        auth: Auth {
+            token: config.auth.token.clone(),
+            ns_tokens: config.namespace_tokens(&namespaces),
+            ns_read_tokens: config.namespace_read_tokens(&namespaces),
+            failures: crate::auth_limit::AuthFailures::new(
+                config.limits.auth_failures,
+                Duration::from_millis(config.limits.auth_failure_refill_ms),
+                config.limits.auth_failures_per_second,
+            ),
+            per_token: crate::admission::TokenCounts::new(
+                config.limits.max_connections_per_token as usize,
+            ),
+        },
+        peers: PeerPolicy {
+            secret: creds.secret.clone(),
+            // No per-address allowance: nodes often share an address (containers behind one,
+            // nodes on one host), and a wrong node's heartbeats must not lock out the right ones.
+            failures: crate::auth_limit::AuthFailures::new(
+                0,
+                Duration::from_millis(config.limits.auth_failure_refill_ms),
+                config.limits.cluster_auth_failures_per_second,
+            ),
+            timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
+        },
     }
 }
 

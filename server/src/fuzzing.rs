@@ -18,7 +18,7 @@ use tokio::io::AsyncWrite;
 use crate::cluster::{Cluster, Source};
 use crate::deadline::ConnPolicy;
 use crate::metrics::Transport;
-use crate::service::Shared;
+use crate::service::{Auth, PeerPolicy, Shared};
 
 /// The token that opens the node's every namespace.
 pub const NODE_TOKEN: &str = "node-token";
@@ -59,14 +59,8 @@ impl Harness {
             pool,
             metrics: Arc::default(),
             limits,
-            token: NODE_TOKEN.into(),
-            ns_tokens: vec![Vec::new(), vec![TEAM_TOKEN.into()]],
-            ns_read_tokens: Vec::new(),
             started: Instant::now(),
             cluster,
-            cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32])
-                .expect("a 32-byte secret"),
-            peer_timeout: Duration::from_secs(1),
             conn: conn_policy(limits),
             watches: Arc::new(crate::watch::Watches::new(
                 1000,
@@ -74,17 +68,27 @@ impl Harness {
                 Default::default(),
             )),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
-            // Off: every input starts from the same state.
-            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
-            cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
             trim: Default::default(),
-            tokens: crate::admission::TokenCounts::new(0),
             stagings: crate::staging::Stagings::new(
                 (1 << 20, 4 << 20),
                 ledger.clone(),
                 Default::default(),
             ),
             ledger,
+            auth: Auth {
+                token: NODE_TOKEN.into(),
+                ns_tokens: vec![Vec::new(), vec![TEAM_TOKEN.into()]],
+                ns_read_tokens: Vec::new(),
+                // Off: every input starts from the same state.
+                failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+                per_token: crate::admission::TokenCounts::new(0),
+            },
+            peers: PeerPolicy {
+                secret: ClusterSecret::from_file_contents(&[b'k'; 32]).expect("a 32-byte secret"),
+                // Off, as above.
+                failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+                timeout: Duration::from_secs(1),
+            },
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

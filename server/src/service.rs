@@ -30,40 +30,53 @@ pub(crate) struct Shared {
     pub(crate) pool: Arc<Pool>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) limits: Limits,
-    pub(crate) token: String,
-    /// Per namespace id, the tokens that may use it (empty, with no read tokens either: every
-    /// accepted client).
-    pub(crate) ns_tokens: Vec<Vec<String>>,
-    /// Per namespace id, the tokens that may only read it (missing ids: none).
-    pub(crate) ns_read_tokens: Vec<Vec<String>>,
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
     pub(crate) cluster: Arc<Cluster>,
-    /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
-    pub(crate) cluster_secret: ClusterSecret,
-    /// The longest a call to another node made for a request may take (four heartbeats, as
-    /// the mover's): asking for objects while the cluster settles, moving them when asked.
-    pub(crate) peer_timeout: std::time::Duration,
     /// Limits before the handshake and the timeouts of every stage of a connection.
     pub(crate) conn: ConnPolicy,
     /// Handoff watches and tombstones (told of every commit by the pool).
     pub(crate) watches: Arc<crate::watch::Watches>,
     /// Turns of the bulk transfers (docs/ARCHITECTURE.md, "Scheduling").
     pub(crate) bulk: Arc<crate::bulk::Bulk>,
-    /// Wrong tokens, per peer address and across the node (`[limits] auth_failures`,
-    /// `auth_failures_per_second`).
-    pub(crate) auth_failures: crate::auth_limit::AuthFailures,
-    /// Wrong proofs of the cluster secret, across the node
-    /// (`[limits] cluster_auth_failures_per_second`).
-    pub(crate) cluster_auth_failures: crate::auth_limit::AuthFailures,
     /// Heap buffers released by closed connections, given back to the OS in batches.
     pub(crate) trim: Arc<crate::trim::Trim>,
-    /// Authenticated connections per token (`[limits] max_connections_per_token`).
-    pub(crate) tokens: Arc<crate::admission::TokenCounts>,
     /// The staging areas of same-host writers.
     pub(crate) stagings: Arc<crate::staging::Stagings>,
     /// What peers make the node hold, per connection and per namespace, and its bounds.
     pub(crate) ledger: Arc<crate::ledger::Ledger>,
+    /// Who may connect, and which namespaces each token opens.
+    pub(crate) auth: Auth,
+    /// What proves and bounds the cluster's own peers.
+    pub(crate) peers: PeerPolicy,
+}
+
+/// Who may connect, and which namespaces each token opens.
+pub(crate) struct Auth {
+    /// The node's token: admits to every namespace (empty: none needed).
+    pub(crate) token: String,
+    /// Per namespace id, the tokens that may use it (empty, with no read tokens either: every
+    /// accepted client).
+    pub(crate) ns_tokens: Vec<Vec<String>>,
+    /// Per namespace id, the tokens that may only read it (missing ids: none).
+    pub(crate) ns_read_tokens: Vec<Vec<String>>,
+    /// Wrong tokens, per peer address and across the node (`[limits] auth_failures`,
+    /// `auth_failures_per_second`).
+    pub(crate) failures: crate::auth_limit::AuthFailures,
+    /// Authenticated connections per token (`[limits] max_connections_per_token`).
+    pub(crate) per_token: Arc<crate::admission::TokenCounts>,
+}
+
+/// What proves and bounds the cluster's own peers.
+pub(crate) struct PeerPolicy {
+    /// Proves cluster peers (`ClusterAuth`): only they may gossip, drain and move objects.
+    pub(crate) secret: ClusterSecret,
+    /// Wrong proofs of the cluster secret, across the node
+    /// (`[limits] cluster_auth_failures_per_second`).
+    pub(crate) failures: crate::auth_limit::AuthFailures,
+    /// The longest a call to another node made for a request may take (four heartbeats, as
+    /// the mover's): asking for objects while the cluster settles, moving them when asked.
+    pub(crate) timeout: std::time::Duration,
 }
 
 /// Why a token was not accepted.
@@ -193,11 +206,12 @@ impl Shared {
         let presented = token_digest(token.as_bytes());
         let matches = |t: &String| digests_equal(&presented, &token_digest(t.as_bytes()));
         let any = |ts: &[String]| ts.iter().fold(false, |any, t| any | matches(t));
-        let admin = !self.token.is_empty() & matches(&self.token);
+        let admin = !self.auth.token.is_empty() & matches(&self.auth.token);
         let none = Vec::new();
-        let read_tokens = |i: usize| self.ns_read_tokens.get(i).unwrap_or(&none);
+        let read_tokens = |i: usize| self.auth.ns_read_tokens.get(i).unwrap_or(&none);
         // Per namespace: (open to everyone, a write token matched, a read token matched).
         let per_ns: Vec<(bool, bool, bool)> = self
+            .auth
             .ns_tokens
             .iter()
             .enumerate()
@@ -207,7 +221,7 @@ impl Shared {
             })
             .collect();
         let ns_token = per_ns.iter().fold(false, |acc, &(_, w, r)| acc | w | r);
-        if !(self.token.is_empty() || admin || ns_token) {
+        if !(self.auth.token.is_empty() || admin || ns_token) {
             return None;
         }
         Some(Access {
@@ -232,13 +246,13 @@ impl Shared {
         peer: Option<std::net::IpAddr>,
     ) -> Result<Access, AuthDenied> {
         let now = Instant::now();
-        if let Err(throttled) = self.auth_failures.check(peer, now) {
+        if let Err(throttled) = self.auth.failures.check(peer, now) {
             self.metrics.auth_throttled();
             return Err(AuthDenied::Throttled(throttled));
         }
         self.authenticate(token).ok_or_else(|| {
             self.metrics.auth_failed();
-            self.auth_failures.failed(peer, now);
+            self.auth.failures.failed(peer, now);
             AuthDenied::Wrong
         })
     }
@@ -255,19 +269,16 @@ impl Shared {
         proof: &kvpool::protocol::auth::AuthBytes,
     ) -> Result<(), AuthDenied> {
         let now = Instant::now();
-        if let Err(throttled) = self.cluster_auth_failures.check(peer, now) {
+        if let Err(throttled) = self.peers.failures.check(peer, now) {
             self.metrics.cluster_auth_throttled();
             return Err(AuthDenied::Throttled(throttled));
         }
         let node = self.hello.node;
-        if self
-            .cluster_secret
-            .verify_peer(node, challenge, nonce, proof)
-        {
+        if self.peers.secret.verify_peer(node, challenge, nonce, proof) {
             return Ok(());
         }
         self.metrics.cluster_auth_failed();
-        self.cluster_auth_failures.failed(peer, now);
+        self.peers.failures.failed(peer, now);
         Err(AuthDenied::Wrong)
     }
 
@@ -288,7 +299,7 @@ impl Shared {
         if held.as_ref().is_some_and(|h| *h.key() == digest) {
             return Ok(());
         }
-        match self.tokens.enter(digest) {
+        match self.auth.per_token.enter(digest) {
             Some(slot) => {
                 *held = Some(slot);
                 Ok(())
@@ -299,7 +310,7 @@ impl Shared {
                 Err(format!(
                     "this token has {} connections open already \
                      (limits.max_connections_per_token)",
-                    self.tokens.max()
+                    self.auth.per_token.max()
                 ))
             }
         }
@@ -609,8 +620,8 @@ impl Shared {
     /// What this node proves itself to its peers with: its token and the cluster secret.
     pub(crate) fn peer_auth(&self) -> crate::peer::PeerAuth {
         crate::peer::PeerAuth {
-            token: self.token.clone(),
-            secret: self.cluster_secret.clone(),
+            token: self.auth.token.clone(),
+            secret: self.peers.secret.clone(),
         }
     }
 

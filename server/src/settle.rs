@@ -57,7 +57,7 @@ impl Shared {
             return;
         }
         let creds = self.peer_auth();
-        let mut peers = Peers::new(&view, &creds, self.cluster.me(), self.peer_timeout);
+        let mut peers = Peers::new(&view, &creds, self.cluster.me(), self.peers.timeout);
         let ask = Ask {
             m: &self.cluster,
             view: &view,

@@ -106,7 +106,7 @@ async fn a_lone_node_serves_and_one_with_peers_joins() {
     let team = pool.namespace_id("team").unwrap();
     let repl = s.replication(team).unwrap();
     assert_eq!((repl.replicas, repl.pinned_replicas), (1, 3));
-    assert_eq!(s.ns_tokens[team as usize], ["team-token"]);
+    assert_eq!(s.auth.ns_tokens[team as usize], ["team-token"]);
     assert_eq!(s.hello.max_batch, s.limits.max_batch);
     let _ = std::fs::remove_dir_all(c.data_dir());
 }

@@ -46,7 +46,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         let proof = self
             .s
-            .cluster_secret
+            .peers
+            .secret
             .node_proof(node, &self.session.challenge, nonce);
         self.reply(id, Reply::ClusterAuth { proof }, &[]).await?;
         Ok(true)
@@ -187,7 +188,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             &s.cluster,
             (ns, r, keys),
             (&creds, &s.bulk),
-            s.peer_timeout,
+            s.peers.timeout,
             s.started,
         )
         .await;

@@ -46,13 +46,8 @@ fn shared() -> Shared {
         pool,
         metrics: Arc::default(),
         limits,
-        token: "node-token".into(),
-        ns_tokens: vec![Vec::new(), vec!["team-token".into()]],
-        ns_read_tokens: vec![Vec::new(), vec!["team-reader".into()]],
         started: Instant::now(),
         cluster,
-        cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32]).unwrap(),
-        peer_timeout: Duration::from_secs(1),
         conn: ConnPolicy {
             hello_limits: limits,
             handshake: Duration::from_secs(1),
@@ -66,16 +61,25 @@ fn shared() -> Shared {
             Default::default(),
         )),
         bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
-        auth_failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60), 0),
-        cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
         trim: Default::default(),
-        tokens: crate::admission::TokenCounts::new(2),
         stagings: crate::staging::Stagings::new(
             (1 << 20, 4 << 20),
             ledger.clone(),
             Default::default(),
         ),
         ledger,
+        auth: Auth {
+            token: "node-token".into(),
+            ns_tokens: vec![Vec::new(), vec!["team-token".into()]],
+            ns_read_tokens: vec![Vec::new(), vec!["team-reader".into()]],
+            failures: crate::auth_limit::AuthFailures::new(2, Duration::from_secs(60), 0),
+            per_token: crate::admission::TokenCounts::new(2),
+        },
+        peers: PeerPolicy {
+            secret: ClusterSecret::from_file_contents(&[b'k'; 32]).unwrap(),
+            failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+            timeout: Duration::from_secs(1),
+        },
     }
 }
 
@@ -119,7 +123,7 @@ fn a_read_token_reads_its_namespace_and_writes_nothing_of_it() {
 #[test]
 fn a_namespace_token_does_not_reach_another_tokens_namespace() {
     let mut s = shared();
-    s.ns_tokens[0] = vec!["default-token".into()];
+    s.auth.ns_tokens[0] = vec!["default-token".into()];
     let team = s.authenticate("team-token").unwrap();
     let refused = s.namespace(&team, DEFAULT_NAMESPACE).unwrap_err();
     assert_eq!(refused, NamespaceError::Unauthorized("default".into()));
