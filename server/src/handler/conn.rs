@@ -352,7 +352,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
 
     /// The digest of the token this connection authenticated with (of the empty token when
     /// none): who may use the staging areas it names. Every non-empty token holds a slot
-    /// ([`Conn::token_slot`]) keyed by it.
+    /// ([`Session::token_slot`]) keyed by it.
     pub(super) fn token_digest(&self) -> [u8; 32] {
         static NONE: std::sync::LazyLock<[u8; 32]> =
             std::sync::LazyLock::new(|| auth::token_digest(b""));
