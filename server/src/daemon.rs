@@ -89,11 +89,7 @@ impl Daemon {
         // directory; every file in it is the daemon user's alone (0600).
         kvpool::segment::create_dir(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-        let policy = (
-            config.wire_limits()?,
-            conn_policy(&config)?,
-            config.ledger_bounds()?,
-        );
+        let policy = (conn_policy(&config)?, config.ledger_bounds()?);
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
@@ -439,7 +435,7 @@ fn shared(
     config: &Config,
     (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Cluster>, &PeerAuth),
     bound: &Bound,
-    (limits, conn, bounds): (Limits, ConnPolicy, crate::ledger::Bounds),
+    (conn, bounds): (ConnPolicy, crate::ledger::Bounds),
 ) -> Shared {
     let namespaces = pool.namespaces();
     let capacities: Vec<u64> = (0..namespaces.len() as u32)
@@ -447,11 +443,10 @@ fn shared(
         .collect();
     let ledger = crate::ledger::Ledger::new(&bounds, &capacities);
     let trim: Arc<crate::trim::Trim> = Default::default();
-    let hello = hello_info(config, pool, bound, &limits);
+    let hello = hello_info(config, pool, bound, &conn.limits);
     Shared {
         pool: pool.clone(),
         metrics: metrics.clone(),
-        limits,
         started: Instant::now(),
         hello,
         cluster: membership.clone(),
@@ -560,10 +555,12 @@ fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::Bu
     }
 }
 
-/// The limits before the handshake and the timeouts of every stage of a connection.
+/// The limits before and after the handshake and the timeouts of every stage of a connection.
 fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
+    let limits = config.wire_limits()?;
     crate::staging::check_setting(&config.memory.same_host_writes)?;
     Ok(ConnPolicy {
+        limits,
         hello_limits: config.hello_limits()?,
         handshake: Duration::from_millis(config.limits.handshake_timeout_ms.max(1)),
         idle: match config.limits.idle_timeout_ms {

@@ -58,7 +58,6 @@ impl Harness {
             hello: hello(&pool, &limits),
             pool,
             metrics: Arc::default(),
-            limits,
             started: Instant::now(),
             cluster,
             conn: conn_policy(limits),
@@ -144,6 +143,7 @@ fn hello(pool: &Pool, limits: &Limits) -> HelloInfo {
 /// The harness's timeouts: generous, and no idle timeout (the clock advances by itself).
 fn conn_policy(limits: Limits) -> ConnPolicy {
     ConnPolicy {
+        limits,
         hello_limits: Limits {
             max_header: MAX_HELLO_HEADER,
             max_payload: 0,

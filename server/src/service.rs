@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use kvpool::pool::{ObjectRef, ScanPage};
 use kvpool::protocol::auth::ClusterSecret;
-use kvpool::protocol::{ErrorCode, HelloInfo, Limits, Replication};
+use kvpool::protocol::{ErrorCode, HelloInfo, Replication};
 use kvpool::{GlobalAddr, Millis, Pool, PoolError};
 
 use crate::cluster::{Cluster, Continuity};
@@ -29,11 +29,10 @@ use crate::metrics::Metrics;
 pub(crate) struct Shared {
     pub(crate) pool: Arc<Pool>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) limits: Limits,
     pub(crate) started: Instant,
     pub(crate) hello: HelloInfo,
     pub(crate) cluster: Arc<Cluster>,
-    /// Limits before the handshake and the timeouts of every stage of a connection.
+    /// Limits before and after the handshake and the timeouts of every stage of a connection.
     pub(crate) conn: ConnPolicy,
     /// Handoff watches and tombstones (told of every commit by the pool).
     pub(crate) watches: Arc<crate::watch::Watches>,
@@ -330,7 +329,7 @@ impl Shared {
 
     /// Refuses a batch of more than `limits.max_batch` items.
     pub(crate) fn batch_check(&self, n: usize) -> Result<(), ErrorCode> {
-        if n > self.limits.max_batch as usize {
+        if n > self.conn.limits.max_batch as usize {
             self.metrics.limit_refused(crate::metrics::Limit::Batch);
             return Err(ErrorCode::BatchTooLarge);
         }
@@ -590,7 +589,7 @@ impl Shared {
         if prefix.len() > kvpool::MAX_KEY_LEN {
             return Err(PoolError::BadKey);
         }
-        let budget = count.clamp(1, self.limits.max_batch.max(1)) as usize;
+        let budget = count.clamp(1, self.conn.limits.max_batch.max(1)) as usize;
         let mut page = self
             .pool
             .scan(ns, cursor, budget, &mut |k| k.starts_with(prefix))?;

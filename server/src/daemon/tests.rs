@@ -95,11 +95,7 @@ async fn a_lone_node_serves_and_one_with_peers_joins() {
     assert!(refused.contains("no cluster secret"), "{refused}");
 
     let metrics = Arc::new(Metrics::default());
-    let policy = (
-        c.wire_limits().unwrap(),
-        conn_policy(&c).unwrap(),
-        c.ledger_bounds().unwrap(),
-    );
+    let policy = (conn_policy(&c).unwrap(), c.ledger_bounds().unwrap());
     let parts = (&pool, &metrics, &joining, &creds);
     let s = shared(&c, parts, &bound, policy);
     assert_eq!(s.hello.namespaces, pool.namespaces());
@@ -107,7 +103,7 @@ async fn a_lone_node_serves_and_one_with_peers_joins() {
     let repl = s.replication(team).unwrap();
     assert_eq!((repl.replicas, repl.pinned_replicas), (1, 3));
     assert_eq!(s.auth.ns_tokens[team as usize], ["team-token"]);
-    assert_eq!(s.hello.max_batch, s.limits.max_batch);
+    assert_eq!(s.hello.max_batch, s.conn.limits.max_batch);
     let _ = std::fs::remove_dir_all(c.data_dir());
 }
 

@@ -301,7 +301,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
             _ => return,
         };
         // A batch over the limit is refused as it is.
-        if keys.len() <= self.s.limits.max_batch as usize {
+        if keys.len() <= self.s.conn.limits.max_batch as usize {
             self.s.settle_misses(ns, &keys, self.req.stamp).await;
         }
     }
@@ -371,7 +371,7 @@ impl<'a, R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'a, R, 
                     ),
                     ErrorCode::BatchTooLarge => format!(
                         "BatchTooLarge: at most {} items per request (limits.max_batch)",
-                        self.s.limits.max_batch
+                        self.s.conn.limits.max_batch
                     ),
                     _ => format!("{code:?}"),
                 };

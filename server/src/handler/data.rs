@@ -58,7 +58,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         (pin, depths): (bool, &Archived<Vec<u32>>),
         payload: u64,
     ) -> Next {
-        let max_batch = self.s.limits.max_batch as usize;
+        let max_batch = self.s.conn.limits.max_batch as usize;
         let total: Option<u64> = items
             .iter()
             .try_fold(0u64, |acc, i| acc.checked_add(i.len.to_native()));
@@ -101,7 +101,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         prefix: bool,
         now: Millis,
     ) -> Next {
-        if keys.len() > self.s.limits.max_batch as usize {
+        if keys.len() > self.s.conn.limits.max_batch as usize {
             self.s.metrics.limit_refused(Limit::Batch);
             self.fail(id, ErrorCode::BatchTooLarge, "too many keys")
                 .await?;

@@ -144,7 +144,7 @@ where
                 && self.held.watching.is_none()
                 && self.held.staging.is_none()
         });
-        (&self.s.limits, idle.map(|d| Instant::now() + d))
+        (&self.s.conn.limits, idle.map(|d| Instant::now() + d))
     }
 
     /// Between requests of a watching connection: writes its events until the next request's

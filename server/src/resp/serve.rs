@@ -62,7 +62,7 @@ pub(crate) async fn serve<R, W>(
     // value) fails the connection after `read_timeout_ms` without progress.
     let mut r = ReadStall::new(r, shared.conn.read);
     let mut conn = Conn::new(&shared, &door, id, peer, w);
-    let authed = door.config.limits(shared.limits.max_payload);
+    let authed = door.config.limits(shared.conn.limits.max_payload);
     let mut input = Input::new(door.clone(), authed, &conn);
     let connected = tokio::time::Instant::now();
     loop {

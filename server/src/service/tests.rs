@@ -3,6 +3,7 @@ use std::time::Duration;
 use kvpool::addr::NodeId;
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
 use kvpool::pool::{NamespaceConfig, DEFAULT_NAMESPACE};
+use kvpool::protocol::Limits;
 use kvpool::segment::{Backing, HugePages};
 use kvpool::PoolConfig;
 
@@ -45,10 +46,10 @@ fn shared() -> Shared {
         },
         pool,
         metrics: Arc::default(),
-        limits,
         started: Instant::now(),
         cluster,
         conn: ConnPolicy {
+            limits,
             hello_limits: limits,
             handshake: Duration::from_secs(1),
             idle: None,
@@ -323,7 +324,7 @@ fn a_prefix_scan_lists_committed_keys_with_the_prefix_once() {
     assert!(scan_all(&s, 1, 1000, b"nothing/", Routing::Direct).is_empty());
     // A page never looks at more than max_batch slots, whatever the count asks.
     let mut small = shared();
-    small.limits.max_batch = 3;
+    small.conn.limits.max_batch = 3;
     for i in 0..20 {
         small
             .put_value(0, format!("k{i}").as_bytes(), b"v", None, false)
@@ -349,7 +350,7 @@ fn a_prefix_scan_lists_committed_keys_with_the_prefix_once() {
 #[test]
 fn batches_over_the_limit_are_refused() {
     let s = shared();
-    let max = s.limits.max_batch as usize;
+    let max = s.conn.limits.max_batch as usize;
     assert_eq!(s.batch_check(max), Ok(()));
     assert_eq!(s.batch_check(max + 1), Err(ErrorCode::BatchTooLarge));
 }
