@@ -18,6 +18,7 @@
 //!   `Remove`, `Clear`, `Scan`, over the transport-independent operations of [`crate::service`];
 //! - `one_sided`: `Alloc`, `Write`, `Commit`, `Abort`, `Read`, `MapInfo` (access by address);
 //! - `prefix`: `Lookup`, `Release`, `Pin` (finding, leasing and pinning objects by key);
+//! - `handoff`: `Watch`, `Unwatch`, `Subscribe`, `Fail`, `Cancel` (docs/HANDOFF.md);
 //! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch`, `Move` (node to node).
 
 mod admin;
