@@ -1,5 +1,5 @@
 //! The metrics listener (`listen.metrics`): `GET /metrics` answers the page that
-//! [`Metrics::render`](crate::metrics::Metrics) encodes, `GET /health` answers `ok`, anything
+//! [`Metrics::render`](super::series::Metrics) encodes, `GET /health` answers `ok`, anything
 //! else 404. HTTP/1.1 served by hyper, one request per connection, the request head read within
 //! 5 s into a bounded buffer, at most [`MAX_SCRAPES`] connections at once.
 
@@ -16,10 +16,10 @@ use kvpool::Pool;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use super::series::Metrics;
 use crate::admission::AcceptErrors;
 use crate::config::NamespaceMetrics;
 use crate::ledger::Ledger;
-use crate::metrics::Metrics;
 
 /// The content type of the page.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
