@@ -66,6 +66,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         hello.challenge = self.challenge;
         // The connection speaks the version it asked for.
         hello.version = version;
+        self.version = version;
         hello.namespaces.retain(|(_, id)| access.allows(*id));
         hello.replication.retain(|r| access.allows(r.ns));
         hello.view = self.s.cluster.view();

@@ -112,6 +112,7 @@ pub(crate) async fn serve<R, W>(
         tcp_fd,
         peer: false,
         challenge: [0; auth::AUTH_LEN],
+        version: 0,
         stamp: 0,
         holds: Holds {
             pool: &shared.pool,
@@ -253,6 +254,8 @@ struct Conn<'a, R, W> {
     peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.
     challenge: AuthBytes,
+    /// The protocol version the connection speaks (asked for in its `Hello`; 0 before).
+    version: u32,
     /// The view stamp the request being served was routed by (0: none; see [`Conn::routing`]).
     stamp: u64,
     /// The objects this connection holds (`Hold`); ended when the connection is dropped.
