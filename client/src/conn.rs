@@ -449,6 +449,12 @@ impl ConnWriter {
     }
 }
 
+/// A reply read apart from its request (by a watching connection's reader): the node's answer,
+/// or its refusal as the client's error.
+pub(crate) fn judged(reply: Reply) -> Result<Reply, ClientError> {
+    Outcome::of(reply).into_result().map_err(refused)
+}
+
 /// A node's refusal (its code and words) as the client's error.
 fn refused((code, message): (ErrorCode, String)) -> ClientError {
     ClientError::Server { code, message }
