@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{cfg, serving};
 use common::{value, Node};
-use kvpool::protocol::{encode, FramePrefix, Op, Priority, Request, PROTOCOL_VERSION};
+use kvpool::protocol::{Exchange, FramePrefix, Op, PROTOCOL_VERSION};
 use kvpool_client::{Client, ClientConfig, ClientError, Prefix, SameHost};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -411,22 +411,12 @@ async fn pump(
 
 /// A `Hello` frame, as a client that presents no token sends it.
 fn hello_frame() -> Vec<u8> {
-    let hdr = encode(&Request {
-        id: 1,
-        view: 0,
-        priority: Priority::Normal as u8,
-        deadline_us: 0,
-        op: Op::Hello {
-            version: PROTOCOL_VERSION,
-            token: String::new(),
-            client: "chaos".into(),
-        },
-    });
-    let prefix = FramePrefix {
-        header_len: hdr.len() as u32,
-        payload_len: 0,
+    let hello = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: String::new(),
+        client: "chaos".into(),
     };
-    [&prefix.encode()[..], &hdr[..]].concat()
+    Exchange::new().request(hello).frame(&[])
 }
 
 /// Connects to `to` from loopback address `from` (the node counts connections per address).

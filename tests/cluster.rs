@@ -130,7 +130,7 @@ async fn raw_get_with_view(addr: &str, view: u64, key: &[u8]) -> u16 {
 async fn raw_with_view(addr: &str, view: u64, op: kvpool::protocol::Op) -> u16 {
     use kvpool::protocol::io::{read_header, read_prefix, write_frame};
     use kvpool::protocol::{
-        decode_response_owned, encode, AlignedVec, Limits, Op, Reply, Request, PROTOCOL_VERSION,
+        decode_response_owned, AlignedVec, ErrorCode, Exchange, Limits, Op, Reply, PROTOCOL_VERSION,
     };
     use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -144,14 +144,10 @@ async fn raw_with_view(addr: &str, view: u64, op: kvpool::protocol::Op) -> u16 {
     ];
     let mut last = 0;
     for (id, op) in ops.into_iter().enumerate() {
-        let hdr = encode(&Request {
-            id: id as u64,
-            view: if id == 0 { 0 } else { view },
-            priority: kvpool::protocol::Priority::Normal as u8,
-            deadline_us: 0,
-            op,
-        });
-        write_frame(&mut s, &hdr, &[]).await.unwrap();
+        let mut exchange = Exchange::new();
+        exchange.view = if id == 0 { 0 } else { view };
+        let out = exchange.request_as(id as u64, op);
+        write_frame(&mut s, &out.header, &[]).await.unwrap();
         s.flush().await.unwrap();
         let p = read_prefix(&mut s, &Limits::default())
             .await
@@ -164,6 +160,7 @@ async fn raw_with_view(addr: &str, view: u64, op: kvpool::protocol::Op) -> u16 {
             .unwrap();
         last = match decode_response_owned(&h).unwrap().reply {
             Reply::Error { code, .. } => code,
+            Reply::Miss => ErrorCode::NotFound as u16,
             _ => 0,
         };
     }

@@ -14,8 +14,8 @@ use common::{temp_dir, value, write_secret, Node};
 use kvpool::placement::{ClusterView, NodeInfo, NodeState};
 use kvpool::protocol::io::{discard, read_header, read_prefix};
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Reply, Request,
-    MAGIC, PROTOCOL_VERSION,
+    decode_response_owned, AlignedVec, ErrorCode, Exchange, HelloInfo, Limits, Op, Reply, MAGIC,
+    PROTOCOL_VERSION,
 };
 use kvpool::NodeId;
 use kvpool_client::{Client, SameHost};
@@ -27,14 +27,17 @@ const HEARTBEAT: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "600"];
 /// One raw protocol connection, as any program that reaches the port could open.
 struct Raw {
     s: TcpStream,
-    next: u64,
+    exchange: Exchange,
 }
 
 impl Raw {
     /// Connects and says `Hello` with no token.
     async fn hello(addr: &str) -> (Raw, HelloInfo) {
         let s = TcpStream::connect(addr).await.unwrap();
-        let mut r = Raw { s, next: 1 };
+        let mut r = Raw {
+            s,
+            exchange: Exchange::new(),
+        };
         let hello = Op::Hello {
             version: PROTOCOL_VERSION,
             token: String::new(),
@@ -48,15 +51,8 @@ impl Raw {
 
     /// Sends one request; the reply, or None when the node closed the connection.
     async fn call(&mut self, op: Op) -> Option<Reply> {
-        let hdr = encode(&Request {
-            id: self.next,
-            view: 0,
-            priority: kvpool::protocol::Priority::Normal as u8,
-            deadline_us: 0,
-            op,
-        });
-        self.next += 1;
-        self.send_raw(&frame(&hdr)).await
+        let frame = self.exchange.request(op).frame(&[]);
+        self.send_raw(&frame).await
     }
 
     /// Sends bytes as they are and reads one reply (bounded: 2 s); None when the node closed
@@ -241,16 +237,7 @@ async fn frames_of_random_bytes_never_drain_a_node() {
         Op::Stats,
     ]
     .into_iter()
-    .map(|op| {
-        encode(&Request {
-            id: 9,
-            view: 0,
-            priority: kvpool::protocol::Priority::Normal as u8,
-            deadline_us: 0,
-            op,
-        })
-        .to_vec()
-    })
+    .map(|op| Exchange::new().request_as(9, op).header.to_vec())
     .collect();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut rand = move || {

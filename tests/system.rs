@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::raw::{recv, send};
 use common::{value, Node};
 use kvpool::protocol::{
-    encode, ErrorCode, FramePrefix, Op, PutItem, Reply, Request, Response, MIN_PROTOCOL_VERSION,
-    PROTOCOL_VERSION,
+    ErrorCode, Exchange, FramePrefix, Op, PutItem, Reply, Response, MIN_PROTOCOL_VERSION,
+    MISS_VERSION, PROTOCOL_VERSION,
 };
 use kvpool::GlobalAddr;
 use kvpool_client::{Client, ClientConfig, ClientError, SameHost};
@@ -541,6 +541,27 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
     }
     send(&mut s, 2, Op::Stats, &[]).await;
     assert!(matches!(recv(&mut s).await.unwrap().reply, Reply::Stats(_)));
+    // An absent key is an error to a client of a version before `Miss`, a reply from it on.
+    let absent = || Op::Get {
+        ns: 0,
+        key: b"absent".to_vec(),
+    };
+    send(&mut s, 3, absent(), &[]).await;
+    assert_eq!(
+        error_code(&recv(&mut s).await.unwrap()),
+        ErrorCode::NotFound
+    );
+    let mut s = raw_conn(&n).await;
+    let knows_miss = Op::Hello {
+        version: MISS_VERSION,
+        token: String::new(),
+        client: "current client".into(),
+    };
+    send(&mut s, 1, knows_miss, &[]).await;
+    assert!(matches!(recv(&mut s).await.unwrap().reply, Reply::Hello(_)));
+    send(&mut s, 2, absent(), &[]).await;
+    let r = recv(&mut s).await.unwrap();
+    assert_eq!((r.id, r.reply), (2, Reply::Miss));
 
     // A header that fails validation, with a payload: answered, payload skipped, stream in sync.
     let mut s = raw_conn(&n).await;
@@ -725,28 +746,15 @@ async fn bad_input_gets_clear_errors_and_the_node_keeps_serving() {
     // A connection that vanishes mid-payload leaves nothing behind.
     let mut s = raw_conn(&n).await;
     hello(&mut s, "").await;
-    let hdr = encode(&Request {
-        id: 2,
-        view: 0,
-        priority: kvpool::protocol::Priority::Normal as u8,
-        deadline_us: 0,
-        op: Op::Put {
-            ns: 0,
-            key: b"torn".to_vec(),
-            checksum: 0,
-            pin: false,
-        },
-    });
-    s.write_all(
-        &FramePrefix {
-            header_len: hdr.len() as u32,
-            payload_len: 1 << 20,
-        }
-        .encode(),
-    )
-    .await
-    .unwrap();
-    s.write_all(&hdr).await.unwrap();
+    let torn = Op::Put {
+        ns: 0,
+        key: b"torn".to_vec(),
+        checksum: 0,
+        pin: false,
+    };
+    let out = Exchange::new().request_as(2, torn);
+    s.write_all(&out.prefix(1 << 20)).await.unwrap();
+    s.write_all(&out.header).await.unwrap();
     s.write_all(&[1u8; 1000]).await.unwrap();
     drop(s);
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame, FrameReader, LowWater};
+pub(crate) use kvpool::protocol::Class;
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
-    Request, Response, MIN_PROTOCOL_VERSION,
+    decode_response_owned, judge, AlignedVec, ErrorCode, Exchange, HelloInfo, Limits, Op, Outcome,
+    Reply, Response, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -41,7 +42,9 @@ pub(crate) struct Conn {
     r: FrameReader<Reader>,
     w: BufWriter<Writer>,
     hdr: AlignedVec,
-    next_id: u64,
+    /// Builds the requests and judges the replies. Its view stamp and class, which the next
+    /// requests carry, are set by the pool per call.
+    pub(crate) exchange: Exchange,
     limits: Limits,
     /// The socket, for [`Conn::looks_open`] (None for a QUIC stream). Owned by `r` and `w`.
     fd: Option<RawFd>,
@@ -51,25 +54,33 @@ pub(crate) struct Conn {
     quic: Option<quinn::Connection>,
     /// When the connection last finished an exchange (set by the pool).
     pub(crate) last_used: Instant,
-    /// The view stamp the next requests are routed by (0: sent to this node on purpose).
-    pub(crate) view: u64,
-    /// The bulk priority and deadline the next requests carry (set by the pool per call).
-    pub(crate) class: Class,
-}
-
-/// What a request says about its urgency: its bulk priority and its deadline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Class {
-    pub(crate) priority: Priority,
-    /// Microseconds; 0: none.
-    pub(crate) deadline_us: u64,
 }
 
 impl Conn {
     /// Opens a stream and performs the handshake. `bulk`: the stream carries bulk calls; on
     /// QUIC it gets a lower send priority than the latency streams of the same connection, so
     /// a small request's bytes go out before a large put's.
+    ///
+    /// Asks for this build's protocol version, and, when the node is older
+    /// (`UnsupportedVersion`), opens the stream again asking for [`MIN_PROTOCOL_VERSION`]:
+    /// everything a client sends is of that version, and only the answers differ (a miss is an
+    /// error there, `Miss` from [`kvpool::protocol::MISS_VERSION`] on).
     pub(crate) async fn open(
+        endpoint: &Endpoint,
+        cfg: &ClientConfig,
+        stream: (Option<&quinn::Connection>, bool),
+    ) -> Result<(Conn, HelloInfo), ClientError> {
+        match Conn::open_as(PROTOCOL_VERSION, endpoint, cfg, stream).await {
+            Err(ClientError::Server {
+                code: ErrorCode::UnsupportedVersion,
+                ..
+            }) => Conn::open_as(MIN_PROTOCOL_VERSION, endpoint, cfg, stream).await,
+            r => r,
+        }
+    }
+
+    async fn open_as(
+        version: u32,
         endpoint: &Endpoint,
         cfg: &ClientConfig,
         (quic, bulk): (Option<&quinn::Connection>, bool),
@@ -118,13 +129,11 @@ impl Conn {
             r: FrameReader::with_capacity(IO_BUFFER, r),
             w: BufWriter::with_capacity(IO_BUFFER, w),
             hdr: AlignedVec::new(),
-            next_id: 1,
+            exchange: Exchange::new(),
             fd,
             unix: matches!(endpoint, Endpoint::Unix(_)),
             quic: quic.cloned(),
             last_used: Instant::now(),
-            view: 0,
-            class: Class::default(),
             // Generous until the node tells us its limits: responses are bounded by what we ask.
             limits: Limits {
                 max_header: 64 << 20,
@@ -132,10 +141,8 @@ impl Conn {
                 max_batch: u32::MAX,
             },
         };
-        // Everything a client sends is protocol 5 (6 added only node-to-node traffic), so it
-        // asks for 5: nodes of 5 and of 6 alike accept it, whichever is upgraded first.
         let hello = Op::Hello {
-            version: MIN_PROTOCOL_VERSION,
+            version,
             token: cfg.token.clone(),
             client: cfg.client_name.clone(),
         };
@@ -211,17 +218,9 @@ impl Conn {
 
     /// Sends one request without waiting; returns its id. Call [`Conn::flush`] after a batch.
     pub(crate) async fn send(&mut self, op: Op, payload: &[&[u8]]) -> Result<u64, ClientError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let hdr = encode(&Request {
-            id,
-            view: self.view,
-            priority: self.class.priority as u8,
-            deadline_us: self.class.deadline_us,
-            op,
-        });
-        write_frame(&mut self.w, &hdr, payload).await?;
-        Ok(id)
+        let out = self.exchange.request(op);
+        write_frame(&mut self.w, &out.header, payload).await?;
+        Ok(out.id)
     }
 
     pub(crate) async fn flush(&mut self) -> Result<(), ClientError> {
@@ -229,26 +228,28 @@ impl Conn {
         Ok(())
     }
 
-    /// Receives the next response header; the caller must consume its payload.
-    pub(crate) async fn recv(&mut self, id: u64) -> Result<(Reply, u64), ClientError> {
+    /// Receives the response to request `id`, judged; the caller must consume the payload of a
+    /// `Done` (any other outcome's is skipped here).
+    pub(crate) async fn recv_outcome(&mut self, id: u64) -> Result<(Outcome, u64), ClientError> {
         let prefix = read_prefix(&mut self.r, &self.limits)
             .await?
             .ok_or_else(|| ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()))?;
         read_header(&mut self.r, &prefix, &mut self.hdr).await?;
-        let Response { id: got, reply } = decode_response_owned(&self.hdr)?;
-        if got != id && got != 0 {
-            return Err(ClientError::Protocol(format!(
-                "response {got} for request {id}"
-            )));
+        let outcome = judge(id, decode_response_owned(&self.hdr)?)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if matches!(outcome, Outcome::Done(_)) {
+            return Ok((outcome, prefix.payload_len));
         }
-        if let Reply::Error { code, message } = reply {
-            self.skip(prefix.payload_len).await?;
-            return Err(ClientError::Server {
-                code: ErrorCode::from_u16(code),
-                message,
-            });
-        }
-        Ok((reply, prefix.payload_len))
+        self.skip(prefix.payload_len).await?;
+        Ok((outcome, 0))
+    }
+
+    /// Receives the response to request `id`: the node's answer, whose payload the caller
+    /// consumes, or its refusal as an error (a miss as `NotFound`).
+    pub(crate) async fn recv(&mut self, id: u64) -> Result<(Reply, u64), ClientError> {
+        let (outcome, len) = self.recv_outcome(id).await?;
+        let reply = outcome.into_result().map_err(refused)?;
+        Ok((reply, len))
     }
 
     /// One request, one response (whose payload the caller consumes).
@@ -260,6 +261,25 @@ impl Conn {
         let id = self.send(op, payload).await?;
         self.flush().await?;
         self.recv(id).await
+    }
+
+    /// A read whose miss is an answer: None when the key is not there (`Miss`, or `NotFound`
+    /// from a node of an older protocol), else the reply, whose payload the caller consumes.
+    pub(crate) async fn fetch(&mut self, op: Op) -> Result<Option<(Reply, u64)>, ClientError> {
+        let id = self.send(op, &[]).await?;
+        self.flush().await?;
+        match self.recv_outcome(id).await? {
+            (Outcome::Done(reply), len) => Ok(Some((reply, len))),
+            (Outcome::Miss, _)
+            | (
+                Outcome::Refused {
+                    code: ErrorCode::NotFound,
+                    ..
+                },
+                _,
+            ) => Ok(None),
+            (outcome, _) => Err(refused(outcome.into_result().expect_err("not Done"))),
+        }
     }
 
     /// A call (no payload either way) over a Unix socket whose reply brings file descriptors,
@@ -326,8 +346,8 @@ impl Conn {
             },
             ConnWriter {
                 w: self.w,
-                next_id: self.next_id,
-                view: self.view,
+                // A watching connection's requests are small: of the default class.
+                exchange: self.exchange.with_class(Class::default()),
             },
         )
     }
@@ -411,32 +431,33 @@ impl ConnReader {
 /// The sending half of a split [`Conn`].
 pub(crate) struct ConnWriter {
     w: BufWriter<Writer>,
-    next_id: u64,
-    /// The view stamp requests are routed by.
-    pub(crate) view: u64,
+    exchange: Exchange,
 }
 
 impl ConnWriter {
     /// The id the next request will get.
     pub(crate) fn next_id(&self) -> u64 {
-        self.next_id
+        self.exchange.next_id()
     }
 
     /// Sends one request (no payload) and flushes; returns its id.
     pub(crate) async fn send(&mut self, op: Op) -> Result<u64, ClientError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let hdr = encode(&Request {
-            id,
-            view: self.view,
-            priority: Priority::Normal as u8,
-            deadline_us: 0,
-            op,
-        });
-        write_frame(&mut self.w, &hdr, &[]).await?;
+        let out = self.exchange.request(op);
+        write_frame(&mut self.w, &out.header, &[]).await?;
         self.w.flush().await?;
-        Ok(id)
+        Ok(out.id)
     }
+}
+
+/// A reply read apart from its request (by a watching connection's reader): the node's answer,
+/// or its refusal as the client's error.
+pub(crate) fn judged(reply: Reply) -> Result<Reply, ClientError> {
+    Outcome::of(reply).into_result().map_err(refused)
+}
+
+/// A node's refusal (its code and words) as the client's error.
+fn refused((code, message): (ErrorCode, String)) -> ClientError {
+    ClientError::Server { code, message }
 }
 
 /// The TLS 1.3 client configuration of QUIC and `tls://`: trusting `cfg.ca` (PEM) or, with

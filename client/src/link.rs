@@ -191,8 +191,8 @@ impl Link {
                     c
                 }
             };
-            conn.view = view;
-            conn.class = Class {
+            conn.exchange.view = view;
+            conn.exchange.class = Class {
                 priority: cfg.priority,
                 deadline_us: cfg.deadline.map_or(0, |d| d.as_micros().max(1) as u64),
             };
@@ -502,12 +502,8 @@ impl Link {
         let verify = cfg.verify_checksums;
         let key = key.to_vec();
         self.run(cfg, view, async move |c: &mut Conn| {
-            let (reply, len) = match c.call(Op::Get { ns, key }, &[]).await {
-                Err(ClientError::Server {
-                    code: ErrorCode::NotFound,
-                    ..
-                }) => return Ok(None),
-                r => r?,
+            let Some((reply, len)) = c.fetch(Op::Get { ns, key }).await? else {
+                return Ok(None);
             };
             let Reply::Value { checksum: sum, .. } = reply else {
                 return Err(unexpected(&reply));

@@ -12,8 +12,8 @@
 #![no_main]
 
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, FramePrefix, Limits, Op, Priority, Request,
-    PREFIX_LEN, PROTOCOL_VERSION,
+    decode_response_owned, AlignedVec, Exchange, FramePrefix, Limits, Op, PREFIX_LEN,
+    PROTOCOL_VERSION,
 };
 use kvpool_fuzz::{peak, Counting};
 use kvpool_server::fuzzing::{Harness, NODE_TOKEN, TEAM_TOKEN};
@@ -46,25 +46,12 @@ fuzz_target!(|data: &[u8]| {
 
 /// A `Hello` frame with `token`.
 fn hello(token: &str) -> Vec<u8> {
-    let header = encode(&Request {
-        id: 1,
-        view: 0,
-        priority: Priority::Normal as u8,
-        deadline_us: 0,
-        op: Op::Hello {
-            version: PROTOCOL_VERSION,
-            token: token.into(),
-            client: "fuzz".into(),
-        },
-    });
-    let mut frame = FramePrefix {
-        header_len: header.len() as u32,
-        payload_len: 0,
-    }
-    .encode()
-    .to_vec();
-    frame.extend_from_slice(&header);
-    frame
+    let hello = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: token.into(),
+        client: "fuzz".into(),
+    };
+    Exchange::new().request(hello).frame(&[])
 }
 
 /// Every reply is a frame a client accepts: a valid prefix, a header that decodes, its payload.

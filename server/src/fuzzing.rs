@@ -188,29 +188,14 @@ impl AsyncWrite for Output {
 #[cfg(test)]
 mod tests {
     use kvpool::protocol::{
-        decode_response_owned, encode, AlignedVec, FramePrefix, Op, Priority, Reply, Request,
-        Response, PREFIX_LEN, PROTOCOL_VERSION,
+        decode_response_owned, AlignedVec, ErrorCode, Exchange, FramePrefix, Op, Reply, Response,
+        MISS_VERSION, PREFIX_LEN, PROTOCOL_VERSION,
     };
 
     use super::*;
 
     fn frame(op: Op, id: u64, payload: &[u8]) -> Vec<u8> {
-        let header = encode(&Request {
-            id,
-            view: 0,
-            priority: Priority::Normal as u8,
-            deadline_us: 0,
-            op,
-        });
-        let mut f = FramePrefix {
-            header_len: header.len() as u32,
-            payload_len: payload.len() as u64,
-        }
-        .encode()
-        .to_vec();
-        f.extend_from_slice(&header);
-        f.extend_from_slice(payload);
-        f
+        Exchange::new().request_as(id, op).frame(payload)
     }
 
     fn replies(mut out: &[u8]) -> Vec<Response> {
@@ -227,10 +212,39 @@ mod tests {
     }
 
     fn hello(token: &str) -> Op {
+        hello_as(PROTOCOL_VERSION, token)
+    }
+
+    fn hello_as(version: u32, token: &str) -> Op {
         Op::Hello {
-            version: PROTOCOL_VERSION,
+            version,
             token: token.into(),
             client: "test".into(),
+        }
+    }
+
+    /// An absent key is answered `Miss` on a connection of the version that knows it, and
+    /// `NotFound` on one of an older version.
+    #[test]
+    fn a_miss_is_a_reply_from_its_version_on_and_an_error_before() {
+        let get = || Op::Get {
+            ns: 0,
+            key: b"absent".to_vec(),
+        };
+        let h = Harness::new();
+        for version in [MISS_VERSION - 1, MISS_VERSION, PROTOCOL_VERSION] {
+            let mut input = frame(hello_as(version, NODE_TOKEN), 1, &[]);
+            input.extend(frame(get(), 2, &[]));
+            let r = replies(&h.serve(&input));
+            assert_eq!(r.len(), 2, "{r:?}");
+            match &r[1].reply {
+                Reply::Miss => assert!(version >= MISS_VERSION),
+                Reply::Error { code, .. } => {
+                    assert!(version < MISS_VERSION);
+                    assert_eq!(ErrorCode::from_u16(*code), ErrorCode::NotFound);
+                }
+                other => panic!("{other:?}"),
+            }
         }
     }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, ErrorCode, HelloInfo, Limits, Op, Priority, Reply,
-    Request, Response, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    decode_response_owned, judge, AlignedVec, Class, ErrorCode, Exchange, HelloInfo, Limits, Op,
+    Outcome, Priority, Reply, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -49,7 +49,7 @@ pub(crate) struct Peer {
     r: BufReader<OwnedReadHalf>,
     w: BufWriter<OwnedWriteHalf>,
     hdr: AlignedVec,
-    next_id: u64,
+    exchange: Exchange,
     limits: Limits,
     timeout: Duration,
     /// What the peer said at the handshake.
@@ -96,7 +96,13 @@ impl Peer {
             r: BufReader::with_capacity(64 << 10, r),
             w: BufWriter::with_capacity(64 << 10, w),
             hdr: AlignedVec::new(),
-            next_id: 1,
+            // Everything a node sends a peer is the cluster's own traffic: its moves and copies
+            // are bulk at the lowest priority on the receiving node (ARCHITECTURE.md,
+            // "Scheduling").
+            exchange: Exchange::new().with_class(Class {
+                priority: Priority::Background,
+                deadline_us: 0,
+            }),
             limits: Limits {
                 max_header: 64 << 20,
                 max_payload: u64::MAX,
@@ -157,37 +163,22 @@ impl Peer {
     }
 
     async fn exchange(&mut self, view: u64, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        // Everything a node sends a peer is the cluster's own traffic: its moves and copies are
-        // bulk at the lowest priority on the receiving node (ARCHITECTURE.md, "Scheduling").
-        let hdr = encode(&Request {
-            id,
-            view,
-            priority: Priority::Background as u8,
-            deadline_us: 0,
-            op,
-        });
-        write_frame(&mut self.w, &hdr, payload).await?;
+        self.exchange.view = view;
+        let out = self.exchange.request(op);
+        write_frame(&mut self.w, &out.header, payload).await?;
         self.w.flush().await?;
         let prefix = read_prefix(&mut self.r, &self.limits)
             .await?
             .ok_or_else(|| PeerError::Protocol("peer closed the connection".into()))?;
         read_header(&mut self.r, &prefix, &mut self.hdr).await?;
-        let Response { id: got, reply } =
+        let response =
             decode_response_owned(&self.hdr).map_err(|e| PeerError::Protocol(e.to_string()))?;
-        if got != id {
-            return Err(PeerError::Protocol(format!(
-                "response {got} for request {id}"
-            )));
-        }
-        if let Reply::Error { code, message } = reply {
+        let outcome = judge(out.id, response).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        let Outcome::Done(reply) = outcome else {
             discard(&mut self.r, prefix.payload_len).await?;
-            return Err(PeerError::Server {
-                code: ErrorCode::from_u16(code),
-                message,
-            });
-        }
+            let (code, message) = outcome.into_result().expect_err("not Done");
+            return Err(PeerError::Server { code, message });
+        };
         if prefix.payload_len != 0 {
             return Err(PeerError::Protocol("unexpected reply payload".into()));
         }
@@ -260,7 +251,7 @@ mod tests {
                     _ => return asked,
                 };
                 let close = matches!(reply, Reply::Error { .. });
-                let hdr = encode(&Response { id, reply });
+                let hdr = kvpool::protocol::encode(&kvpool::protocol::Response { id, reply });
                 write_frame(&mut w, &hdr, &[]).await.unwrap();
                 w.flush().await.unwrap();
                 if close {

@@ -529,6 +529,10 @@ pub enum Reply {
         /// Its length in bytes.
         len: u64,
     },
+    /// Protocol 8 on: the key of a `Get` is not there. A connection of an older version is
+    /// answered `Error` with `NotFound` instead. (New variants go last: a variant's tag is its
+    /// position.)
+    Miss,
 }
 
 /// Size and checksum of one value of a batch get.

@@ -6,9 +6,14 @@
 //! [`decode_request`] validates the archived header (rkyv's bytecheck) before anything reads it.
 //! No input can make a reader allocate more than `max_header` bytes, and a reader's header
 //! buffer grows with the bytes that actually arrive, not with the length a peer announces.
+//!
+//! Every speaker builds its requests and judges the replies through one [`Exchange`], which
+//! holds no socket: it stamps each request with its id, view and class, and [`judge`] turns a
+//! reply into an [`Outcome`] (the answer, a miss, moved to another view, or refused).
 
 pub mod auth;
 mod codes;
+mod exchange;
 mod frame;
 #[cfg(feature = "io")]
 pub mod io;
@@ -19,6 +24,7 @@ pub mod io;
 mod message;
 
 pub use codes::ErrorCode;
+pub use exchange::{judge, Class, Exchange, ExchangeError, Outcome, Outgoing};
 pub use frame::{
     decode_request, decode_response, decode_response_owned, encode, FrameError, FramePrefix,
     Limits, MAGIC, MAX_HELLO_HEADER, PREFIX_LEN,
@@ -30,15 +36,19 @@ pub use rkyv::util::AlignedVec;
 /// Protocol version spoken by this build: a node's `HelloInfo` says it, and its clients and
 /// peers ask for it in their `Hello`.
 ///
-/// 6 added `Heartbeat` and 7 added `Move`, both node to node only; nothing a client sends
-/// changed since 5.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 6 added `Heartbeat` and 7 added `Move`, both node to node only; 8 answers a `Get` of an
+/// absent key with `Miss` instead of an error. Nothing a client sends changed since 5.
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
 pub const HEARTBEAT_VERSION: u32 = 6;
 
 /// The first version with `Move`: a peer of an older one is not asked to move objects.
 pub const MOVE_VERSION: u32 = 7;
+
+/// The first version answered `Miss`: a connection of an older one is answered `Error` with
+/// `NotFound` for an absent key.
+pub const MISS_VERSION: u32 = 8;
 
 /// The oldest version a node of this build accepts in a `Hello` (older ones get
 /// `UnsupportedVersion`). A connection that asked for an older version than the node's is

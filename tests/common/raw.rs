@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kvpool::protocol::{
-    decode_response_owned, encode, AlignedVec, FramePrefix, Limits, Op, Reply, Request, Response,
+    decode_response_owned, AlignedVec, Exchange, FramePrefix, Limits, Op, Reply, Response,
     PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -21,19 +21,11 @@ pub async fn send_head_in_view(
     op: Op,
     payload_len: u64,
 ) {
-    let hdr = encode(&Request {
-        id,
-        view,
-        priority: kvpool::protocol::Priority::Normal as u8,
-        deadline_us: 0,
-        op,
-    });
-    let p = FramePrefix {
-        header_len: hdr.len() as u32,
-        payload_len,
-    };
-    s.write_all(&p.encode()).await.unwrap();
-    s.write_all(&hdr).await.unwrap();
+    let mut exchange = Exchange::new();
+    exchange.view = view;
+    let out = exchange.request_as(id, op);
+    s.write_all(&out.prefix(payload_len)).await.unwrap();
+    s.write_all(&out.header).await.unwrap();
 }
 
 /// Sends a whole request: prefix, header and `payload`.

@@ -185,11 +185,7 @@ impl NodeWatch {
             }
         }
         match rx.await {
-            Ok(Reply::Error { code, message }) => Err(ClientError::Server {
-                code: ErrorCode::from_u16(code),
-                message,
-            }),
-            Ok(r) => Ok(r),
+            Ok(reply) => crate::conn::judged(reply),
             Err(_) => Err(ClientError::Io(std::io::ErrorKind::ConnectionReset.into())),
         }
     }

@@ -185,7 +185,7 @@ impl Link {
             if hello.incarnation != local.incarnation() {
                 return Err(fault(AddrFault::WrongIncarnation));
             }
-            conn.view = view;
+            conn.exchange.view = view;
             let op = Op::Hold {
                 ns,
                 keys: owned(keys),

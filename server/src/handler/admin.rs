@@ -72,6 +72,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         hello.challenge = self.session.challenge;
         // The connection speaks the version it asked for.
         hello.version = version;
+        self.session.version = version;
         hello.namespaces.retain(|(_, id)| access.allows(*id));
         hello.replication.retain(|r| access.allows(r.ns));
         hello.view = self.s.cluster.view();

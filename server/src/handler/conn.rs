@@ -62,6 +62,8 @@ pub(super) struct Session {
     pub(super) peer: bool,
     /// This connection's random challenge, sent in the `Hello` reply.
     pub(super) challenge: AuthBytes,
+    /// The protocol version the connection speaks (asked for in its `Hello`; 0 before).
+    pub(super) version: u32,
     /// This connection's count under the token it authenticated with
     /// (`limits.max_connections_per_token`); released when the connection is dropped.
     pub(super) token_slot: Option<crate::admission::TokenSlot>,

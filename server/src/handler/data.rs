@@ -5,7 +5,7 @@
 use std::io;
 
 use kvpool::protocol::io::discard;
-use kvpool::protocol::{ErrorCode, Key, PutItem, Reply, ValueMeta};
+use kvpool::protocol::{ErrorCode, Key, PutItem, Reply, ValueMeta, MISS_VERSION};
 use kvpool::{Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -40,8 +40,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.s.metrics.bytes(0, bytes.len() as u64);
             }
             Err(e) => {
-                if !self.answered_moved(id, e == PoolError::NotFound).await? {
-                    self.pool_fail(id, e).await?;
+                let missed = e == PoolError::NotFound;
+                if !self.answered_moved(id, missed).await? {
+                    // A miss is an answer, not a failure, to a connection that knows `Miss`.
+                    if missed && self.session.version >= MISS_VERSION {
+                        self.reply(id, Reply::Miss, &[]).await?;
+                    } else {
+                        self.pool_fail(id, e).await?;
+                    }
                 }
             }
         }

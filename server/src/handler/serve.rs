@@ -98,6 +98,7 @@ where
                 peer_ip,
                 peer: false,
                 challenge: [0; auth::AUTH_LEN],
+                version: 0,
                 token_slot: None,
             },
             fds: Fds {
