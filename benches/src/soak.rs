@@ -680,6 +680,58 @@ fn mib(b: f64) -> String {
 /// Runs the soak, prints the samples and the verdict, and writes the JSON.
 pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
     let duration = args.duration();
+    check(&args, duration)?;
+    let began_all = Instant::now();
+    let machine = Machine::detect();
+    eprintln!("kvpool-bench soak — {}", machine.describe());
+    let rt = crate::perf::runtime(&machine)?;
+    let d = start_daemon(&args)?;
+    let mut load = Load::start(&rt, &args, &d, duration)?;
+    let plan = load.plan.clone();
+    let stats = &plan.stats;
+    let mut sampler = Sampler {
+        pid: d.pid(),
+        metrics: d.metrics.clone(),
+        began: Instant::now(),
+        last: None,
+    };
+    let every = Duration::from_secs(args.sample_every);
+    let samples = sample_until(&mut sampler, stats, duration, every)?;
+    let stopped = load.stop(&rt)?;
+
+    // After the load: every abandoned allocation must be reclaimed within the pending timeout
+    // (plus the reaper's period and slack).
+    let drain_deadline = stopped + Duration::from_millis(args.pending_timeout_ms + 10_000);
+    let mut after = sampler.take(stats)?;
+    while after.pending > 0.0 && Instant::now() < drain_deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        after = sampler.take(stats)?;
+    }
+    let o = Observed {
+        args: &args,
+        duration,
+        samples,
+        after,
+        drained_s: stopped.elapsed().as_secs_f64(),
+        stats,
+        local_paths: load.local_paths,
+        keys: plan.keys,
+    };
+    let v = Verdicts::of(&o);
+    let out = o.text(&v);
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    crate::perf::render::publish(&out, began_all, args.json.as_deref(), |cmdline| {
+        let doc = o.json(&v, cmdline, &machine, &loadavg);
+        let mut s = serde_json::to_string_pretty(&doc).expect("a Value always serialises");
+        s.push('\n');
+        s
+    })?;
+    drop(d);
+    Ok(())
+}
+
+/// Refuses flags the soak can't run with.
+fn check(args: &SoakArgs, duration: Duration) -> anyhow::Result<()> {
     ensure!(args.clients > 0, "--clients must be positive");
     ensure!(args.sample_every > 0, "--sample-every must be positive");
     ensure!(
@@ -690,11 +742,11 @@ pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
         args.memory >= 64 << 20,
         "--memory must be at least 64MiB (values are up to 2 MiB)"
     );
-    let began_all = Instant::now();
-    let machine = Machine::detect();
-    eprintln!("kvpool-bench soak — {}", machine.describe());
-    let rt = crate::perf::runtime(&machine)?;
+    Ok(())
+}
 
+/// Starts the daemon under test with the flags' memory and pending timeout.
+fn start_daemon(args: &SoakArgs) -> anyhow::Result<Daemon> {
     let cfg_dir = daemon::scratch_dir("kvpool-bench-soak")?;
     let cfg_path = cfg_dir.join("kvpoold.toml");
     std::fs::write(
@@ -721,50 +773,90 @@ pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
         !d.metrics.is_empty() && d.metrics != "off",
         "kvpoold serves no metrics"
     );
+    Ok(d)
+}
 
-    // About twice the pool in values of the mean size (about 64 KiB).
-    let keys = (2 * args.memory / (64 << 10)).max(1024);
-    let plan = Arc::new(Plan {
-        keys,
-        stats: Stats::default(),
-        stop: AtomicBool::new(false),
-        endpoint: format!("tcp://{}", d.tcp),
-    });
+/// The load's tasks, running.
+struct Load {
+    plan: Arc<Plan>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Clients on the same-host path.
+    local_paths: usize,
+}
 
-    let mut local_paths = 0;
-    let mut tasks = Vec::new();
-    for i in 0..args.clients {
-        let cfg = alternating(i as u64);
-        let client = rt.block_on(Client::connect(&plan.endpoint, cfg))?;
-        local_paths += usize::from(client.is_local());
-        let w = Worker {
-            client,
-            plan: plan.clone(),
-            rng: Rng::new(0x50a6_0000 + i as u64),
-            bufs: (0..BATCH).map(|_| vec![0; MAX_SIZE]).collect(),
-            values: (0..BATCH).map(|_| Vec::with_capacity(MAX_SIZE)).collect(),
-        };
-        tasks.push(rt.spawn(w.run()));
+impl Load {
+    /// Connects the clients and starts their loops and the reconnecting task on `rt`.
+    fn start(
+        rt: &tokio::runtime::Runtime,
+        args: &SoakArgs,
+        d: &Daemon,
+        duration: Duration,
+    ) -> anyhow::Result<Load> {
+        // About twice the pool in values of the mean size (about 64 KiB).
+        let keys = (2 * args.memory / (64 << 10)).max(1024);
+        let plan = Arc::new(Plan {
+            keys,
+            stats: Stats::default(),
+            stop: AtomicBool::new(false),
+            endpoint: format!("tcp://{}", d.tcp),
+        });
+        let mut local_paths = 0;
+        let mut tasks = Vec::new();
+        for i in 0..args.clients {
+            let cfg = alternating(i as u64);
+            let client = rt.block_on(Client::connect(&plan.endpoint, cfg))?;
+            local_paths += usize::from(client.is_local());
+            let w = Worker {
+                client,
+                plan: plan.clone(),
+                rng: Rng::new(0x50a6_0000 + i as u64),
+                bufs: (0..BATCH).map(|_| vec![0; MAX_SIZE]).collect(),
+                values: (0..BATCH).map(|_| Vec::with_capacity(MAX_SIZE)).collect(),
+            };
+            tasks.push(rt.spawn(w.run()));
+        }
+        tasks.push(rt.spawn(churn(plan.clone())));
+        eprintln!(
+            "  {} clients ({local_paths} same-host, {} TCP) and one reconnecting, {} keys, for {:.0} s",
+            args.clients,
+            args.clients - local_paths,
+            keys,
+            duration.as_secs_f64()
+        );
+        Ok(Load {
+            plan,
+            tasks,
+            local_paths,
+        })
     }
-    tasks.push(rt.spawn(churn(plan.clone())));
-    eprintln!(
-        "  {} clients ({local_paths} same-host, {} TCP) and one reconnecting, {} keys, for {:.0} s",
-        args.clients,
-        args.clients - local_paths,
-        keys,
-        duration.as_secs_f64()
-    );
 
-    let mut sampler = Sampler {
-        pid: d.pid(),
-        metrics: d.metrics.clone(),
-        began: Instant::now(),
-        last: None,
-    };
-    let every = Duration::from_secs(args.sample_every);
+    /// Stops the load and waits for every task (at most 60 s each); when it stopped.
+    fn stop(&mut self, rt: &tokio::runtime::Runtime) -> anyhow::Result<Instant> {
+        self.plan.stop.store(true, Relaxed);
+        let stopped = Instant::now();
+        rt.block_on(async {
+            for t in self.tasks.drain(..) {
+                match tokio::time::timeout(Duration::from_secs(60), t).await {
+                    Err(_) => anyhow::bail!("a client task did not stop within 60 s"),
+                    Ok(Err(e)) => anyhow::bail!("a client task failed: {e}"),
+                    Ok(Ok(())) => {}
+                }
+            }
+            Ok(())
+        })?;
+        Ok(stopped)
+    }
+}
+
+/// Samples every `every` from the start of `sampler` for `duration`, printing each sample.
+fn sample_until(
+    sampler: &mut Sampler,
+    stats: &Stats,
+    duration: Duration,
+    every: Duration,
+) -> anyhow::Result<Vec<Sample>> {
     let n = (duration.as_secs_f64() / every.as_secs_f64()).floor() as u32;
     let mut samples = Vec::new();
-    let stats = &plan.stats;
     for k in 0..=n {
         let at = sampler.began + every * k;
         std::thread::sleep(at.saturating_duration_since(Instant::now()));
@@ -780,142 +872,289 @@ pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
         );
         samples.push(s);
     }
-    plan.stop.store(true, Relaxed);
-    let stopped = Instant::now();
-    rt.block_on(async {
-        for t in tasks {
-            match tokio::time::timeout(Duration::from_secs(60), t).await {
-                Err(_) => anyhow::bail!("a client task did not stop within 60 s"),
-                Ok(Err(e)) => anyhow::bail!("a client task failed: {e}"),
-                Ok(Ok(())) => {}
-            }
+    Ok(samples)
+}
+
+/// What a finished run observed.
+struct Observed<'a> {
+    args: &'a SoakArgs,
+    duration: Duration,
+    samples: Vec<Sample>,
+    /// The last sample, once the load stopped and the pending allocations drained (or the
+    /// drain's deadline passed).
+    after: Sample,
+    /// Seconds from stopping the load to `after`.
+    drained_s: f64,
+    stats: &'a Stats,
+    local_paths: usize,
+    keys: u64,
+}
+
+/// The verdicts over the samples from the warm-up on.
+struct Verdicts {
+    /// Samples before this many seconds are not judged.
+    warmup: f64,
+    rss: Judged,
+    rss_anon: Judged,
+    fds: Judged,
+    pending: Judged,
+    /// The pending allocations fell to at most one per client once the load stopped.
+    drained: bool,
+    wrong: u64,
+    met: bool,
+}
+
+impl Verdicts {
+    fn of(o: &Observed<'_>) -> Verdicts {
+        let args = o.args;
+        let warmup = (args.warmup as f64).min(o.duration.as_secs_f64() / 2.0);
+        let judged: Vec<&Sample> = o.samples.iter().filter(|s| s.t_s >= warmup - 0.5).collect();
+        let pts = |f: &dyn Fn(&Sample) -> f64| -> Vec<(f64, f64)> {
+            judged.iter().map(|s| (s.t_s, f(s))).collect()
+        };
+        let rss_limit = RSS_FRACTION * args.memory as f64 + RSS_SLACK;
+        let rss = judge(
+            "RSS",
+            &pts(&|s| s.rss as f64),
+            Some(rss_limit),
+            rss_limit,
+            format!(
+                "max-min and slope x window each <= 2% of the pool + 16 MiB ({})",
+                mib(rss_limit)
+            ),
+        );
+        let rss_anon = judge(
+            "RssAnon",
+            &pts(&|s| s.rss_anon as f64),
+            Some(rss_limit),
+            rss_limit,
+            "as RSS (the heap alone; informative)".into(),
+        );
+        let fds = judge(
+            "open fds",
+            &pts(&|s| s.fds as f64),
+            Some(FD_RANGE),
+            FD_DRIFT,
+            format!("max-min <= {FD_RANGE}, |slope x window| <= {FD_DRIFT}"),
+        );
+        let pend_pts = pts(&|s| s.pending);
+        let pend_mean = pend_pts.iter().map(|p| p.1).sum::<f64>() / pend_pts.len() as f64;
+        let pend_drift = PENDING_DRIFT_FRACTION * pend_mean + args.clients as f64;
+        let mut pending = judge(
+            "pending allocations",
+            &pend_pts,
+            None,
+            pend_drift,
+            format!(
+                "|slope x window| <= 25% of the mean + clients ({pend_drift:.0}), and <= clients ({}) \
+                 once the load stops, within pending_timeout_ms + 10 s",
+                args.clients
+            ),
+        );
+        let drained = o.after.pending <= args.clients as f64;
+        pending.flat &= drained;
+        let wrong = o.stats.wrong.load(Relaxed);
+        let met = [&rss, &fds, &pending].iter().all(|j| j.flat) && wrong == 0;
+        Verdicts {
+            warmup,
+            rss,
+            rss_anon,
+            fds,
+            pending,
+            drained,
+            wrong,
+            met,
         }
-        Ok(())
-    })?;
-
-    // After the load: every abandoned allocation must be reclaimed within the pending timeout
-    // (plus the reaper's period and slack).
-    let drain_deadline = stopped + Duration::from_millis(args.pending_timeout_ms + 10_000);
-    let mut after = sampler.take(stats)?;
-    while after.pending > 0.0 && Instant::now() < drain_deadline {
-        std::thread::sleep(Duration::from_millis(250));
-        after = sampler.take(stats)?;
     }
-    let drained_s = stopped.elapsed().as_secs_f64();
+}
 
-    // The verdict over the samples from the warm-up on.
-    let warmup = (args.warmup as f64).min(duration.as_secs_f64() / 2.0);
-    let judged: Vec<&Sample> = samples.iter().filter(|s| s.t_s >= warmup - 0.5).collect();
-    let pts = |f: &dyn Fn(&Sample) -> f64| -> Vec<(f64, f64)> {
-        judged.iter().map(|s| (s.t_s, f(s))).collect()
-    };
-    let rss_limit = RSS_FRACTION * args.memory as f64 + RSS_SLACK;
-    let rss = judge(
-        "RSS",
-        &pts(&|s| s.rss as f64),
-        Some(rss_limit),
-        rss_limit,
-        format!(
-            "max-min and slope x window each <= 2% of the pool + 16 MiB ({})",
-            mib(rss_limit)
-        ),
-    );
-    let rss_anon = judge(
-        "RssAnon",
-        &pts(&|s| s.rss_anon as f64),
-        Some(rss_limit),
-        rss_limit,
-        "as RSS (the heap alone; informative)".into(),
-    );
-    let fds = judge(
-        "open fds",
-        &pts(&|s| s.fds as f64),
-        Some(FD_RANGE),
-        FD_DRIFT,
-        format!("max-min <= {FD_RANGE}, |slope x window| <= {FD_DRIFT}"),
-    );
-    let pend_pts = pts(&|s| s.pending);
-    let pend_mean = pend_pts.iter().map(|p| p.1).sum::<f64>() / pend_pts.len() as f64;
-    let pend_drift = PENDING_DRIFT_FRACTION * pend_mean + args.clients as f64;
-    let mut pending = judge(
-        "pending allocations",
-        &pend_pts,
-        None,
-        pend_drift,
-        format!(
-            "|slope x window| <= 25% of the mean + clients ({pend_drift:.0}), and <= clients ({}) \
-             once the load stops, within pending_timeout_ms + 10 s",
-            args.clients
-        ),
-    );
-    let drained = after.pending <= args.clients as f64;
-    pending.flat &= drained;
+impl Observed<'_> {
+    /// The report: the samples, the verdicts, the totals.
+    fn text(&self, v: &Verdicts) -> String {
+        let mut out = format!(
+            "soak: {} pool, {} clients + 1 reconnecting, {:.0} s, samples every {} s, judged from {:.0} s\n\n",
+            fmt_size(self.args.memory),
+            self.args.clients,
+            self.duration.as_secs_f64(),
+            self.args.sample_every,
+            v.warmup
+        );
+        out += &self.samples_table();
+        out += "\n";
+        out += &verdicts_table(v);
+        out += &self.totals_text(v);
+        out += &format!(
+            "verdict: {} (RSS {}, fds {}, pending {}, wrong reads {})",
+            if v.met { "met" } else { "missed" },
+            if v.rss.flat { "flat" } else { "not flat" },
+            if v.fds.flat { "flat" } else { "not flat" },
+            if v.pending.flat { "flat" } else { "not flat" },
+            v.wrong
+        );
+        out
+    }
 
-    let wrong = stats.wrong.load(Relaxed);
-    let hits = stats.hits.load(Relaxed);
-    let misses = stats.misses.load(Relaxed);
-    let verdicts = [&rss, &fds, &pending];
-    let met = verdicts.iter().all(|j| j.flat) && wrong == 0;
+    /// One row per sample, and the sample after the load.
+    fn samples_table(&self) -> String {
+        let head = [
+            "t (s)",
+            "RSS",
+            "RssAnon",
+            "fds",
+            "pending",
+            "conns",
+            "objects",
+            "used",
+            "evictions",
+            "reaped",
+            "ops/s",
+            "wrong",
+        ];
+        let cells: Vec<Vec<String>> = self
+            .samples
+            .iter()
+            .chain(std::iter::once(&self.after))
+            .enumerate()
+            .map(|(i, s)| {
+                vec![
+                    if i == self.samples.len() {
+                        format!("{:.0} (after)", s.t_s)
+                    } else {
+                        format!("{:.0}", s.t_s)
+                    },
+                    mib(s.rss as f64),
+                    mib(s.rss_anon as f64),
+                    s.fds.to_string(),
+                    format!("{:.0}", s.pending),
+                    format!("{:.0}", s.connections),
+                    format!("{:.0}", s.objects),
+                    mib(s.used),
+                    format!("{:.0}", s.evictions),
+                    format!("{:.0}", s.reaped),
+                    format!("{:.0}", s.ops_s),
+                    s.wrong.to_string(),
+                ]
+            })
+            .collect();
+        table(&head, &cells)
+    }
 
-    // Report.
-    let mut out = String::new();
-    out += &format!(
-        "soak: {} pool, {} clients + 1 reconnecting, {:.0} s, samples every {} s, judged from {:.0} s\n\n",
-        fmt_size(args.memory),
-        args.clients,
-        duration.as_secs_f64(),
-        args.sample_every,
-        warmup
-    );
-    let head = [
-        "t (s)",
-        "RSS",
-        "RssAnon",
-        "fds",
-        "pending",
-        "conns",
-        "objects",
-        "used",
-        "evictions",
-        "reaped",
-        "ops/s",
-        "wrong",
-    ];
-    let cells: Vec<Vec<String>> = samples
-        .iter()
-        .chain(std::iter::once(&after))
-        .enumerate()
-        .map(|(i, s)| {
-            vec![
-                if i == samples.len() {
-                    format!("{:.0} (after)", s.t_s)
-                } else {
-                    format!("{:.0}", s.t_s)
-                },
-                mib(s.rss as f64),
-                mib(s.rss_anon as f64),
-                s.fds.to_string(),
-                format!("{:.0}", s.pending),
-                format!("{:.0}", s.connections),
-                format!("{:.0}", s.objects),
-                mib(s.used),
-                format!("{:.0}", s.evictions),
-                format!("{:.0}", s.reaped),
-                format!("{:.0}", s.ops_s),
-                s.wrong.to_string(),
-            ]
+    /// The drain after the load, the operations and their errors, the wrong reads.
+    fn totals_text(&self, v: &Verdicts) -> String {
+        let stats = self.stats;
+        let (hits, misses) = (stats.hits.load(Relaxed), stats.misses.load(Relaxed));
+        let mut out = format!(
+            "\n  after the load: pending {:.0} after {:.1} s ({} allocations reaped in all)\n",
+            self.after.pending, self.drained_s, self.after.reaped
+        );
+        let total = stats.total_ops();
+        out += &format!(
+            "  operations {total} ({:.0}/s), errors {}, reads checked {} ({} hits, {} misses), \
+             {} read, {} written\n",
+            total as f64 / self.duration.as_secs_f64(),
+            stats.total_errors(),
+            hits + misses,
+            hits,
+            misses,
+            mib(stats.read_bytes.load(Relaxed) as f64),
+            mib(stats.written_bytes.load(Relaxed) as f64),
+        );
+        let op_cells: Vec<Vec<String>> = OPS
+            .iter()
+            .map(|op| {
+                vec![
+                    op.name().to_string(),
+                    stats.ops[*op as usize].load(Relaxed).to_string(),
+                    stats.errors[*op as usize].load(Relaxed).to_string(),
+                ]
+            })
+            .collect();
+        out += &table(&["operation", "count", "errors"], &op_cells);
+        for (k, n) in &self.error_kinds() {
+            out += &format!("  error x{n}: {k}\n");
+        }
+        out += &format!(
+            "  wrong reads: {} ({} bytes)\n",
+            v.wrong,
+            stats.wrong_bytes.load(Relaxed)
+        );
+        out
+    }
+
+    /// The distinct error messages, with how often each came.
+    fn error_kinds(&self) -> BTreeMap<String, u64> {
+        self.stats
+            .error_kinds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The JSON document of the run.
+    fn json(
+        &self,
+        v: &Verdicts,
+        cmdline: &str,
+        machine: &Machine,
+        loadavg: &str,
+    ) -> serde_json::Value {
+        let (args, stats) = (self.args, self.stats);
+        json!({
+            "command": cmdline,
+            "machine": machine.json(),
+            "loadavg_end": loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+            "memory": args.memory,
+            "clients": args.clients,
+            "same_host_clients": self.local_paths,
+            "keys": self.keys,
+            "duration_s": self.duration.as_secs_f64(),
+            "sample_every_s": args.sample_every,
+            "warmup_s": v.warmup,
+            "pending_timeout_ms": args.pending_timeout_ms,
+            "samples": self.samples.iter().map(Sample::json).collect::<Vec<_>>(),
+            "after": {
+                "sample": self.after.json(),
+                "secs_after_stop": self.drained_s,
+                "drained": v.drained,
+            },
+            "verdict": {
+                "rss": v.rss.json(),
+                "rss_anon": v.rss_anon.json(),
+                "fds": v.fds.json(),
+                "pending": v.pending.json(),
+                "wrong": v.wrong,
+                "met": v.met,
+            },
+            "totals": {
+                "ops": stats.total_ops(),
+                "errors": stats.total_errors(),
+                "hits": stats.hits.load(Relaxed),
+                "misses": stats.misses.load(Relaxed),
+                "wrong": v.wrong,
+                "wrong_bytes": stats.wrong_bytes.load(Relaxed),
+                "read_bytes": stats.read_bytes.load(Relaxed),
+                "written_bytes": stats.written_bytes.load(Relaxed),
+                "by_op": OPS.iter().map(|op| json!({
+                    "op": op.name(),
+                    "count": stats.ops[*op as usize].load(Relaxed),
+                    "errors": stats.errors[*op as usize].load(Relaxed),
+                })).collect::<Vec<_>>(),
+                "error_kinds": self.error_kinds(),
+            },
         })
-        .collect();
-    out += &table(&head, &cells);
-    out += "\n";
-    let vcells: Vec<Vec<String>> = [&rss, &rss_anon, &fds, &pending]
+    }
+}
+
+/// One row per judged gauge.
+fn verdicts_table(v: &Verdicts) -> String {
+    let vcells: Vec<Vec<String>> = [&v.rss, &v.rss_anon, &v.fds, &v.pending]
         .iter()
         .map(|j| {
-            let fmt = |v: f64| {
+            let fmt = |x: f64| {
                 if j.name.starts_with("R") {
-                    mib(v)
+                    mib(x)
                 } else {
-                    format!("{v:.1}")
+                    format!("{x:.1}")
                 }
             };
             vec![
@@ -935,108 +1174,10 @@ pub(crate) fn run(args: SoakArgs) -> anyhow::Result<()> {
             ]
         })
         .collect();
-    out += &table(
+    table(
         &["gauge", "min", "max", "max-min", "slope", "verdict", "rule"],
         &vcells,
-    );
-    out += &format!(
-        "\n  after the load: pending {:.0} after {:.1} s ({} allocations reaped in all)\n",
-        after.pending, drained_s, after.reaped
-    );
-    let total = stats.total_ops();
-    out += &format!(
-        "  operations {total} ({:.0}/s), errors {}, reads checked {} ({} hits, {} misses), \
-         {} read, {} written\n",
-        total as f64 / duration.as_secs_f64(),
-        stats.total_errors(),
-        hits + misses,
-        hits,
-        misses,
-        mib(stats.read_bytes.load(Relaxed) as f64),
-        mib(stats.written_bytes.load(Relaxed) as f64),
-    );
-    let op_cells: Vec<Vec<String>> = OPS
-        .iter()
-        .map(|op| {
-            vec![
-                op.name().to_string(),
-                stats.ops[*op as usize].load(Relaxed).to_string(),
-                stats.errors[*op as usize].load(Relaxed).to_string(),
-            ]
-        })
-        .collect();
-    out += &table(&["operation", "count", "errors"], &op_cells);
-    let kinds = stats
-        .error_kinds
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    for (k, n) in &kinds {
-        out += &format!("  error x{n}: {k}\n");
-    }
-    out += &format!(
-        "  wrong reads: {wrong} ({} bytes)\n",
-        stats.wrong_bytes.load(Relaxed)
-    );
-    out += &format!(
-        "verdict: {} (RSS {}, fds {}, pending {}, wrong reads {wrong})",
-        if met { "met" } else { "missed" },
-        if rss.flat { "flat" } else { "not flat" },
-        if fds.flat { "flat" } else { "not flat" },
-        if pending.flat { "flat" } else { "not flat" },
-    );
-
-    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    crate::perf::render::publish(&out, began_all, args.json.as_deref(), |cmdline| {
-        let doc = json!({
-            "command": cmdline,
-            "machine": machine.json(),
-            "loadavg_end": loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-            "memory": args.memory,
-            "clients": args.clients,
-            "same_host_clients": local_paths,
-            "keys": keys,
-            "duration_s": duration.as_secs_f64(),
-            "sample_every_s": args.sample_every,
-            "warmup_s": warmup,
-            "pending_timeout_ms": args.pending_timeout_ms,
-            "samples": samples.iter().map(Sample::json).collect::<Vec<_>>(),
-            "after": {
-                "sample": after.json(),
-                "secs_after_stop": drained_s,
-                "drained": drained,
-            },
-            "verdict": {
-                "rss": rss.json(),
-                "rss_anon": rss_anon.json(),
-                "fds": fds.json(),
-                "pending": pending.json(),
-                "wrong": wrong,
-                "met": met,
-            },
-            "totals": {
-                "ops": total,
-                "errors": stats.total_errors(),
-                "hits": hits,
-                "misses": misses,
-                "wrong": wrong,
-                "wrong_bytes": stats.wrong_bytes.load(Relaxed),
-                "read_bytes": stats.read_bytes.load(Relaxed),
-                "written_bytes": stats.written_bytes.load(Relaxed),
-                "by_op": OPS.iter().map(|op| json!({
-                    "op": op.name(),
-                    "count": stats.ops[*op as usize].load(Relaxed),
-                    "errors": stats.errors[*op as usize].load(Relaxed),
-                })).collect::<Vec<_>>(),
-                "error_kinds": kinds,
-            },
-        });
-        let mut s = serde_json::to_string_pretty(&doc).expect("a Value always serialises");
-        s.push('\n');
-        s
-    })?;
-    drop(d);
-    Ok(())
+    )
 }
 
 #[cfg(test)]
