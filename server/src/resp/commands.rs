@@ -7,7 +7,7 @@ use std::io;
 
 use kvpool::placement::ClusterView;
 use kvpool::resp::{encode, Parser, Proto};
-use kvpool::{NodeId, PoolError};
+use kvpool::{Commit, NodeId, PoolError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{admin, forward, glob, weights, Next, RespShared, Session, DIRECT_WRITE};
@@ -594,7 +594,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             .stage_value(ns, key, value, false)
             .map_err(|e| self.pool_error_text(e))?;
         let stored = pool
-            .commit_if(&addr, kvpool::checksum(value), present)
+            .commit(Commit::new(&addr, kvpool::checksum(value)).when_present(present))
             .map_err(|e| self.pool_error_text(e))?;
         if let (true, Some(ttl)) = (stored, ttl_ms) {
             let at = s.now().saturating_add(ttl);
@@ -674,8 +674,8 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return next;
         }
         s.metrics.bytes(len as u64, 0);
-        let failed = match pool.commit(&addr, checksum, s.now()) {
-            Ok(()) => {
+        let failed = match pool.commit(Commit::new(&addr, checksum)) {
+            Ok(_) => {
                 encode::ok(&mut self.out);
                 false
             }
@@ -754,7 +754,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
             return self.mset_forwarded(a).await;
         }
         // All or nothing: every value is written into its own allocation first, then all are
-        // committed under their keys' index locks at once (Pool::commit_all).
+        // committed under their keys' index locks at once (`Commit::all`).
         let (ns, s) = (self.ns(), self.s);
         let mut staged = Vec::with_capacity(a.len() / 2);
         let mut it = a.iter(1);
@@ -776,7 +776,7 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
                 }
                 Err(e)
             }
-            None => s.pool.commit_all(&staged),
+            None => s.pool.commit(Commit::all(&staged)).map(drop),
         };
         match done {
             Ok(()) => encode::ok(&mut self.out),
