@@ -78,4 +78,4 @@ pub use checksum::checksum;
 #[cfg(not(loom))]
 pub use error::{AddrFault, PoolError, MAX_KEY_LEN};
 #[cfg(not(loom))]
-pub use pool::{CommitObserver, Millis, Pool, PoolConfig};
+pub use pool::{Commit, CommitObserver, Millis, Pool, PoolConfig};

@@ -19,7 +19,7 @@ use std::time::Instant;
 use kvpool::pool::{ObjectRef, ScanPage};
 use kvpool::protocol::auth::ClusterSecret;
 use kvpool::protocol::{ErrorCode, HelloInfo, Replication};
-use kvpool::{GlobalAddr, Millis, Pool, PoolError};
+use kvpool::{Commit, GlobalAddr, Millis, Pool, PoolError};
 
 use crate::cluster::{Cluster, Continuity};
 use crate::deadline::ConnPolicy;
@@ -388,12 +388,12 @@ impl Shared {
     ) -> Result<(), PoolError> {
         let addr = self.stage_value(ns, key, value, pin)?;
         let checksum = checksum.unwrap_or_else(|| kvpool::checksum(value));
-        self.pool.commit(&addr, checksum, self.now())
+        self.pool.commit(Commit::new(&addr, checksum)).map(drop)
     }
 
     /// The first half of [`Shared::put_value`]: `value` copied into a fresh allocation of
     /// `key` (given back if the copy fails), not yet committed. For a front door that commits
-    /// on its own terms (`Pool::commit_if`, `Pool::commit_all`).
+    /// on its own terms (a [`Commit`] with a condition, or of several values).
     pub(crate) fn stage_value(
         &self,
         ns: u32,

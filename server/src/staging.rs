@@ -10,7 +10,7 @@
 //! The client copies each value into a range of it and names the range in `CommitStaged`; the
 //! node copies the range into the value's pending allocation (checked as any one-sided write
 //! is: pending, right key, generation and bounds), hashing the bytes as they land, and commits
-//! it under the same claim (`Pool::commit_claimed`).
+//! it under the same claim (`Commit::claimed`).
 //! So a client's stores reach its staging area and nothing else, and a value reaches the pool
 //! only through an allocation the client was given. One copy more than a read-write mapping;
 //! a socket put makes the same one copy on the node.

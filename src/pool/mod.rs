@@ -173,6 +173,97 @@ pub trait CommitObserver: Send + Sync {
     fn committed(&self, ns: u32, key: &[u8]);
 }
 
+/// A commit, as [`Pool::commit`] takes it: which pending allocations it makes visible, where
+/// the hash their checksums are checked against comes from, and on what condition.
+#[must_use = "a commit does nothing until it is passed to Pool::commit"]
+pub struct Commit<'a> {
+    objects: Objects<'a>,
+    /// Commit only when the key's presence is this (None: always).
+    present: Option<bool>,
+}
+
+/// What a [`Commit`] makes visible.
+enum Objects<'a> {
+    /// One allocation, sealed by its address; `hashed`: its writer's hash of its bytes, or
+    /// None to hash them at commit.
+    One {
+        addr: GlobalAddr,
+        checksum: u64,
+        hashed: Option<u64>,
+    },
+    /// The allocation a write claim holds whole, with its writer's hash.
+    Claimed {
+        write: PendingWrite<'a>,
+        checksum: u64,
+        hashed: u64,
+    },
+    /// Several allocations, all or none, each hashed at commit.
+    All(&'a [(GlobalAddr, u64)]),
+}
+
+impl<'a> Commit<'a> {
+    /// Commits the pending allocation `addr` once its bytes, hashed at commit, match
+    /// `checksum` (xxh3-64).
+    pub fn new(addr: &GlobalAddr, checksum: u64) -> Self {
+        Self::of(Objects::One {
+            addr: *addr,
+            checksum,
+            hashed: None,
+        })
+    }
+
+    /// [`Commit::new`] for a writer of this process that hashed the bytes as it wrote them
+    /// into the allocation (the daemon receiving a put from a socket checks each piece while
+    /// it is still in cache): `hashed` is that xxh3, compared with `checksum` instead of
+    /// hashing the object again. Only for an allocation whose address was never handed out,
+    /// written whole under one write claim by the caller, so the bytes hashed are the bytes
+    /// committed.
+    pub fn prehashed(addr: &GlobalAddr, checksum: u64, hashed: u64) -> Self {
+        Self::of(Objects::One {
+            addr: *addr,
+            checksum,
+            hashed: Some(hashed),
+        })
+    }
+
+    /// Commits the allocation `write` holds whole, which its caller filled and hashed
+    /// (`hashed`, the xxh3 of the bytes it wrote) under that claim: the claim turns into the
+    /// commit's seal under one lock of the pending table, so no other write can land between
+    /// the bytes hashed and the bytes committed, although the address was handed out. A claim
+    /// on part of the allocation is refused (`NotWritable`) and released.
+    pub fn claimed(write: PendingWrite<'a>, checksum: u64, hashed: u64) -> Self {
+        Self::of(Objects::Claimed {
+            write,
+            checksum,
+            hashed,
+        })
+    }
+
+    /// Commits several pending allocations at once (Redis's `MSET`): all or none. `items`:
+    /// (address, checksum); a key given twice keeps its last value. The objects are inserted
+    /// with the index shards of all their keys locked, so a reader of any key sees either none
+    /// of the batch or, from then on, all of it.
+    pub fn all(items: &'a [(GlobalAddr, u64)]) -> Self {
+        Self::of(Objects::All(items))
+    }
+
+    /// Commits only when the key's presence is `present` (`Some(false)`: only if absent,
+    /// Redis's `SET NX`; `Some(true)`: only if present, `SET XX`; `None`, the default:
+    /// always); for [`Commit::all`], only when every key's is. The condition is checked and
+    /// the objects inserted under one lock of their keys' index shards, so no other commit of
+    /// those keys comes between.
+    pub fn when_present(self, present: Option<bool>) -> Self {
+        Commit { present, ..self }
+    }
+
+    fn of(objects: Objects<'a>) -> Self {
+        Commit {
+            objects,
+            present: None,
+        }
+    }
+}
+
 struct SegmentSlot {
     segment: Segment,
     alloc: Mutex<Allocator>,
@@ -613,32 +704,38 @@ impl Pool {
         Ok(())
     }
 
-    /// Makes a pending object visible, after checking its bytes hash to `checksum` (xxh3-64).
-    /// On a checksum mismatch the allocation is released and the old object, if any, stays.
-    pub fn commit(
-        &self,
-        addr: &GlobalAddr,
-        checksum_given: u64,
-        now: Millis,
-    ) -> Result<(), PoolError> {
-        let _ = now;
-        self.commit_if(addr, checksum_given, None).map(|_| ())
-    }
-
-    /// [`Pool::commit`], only when the key's presence is `present` (`Some(false)`: only if
-    /// absent, Redis's `SET NX`; `Some(true)`: only if present, `SET XX`; `None`: always).
-    /// The condition is checked and the object inserted under one lock of the key's index
-    /// shard, so no other commit of the key comes between. Returns whether it committed; when
-    /// not, the allocation is released and the index is untouched.
-    pub fn commit_if(
-        &self,
-        addr: &GlobalAddr,
-        checksum_given: u64,
-        present: Option<bool>,
-    ) -> Result<bool, PoolError> {
-        let (near, seg) = self.seal(addr)?;
-        self.check_sealed(addr, seg, checksum_given)?;
-        self.publish_if(near, addr, checksum_given, present)
+    /// Makes pending objects visible, as `c` says (see [`Commit`]): each checked against its
+    /// checksum (xxh3-64), and, under a condition on the key's presence, inserted only when it
+    /// holds. Returns whether it committed: false only when the condition did not hold, and
+    /// then every allocation is released and the index is untouched. On a checksum mismatch
+    /// (or any other failure) the allocations are released, the old objects stay, and the
+    /// error is returned.
+    pub fn commit(&self, c: Commit<'_>) -> Result<bool, PoolError> {
+        match c.objects {
+            Objects::One {
+                addr,
+                checksum,
+                hashed,
+            } => {
+                let (near, seg) = self.seal(&addr)?;
+                match hashed {
+                    None => self.check_sealed(&addr, seg, checksum)?,
+                    Some(hashed) => self.check_prehashed(&addr, checksum, hashed)?,
+                }
+                self.publish_if(near, &addr, checksum, c.present)
+            }
+            Objects::Claimed {
+                write,
+                checksum,
+                hashed,
+            } => {
+                let addr = write.addr;
+                let near = self.seal_claimed(write)?;
+                self.check_prehashed(&addr, checksum, hashed)?;
+                self.publish_if(near, &addr, checksum, c.present)
+            }
+            Objects::All(items) => self.commit_all(items, c.present),
+        }
     }
 
     /// The end of a checked commit of the sealed `addr`: takes it out of the pending table
@@ -662,14 +759,61 @@ impl Pool {
         Ok(true)
     }
 
-    /// Commits several pending objects at once (Redis's `MSET`): all or none. Every checksum
-    /// is checked first; on any failure every allocation is released and the error returned.
-    /// The objects are then inserted with the index shards of all their keys locked (in shard
-    /// order, so two of these never deadlock), so a reader of any key sees either none of the
-    /// batch or, from then on, all of it. `items`: (address, checksum); a key given twice keeps
-    /// its last value.
-    pub fn commit_all(&self, items: &[(GlobalAddr, u64)]) -> Result<(), PoolError> {
-        // (shard of the key, address, checksum), each sealed and checked
+    /// [`Commit::all`]: every checksum is checked first; on any failure every allocation is
+    /// released and the error returned. The objects are then taken out of their pending tables
+    /// with the index shards of all their keys locked (in shard order, so two of these never
+    /// deadlock); when `present` is given and any key's presence differs, all are released and
+    /// nothing is inserted; otherwise all are inserted before the locks are let go.
+    fn commit_all(
+        &self,
+        items: &[(GlobalAddr, u64)],
+        present: Option<bool>,
+    ) -> Result<bool, PoolError> {
+        let sealed = self.seal_all(items)?;
+        let mut order: Vec<usize> = sealed.iter().map(|(shard, ..)| *shard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        // All taken out first: one cancelled (`take_sealed` freed it) releases the others.
+        let mut taken = Vec::with_capacity(sealed.len());
+        let mut failed = None;
+        for (shard, addr, sum) in sealed {
+            match self.take_sealed(addr) {
+                Ok(p) => taken.push((shard, p, addr, sum)),
+                Err(e) => failed = Some(e),
+            }
+        }
+        let guard_of = |shard: usize| {
+            order
+                .binary_search(&shard)
+                .expect("every key's shard is locked")
+        };
+        let refused = present.is_some_and(|want| {
+            taken.iter().any(|(shard, p, ..)| {
+                guards[guard_of(*shard)].ns[p.ns as usize].contains(&p.key) != want
+            })
+        });
+        if failed.is_some() || refused {
+            for (_, p, addr, _) in taken {
+                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
+            }
+            return failed.map_or(Ok(false), Err);
+        }
+        for (shard, p, addr, sum) in taken {
+            let g = guard_of(shard);
+            self.publish(&mut guards[g], p, addr, sum);
+        }
+        Ok(true)
+    }
+
+    /// Seals and checks every one of `items` (address, checksum) for `commit_all`:
+    /// (the shard of its key, its address, its checksum). On the first failure the ones
+    /// sealed are released, the ones not reached aborted, and the error returned.
+    fn seal_all<'i>(
+        &self,
+        items: &'i [(GlobalAddr, u64)],
+    ) -> Result<Vec<(usize, &'i GlobalAddr, u64)>, PoolError> {
         let mut sealed = Vec::with_capacity(items.len());
         for (i, (addr, sum)) in items.iter().enumerate() {
             let checked = self
@@ -689,100 +833,43 @@ impl Pool {
                 }
             }
         }
-        let mut order: Vec<usize> = sealed.iter().map(|(shard, ..)| *shard).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| lock(&self.shards[i])).collect();
-        // All taken out first: one cancelled (`take_sealed` freed it) releases the others.
-        let mut taken = Vec::with_capacity(sealed.len());
-        let mut failed = None;
-        for (shard, addr, sum) in sealed {
-            match self.take_sealed(addr) {
-                Ok(p) => taken.push((shard, p, addr, sum)),
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let Some(e) = failed {
-            for (_, p, addr, _) in taken {
-                self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
-            }
-            return Err(e);
-        }
-        for (shard, p, addr, sum) in taken {
-            let g = order
-                .binary_search(&shard)
-                .expect("every key's shard is locked");
-            self.publish(&mut guards[g], p, addr, sum);
-        }
-        Ok(())
+        Ok(sealed)
     }
 
-    /// [`Pool::commit`] for a writer of this process that hashed the bytes as it wrote them
-    /// into the allocation (the daemon receiving a put from a socket checks each piece while
-    /// it is still in cache): `hashed` is that xxh3, compared with `checksum_given` instead of
-    /// hashing the object again. Only for an allocation whose address was never handed out,
-    /// written whole under one write claim by the caller, so the bytes hashed are the bytes
-    /// committed.
-    pub fn commit_prehashed(
-        &self,
-        addr: &GlobalAddr,
-        checksum_given: u64,
-        hashed: u64,
-    ) -> Result<(), PoolError> {
-        self.commit_prehashed_if(addr, checksum_given, hashed, None)
-            .map(|_| ())
-    }
-
-    /// Commits the allocation `w` holds whole, which its caller filled and hashed (`hashed`,
-    /// the xxh3 of the bytes it wrote) under that claim: the claim turns into the commit's seal
-    /// under one lock of the pending table, so no other write can land between the bytes hashed
-    /// and the bytes committed, although the address was handed out. Fails as [`Pool::commit`]
-    /// does; a claim on part of the allocation is refused (`NotWritable`) and released.
-    pub fn commit_claimed(
-        &self,
-        w: PendingWrite<'_>,
-        checksum_given: u64,
-        hashed: u64,
-    ) -> Result<(), PoolError> {
+    /// Turns the claim of `w`, which must cover its whole allocation, into the commit's seal
+    /// under one lock of the pending table, so no other write can land between the bytes its
+    /// writer hashed and the bytes committed. A claim on part of the allocation is refused
+    /// (`NotWritable`) and released. Returns the index shard of the key.
+    fn seal_claimed(&self, w: PendingWrite<'_>) -> Result<usize, PoolError> {
         let addr = w.addr;
         let whole = w.start == 0 && w.end == addr.len;
-        let near = {
-            let mut pending = self.pending_lock(addr.generation);
-            let Some(p) = pending.by_generation.get_mut(&addr.generation) else {
-                drop(pending);
-                std::mem::forget(w); // its claim went with the entry
-                return Err(self.gone(&addr));
-            };
-            p.claims.release(w.start, w.end);
-            std::mem::forget(w); // released above, under this lock
-            if !whole {
-                return Err(AddrFault::NotWritable.into());
-            }
-            self.seal_locked(pending, &addr)?
+        let mut pending = self.pending_lock(addr.generation);
+        let Some(p) = pending.by_generation.get_mut(&addr.generation) else {
+            drop(pending);
+            std::mem::forget(w); // its claim went with the entry
+            return Err(self.gone(&addr));
         };
-        if hashed != checksum_given {
-            self.drop_sealed(&addr);
-            return Err(PoolError::ChecksumMismatch);
+        p.claims.release(w.start, w.end);
+        std::mem::forget(w); // released above, under this lock
+        if !whole {
+            return Err(AddrFault::NotWritable.into());
         }
-        self.publish_if(near, &addr, checksum_given, None)
-            .map(|_| ())
+        self.seal_locked(pending, &addr)
     }
 
-    /// [`Pool::commit_prehashed`] under [`Pool::commit_if`]'s condition on the key's presence.
-    pub fn commit_prehashed_if(
+    /// Checks the hash a writer took of a sealed allocation's bytes as it wrote them against
+    /// `checksum_given`; on a mismatch the allocation is released.
+    fn check_prehashed(
         &self,
         addr: &GlobalAddr,
         checksum_given: u64,
         hashed: u64,
-        present: Option<bool>,
-    ) -> Result<bool, PoolError> {
-        let (near, _) = self.seal(addr)?;
+    ) -> Result<(), PoolError> {
         if hashed != checksum_given {
             self.drop_sealed(addr);
             return Err(PoolError::ChecksumMismatch);
         }
-        self.publish_if(near, addr, checksum_given, present)
+        Ok(())
     }
 
     /// Seals a pending allocation for its commit: no write may open in it from now on, and
@@ -1097,7 +1184,7 @@ impl Pool {
     ) -> Result<GlobalAddr, PoolError> {
         let addr = self.alloc(ns, key, value.len() as u64, pin, now)?;
         self.write(&addr, 0, value)?;
-        self.commit(&addr, checksum(value), now)?;
+        self.commit(Commit::new(&addr, checksum(value)))?;
         Ok(addr)
     }
 

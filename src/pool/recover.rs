@@ -20,7 +20,7 @@ use std::path::Path;
 use crate::addr::NodeId;
 use crate::checksum::checksum;
 use crate::journal::{self, journal_file_name, Committed};
-use crate::pool::Pool;
+use crate::pool::{Commit, Pool};
 use crate::segment::{RetiredSegment, LAYOUT_VERSION};
 
 /// What a pool found of its previous life at start-up (see [`Pool::recovery`]).
@@ -144,8 +144,8 @@ impl Pool {
             }
             // Hashed in our own allocation, whose address was never handed out, written whole
             // under one write claim: the bytes hashed are the bytes committed.
-            match self.commit_prehashed(&addr, c.checksum, c.checksum) {
-                Ok(()) => {
+            match self.commit(Commit::prehashed(&addr, c.checksum, c.checksum)) {
+                Ok(_) => {
                     r.recovered += 1;
                     r.recovered_bytes += c.len;
                 }

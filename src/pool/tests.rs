@@ -59,7 +59,8 @@ fn every_policy_evicts_within_quota_and_spares_pins() {
                 .alloc_in_chain(0, &i.to_le_bytes(), 64 << 10, false, depth, 0)
                 .unwrap();
             p.write(&a, 0, &value(i, 64 << 10)).unwrap();
-            p.commit(&a, checksum(&value(i, 64 << 10)), 0).unwrap();
+            p.commit(Commit::new(&a, checksum(&value(i, 64 << 10))))
+                .unwrap();
             // Re-read a hot set so frequency-aware policies have something to keep.
             for hot in 0..4u32 {
                 let _ = p.get(0, &hot.to_le_bytes(), 0);
@@ -131,7 +132,7 @@ fn pending_objects_are_invisible_until_commit_and_checksums_are_enforced() {
     p.write(&a, 0, b"new").unwrap();
     assert_eq!(p.get(0, b"k", 0).unwrap(), b"old");
     assert_eq!(
-        p.commit(&a, checksum(b"bad"), 0),
+        p.commit(Commit::new(&a, checksum(b"bad"))),
         Err(PoolError::ChecksumMismatch)
     );
     assert_eq!(
@@ -143,7 +144,7 @@ fn pending_objects_are_invisible_until_commit_and_checksums_are_enforced() {
     p.write(&a, 1, b"ew").unwrap();
     p.write(&a, 0, b"n").unwrap();
     assert_eq!(p.write(&a, 2, b"xx"), Err(AddrFault::OutOfBounds.into()));
-    p.commit(&a, checksum(b"new"), 0).unwrap();
+    p.commit(Commit::new(&a, checksum(b"new"))).unwrap();
     assert_eq!(p.get(0, b"k", 0).unwrap(), b"new");
     assert_eq!(
         p.write(&a, 0, b"x"),
@@ -151,7 +152,7 @@ fn pending_objects_are_invisible_until_commit_and_checksums_are_enforced() {
         "committed objects are immutable"
     );
     assert_eq!(
-        p.commit(&a, checksum(b"new"), 0),
+        p.commit(Commit::new(&a, checksum(b"new"))),
         Err(AddrFault::NotWritable.into())
     );
     assert_eq!(p.stats().objects, 1);
@@ -168,17 +169,29 @@ fn conditional_commits_check_presence_and_release_what_they_refuse() {
     let used = p.stats().used_bytes();
     // Only if present: refused for a missing key, and its memory is given back.
     let a = staged(b"k", b"xx");
-    assert_eq!(p.commit_if(&a, checksum(b"xx"), Some(true)), Ok(false));
+    assert_eq!(
+        p.commit(Commit::new(&a, checksum(b"xx")).when_present(Some(true))),
+        Ok(false)
+    );
     assert_eq!(p.stats().used_bytes(), used);
     assert_eq!(p.get(0, b"k", 0), Err(PoolError::NotFound));
     // Only if absent: the first wins, the second is refused and the first value stays.
     let a = staged(b"k", b"v1");
     let b = staged(b"k", b"v2");
-    assert_eq!(p.commit_if(&a, checksum(b"v1"), Some(false)), Ok(true));
-    assert_eq!(p.commit_if(&b, checksum(b"v2"), Some(false)), Ok(false));
+    assert_eq!(
+        p.commit(Commit::new(&a, checksum(b"v1")).when_present(Some(false))),
+        Ok(true)
+    );
+    assert_eq!(
+        p.commit(Commit::new(&b, checksum(b"v2")).when_present(Some(false))),
+        Ok(false)
+    );
     assert_eq!(p.get(0, b"k", 0).unwrap(), b"v1");
     let a = staged(b"k", b"v3");
-    assert_eq!(p.commit_if(&a, checksum(b"v3"), Some(true)), Ok(true));
+    assert_eq!(
+        p.commit(Commit::new(&a, checksum(b"v3")).when_present(Some(true))),
+        Ok(true)
+    );
     assert_eq!(p.get(0, b"k", 0).unwrap(), b"v3");
     assert_eq!(p.stats().objects, 1);
 }
@@ -196,7 +209,10 @@ fn commit_all_is_all_or_nothing() {
     // One bad checksum in the middle: nothing is committed, every allocation is released.
     let mut items = vec![stage(b"a", b"1"), stage(b"b", b"2"), stage(b"c", b"3")];
     items[1].1 ^= 1;
-    assert_eq!(p.commit_all(&items), Err(PoolError::ChecksumMismatch));
+    assert_eq!(
+        p.commit(Commit::all(&items)),
+        Err(PoolError::ChecksumMismatch)
+    );
     assert_eq!(p.stats().used_bytes(), used);
     assert_eq!(p.get(0, b"a", 0), Err(PoolError::NotFound));
     assert_eq!(p.get(0, b"b", 0).unwrap(), b"old");
@@ -205,7 +221,7 @@ fn commit_all_is_all_or_nothing() {
     let items: Vec<_> = (0..32u32)
         .map(|i| stage(format!("k{}", i % 30).as_bytes(), &value(i, 100)))
         .collect();
-    p.commit_all(&items).unwrap();
+    p.commit(Commit::all(&items)).unwrap();
     for i in 0..30u32 {
         let last = if i < 2 { i + 30 } else { i };
         assert_eq!(
@@ -227,7 +243,10 @@ fn abandoned_allocations_are_reaped_after_their_deadline() {
     }
     assert_eq!(p.reap(200_000), 1);
     assert_eq!(p.stats().used_bytes(), 0);
-    assert_eq!(p.commit(&a, 0, 200_001), Err(AddrFault::NotWritable.into()));
+    assert_eq!(
+        p.commit(Commit::new(&a, 0)),
+        Err(AddrFault::NotWritable.into())
+    );
 }
 
 #[test]
@@ -365,7 +384,7 @@ fn a_prehashed_commit_compares_the_writer_s_hash_with_the_checksum_given() {
     let a = p.alloc(0, b"k", v.len() as u64, false, 0).unwrap();
     p.write(&a, 0, &v).unwrap();
     assert_eq!(
-        p.commit_prehashed(&a, checksum(&v), checksum(&v) ^ 1),
+        p.commit(Commit::prehashed(&a, checksum(&v), checksum(&v) ^ 1)),
         Err(PoolError::ChecksumMismatch)
     );
     assert_eq!(
@@ -376,10 +395,12 @@ fn a_prehashed_commit_compares_the_writer_s_hash_with_the_checksum_given() {
     assert!(p.get(0, b"k", 0).is_err());
     let a = p.alloc(0, b"k", v.len() as u64, false, 0).unwrap();
     p.write(&a, 0, &v).unwrap();
-    p.commit_prehashed(&a, checksum(&v), checksum(&v)).unwrap();
+    p.commit(Commit::prehashed(&a, checksum(&v), checksum(&v)))
+        .unwrap();
     assert_eq!(p.get(0, b"k", 0).unwrap(), v);
     assert!(
-        p.commit_prehashed(&a, checksum(&v), checksum(&v)).is_err(),
+        p.commit(Commit::prehashed(&a, checksum(&v), checksum(&v)))
+            .is_err(),
         "committed once only"
     );
 }
@@ -496,7 +517,7 @@ fn addresses_of_another_incarnation_are_refused() {
     assert_eq!(second.read(&a, 0, &mut buf), wrong);
     assert_eq!(second.verify_addr(&a), wrong);
     assert_eq!(second.write(&a, 0, &buf), wrong);
-    assert_eq!(second.commit(&a, 0, 0), wrong);
+    assert_eq!(second.commit(Commit::new(&a, 0)).map(drop), wrong);
     // Restamping the incarnation breaks the memory key.
     let forged = GlobalAddr {
         incarnation: second.incarnation(),

@@ -57,7 +57,7 @@ fn cancel_frees_reservations_and_objects_and_their_commits_fail() {
     assert_eq!(p.get(0, b"keep", 0).unwrap(), v);
     for a in [reserved, in_flight, second] {
         assert_eq!(
-            p.commit(&a, 0, 0),
+            p.commit(Commit::new(&a, 0)),
             Err(PoolError::Cancelled),
             "a clear error"
         );
@@ -95,11 +95,15 @@ fn an_allocation_being_written_is_released_by_whoever_comes_next() {
     assert_eq!(p.cancel(0, &[b"a"]), Ok(0), "counted once");
     drop((wa, wb, wc));
     assert_eq!(
-        p.commit(&a, 0, 0),
+        p.commit(Commit::new(&a, 0)),
         Err(PoolError::Cancelled),
         "a clear error"
     );
-    assert_eq!(p.commit(&a, 0, 0), Err(PoolError::Cancelled), "and again");
+    assert_eq!(
+        p.commit(Commit::new(&a, 0)),
+        Err(PoolError::Cancelled),
+        "and again"
+    );
     p.abort(&b).unwrap();
     assert_eq!(p.reap(0), 1, "the reaper takes the last one at once");
     assert_eq!(used(&p), before);
@@ -107,7 +111,7 @@ fn an_allocation_being_written_is_released_by_whoever_comes_next() {
     let fresh = p.alloc(0, b"a", 16, false, 0).unwrap();
     p.abort(&fresh).unwrap();
     assert_eq!(
-        p.commit(&fresh, 0, 0),
+        p.commit(Commit::new(&fresh, 0)),
         Err(AddrFault::NotWritable.into()),
         "an allocation aborted, not cancelled"
     );
@@ -131,9 +135,9 @@ fn a_commit_racing_a_cancel_never_resurrects_the_key() {
             let commit = s.spawn(|| {
                 go.wait();
                 if round % 2 == 0 {
-                    p.commit(&a, sum, 0)
+                    p.commit(Commit::new(&a, sum))
                 } else {
-                    p.commit_all(&[(a, sum)])
+                    p.commit(Commit::all(&[(a, sum)]))
                 }
             });
             go.wait();
@@ -142,7 +146,10 @@ fn a_commit_racing_a_cancel_never_resurrects_the_key() {
         });
         assert_eq!(cancelled, 1, "the allocation or the object");
         match committed {
-            Ok(()) => landed += 1,
+            Ok(committed) => {
+                assert!(committed, "an unconditional commit commits");
+                landed += 1;
+            }
             Err(e) => {
                 assert_eq!(e, PoolError::Cancelled);
                 refused += 1;

@@ -158,7 +158,7 @@ proptest! {
                     let (ns, key, pin, a) = m.pending.remove(0);
                     let v = vec![ns as u8; BLOCK as usize];
                     p.write(&a, 0, &v).unwrap();
-                    p.commit(&a, checksum(&v), now).unwrap();
+                    p.commit(Commit::new(&a, checksum(&v))).unwrap();
                     let n = ns as usize;
                     if pin { m.pinned[n].push(key) } else { m.unpinned[n].push(key) }
                     None

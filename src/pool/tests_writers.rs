@@ -38,7 +38,7 @@ fn overlapping_writes_are_busy_and_disjoint_ones_proceed() {
     let mut second = p.begin_write_range(&a, 2048, 2048).unwrap();
     second.bytes_mut().fill(2);
     assert_eq!(
-        p.commit(&a, 0, 0),
+        p.commit(Commit::new(&a, 0)),
         Err(PoolError::BadAddress(AddrFault::Busy)),
         "open writes hold off commit"
     );
@@ -47,7 +47,7 @@ fn overlapping_writes_are_busy_and_disjoint_ones_proceed() {
     drop(second);
     let mut want = vec![1u8; 2048];
     want.resize(4096, 2);
-    p.commit(&a, checksum(&want), 0).unwrap();
+    p.commit(Commit::new(&a, checksum(&want))).unwrap();
     assert_eq!(p.get(0, b"k", 0).unwrap(), want);
 }
 
@@ -110,7 +110,7 @@ fn racing_writers_never_share_bytes_and_commits_are_never_torn() {
         for (off, len, value) in last.into_inner().unwrap() {
             want[off..off + len].fill(value);
         }
-        p.commit(&a, checksum(&want), 0)
+        p.commit(Commit::new(&a, checksum(&want)))
             .expect("the committed bytes are exactly the serialised writes");
         assert_eq!(p.get(0, b"raced", 0).unwrap(), want);
     }
@@ -134,7 +134,7 @@ fn a_whole_claim_commits_what_it_hashed() {
         "no other writer while it is held"
     );
     let sum = checksum(&[7; 4096]);
-    p.commit_claimed(w, sum, sum).unwrap();
+    p.commit(Commit::claimed(w, sum, sum)).unwrap();
     assert_eq!(p.get(0, b"k", 0).unwrap(), vec![7; 4096]);
     assert!(!p.is_pending(a.generation));
     assert!(
@@ -147,7 +147,7 @@ fn a_whole_claim_commits_what_it_hashed() {
     let mut w = p.begin_write(&b).unwrap();
     w.bytes_mut().fill(8);
     assert_eq!(
-        p.commit_claimed(w, sum, sum ^ 1),
+        p.commit(Commit::claimed(w, sum, sum ^ 1)),
         Err(PoolError::ChecksumMismatch)
     );
     assert!(!p.is_pending(b.generation));
@@ -157,7 +157,7 @@ fn a_whole_claim_commits_what_it_hashed() {
     let c = p.alloc(0, b"c", 4096, false, 0).unwrap();
     let w = p.begin_write_range(&c, 0, 100).unwrap();
     assert_eq!(
-        p.commit_claimed(w, sum, sum),
+        p.commit(Commit::claimed(w, sum, sum)),
         Err(PoolError::BadAddress(AddrFault::NotWritable))
     );
     assert!(
@@ -170,6 +170,9 @@ fn a_whole_claim_commits_what_it_hashed() {
     let d = p.alloc(0, b"d", 4096, false, 0).unwrap();
     let w = p.begin_write(&d).unwrap();
     assert_eq!(p.cancel(0, &[b"d"]).unwrap(), 1);
-    assert_eq!(p.commit_claimed(w, sum, sum), Err(PoolError::Cancelled));
+    assert_eq!(
+        p.commit(Commit::claimed(w, sum, sum)),
+        Err(PoolError::Cancelled)
+    );
     assert!(!p.is_pending(d.generation));
 }

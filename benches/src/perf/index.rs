@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kvpool::pool::{PoolConfig, DEFAULT_NAMESPACE};
 use kvpool::segment::{Backing, HugePages};
-use kvpool::{checksum, Pool};
+use kvpool::{checksum, Commit, Pool};
 
 use super::machine::{meminfo_kib, rss_bytes};
 use super::report::{Ref, Row};
@@ -78,7 +78,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         let addr = pool
             .alloc(ns, &k, 1, false, 0)
             .with_context(|| format!("alloc #{inserted}"))?;
-        pool.commit(&addr, zero, 0)
+        pool.commit(Commit::new(&addr, zero))
             .with_context(|| format!("commit #{inserted}"))?;
         inserted += 1;
         if inserted % (1 << 16) == 0 {

@@ -3,7 +3,7 @@
 //! inference engine would, and check every loaded block is the one that was stored.
 
 use anyhow::{bail, Context};
-use kvpool::pool::{NamespaceConfig, Pool, PoolConfig};
+use kvpool::pool::{Commit, NamespaceConfig, Pool, PoolConfig};
 use kvpool::segment::{Backing, HugePages};
 use kvpool_client::blocking::Client;
 use kvpool_client::ErrorCode;
@@ -137,7 +137,7 @@ impl BlockCache for InProcess {
                 .alloc_in_chain(0, &key, len, false, depth, self.now)?;
             self.pool.write(&a, 0, &self.value)?;
             self.pool
-                .commit(&a, kvpool::checksum(&self.value), self.now)?;
+                .commit(Commit::new(&a, kvpool::checksum(&self.value)))?;
         }
         Ok(())
     }

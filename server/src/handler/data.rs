@@ -6,7 +6,7 @@ use std::io;
 
 use kvpool::protocol::io::discard;
 use kvpool::protocol::{ErrorCode, Key, PutItem, Reply, ValueMeta, MISS_VERSION};
-use kvpool::{Millis, PoolError};
+use kvpool::{Commit, Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -287,7 +287,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         // (aborted), and the client routes it again by the new view. Judged again after the
         // commit (`Shared::commit_in_view`).
         if !self.session.peer || pin {
-            let commit = || pool.commit_prehashed(&addr, item.checksum, hashed);
+            let commit = || {
+                pool.commit(Commit::prehashed(&addr, item.checksum, hashed))
+                    .map(drop)
+            };
             return Ok(self.s.commit_in_view(&addr, self.routing(), commit));
         }
         if self.s.view_moved(self.routing()) {
@@ -302,7 +305,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .s
             .replication(ns)
             .map_or(1, |r| r.replicas.max(1) as usize);
-        let commit = || pool.commit_prehashed_if(&addr, item.checksum, hashed, Some(false));
+        let commit = || {
+            pool.commit(Commit::prehashed(&addr, item.checksum, hashed).when_present(Some(false)))
+        };
         Ok(
             match self.s.cluster.if_vouched((ns, item.key), replicas, commit) {
                 Some(Ok(true)) => Ok(()),

@@ -66,7 +66,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             ArchivedOp::Write { addr, offset } => {
                 self.write(id, addr, offset.to_native(), payload).await
             }
-            ArchivedOp::Commit { items } => self.commit(id, items, now).await,
+            ArchivedOp::Commit { items } => self.commit(id, items).await,
             ArchivedOp::Abort { addrs } => self.abort(id, addrs).await,
             ArchivedOp::Read { addr, offset, len } => {
                 self.read(id, addr, offset.to_native(), len.to_native())

@@ -11,7 +11,7 @@ use kvpool::protocol::io::{discard, write_frame};
 use kvpool::protocol::{
     AllocItem, AllocResult, CommitItem, ErrorCode, Reply, SegmentMap, StagedCommit,
 };
-use kvpool::{GlobalAddr, Millis, PoolError};
+use kvpool::{Commit, GlobalAddr, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -91,12 +91,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.answer(id, r.map(|()| Reply::Done)).await
     }
 
-    pub(super) async fn commit(
-        &mut self,
-        id: u64,
-        items: &Archived<Vec<CommitItem>>,
-        now: Millis,
-    ) -> Next {
+    pub(super) async fn commit(&mut self, id: u64, items: &Archived<Vec<CommitItem>>) -> Next {
         let (s, stamp) = (self.s, self.req.stamp);
         let pending = (&mut self.held.pending, &mut self.held.account);
         let r = self.s.batch_check(items.len()).map(|()| {
@@ -105,7 +100,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .iter()
                     .map(|i| {
                         let addr = GlobalAddr::from(&i.addr);
-                        let commit = || s.pool.commit(&addr, i.checksum.to_native(), now);
+                        let commit = || {
+                            s.pool
+                                .commit(Commit::new(&addr, i.checksum.to_native()))
+                                .map(drop)
+                        };
                         let pending = (&mut *pending.0, &mut *pending.1);
                         status_of(commit_pending(s, pending, stamp, &addr, commit))
                     })
@@ -275,7 +274,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             let commit = || {
                 pool.begin_write(&addr).and_then(|mut w| {
                     match area.copy_out(offset, w.bytes_mut()) {
-                        Some(hashed) => pool.commit_claimed(w, item.checksum.to_native(), hashed),
+                        Some(hashed) => pool
+                            .commit(Commit::claimed(w, item.checksum.to_native(), hashed))
+                            .map(drop),
                         None => Err(kvpool::AddrFault::OutOfBounds.into()),
                     }
                 })

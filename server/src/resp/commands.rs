@@ -5,7 +5,7 @@
 use std::io;
 
 use kvpool::resp::{encode, Parser};
-use kvpool::{NodeId, PoolError};
+use kvpool::{Commit, NodeId, PoolError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use super::conn::{Args, Conn, Next, Place, Refused};
@@ -263,7 +263,7 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
             .stage_value(ns, key, value, false)
             .map_err(|e| self.pool_error_text(e))?;
         let stored = pool
-            .commit_if(&addr, kvpool::checksum(value), present)
+            .commit(Commit::new(&addr, kvpool::checksum(value)).when_present(present))
             .map_err(|e| self.pool_error_text(e))?;
         if let (true, Some(ttl)) = (stored, ttl_ms) {
             let at = s.now().saturating_add(ttl);
@@ -343,8 +343,8 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
             return next;
         }
         s.metrics.bytes(len as u64, 0);
-        let failed = match pool.commit(&addr, checksum, s.now()) {
-            Ok(()) => {
+        let failed = match pool.commit(Commit::new(&addr, checksum)) {
+            Ok(_) => {
                 encode::ok(&mut self.out);
                 false
             }
@@ -423,7 +423,7 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
             return self.mset_forwarded(a).await;
         }
         // All or nothing: every value is written into its own allocation first, then all are
-        // committed under their keys' index locks at once (Pool::commit_all).
+        // committed under their keys' index locks at once (`Commit::all`).
         let (ns, s) = (self.ns(), self.s);
         let mut staged = Vec::with_capacity(a.len() / 2);
         let mut it = a.iter(1);
@@ -445,7 +445,7 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
                 }
                 Err(e)
             }
-            None => s.pool.commit_all(&staged),
+            None => s.pool.commit(Commit::all(&staged)).map(drop),
         };
         match done {
             Ok(()) => encode::ok(&mut self.out),

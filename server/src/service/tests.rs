@@ -260,7 +260,9 @@ fn a_remove_or_put_routed_by_a_view_the_node_has_left_is_done_and_says_so() {
             if change {
                 s.cluster.set_state(NodeState::Serving);
             }
-            s.pool.commit(&addr, kvpool::checksum(value), s.now())
+            s.pool
+                    .commit(Commit::new(&addr, kvpool::checksum(value)))
+                    .map(drop)
         })
     };
     let value = || {
