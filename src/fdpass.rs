@@ -7,21 +7,26 @@
 //! read the bytes as any other (the kernel closes its own copies of the descriptors then).
 //! Both calls are non-blocking single attempts on a non-blocking socket.
 
-use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+
+use rustix::io::Errno;
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
 
 /// Most descriptors one message carries (the kernel's `SCM_MAX_FD`).
 pub const MAX_FDS: usize = 253;
 
-/// Bytes of control buffer for `n` descriptors.
-fn control_len(n: usize) -> usize {
-    // SAFETY: CMSG_SPACE is a pure computation on its argument.
-    unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<RawFd>()) as u32) as usize }
-}
+/// Bytes of control buffer for [`MAX_FDS`] descriptors.
+const CONTROL: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
 
 /// Sends `bytes` on the stream socket `sock` with `fds` attached to them; returns how many of
 /// the bytes went (at least one, or an error: `WouldBlock` when the socket's buffer is full).
-/// The caller sends the rest of the bytes as usual.
+/// The caller sends the rest of the bytes as usual. `sock` and `fds` are the caller's open
+/// descriptors, borrowed for the call.
 pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     if bytes.is_empty() || fds.len() > MAX_FDS {
         return Err(io::Error::new(
@@ -29,100 +34,68 @@ pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<usi
             "descriptors need at least one byte and at most 253 to a message",
         ));
     }
-    // u64 elements keep the buffer aligned for cmsghdr.
-    let mut control = vec![0u64; control_len(fds.len()).div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    // SAFETY: an all-zero msghdr is valid (no name, no buffers); the fields set below point
-    // at `iov` and `control`, which outlive the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = control_len(fds.len()) as _;
-        // SAFETY: the control buffer holds CMSG_SPACE(len) bytes, aligned, so the first header
-        // and its data (CMSG_LEN(len) bytes) fit in it; the descriptors are copied in bytewise.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            let len = std::mem::size_of_val(fds);
-            (*c).cmsg_len = libc::CMSG_LEN(len as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), len);
-        }
+    let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|&fd| borrowed(fd)).collect();
+    let mut space = [MaybeUninit::uninit(); CONTROL];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "descriptors do not fit a control message",
+        ));
     }
-    // SAFETY: `msg` is fully initialised above; sendmsg only reads the buffers it names.
-    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    Ok(sendmsg(
+        borrowed(sock),
+        &[IoSlice::new(bytes)],
+        &mut control,
+        flags,
+    )?)
 }
 
 /// Looks at the next byte waiting on the stream socket `sock` without consuming it and takes
 /// the descriptors attached to it (duplicates: the byte keeps its own until read). None when
 /// nothing is waiting yet; an empty list when the byte carries none; `UnexpectedEof` when the
 /// peer closed. Descriptors come close-on-exec. More than [`MAX_FDS`] is an error (any that
-/// arrived are closed).
+/// arrived are closed). `sock` is the caller's open socket, borrowed for the call.
 pub fn peek_fds(sock: RawFd) -> io::Result<Option<Vec<OwnedFd>>> {
-    let mut byte = 0u8;
-    let mut iov = libc::iovec {
-        iov_base: (&mut byte as *mut u8).cast(),
-        iov_len: 1,
+    let mut byte = [0u8; 1];
+    let mut space = [MaybeUninit::uninit(); CONTROL];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let flags = RecvFlags::PEEK | RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC;
+    let msg = match recvmsg(
+        borrowed(sock),
+        &mut [IoSliceMut::new(&mut byte)],
+        &mut control,
+        flags,
+    ) {
+        Ok(msg) => msg,
+        Err(Errno::AGAIN | Errno::INTR) => return Ok(None),
+        Err(e) => return Err(e.into()),
     };
-    let mut control = vec![0u64; control_len(MAX_FDS).div_ceil(8)];
-    // SAFETY: as in send_with_fds; the buffers outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = (control.len() * 8) as _;
-    // SAFETY: `msg` names one writable byte and a writable control buffer of the given length.
-    let n = unsafe {
-        libc::recvmsg(
-            sock,
-            &mut msg,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-        )
-    };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-            _ => Err(e),
-        };
-    }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `msg.msg_control` with `msg_controllen` bytes of well-formed
-    // control messages; the CMSG_* walk stays within them, and each SCM_RIGHTS payload holds
-    // `(cmsg_len - CMSG_LEN(0)) / 4` descriptors that are now ours (each taken exactly once).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..len / std::mem::size_of::<RawFd>() {
-                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    if msg.flags.contains(ReturnFlags::CTRUNC) {
+        // Dropping `control` closes whatever did arrive.
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "more descriptors than a message may carry",
         ));
     }
-    if n == 0 {
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            fds.extend(rights);
+        }
+    }
+    if msg.bytes == 0 {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(Some(fds))
+}
+
+/// The caller's descriptor `fd`, borrowed for the call it was passed to.
+fn borrowed<'a>(fd: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: the public functions of this module take descriptors their caller holds open
+    // until the call returns (their documented contract), and the borrow ends with the call.
+    unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
-//! docs/ARCHITECTURE.md's map of the tree names every module of the core, the daemon and the
-//! client, so that a newcomer finds each file there.
+//! docs/ARCHITECTURE.md's map of the tree names every module of the core, the daemon, the
+//! client and the CLI, so that a newcomer finds each file there.
 //!
-//! A module is a `.rs` file under `src/`, `server/src/` or `client/src/`, except files of unit
-//! tests (`tests.rs`, `tests_*.rs`, `*_tests.rs`). The map is the fenced block under "## A map of
-//! the tree"; each crate's part of it starts with an unindented line naming the crate's source
-//! directory, and holds entries: a line indented by two, with the lines indented further below
-//! it. A file is named, within its crate's part, by its path relative to the source directory
-//! (`pool/recover.rs`); a file in a subdirectory also by its file name in an entry that names its
-//! directory (`pool/` with `recover.rs`); a directory's `mod.rs` by the directory alone.
+//! A module is a `.rs` file under `src/`, `server/src/`, `client/src/` or `cli/src/`, except
+//! files of unit tests (`tests.rs`, `tests_*.rs`, `*_tests.rs`). The map is the fenced block under
+//! "## A map of the tree"; each crate's part of it starts with an unindented line naming the
+//! crate's source directory, and holds entries: a line indented by two, with the lines indented
+//! further below it. A file is named, within its crate's part, by its path relative to the source
+//! directory (`pool/recover.rs`); a file in a subdirectory also by its file name in an entry that
+//! names its directory (`pool/` with `recover.rs`); a directory's `mod.rs` by the directory alone.
 #![cfg(not(loom))]
 
 use std::collections::BTreeSet;
@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The source directories the map covers, as the map's unindented lines name them.
-const CRATES: [&str; 3] = ["src/", "server/src/", "client/src/"];
+const CRATES: [&str; 4] = ["src/", "server/src/", "client/src/", "cli/src/"];
 
 #[test]
 fn the_architecture_map_names_every_module() {

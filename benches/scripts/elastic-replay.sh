@@ -11,7 +11,7 @@
 #   join-nohandover  the same with --handover false: the client's previous-owner fallback only
 #   ctl-join         NODES-1 nodes, no event
 #
-#   cargo build --release -p kvpool-bench -p kvpool-server -p kvpool-client
+#   cargo build --release -p kvpool-bench -p kvpool-server -p kvpool-cli
 #   benches/scripts/elastic-replay.sh [NODES=4] [CAPACITY=5000] [BLOCK=16KiB] [AT=1200] [RUNS=all]
 #
 # ELASTIC_ARGS passes more flags to `kvpool-bench elastic` (e.g. "--before 30 --after 60 --speed 4"

@@ -13,9 +13,10 @@
 //! The public API lives here; its parts are `client::routing` (the view, owners, links, node
 //! failures, the `WrongView` retry), `client::fanout` (the one fan-out: keys cut into per-node
 //! batches sent at once), `client::batch_ops` (the operations over many keys built on it) and
-//! `client::scan` (listing keys by prefix across the nodes).
+//! `client::scan` (listing keys by prefix across the nodes), `client::prefix` (the KV blocks of
+//! a prompt's prefix) and `client::one_sided` (two-phase puts, access by global address).
 //! Uses `link` for everything that goes to one node, and `local`, `config`, `endpoint` and
-//! `error`; nothing in the crate uses `client` but `lib` and `blocking`.
+//! `error`; nothing in the crate uses `client` but `lib`, `blocking` and `weights`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -24,13 +25,12 @@ use std::time::{Duration, Instant};
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
 use kvpool::protocol::{ErrorCode, HelloInfo, Op, Priority, Reply};
-use kvpool::{AddrFault, GlobalAddr};
 
 use crate::config::ClientConfig;
+use crate::dst::Dst;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
-use crate::link::{unexpected, Dst, Link, Located};
-use crate::local::{LocalMap, LocalReadError};
+use crate::link::{unexpected, Link};
 
 #[macro_use]
 mod routing;
@@ -38,11 +38,14 @@ mod batch_ops;
 mod fanout;
 mod handoff;
 mod hold;
+mod one_sided;
+mod prefix;
 mod scan;
 
 use fanout::{add_key, pick};
 pub use handoff::{KeyEvent, Subscription, WaitOutcome};
 pub use hold::LocalHold;
+pub use prefix::Prefix;
 use routing::{Routing, Scheme};
 
 struct Inner {
@@ -73,35 +76,6 @@ pub struct Client {
     /// This handle's settings: the connection's, with its own priority and deadline
     /// ([`Client::with_priority`], [`Client::with_deadline`]).
     cfg: Arc<ClientConfig>,
-}
-
-/// How long `load_prefix` leases blocks while copying them on the same host.
-const LOAD_LEASE_MS: u64 = 5_000;
-
-/// The blocks of a prefix, named by their tokens or by keys the engine computed itself.
-#[derive(Clone, Copy, Debug)]
-pub enum Prefix<'a> {
-    /// Token ids, hashed into block keys as docs/HASHING.md specifies (full blocks only).
-    Tokens {
-        /// Tenant, model, KV layout, block size and salt.
-        seed: &'a kvpool::prefix::PrefixSeed,
-        /// The request's tokens.
-        tokens: &'a [u32],
-    },
-    /// Block keys an engine already has (vLLM, SGLang and Dynamo block hashes, trace ids).
-    Keys(&'a [&'a [u8]]),
-}
-
-impl Prefix<'_> {
-    /// The block keys, in order.
-    pub fn keys(&self) -> Vec<Vec<u8>> {
-        match self {
-            Prefix::Tokens { seed, tokens } => {
-                seed.block_keys(tokens).iter().map(|k| k.to_vec()).collect()
-            }
-            Prefix::Keys(keys) => keys.iter().map(|k| k.to_vec()).collect(),
-        }
-    }
 }
 
 impl Client {
@@ -433,293 +407,6 @@ impl Client {
         self.get_many(keys, &mut dsts, false, 0).await
     }
 
-    // ----- context caching: prefixes of KV blocks -----
-
-    /// How many leading blocks of `prefix` the pool holds: one round trip per node holding
-    /// any of them, never one per block.
-    pub async fn match_prefix(&self, prefix: Prefix<'_>) -> Result<usize, ClientError> {
-        let keys = prefix.keys();
-        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        self.batch_exists(&refs).await
-    }
-
-    /// Stores the KV blocks of a prefix (`blocks[i]` for block `i`; only full blocks, so
-    /// `blocks` may not be longer than the prefix has blocks). Blocks the pool already holds
-    /// are not sent again. Returns how many leading blocks the pool holds afterwards.
-    pub async fn save_prefix(
-        &self,
-        prefix: Prefix<'_>,
-        blocks: &[&[u8]],
-    ) -> Result<usize, ClientError> {
-        let keys = prefix.keys();
-        if blocks.len() > keys.len() {
-            return Err(ClientError::Protocol(format!(
-                "{} blocks given for a prefix of {} full blocks",
-                blocks.len(),
-                keys.len()
-            )));
-        }
-        let refs: Vec<&[u8]> = keys[..blocks.len()].iter().map(|k| &k[..]).collect();
-        let have = self.batch_exists(&refs).await?;
-        if have == blocks.len() {
-            return Ok(have);
-        }
-        let items: Vec<(&[u8], &[u8])> = refs[have..]
-            .iter()
-            .zip(&blocks[have..])
-            .map(|(k, b)| (*k, *b))
-            .collect();
-        let depths = (have as u32..blocks.len() as u32).collect();
-        let codes = self.put_many(&items, None, false, depths).await?;
-        Ok(have + codes.iter().take_while(|c| **c == ErrorCode::Ok).count())
-    }
-
-    /// Loads the leading run of a prefix's blocks the pool holds into `dsts` (`dsts[i]` for
-    /// block `i`) and returns how many it loaded; never a block after a gap. Zero-copy into the
-    /// buffers on the same host, with the blocks leased while they are copied so eviction can't
-    /// recycle them meanwhile. Buffers past the run are left as they were, with one exception:
-    /// when a block is removed or replaced while this load copies it, blocks after it may
-    /// already have been copied into their buffers; they are still not counted.
-    pub async fn load_prefix(
-        &self,
-        prefix: Prefix<'_>,
-        dsts: &mut [&mut [u8]],
-    ) -> Result<usize, ClientError> {
-        let keys = prefix.keys();
-        let n = keys.len().min(dsts.len());
-        let refs: Vec<&[u8]> = keys[..n].iter().map(|k| &k[..]).collect();
-        let mut dsts: Vec<Dst<'_, '_>> = dsts[..n].iter_mut().map(std::slice::from_mut).collect();
-        let got = self.get_many(&refs, &mut dsts, true, LOAD_LEASE_MS).await?;
-        Ok(got.iter().take_while(|g| g.is_some()).count())
-    }
-
-    // ----- two-phase put and one-sided access -----
-
-    /// Reserves memory for a value of `len` bytes on the key's owner; write it with
-    /// [`Client::write`], then [`Client::commit`]. (One copy: two-phase puts are not
-    /// replicated.)
-    pub async fn alloc(&self, key: &[u8], len: u64) -> Result<GlobalAddr, ClientError> {
-        let cfg = &self.cfg;
-        let ns = &*self.ns;
-        routed!(self, r => {
-            let owner = self.primary(&r, key)?;
-            let l = self.link(owner, &r).await?;
-            let mut res = l
-                .alloc_many(cfg, r.stamp, l.ns(ns)?, &[(key, len)], false, Vec::new())
-                .await?;
-            res.pop()
-                .expect("one result")
-                .map_err(|code| ClientError::Server {
-                    code,
-                    message: format!("{code:?}"),
-                })
-        })
-    }
-
-    /// Writes `bytes` at `offset` into a pending allocation on the node the address names: a
-    /// direct store on the same host, a one-sided write request otherwise.
-    pub async fn write(
-        &self,
-        addr: &GlobalAddr,
-        offset: u64,
-        bytes: &[u8],
-    ) -> Result<(), ClientError> {
-        let l = self.link_of(addr).await?;
-        l.write(&self.cfg, addr, offset, bytes).await
-    }
-
-    /// Makes a pending allocation visible; `checksum` is the xxh3-64 of its bytes. Judged by
-    /// the cluster view its [`Client::alloc`] was routed by (when the commit goes over the
-    /// connection that allocated): if the key's owners changed since, the allocation is given
-    /// back (or, when they changed during the commit, kept) and the answer is
-    /// [`ErrorCode::WrongView`]; alloc, write and commit again, which routes by the new view.
-    pub async fn commit(&self, addr: &GlobalAddr, checksum: u64) -> Result<(), ClientError> {
-        let l = self.link_of(addr).await?;
-        let codes = l.commit_many(&self.cfg, 0, &[(*addr, checksum)]).await?;
-        match codes[0] {
-            ErrorCode::WrongView => Err(ClientError::Server {
-                code: ErrorCode::WrongView,
-                message: "the cluster's view changed after the alloc (this node may no longer \
-                          own the key): alloc, write and commit it again"
-                    .into(),
-            }),
-            code => code_result(code),
-        }
-    }
-
-    /// Gives a pending allocation back.
-    pub async fn abort(&self, addr: &GlobalAddr) -> Result<(), ClientError> {
-        let l = self.link_of(addr).await?;
-        match l
-            .simple(&self.cfg, 0, Op::Abort { addrs: vec![*addr] }, &[])
-            .await?
-        {
-            Reply::Statuses(s) => code_result(ErrorCode::from_u16(s.first().copied().unwrap_or(0))),
-            r => Err(unexpected(&r)),
-        }
-    }
-
-    /// One-sided read of `dst.len()` bytes at `offset` of the object at `addr`, from the node
-    /// the address names. On the same host this is a plain copy from the mapping (no syscall);
-    /// otherwise one request. Returns false when the object is gone or was replaced, or its
-    /// node can't be reached (a miss).
-    pub async fn read(
-        &self,
-        addr: &GlobalAddr,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<bool, ClientError> {
-        Ok(self.read_hashing(addr, offset, dst, false).await?.is_some())
-    }
-
-    /// [`Client::read`] of a whole object (`dst` exactly its length) that also returns its
-    /// bytes' xxh3-64, hashed as they arrive over the socket; None as `read`'s false.
-    pub(crate) async fn read_hashed(
-        &self,
-        addr: &GlobalAddr,
-        dst: &mut [u8],
-    ) -> Result<Option<u64>, ClientError> {
-        self.read_hashing(addr, 0, dst, true).await
-    }
-
-    /// The two above: Some(the xxh3-64 with `hash`, else 0) when read, None for a miss.
-    async fn read_hashing(
-        &self,
-        addr: &GlobalAddr,
-        offset: u64,
-        dst: &mut [u8],
-        hash: bool,
-    ) -> Result<Option<u64>, ClientError> {
-        let l = match self.link_of(addr).await {
-            Ok(l) => l,
-            Err(e) if e.is_unreachable() => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let read = if hash {
-            l.read_hashed(&self.cfg, addr, dst).await
-        } else {
-            l.read(&self.cfg, addr, offset, dst)
-                .await
-                .map(|ok| ok.then_some(0))
-        };
-        match read {
-            Err(e) if e.is_unreachable() => {
-                self.lost(addr.node.0, &e);
-                Ok(None)
-            }
-            r => r,
-        }
-    }
-
-    /// The same-host read, without a socket and without an `.await`: for loops of one-sided
-    /// reads. None when the address's node is not mapped by this client. The bytes are the
-    /// object's, as the seqlock and the incarnation checks prove, but not checksummed: use
-    /// [`Client::read_local_verified`] for that. `WrongIncarnation` means the address or the
-    /// mapping is of a daemon that is gone: lease again (which remaps after a restart).
-    pub fn read_local(
-        &self,
-        addr: &GlobalAddr,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Option<Result<(), AddrFault>> {
-        let local = self.local_map(addr)?;
-        Some(local.read(addr, offset, dst, false))
-    }
-
-    /// The same-host read of a whole object found by [`Client::lease`], into `dst` (at least
-    /// as long as the object), checked against the object's checksum in the same pass as the
-    /// copy. Returns the object's length. None when the address's node is not mapped by this
-    /// client; `Checksum` when the bytes don't match (they must not be used); a node error
-    /// (`Stale`, `WrongIncarnation`) when the object is gone or the daemon restarted: a miss.
-    pub fn read_local_verified(
-        &self,
-        located: &Located,
-        dst: &mut [u8],
-    ) -> Option<Result<usize, ClientError>> {
-        let local = self.local_map(&located.addr)?;
-        let need = located.addr.len;
-        let Some(dst) = dst.get_mut(..need as usize) else {
-            let have = dst.len() as u64;
-            return Some(Err(ClientError::BufferTooSmall { need, have }));
-        };
-        Some(
-            match local.read_verified(&located.addr, dst, located.checksum, false) {
-                Ok(()) => Ok(need as usize),
-                Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
-                Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),
-            },
-        )
-    }
-
-    /// [`Client::read_local_verified`] into several buffers (`pieces`, filled in order, whose
-    /// lengths must sum to the object's length): an object that holds every layer of a KV
-    /// block goes straight into the engine's per-layer pages, checked against its checksum in
-    /// the same pass as the copy.
-    pub fn read_local_verified_scatter(
-        &self,
-        located: &Located,
-        pieces: &mut [&mut [u8]],
-    ) -> Option<Result<usize, ClientError>> {
-        let local = self.local_map(&located.addr)?;
-        let have: u64 = pieces.iter().map(|p| p.len() as u64).sum();
-        let need = located.addr.len;
-        if have != need {
-            return Some(Err(ClientError::BufferTooSmall { need, have }));
-        }
-        Some(
-            match local.read_verified_scatter(&located.addr, pieces, located.checksum, false) {
-                Ok(()) => Ok(need as usize),
-                Err(LocalReadError::Checksum) => Err(ClientError::Checksum),
-                Err(LocalReadError::Fault(f)) => Err(crate::link::fault(f)),
-            },
-        )
-    }
-
-    /// The mapping that covers `addr`, if its node is mapped.
-    fn local_map(&self, addr: &GlobalAddr) -> Option<Arc<LocalMap>> {
-        let links = self.inner.links.lock().unwrap_or_else(|e| e.into_inner());
-        links.get(&addr.node.0)?.local().filter(|l| l.covers(addr))
-    }
-
-    /// Locates objects for one-sided reads and leases them for `lease_ms` (0: none), so
-    /// eviction leaves them alone meanwhile. One round trip per owner, in parallel.
-    pub async fn lease(
-        &self,
-        keys: &[&[u8]],
-        lease_ms: u64,
-    ) -> Result<Vec<Option<Located>>, ClientError> {
-        self.lease_replica(keys, lease_ms, 0).await
-    }
-
-    /// [`Client::lease`] asked of each key's `replica`-th owner (0: the owner; up to the
-    /// namespace's `pinned_replicas` for pinned objects): a reader that found a copy missing
-    /// or failing its checksum goes on to the next one. Keys without such an owner, and keys
-    /// on a node that can't be reached, are None.
-    pub async fn lease_replica(
-        &self,
-        keys: &[&[u8]],
-        lease_ms: u64,
-        replica: usize,
-    ) -> Result<Vec<Option<Located>>, ClientError> {
-        let cfg = &self.cfg;
-        routed!(self, r => {
-            let mut batches = self.by_owner(&r, keys, 0..keys.len(), replica);
-            let answers = self
-                .fan_out(&r, &mut batches, |l, ns, b| {
-                    let sub = pick(keys, &b.idx);
-                    async move { l.lookup(cfg, b.stamp, ns, &sub, lease_ms).await }
-                })
-                .await;
-            let mut out = vec![None; keys.len()];
-            for (b, res) in batches.iter().zip(answers) {
-                if let Some(found) = self.reached(b.node, res)? {
-                    b.idx.iter().zip(found).for_each(|(&i, f)| out[i] = f);
-                }
-            }
-            Ok(out)
-        })
-    }
-
     /// Ends leases; returns how many of the objects exist.
     pub async fn release(&self, keys: &[&[u8]]) -> Result<u64, ClientError> {
         self.keys_op(keys, 1, |ns, keys| Op::Release { ns, keys })
@@ -826,7 +513,7 @@ fn replication(link: &Link, ns: &str) -> (usize, usize) {
         })
 }
 
-fn code_result(code: ErrorCode) -> Result<(), ClientError> {
+pub(super) fn code_result(code: ErrorCode) -> Result<(), ClientError> {
     match code {
         ErrorCode::Ok => Ok(()),
         // The only way a write or commit fails so: a `cancel` of its key came first.
@@ -852,6 +539,7 @@ fn code_result(code: ErrorCode) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvpool::GlobalAddr;
 
     /// The public futures are `Send`, so they can be spawned on a multi-threaded runtime
     /// (`tokio::spawn`, the Python bindings): a fan-out that held something `!Send` across an

@@ -1,4 +1,5 @@
-//! How many threads a large same-host copy spreads over. A batched get of 8 MiB or more is
+//! Where same-host copies run: a large one off the runtime's worker ([`off_runtime`]), and
+//! over how many threads it spreads. A batched get of 8 MiB or more is
 //! copied on several threads, which pays when cores are idle; when other callers of this
 //! process are copying already (four engine threads loading at once on a 2-core host), more
 //! threads only add spawns and preemption. So each copy counts the threads it runs on while
@@ -45,6 +46,25 @@ impl CopyThreads {
 impl Drop for CopyThreads {
     fn drop(&mut self) {
         COPYING.fetch_sub(self.0, Relaxed);
+    }
+}
+
+/// Same-host copies of at least this many bytes give their worker thread's other tasks to
+/// another thread first.
+const OFF_RUNTIME: u64 = 1 << 20;
+
+/// Runs `copy`, a same-host copy of `bytes`: a large one on a multi-threaded runtime runs in
+/// `block_in_place`, so the runtime moves this worker's other tasks (the client's small
+/// requests) to another thread instead of leaving them behind a copy of milliseconds. On a
+/// current-thread runtime, or outside one, it runs inline.
+pub(crate) fn off_runtime<T>(bytes: u64, copy: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if bytes >= OFF_RUNTIME && multi {
+        tokio::task::block_in_place(copy)
+    } else {
+        copy()
     }
 }
 

@@ -21,9 +21,13 @@
 //!
 //! Components, each module using only those after it: [`Client`] (`client`: routing by the
 //! cluster view, one fan-out per batch, timeouts on every call; `blocking` wraps it), `link`
-//! (one node: pooled connections, its handshake, its mapped segments), `conn` (one framed
-//! stream: TCP, QUIC stream or Unix socket), `local` (the same-host mapping), [`Endpoint`],
-//! [`ClientConfig`] (`config`) and [`ClientError`] (`error`).
+//! (one node: pooled connections, its handshake, and the same-host path to it: mapped
+//! segments, staging, the index of objects seen), `conn` (one framed stream: TCP, QUIC stream
+//! or Unix socket), `seen` (the index of where same-host objects are), `staging` (the area
+//! same-host puts go through when the mapping is read-only), `local` (the same-host mapping),
+//! `cores` (where large copies run), `dst` (the buffers a get fills), [`Located`]
+//! (`located`), [`Endpoint`], [`ClientConfig`] (`config`) and [`ClientError`] (`error`).
+//! [`weights`] stores and loads model weights over a [`Client`].
 
 pub mod blocking;
 
@@ -36,10 +40,12 @@ mod client;
 mod config;
 mod conn;
 mod cores;
+mod dst;
 mod endpoint;
 mod error;
 mod link;
 mod local;
+mod located;
 mod seen;
 mod staging;
 pub mod weights;
@@ -51,5 +57,5 @@ pub use error::ClientError;
 pub use kvpool::prefix::PrefixSeed;
 pub use kvpool::protocol::{ErrorCode, Priority};
 pub use kvpool::GlobalAddr;
-pub use link::Located;
 pub use local::{ReadView, ViewError};
+pub use located::Located;

@@ -19,11 +19,12 @@
 //! from its last key to its first, so it sees the calls in the order they were made, each tail
 //! first, as it would have read them (docs/EVICTION.md, "tail first").
 
-use crate::link::Located;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::located::Located;
 
 /// Reads served from the index are reported to the node once this many have gathered, or
 /// once the oldest of them is [`TOUCH_WITHIN`] old. A report wakes the client's runtime, the
@@ -38,6 +39,10 @@ pub(crate) const TOUCH_WITHIN: Duration = Duration::from_millis(100);
 /// Reads waiting for a report while one is on its way, at most: a node that answers slowly
 /// costs the client no more memory than this (24 bytes each, the key shared with its entry).
 pub(crate) const TOUCH_BACKLOG: usize = 2 * TOUCH_BATCH;
+
+/// Reads served from the index that the node is to be told of: (namespace, key) each, the key
+/// shared with its entry.
+pub(crate) type Reads = Vec<(u32, Arc<[u8]>)>;
 
 /// The index's memory: a hash map of its entries, with eviction by *second chance* (CLOCK)
 /// instead of a least-recently-used list. A read only sets its entry's `referenced` flag, in
@@ -199,7 +204,7 @@ impl SeenIndex {
     /// oldest read [`TOUCH_WITHIN`] old, and no report is on its way (the caller sends it,
     /// then calls [`SeenIndex::reported`]). `key` is the entry's own copy, from
     /// [`SeenIndex::get`]: a read allocates nothing.
-    pub(crate) fn touch(&mut self, ns: u32, key: Arc<[u8]>) -> Option<Vec<(u32, Arc<[u8]>)>> {
+    pub(crate) fn touch(&mut self, ns: u32, key: Arc<[u8]>) -> Option<Reads> {
         self.touch_at(ns, [key], Instant::now)
     }
 
@@ -209,7 +214,7 @@ impl SeenIndex {
         &mut self,
         ns: u32,
         keys: impl IntoIterator<Item = Arc<[u8]>>,
-    ) -> Option<Vec<(u32, Arc<[u8]>)>> {
+    ) -> Option<Reads> {
         self.touch_at(ns, keys, Instant::now)
     }
 
@@ -220,7 +225,7 @@ impl SeenIndex {
         ns: u32,
         keys: impl IntoIterator<Item = Arc<[u8]>>,
         now: impl Fn() -> Instant,
-    ) -> Option<Vec<(u32, Arc<[u8]>)>> {
+    ) -> Option<Reads> {
         let had = self.touched.len();
         for key in keys {
             if self.touched.len() >= TOUCH_BACKLOG {

@@ -16,13 +16,14 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::admission::{self, PeerCounts};
-use crate::cluster::{self, Membership, Mover, Replication, Source, Timing};
+use crate::cluster::{self, Cluster, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::deadline::ConnPolicy;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
+use crate::mover::{self, Mover, Replication};
 use crate::peer::PeerAuth;
-use crate::service::Shared;
+use crate::service::{Auth, PeerPolicy, Shared};
 use crate::tls;
 
 /// The addresses a running daemon actually bound (port 0 in the config picks a free port).
@@ -70,7 +71,7 @@ pub struct Daemon {
     done: mpsc::Receiver<()>,
     tasks: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
-    cluster: Arc<Membership>,
+    cluster: Arc<Cluster>,
     creds: PeerAuth,
     timing: Timing,
     drain_on_shutdown: bool,
@@ -88,11 +89,7 @@ impl Daemon {
         // directory; every file in it is the daemon user's alone (0600).
         kvpool::segment::create_dir(&data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-        let policy = (
-            config.wire_limits()?,
-            conn_policy(&config)?,
-            config.ledger_bounds()?,
-        );
+        let policy = (conn_policy(&config)?, config.ledger_bounds()?);
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
@@ -409,7 +406,7 @@ fn membership(
     membership: &MembershipConfig,
     bound: &Bound,
     pool: &Arc<Pool>,
-) -> Arc<Membership> {
+) -> Arc<Cluster> {
     let (in_cluster, source) = match membership {
         MembershipConfig::Static { peers } => (!peers.is_empty(), Source::Gossip),
         MembershipConfig::Etcd(_) => (true, Source::Etcd),
@@ -427,7 +424,7 @@ fn membership(
         },
         epoch: 1,
     };
-    let membership = Arc::new(Membership::new(me, source));
+    let membership = Arc::new(Cluster::new(me, source));
     membership.attach_pool(pool.clone());
     membership
 }
@@ -436,9 +433,9 @@ fn membership(
 /// `Hello` a client is told (its view filled in per connection).
 fn shared(
     config: &Config,
-    (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Membership>, &PeerAuth),
+    (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Cluster>, &PeerAuth),
     bound: &Bound,
-    (limits, conn, bounds): (Limits, ConnPolicy, crate::ledger::Bounds),
+    (conn, bounds): (ConnPolicy, crate::ledger::Bounds),
 ) -> Shared {
     let namespaces = pool.namespaces();
     let capacities: Vec<u64> = (0..namespaces.len() as u32)
@@ -446,6 +443,62 @@ fn shared(
         .collect();
     let ledger = crate::ledger::Ledger::new(&bounds, &capacities);
     let trim: Arc<crate::trim::Trim> = Default::default();
+    let hello = hello_info(config, pool, bound, &conn.limits);
+    Shared {
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+        started: Instant::now(),
+        hello,
+        cluster: membership.clone(),
+        conn,
+        watches: {
+            let w = Arc::new(crate::watch::Watches::new(
+                config.limits.tombstone_ms,
+                ledger.clone(),
+                trim.clone(),
+            ));
+            pool.observe(w.clone());
+            w
+        },
+        bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
+        trim,
+        stagings: crate::staging::Stagings::new(
+            (config.memory.staging, config.memory.staging_total),
+            ledger.clone(),
+            metrics.staging_gauge(),
+        ),
+        ledger,
+        auth: Auth {
+            token: config.auth.token.clone(),
+            ns_tokens: config.namespace_tokens(&namespaces),
+            ns_read_tokens: config.namespace_read_tokens(&namespaces),
+            failures: crate::auth_limit::AuthFailures::new(
+                config.limits.auth_failures,
+                Duration::from_millis(config.limits.auth_failure_refill_ms),
+                config.limits.auth_failures_per_second,
+            ),
+            per_token: crate::admission::TokenCounts::new(
+                config.limits.max_connections_per_token as usize,
+            ),
+        },
+        peers: PeerPolicy {
+            secret: creds.secret.clone(),
+            // No per-address allowance: nodes often share an address (containers behind one,
+            // nodes on one host), and a wrong node's heartbeats must not lock out the right ones.
+            failures: crate::auth_limit::AuthFailures::new(
+                0,
+                Duration::from_millis(config.limits.auth_failure_refill_ms),
+                config.limits.cluster_auth_failures_per_second,
+            ),
+            timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
+        },
+    }
+}
+
+/// The `Hello` a client is told: this node, its namespaces and limits, the same-host socket;
+/// the view and the challenge are filled in per connection.
+fn hello_info(config: &Config, pool: &Pool, bound: &Bound, limits: &Limits) -> HelloInfo {
+    let namespaces = pool.namespaces();
     let replication = config
         .replication(&namespaces)
         .iter()
@@ -458,7 +511,7 @@ fn shared(
             },
         )
         .collect();
-    let hello = HelloInfo {
+    HelloInfo {
         version: PROTOCOL_VERSION,
         node: config.node_id,
         incarnation: pool.incarnation(),
@@ -474,52 +527,6 @@ fn shared(
         view: ClusterView::default(),
         replication,
         challenge: [0; kvpool::protocol::auth::AUTH_LEN],
-    };
-    Shared {
-        pool: pool.clone(),
-        metrics: metrics.clone(),
-        limits,
-        token: config.auth.token.clone(),
-        ns_tokens: config.namespace_tokens(&namespaces),
-        ns_read_tokens: config.namespace_read_tokens(&namespaces),
-        started: Instant::now(),
-        hello,
-        cluster: membership.clone(),
-        cluster_secret: creds.secret.clone(),
-        peer_timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
-        conn,
-        watches: {
-            let w = Arc::new(crate::watch::Watches::new(
-                config.limits.tombstone_ms,
-                ledger.clone(),
-                trim.clone(),
-            ));
-            pool.observe(w.clone());
-            w
-        },
-        bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
-        auth_failures: crate::auth_limit::AuthFailures::new(
-            config.limits.auth_failures,
-            Duration::from_millis(config.limits.auth_failure_refill_ms),
-            config.limits.auth_failures_per_second,
-        ),
-        // No per-address allowance: nodes often share an address (containers behind one,
-        // nodes on one host), and a wrong node's heartbeats must not lock out the right ones.
-        cluster_auth_failures: crate::auth_limit::AuthFailures::new(
-            0,
-            Duration::from_millis(config.limits.auth_failure_refill_ms),
-            config.limits.cluster_auth_failures_per_second,
-        ),
-        trim,
-        tokens: crate::admission::TokenCounts::new(
-            config.limits.max_connections_per_token as usize,
-        ),
-        stagings: crate::staging::Stagings::new(
-            (config.memory.staging, config.memory.staging_total),
-            ledger.clone(),
-            metrics.staging_gauge(),
-        ),
-        ledger,
     }
 }
 
@@ -548,10 +555,12 @@ fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::Bu
     }
 }
 
-/// The limits before the handshake and the timeouts of every stage of a connection.
+/// The limits before and after the handshake and the timeouts of every stage of a connection.
 fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
+    let limits = config.wire_limits()?;
     crate::staging::check_setting(&config.memory.same_host_writes)?;
     Ok(ConnPolicy {
+        limits,
         hello_limits: config.hello_limits()?,
         handshake: Duration::from_millis(config.limits.handshake_timeout_ms.max(1)),
         idle: match config.limits.idle_timeout_ms {
@@ -641,7 +650,7 @@ fn serve_resp(l: TcpListener, addr: SocketAddr, ctx: &Ctx, config: &Config) -> [
 /// and watch.
 fn join_cluster(
     config: MembershipConfig,
-    membership: &Arc<Membership>,
+    membership: &Arc<Cluster>,
     creds: &PeerAuth,
     timing: &Timing,
     shutdown: &watch::Receiver<bool>,
@@ -687,7 +696,7 @@ fn start_mover(
         handover,
         metrics: shared.metrics.clone(),
     };
-    tokio::spawn(cluster::mover(mover, shutdown.clone()))
+    tokio::spawn(mover::run(mover, shutdown.clone()))
 }
 
 /// Every second, gives allocations abandoned past their deadline back to the pool.
@@ -783,129 +792,4 @@ fn random_secret() -> anyhow::Result<[u8; 16]> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A config for one node listening on free loopback ports over a small anonymous pool, with
-    /// its data dir (and Unix socket) in a fresh directory named after `test`.
-    fn config(test: &str) -> Config {
-        let dir = std::env::temp_dir().join(format!("kvpoold-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut c = Config {
-            data_dir: Some(dir),
-            ..Config::default()
-        };
-        c.memory.size = 4 << 20;
-        c.memory.backing = "anonymous".into();
-        c.memory.huge_pages = "off".into();
-        c.listen.tcp = "127.0.0.1:0".into();
-        c.listen.quic = String::new();
-        c.listen.metrics = "127.0.0.1:0".into();
-        c
-    }
-
-    #[test]
-    fn the_advertised_address_is_reachable_from_other_processes() {
-        let mut c = Config::default();
-        let mut bound = Bound::default();
-        assert_eq!(advertise(&c, &bound), "", "no TCP, nothing to advertise");
-        bound.tcp = Some("0.0.0.0:7370".parse().unwrap());
-        assert_eq!(advertise(&c, &bound), "127.0.0.1:7370");
-        bound.tcp = Some("10.1.2.3:7370".parse().unwrap());
-        assert_eq!(advertise(&c, &bound), "10.1.2.3:7370");
-        c.cluster.advertise = Some("node-a:7370".into());
-        assert_eq!(advertise(&c, &bound), "node-a:7370");
-    }
-
-    #[test]
-    fn connection_policy_reads_the_configured_timeouts() {
-        let mut c = Config::default();
-        assert_eq!(conn_policy(&c).unwrap().idle, None, "0: no idle timeout");
-        c.limits.idle_timeout_ms = 1500;
-        c.limits.write_timeout_ms = 0;
-        let p = conn_policy(&c).unwrap();
-        assert_eq!(p.idle, Some(Duration::from_millis(1500)));
-        assert_eq!(p.write, Duration::from_millis(1), "at least 1 ms");
-    }
-
-    #[tokio::test]
-    async fn sockets_bind_free_ports_and_refuse_a_live_unix_socket() {
-        let c = config("sockets");
-        let dir = c.data_dir();
-        let sockets = Sockets::bind(&c, &dir).await.unwrap();
-        let b = &sockets.bound;
-        assert_ne!(b.tcp.unwrap().port(), 0);
-        assert_ne!(b.metrics.unwrap().port(), 0);
-        assert_eq!((b.quic, b.tls_cert.as_ref()), (None, None), "QUIC is off");
-        assert_eq!(b.unix.as_deref(), Some(c.unix_path().as_path()));
-        let again = Sockets::bind(&c, &dir).await;
-        let err = format!("{:#}", again.err().expect("the first daemon still serves"));
-        assert!(err.contains("another kvpoold"), "{err}");
-        drop(sockets);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test]
-    async fn a_lone_node_serves_and_one_with_peers_joins() {
-        let mut c = config("membership");
-        c.namespaces = vec![crate::config::NamespaceEntry {
-            name: "team".into(),
-            quota: None,
-            tokens: vec!["team-token".into()],
-            read_tokens: Vec::new(),
-            own_segment: None,
-            eviction: "lru".into(),
-            replicas: 1,
-            pinned_replicas: 3,
-            bulk_rate: None,
-        }];
-        let pool = open_pool(&c).unwrap();
-        let bound = Bound {
-            tcp: Some("127.0.0.1:9".parse().unwrap()),
-            ..Bound::default()
-        };
-        let alone = membership(&c, &c.membership().unwrap(), &bound, &pool);
-        assert_eq!(alone.my_state(), NodeState::Serving);
-        assert_eq!(alone.view().nodes[0].tcp, "127.0.0.1:9");
-        // Alone, a node makes the cluster's secret; a joining one must be given it.
-        let creds = credentials(&c, &c.membership().unwrap(), &c.data_dir()).unwrap();
-        c.cluster.peers = vec!["127.0.0.1:1".into()];
-        let joining = membership(&c, &c.membership().unwrap(), &bound, &pool);
-        assert_eq!(joining.my_state(), NodeState::Joining);
-        std::fs::remove_file(c.data_dir().join(crate::secret::SECRET_FILE_NAME)).unwrap();
-        let Err(refused) = credentials(&c, &c.membership().unwrap(), &c.data_dir()) else {
-            panic!("joined with no secret");
-        };
-        let refused = format!("{refused:#}");
-        assert!(refused.contains("no cluster secret"), "{refused}");
-
-        let metrics = Arc::new(Metrics::default());
-        let policy = (
-            c.wire_limits().unwrap(),
-            conn_policy(&c).unwrap(),
-            c.ledger_bounds().unwrap(),
-        );
-        let parts = (&pool, &metrics, &joining, &creds);
-        let s = shared(&c, parts, &bound, policy);
-        assert_eq!(s.hello.namespaces, pool.namespaces());
-        let team = pool.namespace_id("team").unwrap();
-        let repl = s.replication(team).unwrap();
-        assert_eq!((repl.replicas, repl.pinned_replicas), (1, 3));
-        assert_eq!(s.ns_tokens[team as usize], ["team-token"]);
-        assert_eq!(s.hello.max_batch, s.limits.max_batch);
-        let _ = std::fs::remove_dir_all(c.data_dir());
-    }
-
-    #[tokio::test]
-    async fn the_reaper_stops_at_shutdown() {
-        let pool = open_pool(&config("reaper")).unwrap();
-        let (stop, shutdown) = watch::channel(false);
-        let reaper = start_reaper(pool, Instant::now(), &shutdown);
-        stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), reaper)
-            .await
-            .expect("the reaper ends once shutdown is signalled")
-            .unwrap();
-    }
-}
+mod tests;

@@ -16,6 +16,8 @@ use tokio::time::{Instant, Sleep};
 /// what it may hold and map after it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnPolicy {
+    /// The wire limits of an authenticated connection.
+    pub(crate) limits: Limits,
     /// Limits until the `Hello` is accepted: a small header, no payload.
     pub(crate) hello_limits: Limits,
     /// From accept to the end of the `Hello` header.

@@ -15,10 +15,10 @@ use kvpool::segment::{Backing, HugePages};
 use kvpool::{Pool, PoolConfig};
 use tokio::io::AsyncWrite;
 
-use crate::cluster::{Membership, Source};
+use crate::cluster::{Cluster, Source};
 use crate::deadline::ConnPolicy;
 use crate::metrics::Transport;
-use crate::service::Shared;
+use crate::service::{Auth, PeerPolicy, Shared};
 
 /// The token that opens the node's every namespace.
 pub const NODE_TOKEN: &str = "node-token";
@@ -47,10 +47,7 @@ impl Harness {
             ..PoolConfig::default()
         };
         let pool = Arc::new(Pool::new(&cfg, [7; 16]).expect("an anonymous 1 MiB pool"));
-        let cluster = Arc::new(Membership::new(
-            NodeInfo::serving(0, 1 << 20),
-            Source::Gossip,
-        ));
+        let cluster = Arc::new(Cluster::new(NodeInfo::serving(0, 1 << 20), Source::Gossip));
         cluster.attach_pool(pool.clone());
         let limits = Limits::default();
         let ledger = crate::ledger::Ledger::new(
@@ -58,58 +55,39 @@ impl Harness {
             &[1 << 20, 1 << 20],
         );
         let shared = Shared {
-            hello: HelloInfo {
-                version: PROTOCOL_VERSION,
-                node: 0,
-                incarnation: pool.incarnation(),
-                namespaces: pool.namespaces(),
-                host_id: String::new(),
-                uds_path: String::new(),
-                max_payload: limits.max_payload,
-                max_batch: limits.max_batch,
-                view: ClusterView::default(),
-                replication: Vec::new(),
-                challenge: [0; kvpool::protocol::auth::AUTH_LEN],
-            },
+            hello: hello(&pool, &limits),
             pool,
             metrics: Arc::default(),
-            limits,
-            token: NODE_TOKEN.into(),
-            ns_tokens: vec![Vec::new(), vec![TEAM_TOKEN.into()]],
-            ns_read_tokens: Vec::new(),
             started: Instant::now(),
             cluster,
-            cluster_secret: ClusterSecret::from_file_contents(&[b'k'; 32])
-                .expect("a 32-byte secret"),
-            peer_timeout: Duration::from_secs(1),
-            conn: ConnPolicy {
-                hello_limits: Limits {
-                    max_header: MAX_HELLO_HEADER,
-                    max_payload: 0,
-                    ..limits
-                },
-                handshake: Duration::from_secs(10),
-                idle: None,
-                write: Duration::from_secs(30),
-                read: Duration::from_secs(30),
-            },
+            conn: conn_policy(limits),
             watches: Arc::new(crate::watch::Watches::new(
                 1000,
                 ledger.clone(),
                 Default::default(),
             )),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
-            // Off: every input starts from the same state.
-            auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
-            cluster_auth_failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
             trim: Default::default(),
-            tokens: crate::admission::TokenCounts::new(0),
             stagings: crate::staging::Stagings::new(
                 (1 << 20, 4 << 20),
                 ledger.clone(),
                 Default::default(),
             ),
             ledger,
+            auth: Auth {
+                token: NODE_TOKEN.into(),
+                ns_tokens: vec![Vec::new(), vec![TEAM_TOKEN.into()]],
+                ns_read_tokens: Vec::new(),
+                // Off: every input starts from the same state.
+                failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+                per_token: crate::admission::TokenCounts::new(0),
+            },
+            peers: PeerPolicy {
+                secret: ClusterSecret::from_file_contents(&[b'k'; 32]).expect("a 32-byte secret"),
+                // Off, as above.
+                failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
+                timeout: Duration::from_secs(1),
+            },
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -142,6 +120,39 @@ impl Harness {
         self.rt.block_on(serve);
         let mut written = out.0.lock().expect("not poisoned");
         std::mem::take(&mut *written)
+    }
+}
+
+/// The `Hello` the harness's node tells a client.
+fn hello(pool: &Pool, limits: &Limits) -> HelloInfo {
+    HelloInfo {
+        version: PROTOCOL_VERSION,
+        node: 0,
+        incarnation: pool.incarnation(),
+        namespaces: pool.namespaces(),
+        host_id: String::new(),
+        uds_path: String::new(),
+        max_payload: limits.max_payload,
+        max_batch: limits.max_batch,
+        view: ClusterView::default(),
+        replication: Vec::new(),
+        challenge: [0; kvpool::protocol::auth::AUTH_LEN],
+    }
+}
+
+/// The harness's timeouts: generous, and no idle timeout (the clock advances by itself).
+fn conn_policy(limits: Limits) -> ConnPolicy {
+    ConnPolicy {
+        limits,
+        hello_limits: Limits {
+            max_header: MAX_HELLO_HEADER,
+            max_payload: 0,
+            ..limits
+        },
+        handshake: Duration::from_secs(10),
+        idle: None,
+        write: Duration::from_secs(30),
+        read: Duration::from_secs(30),
     }
 }
 

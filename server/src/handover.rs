@@ -14,7 +14,7 @@
 //! `handler::data`), so an older copy never replaces a newer value. This node drops its copy
 //! once the owner holds the key (the exact generation sent, or a value of its own), and keeps
 //! it when the owner could not be reached, for the next pass. Pinned objects are the mover's
-//! ([`crate::cluster::move_pass`]).
+//! ([`crate::mover::move_pass`]).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -25,8 +25,9 @@ use kvpool::protocol::{ErrorCode, LocatedWire, Op, Reply};
 use kvpool::{NodeId, Pool};
 
 use crate::bulk::Bulk;
-use crate::cluster::{send_copy, Membership};
+use crate::cluster::Cluster;
 use crate::peer::{Peer, PeerAuth, PeerError};
+use crate::peers::send_copy;
 
 /// What handover passes may do (`[cluster] handover`).
 #[derive(Clone, Debug)]
@@ -66,7 +67,7 @@ const BATCH: usize = 512;
 /// nothing sent after `until` (a drain's deadline). `started` is the daemon's clock origin.
 pub(crate) async fn handover_pass(
     pool: &Pool,
-    m: &Membership,
+    m: &Cluster,
     (creds, bulk): (&PeerAuth, &Bulk),
     (budget, timeout, until): (&Budget, Duration, Option<Instant>),
     started: Instant,
@@ -146,7 +147,7 @@ pub(crate) async fn handover_pass(
 /// Sends one namespace's objects to one new owner.
 struct Send<'a> {
     pool: &'a Pool,
-    m: &'a Membership,
+    m: &'a Cluster,
     bulk: &'a Bulk,
     ns: u32,
     /// The stamp of the pass's view: every call is routed by it.

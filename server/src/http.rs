@@ -1,17 +1,23 @@
-//! A minimal HTTP/1.1 client for etcd's JSON gateway: one `POST` per connection
-//! (`Connection: close`), over TCP or TLS (`https://`, rustls: the server's certificate is
-//! verified against the configured CA and its name or IP address, and a client certificate is
-//! presented when one is configured), responses framed by `Content-Length`, chunked, or to the
-//! end of the stream. Every read is bounded: header lines, the header block, chunk-size lines and each body
-//! (or each line of a streamed body) are capped, so a peer can't make us allocate without limit.
-//! Timeouts are the caller's (every call site wraps these futures in one).
+//! The HTTP client for etcd's JSON gateway: one `POST` per connection (`Connection: close`)
+//! over TCP or TLS (`https://`, rustls: the server's certificate is verified against the
+//! configured CA and its name or IP address, and a client certificate is presented when one is
+//! configured). hyper speaks HTTP/1.1 (framing, chunked bodies, bounded header reads); this
+//! module bounds each body (or each line of a streamed body) at the caller's `max`, so a peer
+//! can't make us allocate without limit. Timeouts are the caller's (every call site wraps
+//! these futures in one).
 
 use std::io;
 use std::sync::Arc;
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, HOST};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 
 /// What can go wrong talking HTTP.
 #[derive(Debug, thiserror::Error)]
@@ -22,13 +28,16 @@ pub(crate) enum HttpError {
     /// An `https://` URL with no TLS client configuration to verify it by.
     #[error("{0}: https needs a TLS configuration (a CA to verify the server by)")]
     NoTls(String),
-    /// Connecting, reading or writing failed.
+    /// Connecting, or the TLS handshake, failed.
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
-    /// The response broke HTTP/1.1 framing.
-    #[error("malformed response: {0}")]
+    /// The exchange failed after connecting: the peer broke HTTP/1.1 or the connection.
+    #[error("http: {0}")]
+    Http(String),
+    /// The request could not be made as asked.
+    #[error("malformed request: {0}")]
     Malformed(&'static str),
-    /// A header, chunk or body exceeded its limit.
+    /// A body, or a line of a streamed body, exceeded its limit.
     #[error("response larger than {0} bytes")]
     TooLarge(usize),
     /// A status other than 200.
@@ -41,12 +50,20 @@ pub(crate) enum HttpError {
     },
 }
 
-/// Largest header line (and chunk-size line).
-const MAX_LINE: usize = 8 << 10;
-/// Most header lines.
-const MAX_HEADERS: usize = 64;
-/// How much one read asks for.
-const READ: usize = 16 << 10;
+impl From<hyper::Error> for HttpError {
+    /// hyper's error with its causes: the cause (a TLS alert, a reset) is what an operator
+    /// needs to read.
+    fn from(e: hyper::Error) -> HttpError {
+        let mut text = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        HttpError::Http(text)
+    }
+}
 
 /// An `http://host:port` or `https://host:port` endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,99 +151,62 @@ pub(crate) async fn post(
     authorization: Option<&str>,
     max: usize,
 ) -> Result<Body, HttpError> {
-    let auth = match authorization {
+    let mut req = Request::post(path)
+        .header(HOST, url.authority.as_str())
+        .header(CONTENT_TYPE, "application/json")
+        .header(CONNECTION, "close");
+    if let Some(a) = authorization {
         // A value with a line break would smuggle headers (the token comes from the server).
-        Some(a) if a.bytes().any(|b| b == b'\r' || b == b'\n') => {
-            return Err(HttpError::Malformed(
-                "line break in the authorization value",
-            ))
-        }
-        Some(a) => format!("Authorization: {a}\r\n"),
-        None => String::new(),
-    };
-    let mut s = connect(url, tls).await?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n{auth}Connection: close\r\n\r\n",
-        url.authority,
-        json.len()
-    );
-    let sent = async {
-        s.write_all(head.as_bytes()).await?;
-        s.write_all(json).await?;
-        s.flush().await
-    };
-    if let Err(e) = sent.await {
-        // A TLS 1.3 server that refuses the client (no certificate, or one it does not
-        // trust) does so after the client's side of the handshake, in an alert: a read
-        // surfaces it, where the write only saw the socket close.
-        let mut probe = [0u8; 1];
-        return Err(match s.read(&mut probe).await {
-            Err(alert) if alert.kind() == io::ErrorKind::InvalidData => alert.into(),
-            _ => e.into(),
-        });
+        let a = HeaderValue::from_str(a)
+            .map_err(|_| HttpError::Malformed("line break in the authorization value"))?;
+        req = req.header(AUTHORIZATION, a);
     }
-    let mut r = BufReader::new(s);
-    let status_line = read_line(&mut r, MAX_LINE).await?;
-    let status = parse_status(&status_line)?;
-    let mut framing = Framing::ToEnd;
-    for _ in 0..=MAX_HEADERS {
-        let line = read_line(&mut r, MAX_LINE).await?;
-        let line = trim_crlf(&line);
-        if line.is_empty() {
-            let mut body = Body {
-                r,
-                framing,
-                buf: Vec::new(),
-                max,
-            };
-            if status != 200 {
-                let text = body.read_all().await.unwrap_or_default();
-                let text = String::from_utf8_lossy(&text[..text.len().min(512)]).into_owned();
-                return Err(HttpError::Status { status, body: text });
-            }
-            return Ok(body);
-        }
-        let Some((name, value)) = std::str::from_utf8(line)
-            .ok()
-            .and_then(|l| l.split_once(':'))
-        else {
-            return Err(HttpError::Malformed("header line"));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = value
-                .parse()
-                .map_err(|_| HttpError::Malformed("content-length"))?;
-            framing = Framing::Length(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding")
-            && value.eq_ignore_ascii_case("chunked")
-        {
-            framing = Framing::Chunked { left: 0 };
-        }
+    let req = req
+        .body(Full::new(Bytes::copy_from_slice(json)))
+        .map_err(|_| HttpError::Malformed("path or host"))?;
+    let s = connect(url, tls).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(TokioIo::new(s))
+        .await?;
+    let conn = AbortOnDrop(tokio::spawn(async move {
+        let _ = conn.await;
+    }));
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let mut body = Body {
+        incoming: resp.into_body(),
+        _conn: conn,
+        buf: Vec::new(),
+        done: false,
+        max,
+    };
+    if status != 200 {
+        let text = body.read_all().await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&text[..text.len().min(512)]).into_owned();
+        return Err(HttpError::Status { status, body: text });
     }
-    Err(HttpError::Malformed("too many headers"))
+    Ok(body)
 }
 
-/// How the body ends.
-#[derive(Debug)]
-enum Framing {
-    /// This many bytes are left.
-    Length(u64),
-    /// Chunked; `left` bytes remain in the current chunk (0: a size line comes next).
-    Chunked { left: u64 },
-    /// Until the peer closes.
-    ToEnd,
-    /// Read completely.
-    Done,
+/// Ends the connection's task when the body (or the request, cut off by a timeout) is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A response body being read.
 pub(crate) struct Body {
-    r: BufReader<Box<dyn Stream>>,
-    framing: Framing,
-    /// Decoded bytes not yet handed out.
+    incoming: Incoming,
+    /// The task driving the connection, for as long as the body is read.
+    _conn: AbortOnDrop,
+    /// Received bytes not yet handed out.
     buf: Vec<u8>,
+    /// The body is over.
+    done: bool,
     max: usize,
 }
 
@@ -265,113 +245,20 @@ impl Body {
         }
     }
 
-    /// Appends more decoded bytes to `buf`. False once the body is over.
+    /// Appends the next data hyper decoded to `buf`. False once the body is over.
     async fn fill(&mut self) -> Result<bool, HttpError> {
-        loop {
-            match self.framing {
-                Framing::Done => return Ok(false),
-                Framing::Length(0) => {
-                    self.framing = Framing::Done;
-                    return Ok(false);
-                }
-                Framing::Length(n) => {
-                    let got = self.read_some(n).await?;
-                    if got == 0 {
-                        return Err(HttpError::Malformed("body shorter than content-length"));
+        while !self.done {
+            match self.incoming.frame().await {
+                None => self.done = true,
+                Some(frame) => {
+                    if let Ok(data) = frame?.into_data() {
+                        self.buf.extend_from_slice(&data);
+                        return Ok(true);
                     }
-                    self.framing = Framing::Length(n - got as u64);
-                    return Ok(true);
-                }
-                Framing::ToEnd => {
-                    if self.read_some(READ as u64).await? == 0 {
-                        self.framing = Framing::Done;
-                        return Ok(false);
-                    }
-                    return Ok(true);
-                }
-                Framing::Chunked { left: 0 } => {
-                    let line = read_line(&mut self.r, MAX_LINE).await?;
-                    let size = std::str::from_utf8(trim_crlf(&line))
-                        .ok()
-                        .map(|l| l.split(';').next().unwrap_or("").trim())
-                        .and_then(|h| u64::from_str_radix(h, 16).ok())
-                        .ok_or(HttpError::Malformed("chunk size"))?;
-                    if size == 0 {
-                        // Trailers, up to the empty line.
-                        for _ in 0..=MAX_HEADERS {
-                            if trim_crlf(&read_line(&mut self.r, MAX_LINE).await?).is_empty() {
-                                self.framing = Framing::Done;
-                                return Ok(false);
-                            }
-                        }
-                        return Err(HttpError::Malformed("too many trailers"));
-                    }
-                    self.framing = Framing::Chunked { left: size };
-                }
-                Framing::Chunked { left } => {
-                    let got = self.read_some(left).await?;
-                    if got == 0 {
-                        return Err(HttpError::Malformed("stream ended inside a chunk"));
-                    }
-                    let left = left - got as u64;
-                    if left == 0 {
-                        let crlf = read_line(&mut self.r, MAX_LINE).await?;
-                        if !trim_crlf(&crlf).is_empty() {
-                            return Err(HttpError::Malformed("chunk not followed by CRLF"));
-                        }
-                    }
-                    self.framing = Framing::Chunked { left };
-                    return Ok(true);
                 }
             }
         }
-    }
-
-    /// Reads at most `n` (and at most [`READ`]) bytes into `buf`; 0 at the end of the stream.
-    async fn read_some(&mut self, n: u64) -> Result<usize, HttpError> {
-        let want = n.min(READ as u64) as usize;
-        let at = self.buf.len();
-        self.buf.resize(at + want, 0);
-        let got = self.r.read(&mut self.buf[at..]).await;
-        self.buf.truncate(at + *got.as_ref().unwrap_or(&0));
-        Ok(got?)
-    }
-}
-
-/// One line including its `\n`, at most `max` bytes; an error at the end of the stream.
-async fn read_line(r: &mut BufReader<Box<dyn Stream>>, max: usize) -> Result<Vec<u8>, HttpError> {
-    let mut line = Vec::new();
-    loop {
-        let avail = r.fill_buf().await?;
-        if avail.is_empty() {
-            return Err(HttpError::Io(io::ErrorKind::UnexpectedEof.into()));
-        }
-        let (take, end) = match avail.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (avail.len(), false),
-        };
-        if line.len() + take > max {
-            return Err(HttpError::TooLarge(max));
-        }
-        line.extend_from_slice(&avail[..take]);
-        r.consume(take);
-        if end {
-            return Ok(line);
-        }
-    }
-}
-
-fn trim_crlf(l: &[u8]) -> &[u8] {
-    let l = l.strip_suffix(b"\n").unwrap_or(l);
-    l.strip_suffix(b"\r").unwrap_or(l)
-}
-
-fn parse_status(line: &[u8]) -> Result<u16, HttpError> {
-    let line = std::str::from_utf8(trim_crlf(line)).map_err(|_| HttpError::Malformed("status"))?;
-    let mut parts = line.split(' ');
-    match (parts.next(), parts.next().map(str::parse)) {
-        (Some(v), Some(Ok(code))) if v.starts_with("HTTP/1.") => Ok(code),
-        _ => Err(HttpError::Malformed("status line")),
+        Ok(false)
     }
 }
 
@@ -379,6 +266,7 @@ fn parse_status(line: &[u8]) -> Result<u16, HttpError> {
 mod tests {
     use super::*;
 
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// Serves one connection with `reply` (after reading the request head) and returns its URL.

@@ -19,17 +19,19 @@
 //!   short;
 //! - `auth_limit`: failed authentications, throttled per address and across the node;
 //! - `trim`: heap memory freed by closed connections given back to the OS;
-//! - `cluster`: membership (heartbeats, the view) and the mover of pinned objects;
+//! - `cluster`: this node's view of the cluster (`Cluster`), kept by heartbeats;
+//! - `mover`: pinned objects moved to their owners after a change, and the drain;
+//! - `peers`: connections to the other nodes of a view, and copies sent to them;
 //! - `handover`: unpinned objects handed to their new owners when a node drains or joins;
 //! - `settle`: reads while the cluster settles, asking the nodes that held a key this node took
 //!   over to move its pinned object here before the read misses it;
 //! - `written`: the keys written or removed here, so a previous owner's older copy is never
 //!   served over them;
-//! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over a
-//!   small HTTP/1.1 client (`http`) to etcd's JSON gateway;
+//! - `etcd_gateway`: membership through etcd instead (leases, the view derived and watched), over an
+//!   HTTP/1.1 client (`http`, on hyper) to etcd's JSON gateway;
 //! - `resp`: the Redis-protocol front door (`listen.resp`): RESP2/RESP3 commands mapped onto
 //!   the same data operations as the native protocol;
-//! - [`metrics`]: Prometheus counters and histograms over HTTP;
+//! - [`metrics`]: Prometheus counters and histograms, served over HTTP;
 //! - [`secret`]: the cluster secret that authenticates nodes to each other (docs/SECURITY.md);
 //! - `fuzzing` (feature `fuzzing`): one connection served from a byte string, for `fuzz/`.
 
@@ -49,7 +51,9 @@ mod http;
 mod ledger;
 mod listeners;
 pub mod metrics;
+mod mover;
 mod peer;
+mod peers;
 mod reaper;
 mod resp;
 pub mod secret;

@@ -155,6 +155,7 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+/// The flags over the file's values (and the environment's, which clap reads into the flags).
 fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     if let Some(v) = cli.node_id {
         c.node_id = v;
@@ -195,6 +196,11 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     if let Some(v) = &cli.token {
         c.auth.token = v.clone();
     }
+    apply_cluster(cli, c)
+}
+
+/// The flags of `[cluster]` and `[limits]` over the file's values.
+fn apply_cluster(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     if !cli.peers.is_empty() {
         c.cluster.peers = cli.peers.clone();
     }

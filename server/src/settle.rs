@@ -7,7 +7,7 @@
 //! copy (a client that connects through that node knows no earlier view to fall back to), and
 //! it would miss an acknowledged pinned object. So before a client's routed read of keys this
 //! node lacks is served, while the view changed less than [`crate::cluster::SETTLE`] ago, the
-//! node asks the nodes that held each key it took over ([`Membership::holders`]) to move their
+//! node asks the nodes that held each key it took over ([`Cluster::holders`]) to move their
 //! pinned object of it here now (`Move`): the mover's own copy, brought forward for the keys
 //! being read. Then the read is served as usual.
 //!
@@ -23,7 +23,8 @@ use kvpool::placement::ClusterView;
 use kvpool::protocol::{ErrorCode, Op, Reply, MOVE_VERSION};
 use kvpool::NodeId;
 
-use crate::cluster::{Membership, Peers};
+use crate::cluster::Cluster;
+use crate::peers::Peers;
 use crate::service::Shared;
 
 impl Shared {
@@ -56,7 +57,7 @@ impl Shared {
             return;
         }
         let creds = self.peer_auth();
-        let mut peers = Peers::new(&view, &creds, self.cluster.me(), self.peer_timeout);
+        let mut peers = Peers::new(&view, &creds, self.cluster.me(), self.peers.timeout);
         let ask = Ask {
             m: &self.cluster,
             view: &view,
@@ -87,7 +88,7 @@ impl Shared {
 
 /// Asking one holder at a time, under the view the read was routed by.
 struct Ask<'a> {
-    m: &'a Membership,
+    m: &'a Cluster,
     view: &'a ClusterView,
     ns: u32,
     /// How many owners a key's copies may be on.

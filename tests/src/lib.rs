@@ -45,14 +45,7 @@ pub fn bin(name: &str) -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let release = dir.ends_with("release");
         let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "-p",
-            "kvpool-server",
-            "-p",
-            "kvpool-client",
-            "--bins",
-        ]);
+        cmd.args(["build", "-p", "kvpool-server", "-p", "kvpool-cli", "--bins"]);
         if release {
             cmd.arg("--release");
         }

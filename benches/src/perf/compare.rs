@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use super::bare_quic::BareClient;
 use super::baseline_client::{BaselineGet, BaselineSet};
 use super::driver::{run_tasks, run_threads, Measured, ThreadOp, Worker};
-use super::quic::BareClient;
 use super::raw::{RawGet, RawPut};
 use super::workloads::{KvGet, KvPut};
 

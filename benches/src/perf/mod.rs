@@ -13,6 +13,7 @@
 //! what they are compared with (see `compare`), so drift of the machine does not skew ratios.
 
 mod alloc;
+mod bare_quic;
 pub(crate) mod baseline_client;
 pub(crate) mod baselines;
 pub(crate) mod cluster;

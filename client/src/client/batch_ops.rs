@@ -11,8 +11,9 @@ use kvpool::protocol::{ErrorCode, Op, Reply};
 use super::fanout::{add_item, add_key, asked_of, pick, Batch};
 use super::routing::Routing;
 use super::Client;
+use crate::dst::Dst;
 use crate::error::ClientError;
-use crate::link::{owned, unexpected, Dst, Link};
+use crate::link::{owned, unexpected, Link};
 
 /// Destination buffers by key index; a buffer is out (None) while a request fills it.
 type Slots<'a, 'b> = [Option<Dst<'a, 'b>>];

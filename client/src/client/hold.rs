@@ -10,8 +10,8 @@ use super::fanout::pick;
 use super::Client;
 use crate::conn::Conn;
 use crate::error::ClientError;
-use crate::link::Located;
 use crate::local::{stitch, LocalMap, ReadView, ViewError};
+use crate::located::Located;
 
 /// Objects of this host's nodes held in place (`Op::Hold`): while this value lives, each held
 /// object is neither evicted nor its memory reused, a removal or an overwrite waiting for it,

@@ -135,6 +135,8 @@ impl Weights {
         }
     }
 
+    /// Stores the chunks of `sources` and the companion files `extra_paths` of model `name`;
+    /// returns its manifest. `written`: the keys stored, for an undo.
     async fn store(
         &self,
         name: &str,
@@ -143,28 +145,30 @@ impl Weights {
         chunk_size: u64,
         written: &mut Vec<Vec<u8>>,
     ) -> Result<Manifest, WeightsError> {
-        let mut files: Vec<FileEntry> = sources
-            .iter()
-            .map(|s| FileEntry {
-                name: s.name.clone(),
-                rank: rank_of_file(&s.name),
-                header: s.header.text.clone(),
-                data_len: s.header.data_len,
-                tensors: s
-                    .header
-                    .tensors
-                    .iter()
-                    .map(|t| TensorEntry {
-                        name: t.name.clone(),
-                        dtype: t.dtype.clone(),
-                        shape: t.shape.clone(),
-                        offset: t.begin,
-                        len: t.end - t.begin,
-                        chunks: Vec::new(),
-                    })
-                    .collect(),
-            })
-            .collect();
+        let mut files = file_entries(&sources);
+        self.store_chunks(name, sources, chunk_size, &mut files, written)
+            .await?;
+        let extra = self.store_extras(name, extra_paths, written).await?;
+        Ok(Manifest {
+            format: MANIFEST_FORMAT,
+            name: name.to_owned(),
+            chunk_size,
+            replicas: self.kv.pinned_replicas() as u32,
+            files,
+            extra,
+        })
+    }
+
+    /// Stores the tensors of `sources` in chunks of `chunk_size`, read by a thread of their own
+    /// in batches while the previous batch is put, and records their checksums in `files`.
+    async fn store_chunks(
+        &self,
+        name: &str,
+        sources: Vec<Source>,
+        chunk_size: u64,
+        files: &mut [FileEntry],
+        written: &mut Vec<Vec<u8>>,
+    ) -> Result<(), WeightsError> {
         let (full_tx, mut full_rx) = tokio::sync::mpsc::channel::<Result<Batch, WeightsError>>(2);
         let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<u8>>();
         let batch_bytes = BATCH_BYTES.max(chunk_size) as usize;
@@ -180,7 +184,7 @@ impl Weights {
         while let Some(batch) = full_rx.recv().await {
             let res = match batch {
                 Ok(b) => self
-                    .store_batch(name, &b, &mut files, written)
+                    .store_batch(name, &b, files, written)
                     .await
                     .map(|()| b.buf),
                 Err(e) => Err(e),
@@ -200,9 +204,16 @@ impl Weights {
         drop(empty_tx);
         // The reader stops at its next send once the channel is closed.
         let _ = reader.join();
-        if let Some(e) = failure {
-            return Err(e);
-        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Stores the companion files `extra_paths` of model `name` whole.
+    async fn store_extras(
+        &self,
+        name: &str,
+        extra_paths: &[Named],
+        written: &mut Vec<Vec<u8>>,
+    ) -> Result<Vec<ExtraFile>, WeightsError> {
         let mut extra = Vec::with_capacity(extra_paths.len());
         for (i, (p, rel)) in extra_paths.iter().enumerate() {
             let len = std::fs::metadata(p).map_err(io_err(p))?.len();
@@ -226,14 +237,7 @@ impl Weights {
                 .await?;
             extra.push(e);
         }
-        Ok(Manifest {
-            format: MANIFEST_FORMAT,
-            name: name.to_owned(),
-            chunk_size,
-            replicas: self.kv.pinned_replicas() as u32,
-            files,
-            extra,
-        })
+        Ok(extra)
     }
 
     /// Stores a batch's chunks that the pool does not hold yet and records their checksums.
@@ -300,6 +304,32 @@ impl Weights {
 
 /// A file of the model: where it is, and its name in the model (relative, `/`-separated).
 type Named = (PathBuf, String);
+
+/// The manifest's entry of each source file, its tensors' chunks still to be recorded.
+fn file_entries(sources: &[Source]) -> Vec<FileEntry> {
+    sources
+        .iter()
+        .map(|s| FileEntry {
+            name: s.name.clone(),
+            rank: rank_of_file(&s.name),
+            header: s.header.text.clone(),
+            data_len: s.header.data_len,
+            tensors: s
+                .header
+                .tensors
+                .iter()
+                .map(|t| TensorEntry {
+                    name: t.name.clone(),
+                    dtype: t.dtype.clone(),
+                    shape: t.shape.clone(),
+                    offset: t.begin,
+                    len: t.end - t.begin,
+                    chunks: Vec::new(),
+                })
+                .collect(),
+        })
+        .collect()
+}
 
 /// The safetensors files (with their headers) and the companion files of `paths`. A
 /// directory brings every file under it (hidden ones aside), named relative to it.

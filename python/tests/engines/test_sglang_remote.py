@@ -63,7 +63,7 @@ def original() -> dict[str, torch.Tensor]:
 def kvpool_cli() -> Path:
     """The CLI that publishes: ``$KVPOOL_CLI`` or the workspace's debug build."""
     p = Path(os.environ.get("KVPOOL_CLI", REPO / "target" / "debug" / "kvpool"))
-    require(p.exists(), f"the kvpool CLI ({p})", "cargo build -p kvpool-client")
+    require(p.exists(), f"the kvpool CLI ({p})", "cargo build -p kvpool-cli")
     return p
 
 

@@ -6,7 +6,7 @@ use kvpool::protocol::{ErrorCode, Reply, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION}
 use rkyv::string::ArchivedString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// A version outside `MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION` or a wrong token closes the
@@ -30,7 +30,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .await?;
             return Ok(false);
         }
-        let access = match self.s.authenticate_peer(token.as_str(), self.peer_ip) {
+        let access = match self
+            .s
+            .authenticate_peer(token.as_str(), self.session.peer_ip)
+        {
             Ok(access) => access,
             Err(denied) => {
                 self.fail(id, ErrorCode::Unauthorized, &denied.message())
@@ -38,24 +41,27 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return Ok(false);
             }
         };
-        if let Err(why) = self.s.admit_token(token.as_str(), &mut self.token_slot) {
+        if let Err(why) = self
+            .s
+            .admit_token(token.as_str(), &mut self.session.token_slot)
+        {
             self.fail(id, ErrorCode::LimitExceeded, &why).await?;
             return Ok(false);
         }
-        if let Some(admit) = self.admit.take() {
+        if let Some(admit) = self.session.admit.take() {
             if !admit.authenticated() {
                 // Reaped to make room for a newer connection while this Hello was read.
                 return Ok(false);
             }
         }
         // Authenticated connections read through a full-size buffer.
-        self.r.set_capacity(super::IO_BUFFER);
+        self.r.set_capacity(super::conn::IO_BUFFER);
         tracing::debug!(
             client = client.as_str(),
             transport = self.transport.name(),
             "client connected"
         );
-        self.challenge = match auth::random() {
+        self.session.challenge = match auth::random() {
             Ok(c) => c,
             Err(e) => {
                 self.fail(id, ErrorCode::Internal, &e.to_string()).await?;
@@ -63,13 +69,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
         };
         let mut hello = self.s.hello.clone();
-        hello.challenge = self.challenge;
+        hello.challenge = self.session.challenge;
         // The connection speaks the version it asked for.
         hello.version = version;
         hello.namespaces.retain(|(_, id)| access.allows(*id));
         hello.replication.retain(|r| access.allows(r.ns));
         hello.view = self.s.cluster.view();
-        self.access = Some(access);
+        self.session.access = Some(access);
         self.reply(id, Reply::Hello(hello), &[]).await?;
         Ok(true)
     }
@@ -79,7 +85,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let mut stats = self.s.pool.stats();
         stats
             .namespaces
-            .retain(|n| self.access.as_ref().is_some_and(|a| a.allows(n.id)));
+            .retain(|n| self.session.access.as_ref().is_some_and(|a| a.allows(n.id)));
         self.reply(id, Reply::Stats(stats), &[]).await?;
         Ok(true)
     }

@@ -7,7 +7,7 @@ use kvpool::protocol::{ErrorCode, Heard, Key, Reply};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 use crate::service::AuthDenied;
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
@@ -20,9 +20,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         proof: &[u8; 32],
     ) -> Next {
         let node = self.s.hello.node;
-        let verified = self
-            .s
-            .verify_cluster_peer(self.peer_ip, &self.challenge, nonce, proof);
+        let verified =
+            self.s
+                .verify_cluster_peer(self.session.peer_ip, &self.session.challenge, nonce, proof);
         if let Err(denied) = verified {
             // debug, not warn: anyone can send this, and logs must not be floodable.
             tracing::debug!(
@@ -40,14 +40,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::Unauthorized, &message).await?;
             return Ok(false);
         }
-        self.peer = true;
-        if let Some(access) = &mut self.access {
+        self.session.peer = true;
+        if let Some(access) = &mut self.session.access {
             access.grant_all();
         }
         let proof = self
             .s
-            .cluster_secret
-            .node_proof(node, &self.challenge, nonce);
+            .peers
+            .secret
+            .node_proof(node, &self.session.challenge, nonce);
         self.reply(id, Reply::ClusterAuth { proof }, &[]).await?;
         Ok(true)
     }
@@ -59,7 +60,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         view: &Archived<kvpool::placement::ClusterView>,
         heard: Option<&Archived<Vec<Heard>>>,
     ) -> Next {
-        if !self.peer {
+        if !self.session.peer {
             self.fail(
                 id,
                 ErrorCode::Unauthorized,
@@ -98,7 +99,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     }
 
     pub(super) async fn drain(&mut self, id: u64) -> Next {
-        if !self.peer {
+        if !self.session.peer {
             self.fail(
                 id,
                 ErrorCode::Unauthorized,
@@ -150,7 +151,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         keys: &Archived<Vec<Key>>,
         view: &Archived<kvpool::placement::ClusterView>,
     ) -> Next {
-        if !self.peer {
+        if !self.session.peer {
             self.fail(
                 id,
                 ErrorCode::Unauthorized,
@@ -182,12 +183,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         s.cluster.merge(&theirs);
         let creds = s.peer_auth();
         let keys = keys.iter().map(|k| k.as_slice().to_vec()).collect();
-        crate::cluster::move_now(
+        crate::mover::move_now(
             &s.pool,
             &s.cluster,
             (ns, r, keys),
             (&creds, &s.bulk),
-            s.peer_timeout,
+            s.peers.timeout,
             s.started,
         )
         .await;

@@ -10,7 +10,7 @@ use kvpool::{Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{payload_failure, Conn, Next};
+use super::conn::{payload_failure, Conn, Next};
 use crate::metrics::Limit;
 
 /// One value of a `Put` or `BatchPut`: its key, length in the payload and checksum.
@@ -58,7 +58,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         (pin, depths): (bool, &Archived<Vec<u32>>),
         payload: u64,
     ) -> Next {
-        let max_batch = self.s.limits.max_batch as usize;
+        let max_batch = self.s.conn.limits.max_batch as usize;
         let total: Option<u64> = items
             .iter()
             .try_fold(0u64, |acc, i| acc.checked_add(i.len.to_native()));
@@ -101,7 +101,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         prefix: bool,
         now: Millis,
     ) -> Next {
-        if keys.len() > self.s.limits.max_batch as usize {
+        if keys.len() > self.s.conn.limits.max_batch as usize {
             self.s.metrics.limit_refused(Limit::Batch);
             self.fail(id, ErrorCode::BatchTooLarge, "too many keys")
                 .await?;
@@ -239,7 +239,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         depth: u32,
     ) -> io::Result<Result<(), ErrorCode>> {
         let pool = &*self.s.pool;
-        let begun = match self.peer {
+        let begun = match self.session.peer {
             true => self.s.begin_copy(ns, item.key, item.len, pin, depth),
             false => self.s.begin_put(ns, item.key, item.len, pin, depth),
         };
@@ -280,7 +280,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         // already have handed the older value over to the new owner: the write is refused
         // (aborted), and the client routes it again by the new view. Judged again after the
         // commit (`Shared::commit_in_view`).
-        if !self.peer || pin {
+        if !self.session.peer || pin {
             let commit = || pool.commit_prehashed(&addr, item.checksum, hashed);
             return Ok(self.s.commit_in_view(&addr, self.routing(), commit));
         }

@@ -8,7 +8,7 @@ use kvpool::Millis;
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 use crate::ledger::Resource;
 use crate::watch::{MAX_PREFIX, MAX_REASON};
 
@@ -30,17 +30,19 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return self.answer(id, Err(e.into())).await;
         }
         let n = keys.len() as u64;
-        if let Err(r) = self.account.charge(ns, Resource::Watches, n) {
+        if let Err(r) = self.held.account.charge(ns, Resource::Watches, n) {
             return self.refused(id, r).await;
         }
         let watches = self.s.watches.clone();
-        let reg = self.watching.get_or_insert_with(|| watches.register());
+        let reg = self.held.watching.get_or_insert_with(|| watches.register());
         let new = keys
             .iter()
             .filter(|k| watches.watch(reg, ns, k.as_slice()))
             .count();
         // A key watched already is charged once.
-        self.account.release(ns, Resource::Watches, n - new as u64);
+        self.held
+            .account
+            .release(ns, Resource::Watches, n - new as u64);
         let pool = &*self.s.pool;
         let mut codes = Vec::with_capacity(keys.len());
         for k in keys.iter() {
@@ -51,7 +53,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 ErrorCode::Ok
             } else if let Some(reason) = watches.tombstone(ns, key, now) {
                 // Its reason follows as an event, right after this reply.
-                if let Some(reg) = self.watching.as_ref() {
+                if let Some(reg) = self.held.watching.as_ref() {
                     watches.tell_one(reg, ns, key, ErrorCode::Failed, &reason);
                 }
                 ErrorCode::Failed
@@ -69,12 +71,12 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         }
         let watches = self.s.watches.clone();
         let mut n = 0;
-        if let Some(reg) = self.watching.as_mut() {
+        if let Some(reg) = self.held.watching.as_mut() {
             for k in keys.iter() {
                 n += watches.unwatch(reg, ns, k.as_slice()) as u64;
             }
         }
-        self.account.release(ns, Resource::Watches, n);
+        self.held.account.release(ns, Resource::Watches, n);
         self.answer(id, Ok(Reply::Count(n))).await
     }
 
@@ -87,13 +89,13 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(e) = self.s.pool.check_namespace(ns) {
             return self.answer(id, Err(e.into())).await;
         }
-        if let Err(r) = self.account.charge(ns, Resource::Subscriptions, 1) {
+        if let Err(r) = self.held.account.charge(ns, Resource::Subscriptions, 1) {
             return self.refused(id, r).await;
         }
         let watches = self.s.watches.clone();
-        let reg = self.watching.get_or_insert_with(|| watches.register());
+        let reg = self.held.watching.get_or_insert_with(|| watches.register());
         if !watches.subscribe(reg, ns, prefix) {
-            self.account.release(ns, Resource::Subscriptions, 1);
+            self.held.account.release(ns, Resource::Subscriptions, 1);
         }
         self.answer(id, Ok(Reply::Done)).await
     }

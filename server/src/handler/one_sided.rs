@@ -3,7 +3,6 @@
 //! `MapInfo` hands a same-host client descriptors of the segments its token admits to, which
 //! it then reads (and, where it may write, writes) directly.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -16,7 +15,8 @@ use kvpool::{GlobalAddr, Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{payload_failure, Conn, Next};
+use super::conn::{payload_failure, Conn, Next};
+use super::held::PendingAllocs;
 use crate::ledger::{Account, Resource};
 use crate::metrics::Transport;
 use crate::service::{Access, Routing, Shared};
@@ -38,11 +38,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return self.answer(id, Err(code)).await;
         }
         let n = items.len() as u64;
-        let (pool, account) = (&*self.s.pool, &mut self.account);
-        if let Err(r) = self.pending.admit(account, pool, ns, n) {
+        let (pool, account) = (&*self.s.pool, &mut self.held.account);
+        if let Err(r) = self.held.pending.admit(account, pool, ns, n) {
             return self.refused(id, r).await;
         }
-        let (pending, account, stamp) = (&mut self.pending, &mut self.account, self.stamp);
+        let (pending, account, stamp) = (
+            &mut self.held.pending,
+            &mut self.held.account,
+            self.req.stamp,
+        );
         let results = items
             .iter()
             .enumerate()
@@ -93,8 +97,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         items: &Archived<Vec<CommitItem>>,
         now: Millis,
     ) -> Next {
-        let (s, stamp) = (self.s, self.stamp);
-        let pending = (&mut self.pending, &mut self.account);
+        let (s, stamp) = (self.s, self.req.stamp);
+        let pending = (&mut self.held.pending, &mut self.held.account);
         let r = self.s.batch_check(items.len()).map(|()| {
             Reply::Statuses(
                 items
@@ -113,7 +117,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
 
     pub(super) async fn abort(&mut self, id: u64, addrs: &Archived<Vec<GlobalAddr>>) -> Next {
         let pool = &*self.s.pool;
-        let (pending, account) = (&mut self.pending, &mut self.account);
+        let (pending, account) = (&mut self.held.pending, &mut self.held.account);
         let r = self.s.batch_check(addrs.len()).map(|()| {
             Reply::Statuses(
                 addrs
@@ -179,7 +183,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// (never a path); see [`segments_to_offer`].
     pub(super) async fn map_info(&mut self, id: u64) -> Next {
         let (Transport::Unix, Some(sock), Some(access)) =
-            (self.transport, self.unix_fd, self.access.as_ref())
+            (self.transport, self.fds.unix, self.session.access.as_ref())
         else {
             self.fail(
                 id,
@@ -203,7 +207,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
     /// to a token that may write some namespace, one per connection.
     pub(super) async fn staging(&mut self, id: u64) -> Next {
         let (Transport::Unix, Some(sock), Some(access)) =
-            (self.transport, self.unix_fd, self.access.as_ref())
+            (self.transport, self.fds.unix, self.session.access.as_ref())
         else {
             let msg = "staging areas are only offered over the Unix socket";
             self.fail(id, ErrorCode::NotLocal, msg).await?;
@@ -220,7 +224,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.fail(id, ErrorCode::Unauthorized, msg).await?;
             return Ok(true);
         }
-        if self.staging.is_some() {
+        if self.held.staging.is_some() {
             let msg = "this connection has its staging area already";
             self.fail(id, ErrorCode::LimitExceeded, msg).await?;
             return Ok(true);
@@ -234,7 +238,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 return Ok(true);
             }
         };
-        self.staging = Some(held);
+        self.held.staging = Some(held);
         let reply = Reply::Staging {
             id: area,
             len: self.s.stagings.size,
@@ -276,8 +280,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     }
                 })
             };
-            let pending = (&mut self.pending, &mut self.account);
-            let r = commit_pending(self.s, pending, self.stamp, &addr, commit);
+            let pending = (&mut self.held.pending, &mut self.held.account);
+            let r = commit_pending(self.s, pending, self.req.stamp, &addr, commit);
             if r.is_ok() {
                 bytes += addr.len;
             }
@@ -373,59 +377,6 @@ fn commit_pending(
         pending.forget(account, addr.generation);
     }
     r
-}
-
-/// The allocations one connection's `Alloc`s made that may still be pending, each with the
-/// view stamp its `Alloc` was routed by (0 for a direct one) and its namespace, charged to
-/// the connection's account (`max_pending_per_connection`, `max_pending_per_namespace`).
-/// Those committed or aborted over this connection leave at once; the others (committed
-/// elsewhere, cancelled, reaped) when an `Alloc` would pass a bound. A `Commit` over this
-/// connection that carries no stamp of its own is judged by the one noted here.
-#[derive(Default)]
-pub(super) struct PendingAllocs {
-    by_generation: HashMap<u64, (u64, u32)>,
-}
-
-impl PendingAllocs {
-    /// Charges `n` allocations in `ns`; when a bound refuses them, forgets first those no
-    /// longer pending and tries again, so the usual `Alloc` pays nothing for the walk.
-    fn admit(
-        &mut self,
-        account: &mut Account,
-        pool: &kvpool::Pool,
-        ns: u32,
-        n: u64,
-    ) -> Result<(), crate::ledger::Refused> {
-        if account.charge(ns, Resource::Pending, n).is_ok() {
-            return Ok(());
-        }
-        self.by_generation.retain(|&g, &mut (_, ns)| {
-            let live = pool.is_pending(g);
-            if !live {
-                account.release(ns, Resource::Pending, 1);
-            }
-            live
-        });
-        account.charge(ns, Resource::Pending, n)
-    }
-
-    /// Notes an allocation made (its charge taken by [`PendingAllocs::admit`]).
-    fn note(&mut self, generation: u64, stamp: u64, ns: u32) {
-        self.by_generation.insert(generation, (stamp, ns));
-    }
-
-    /// The view stamp generation `generation`'s `Alloc` was routed by (0: none, or not made
-    /// here).
-    fn stamp(&self, generation: u64) -> u64 {
-        self.by_generation.get(&generation).map_or(0, |&(s, _)| s)
-    }
-
-    /// Forgets an allocation committed or aborted, crediting its charge back.
-    fn forget(&mut self, account: &mut Account, generation: u64) {
-        if let Some((_, ns)) = self.by_generation.remove(&generation) {
-            account.release(ns, Resource::Pending, 1);
-        }
-    }
 }
 
 fn code_of(r: Result<(), PoolError>) -> u16 {

@@ -7,7 +7,7 @@ use kvpool::Millis;
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{Conn, Next};
+use super::conn::{Conn, Next};
 use crate::ledger::{Refused, Resource};
 use crate::metrics::Transport;
 
@@ -80,14 +80,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             return self.answer(id, Err(e.into())).await;
         }
         let n = keys.len() as u64;
-        if let Err(r) = self.account.charge(ns, Resource::Holds, n) {
+        if let Err(r) = self.held.account.charge(ns, Resource::Holds, n) {
             return self.refused(id, r).await;
         }
         let found = match self.hold_each(ns, keys) {
             Ok(found) => found,
             Err(e) => {
                 // Nothing of this batch stays held.
-                self.account.release(ns, Resource::Holds, n);
+                self.held.account.release(ns, Resource::Holds, n);
                 return match e {
                     HoldFailed::Limit(r) => self.refused(id, r).await,
                     HoldFailed::Pool(e) => self.answer(id, Err(e.into())).await,
@@ -95,9 +95,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
         };
         let held = found.iter().flatten().count();
-        self.account.release(ns, Resource::Holds, n - held as u64);
+        self.held
+            .account
+            .release(ns, Resource::Holds, n - held as u64);
         if self.answered_moved(id, held < found.len()).await? {
-            self.holds.end_last(held, &mut self.account);
+            self.held.holds.end_last(held, &mut self.held.account);
             return Ok(true);
         }
         self.answer(id, Ok(Reply::Located(found))).await
@@ -121,9 +123,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             let refused = match held {
                 Ok(Some(l)) => {
                     let (generation, len) = (l.addr.generation, l.addr.len);
-                    match self.account.charge(ns, Resource::HeldBytes, len) {
+                    match self.held.account.charge(ns, Resource::HeldBytes, len) {
                         Ok(()) => {
-                            self.holds.held.push((ns, key.into(), generation, len));
+                            self.held.holds.held.push((ns, key.into(), generation, len));
                             found.push(Some(LocatedWire {
                                 addr: l.addr,
                                 checksum: l.checksum,
@@ -142,8 +144,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 }
                 Err(e) => HoldFailed::Pool(e),
             };
-            self.holds
-                .end_last(found.iter().flatten().count(), &mut self.account);
+            self.held
+                .holds
+                .end_last(found.iter().flatten().count(), &mut self.held.account);
             return Err(refused);
         }
         Ok(found)

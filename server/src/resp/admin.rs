@@ -6,8 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use kvpool::resp::{encode, Proto};
 use tokio::io::AsyncWrite;
 
-use super::commands::Conn;
-use super::proto_of;
+use super::conn::{proto_of, Conn};
 
 /// The Redis version the door reports: the command set and reply shapes it follows. Clients
 /// gate features on it; kvpool's own version is in `INFO` (`kvpool_version`).

@@ -30,7 +30,7 @@ use kvpool::resp::encode;
 use kvpool::weights::{self as w, ChunkRef, Manifest, TensorEntry};
 use tokio::io::AsyncWrite;
 
-use super::commands::{Conn, Place};
+use super::conn::{Conn, Place};
 
 /// A name the view may answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,56 +168,6 @@ pub(crate) fn safetensors_prefix(t: &TensorEntry) -> Result<Vec<u8>, WrapError> 
     out.extend_from_slice(&json);
     Ok(out)
 }
-
-/// The door's bound on bytes held for assembling tensors, across its connections: permits of
-/// 1 KiB.
-pub(crate) struct Budget {
-    permits: tokio::sync::Semaphore,
-    limit: u64,
-}
-
-impl Budget {
-    pub(crate) fn new(limit: u64) -> Budget {
-        let kib = limit / 1024;
-        let kib = kib.min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize;
-        Budget {
-            permits: tokio::sync::Semaphore::new(kib),
-            limit: kib as u64 * 1024,
-        }
-    }
-
-    /// Room for `bytes`, waiting up to `within` for other assemblies to finish. Err: the reply
-    /// line (too large ever, or no room in time).
-    async fn reserve(
-        &self,
-        bytes: u64,
-        within: std::time::Duration,
-    ) -> Result<tokio::sync::SemaphorePermit<'_>, String> {
-        // Sizes come from a manifest: compared before any arithmetic on them.
-        if bytes > self.limit {
-            return Err(format!(
-                "ERR kvpool: {bytes} bytes is more than the weights view serves at once \
-                 ([resp] weights_memory = {})",
-                self.limit
-            ));
-        }
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .map_err(|_| "ERR kvpool: tensor too large".to_string())?;
-        match tokio::time::timeout(within, self.permits.acquire_many(kib)).await {
-            Ok(Ok(p)) => Ok(p),
-            _ => Err(
-                "ERR kvpool: the weights view is busy assembling other tensors; \
-                      retry (or raise [resp] weights_memory)"
-                    .into(),
-            ),
-        }
-    }
-}
-
-/// The manifest a connection read last: (model, xxh3 of its bytes, parsed). A GET of the next
-/// tensor re-reads the manifest object (so a model removed or republished is seen at once) but
-/// parses it again only when its bytes changed.
-pub(crate) type ManifestCache = Option<(String, u64, Arc<Manifest>)>;
 
 /// Chunks read in one batch from their owners.
 const BATCH: usize = 64;

@@ -1,6 +1,7 @@
 use kvpool::weights::{ExtraFile, FileEntry, Manifest, TensorEntry, MANIFEST_FORMAT};
 
 use super::*;
+use crate::resp::shared::Budget;
 
 fn tensor(name: &str, dtype: &str, shape: &[u64], len: u64) -> TensorEntry {
     TensorEntry {
