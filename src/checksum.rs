@@ -181,7 +181,7 @@ mod x86 {
     /// 3 KiB and 4 KiB about as 2 KiB, none 83-100. On another VM, with the node's segments on
     /// 2 MiB pages, 64 KiB objects drawn at random from 512 MiB: 2 KiB ahead 0.78-0.94x memcpy,
     /// 3 KiB 0.97-1.02x, 4 KiB 0.98-1.02x, 6 KiB 0.95-0.96x (a one-off probe; the batched
-    /// same-host reads it moved are in docs/BENCHMARKS.md, "the checksum's prefetch distance").
+    /// same-host reads it moved are in docs/BENCHMARKS.md, "Same host").
     const PREFETCH: usize = 4096;
     const PRIME32_1: u64 = 0x9E37_79B1;
     const PRIME32_2: u64 = 0x85EB_CA77;

@@ -4,8 +4,8 @@
 //! same-host client reads is copied out of its own mapping: with normal pages, every 4 KiB of
 //! it is a TLB entry to find, and on a virtual machine a TLB miss walks two page tables. On this
 //! project's VM type, a node whose segment was backed by 2 MiB pages served 64 KiB gets over
-//! loopback TCP at twice the rate of one on 4 KiB pages, measured the same day
-//! (docs/BENCHMARKS.md, "Huge pages for the segments").
+//! loopback TCP at twice the rate of one on 4 KiB pages
+//! (docs/BENCHMARKS.md, "What the design choices are worth").
 //!
 //! The default segment is a file on `/dev/shm`, so that same-host clients can map it, and most
 //! kernels never give a tmpfs file transparent huge pages on their own (`shmem_enabled` is

@@ -1,4 +1,4 @@
-//! The bulk class (issue 16, docs/ARCHITECTURE.md "Scheduling large and small requests"),
+//! The bulk class (docs/ARCHITECTURE.md "Scheduling large and small requests"),
 //! against a real `kvpoold` over real sockets: two namespaces moving bulk at once get the
 //! node's bulk rate in equal shares whatever their number of connections, priorities get
 //! shares by weight, a bulk get whose deadline can't be met is refused up front (and counted),

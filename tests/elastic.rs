@@ -1,4 +1,4 @@
-//! Elastic membership without losing the cache (issue 18): a drained node hands its unpinned
+//! Elastic membership without losing the cache: a drained node hands its unpinned
 //! blocks to their new owners before it leaves, previous owners hand a joining node its share,
 //! and a handed-over copy never replaces a newer value. Real `kvpoold` processes on loopback;
 //! clients read with no fallback to previous owners, so every hit is a block that reached its

@@ -1,4 +1,4 @@
-//! Handoffs end to end (issue 16, docs/HANDOFF.md): a consumer waits for keys a producer
+//! Handoffs end to end (docs/HANDOFF.md): a consumer waits for keys a producer
 //! writes, against real `kvpoold` processes over real sockets: woken by the writes, woken at
 //! once by a producer's tombstone with its reason, timing out with the missing keys when the
 //! producer dies silently, ten thousand waits at once, a prefix subscription, a wait across a
@@ -498,7 +498,7 @@ async fn the_one_sided_form_consumer_reserves_producer_writes_and_commits() {
         .is_err());
 }
 
-/// Issue 16's "an aborted request frees its blocks on both sides", in one call: a consumer's
+/// An aborted request frees its blocks on both sides, in one call: a consumer's
 /// reservation, a producer's written block and its allocation still being written all go with
 /// one `cancel`, every waiter hears the reason at once, the pool holds what it held before,
 /// and a late commit of either allocation fails with `Failed`.

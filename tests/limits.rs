@@ -66,7 +66,7 @@ async fn still_serves(n: &Node) {
     assert_eq!(c.get(b"honest").await.unwrap().as_deref(), Some(&v[..]));
 }
 
-/// Item 8: connections that announce a large header and send a few bytes cost the node a
+/// Connections that announce a large header and send a few bytes cost the node a
 /// little each, not the announced size, whether or not they authenticated first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announced_headers_cost_only_what_arrives() {
@@ -102,7 +102,7 @@ async fn announced_headers_cost_only_what_arrives() {
     drop(conns);
 }
 
-/// Item 9: a peer address over its cap is turned away at once; idle connections that exhaust
+/// A peer address over its cap is turned away at once; idle connections that exhaust
 /// the node's descriptors are closed after the handshake timeout, so an honest client gets in;
 /// failed accepts (data and metrics listeners alike) are logged at a bounded rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,7 +172,7 @@ async fn idle_connections_cannot_lock_out_clients() {
     drop((idle, scrapes));
 }
 
-/// Item 10: a client that asks for large values and never reads the reply loses its
+/// A client that asks for large values and never reads the reply loses its
 /// connection after the write timeout, and the objects the reply held are released: once
 /// removed, their space is reusable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +236,7 @@ async fn an_unread_reply_releases_its_objects() {
     drop(reader);
 }
 
-/// Item 11: namespace names and usage are not on the metrics page unless the operator says so,
+/// Namespace names and usage are not on the metrics page unless the operator says so,
 /// and with `token` only for a scrape bearing the node token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_namespaces_only_when_allowed() {

@@ -2,7 +2,7 @@
 //! (`kvpool::claims::WriteClaims`), the way the pool uses it: a claim is taken and released
 //! under the pending table's lock, and only a granted claim lets a writer touch its bytes. The
 //! bytes are loom `UnsafeCell`s, so loom fails the model if two threads ever access the same
-//! byte without one happening before the other: the aliasing of issue 11 item 3.
+//! byte without one happening before the other: two writers' claims never alias.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test -p kvpool --no-default-features --release --test loom_writers`.
 #![cfg(loom)]

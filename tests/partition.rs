@@ -1,4 +1,4 @@
-//! A partition of one link (issue 18): three real kvpoold, each in its own network namespace
+//! A partition of one link: three real kvpoold, each in its own network namespace
 //! on one bridge. Node 2's packets to node 0 are dropped (a blackhole route in node 2's
 //! namespace: node 0's connections to node 2 time out, node 2's to node 0 fail at once), while
 //! node 1 still reaches both. Nodes 0 and 2 stop hearing each other directly, but node 1

@@ -1,5 +1,5 @@
 //! Real daemons: what one client does to pending allocations and to its namespace never takes
-//! memory or bytes from another (issue 11 items 3, 6 and 7).
+//! memory or bytes from another.
 #![cfg(not(loom))]
 
 mod common;
@@ -54,7 +54,7 @@ async fn closed(s: &mut TcpStream) -> bool {
     )
 }
 
-/// Item 3: a one-sided write that overlaps another connection's write still in flight into
+/// A one-sided write that overlaps another connection's write still in flight into
 /// the same pending allocation is refused with `Busy`; it is never given the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_one_sided_writes_are_refused_not_aliased() {
@@ -112,7 +112,7 @@ async fn overlapping_one_sided_writes_are_refused_not_aliased() {
     assert_eq!(c.get(key.as_bytes()).await.unwrap().unwrap(), v);
 }
 
-/// Item 7: a Put or a one-sided Write whose payload stalls holds its allocation only until the
+/// A Put or a one-sided Write whose payload stalls holds its allocation only until the
 /// allocation's deadline (`pending_timeout_ms`), however long the connection stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_payloads_release_their_allocations_at_the_deadline() {
@@ -165,7 +165,7 @@ async fn stalled_payloads_release_their_allocations_at_the_deadline() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Item 6, the issue's scenario: filling and pinning `default`, and leaving another tenant's
+/// Filling and pinning `default`, and leaving another tenant's
 /// allocations pending, neither evicts tenant B (within its quota) nor makes its puts fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_is_a_reservation_nobody_else_can_take() {

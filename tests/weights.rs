@@ -1,4 +1,4 @@
-//! Model weights end to end (issue 15, docs/WEIGHTS.md): safetensors files generated here by
+//! Model weights end to end (docs/WEIGHTS.md): safetensors files generated here by
 //! hand, published into real `kvpoold` processes on loopback and loaded back through the client
 //! library and the `kvpool weights` CLI. A round trip on one node and on three, a sharded
 //! checkpoint, a corrupted copy, a node killed mid-load, quota exhaustion, a partial hit,
@@ -196,7 +196,7 @@ async fn cluster(
         .await;
     }
     // And the view settled: pinned objects written while the nodes' views still differ can
-    // be lost (docs/WEIGHTS.md, "Known limits"; issue 18).
+    // be lost (docs/WEIGHTS.md, "Known limits").
     let mut clients = Vec::new();
     for node in &nodes {
         clients.push(connect(node, SameHost::Off).await);
@@ -688,8 +688,7 @@ async fn a_node_killed_mid_load_leaves_the_load_complete_and_its_chunks_re_repli
 }
 
 /// 64 MiB in 1 MiB chunks on three nodes: every chunk is in the pool as soon as `publish`
-/// returns, and in two copies soon after. (Kept to 16 MiB from session 7, when this size failed
-/// about one run in three, until 27 runs in a row passed on 2026-11-28.)
+/// returns, and in two copies soon after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_model_keeps_every_chunk_in_two_copies() {
     let (nodes, _serial) = cluster(3, "160MiB", &weights_config("pinned_replicas = 2\n")).await;

@@ -33,7 +33,7 @@ fn weights_bench_runs_and_reports_every_goal() {
     assert!(doc["model"].as_str().unwrap().contains("Llama-style bf16"));
     let bytes = row("Weights::publish, cold", "same host")["bytes"].clone();
     assert!(bytes.as_u64().unwrap() > 30 << 20);
-    // The three goals of the issue, each against its reference of the same run.
+    // The three goals, each against its reference of the same run.
     for (what, phase, reference, goal) in [
         ("Weights::publish, cold", "same host", "file read", 0.8),
         ("Weights::load_into, warm", "same host", "memcpy", 0.9),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The hit rate in the minutes around a node draining or joining (issue 18), on real daemons
+# The hit rate in the minutes around a node draining or joining, on real daemons
 # replaying the bundled trace in real time, against control runs in which the cluster stays as
 # it was. Each run gets its own cluster of kvpoold on loopback, every node with a namespace quota
 # of CAPACITY blocks:

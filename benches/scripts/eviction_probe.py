@@ -1,6 +1,6 @@
 """Quick probes of eviction ideas on a trace's block chains, in Python, with the harness's hit
 count (per request, the leading run of blocks found; then every block is touched or stored,
-evicting as needed): the figures under "Measured since" in docs/EVICTION.md.
+evicting as needed): the figures under "Other policies measured on the design data" in docs/EVICTION.md.
 
     python3 benches/scripts/eviction_probe.py split TRACE FIRST SECOND   # halves by time
     python3 benches/scripts/eviction_probe.py reuse TRACE          # reuse by position

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The two figures of issue 15's model-weight caching measured from Python
-(docs/BENCHMARKS.md, "Model weights (issue 15)", "From Python: weight_iterator and ensure").
+"""The model-weight figures that live in the Python package, measured from Python
+(docs/BENCHMARKS.md, "Model weights").
 
 1. ``kvpool.weights.weight_iterator``: the time from the call to the first ``(name, array)``
    (goal: 5 ms) and to the last, against reading the same safetensors file

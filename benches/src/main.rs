@@ -7,15 +7,15 @@
 //!   side by side, bounded by Belady's optimum and an unbounded cache (`kvpool_bench::replay`).
 //! - `weights`: publishing and loading model weights (a generated safetensors checkpoint)
 //!   next to reading the file, memcpy and a raw TCP stream of the same bytes, in the same run.
-//! - `handoff`: issue 16's figures: a 4 KiB get's p50 and p99 idle and under a bulk load (kvpool,
+//! - `handoff`: the handoff figures: a 4 KiB get's p50 and p99 idle and under a bulk load (kvpool,
 //!   redis, memcached), a producer-to-consumer handoff against a raw TCP stream, and the latency
 //!   of a wait's notification against one round trip, all in the same run.
-//! - `restart`: issue 18's restart time: a pool of a million objects recovered from the
+//! - `restart`: restart time: a pool of a million objects recovered from the
 //!   segment files and journal a stopped node left.
-//! - `soak`: issue 18's soak: a mixed load at saturation against a pool that runs full, with
+//! - `soak`: a mixed load at saturation against a pool that runs full, with
 //!   the daemon's RSS, open descriptors and pending allocations sampled and judged for
 //!   flatness after the warm-up, and every read checked.
-//! - `elastic`: issue 18's hit rate in the minutes around a node joining or draining, real
+//! - `elastic`: the hit rate in the minutes around a node joining or draining, real
 //!   daemons replaying a trace in real time, against a control run without the event.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
@@ -60,14 +60,14 @@ enum Command {
     /// Model weights: publish and load a generated safetensors checkpoint against reading the
     /// file, memcpy and a raw TCP stream of the same bytes, all measured in the same run.
     Weights(weights::WeightsArgs),
-    /// Handoffs and interference (issue 16): a 4 KiB get idle and under bulk load against
+    /// Handoffs and interference: a 4 KiB get idle and under bulk load against
     /// redis and memcached, a 64 MiB handoff to a waiting consumer against a raw TCP stream,
     /// and notification latency against one round trip, all measured in the same run.
     Handoff(handoff::HandoffArgs),
-    /// Restart time (issue 18): a node's objects recovered from the segment files and journal
+    /// Restart time: a node's objects recovered from the segment files and journal
     /// its previous life left, every one checked by its checksum.
     Restart(restart::RestartArgs),
-    /// Soak (issue 18): a mixed load at saturation for minutes against a pool that runs full;
+    /// Soak: a mixed load at saturation for minutes against a pool that runs full;
     /// the daemon's RSS, open descriptors and pending allocations sampled and judged for
     /// flatness, every read checked.
     Soak(soak::SoakArgs),

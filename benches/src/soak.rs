@@ -1,4 +1,4 @@
-//! `kvpool-bench soak`: issue 18's soak. One kvpoold with a pool smaller than the keys' values
+//! `kvpool-bench soak`: the soak. One kvpoold with a pool smaller than the keys' values
 //! (so it runs full and evicts the whole time) under a mixed load at saturation for
 //! `--minutes`, sampled every `--sample-every` seconds; then the verdict whether the daemon's
 //! resident memory, open descriptors and pending allocations stayed flat after the warm-up.

@@ -1,6 +1,6 @@
 """Latency of looking up a 32k-token prefix across a 4-daemon cluster, next to redis EXISTS.
 
-Issue 14: a prefix of 32 768 tokens is 2 048 keys at 16-token pages (``kvpool.block_hashes``);
+A prefix of 32 768 tokens is 2 048 keys at 16-token pages (``kvpool.block_hashes``);
 an engine asks how many leading blocks are cached with ``Client.match_prefix``, which sends one
 request per daemon owning any of the keys, in parallel. This starts 4 kvpoold daemons forming
 one cluster (static membership: node 0 first, nodes 1-3 with ``--peer`` node 0 and its cluster

@@ -1,4 +1,4 @@
-//! The bulk class (issue 16): large transfers take turns for the node's bulk workers, so a
+//! The bulk class: large transfers take turns for the node's bulk workers, so a
 //! small request never waits behind more than one chunk of them.
 //!
 //! A request whose payload (in either direction) is at least `[limits] bulk_threshold` is

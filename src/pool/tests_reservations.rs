@@ -251,7 +251,7 @@ fn reservations_beyond_the_pool_are_refused_at_start() {
     assert!(e.to_string().contains("reserve more than"), "{e}");
 }
 
-/// Issue 11 item 6, in the pool: filling and pinning `default`, and leaving allocations of
+/// In the pool: filling and pinning `default`, and leaving allocations of
 /// another tenant pending, never costs `b` its objects or its puts.
 #[test]
 fn default_and_pending_allocations_leave_a_reservation_alone() {

@@ -1,4 +1,4 @@
-//! `kvpool-bench handoff`: the benchmarks of issue 16, in one run against one kvpoold (and
+//! `kvpool-bench handoff`: the handoff benchmarks, in one run against one kvpoold (and
 //! redis-server and memcached for the first part), each figure next to its reference of the
 //! same run.
 //!
@@ -62,7 +62,7 @@ const ROUNDS: u32 = 2;
 /// Head start of the loaders before the probe's loaded window opens.
 const LEAD: Duration = Duration::from_millis(300);
 
-/// Goals of issue 16.
+/// Goals (docs/BENCHMARKS.md, "Handoff and interference").
 const P99_FACTOR: f64 = 2.0;
 const P99_CEILING_NS: f64 = 1e6;
 const HANDOFF_GOAL: f64 = 1.25;

@@ -9,9 +9,9 @@
 //! objects in the same order as kvpool's (from the same start, `depth` at a time). No framing,
 //! lookup or checksum, and no copy the kernel does not make.
 //!
-//! Until 2026-11-29 the server answered every get from one 2 MiB buffer, which stays in the
-//! CPU's caches: that measured a cache-resident transfer, not the limit of serving a data set
-//! (docs/BENCHMARKS.md, "The raw stream reads its data set").
+//! The server serves a data set rather than one buffer: a single 2 MiB buffer stays in the
+//! CPU's caches and would measure a cache-resident transfer, not the limit of serving a data
+//! set (docs/BENCHMARKS.md, "How it measures").
 //!
 //! At depth 8 the client asks for 8 consecutive objects in one request and reads the reply
 //! straight into its 8 buffers (`readv`): the least a round trip carrying 8 values can cost. A
@@ -232,7 +232,7 @@ impl Worker for RawGet {
 /// Fills every buffer from the socket, in order, with as few `readv` calls as the kernel
 /// allows. The low-water mark is set per value, as kvpool's client sets it: to what the value
 /// being filled still lacks (at most 1 MiB), so that its tail wakes the reader as soon as it
-/// is all here. One mark over the whole reply made kvpool's batches much slower (issue 17).
+/// is all here. One mark over the whole reply made kvpool's batches much slower.
 async fn read_into(stream: &TcpStream, bufs: &mut [Vec<u8>]) -> anyhow::Result<()> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
     let mut slices: Vec<IoSliceMut<'_>> = bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();

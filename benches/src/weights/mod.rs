@@ -1,4 +1,4 @@
-//! `kvpool-bench weights`: publishing and loading model weights (issue 15), each figure next to
+//! `kvpool-bench weights`: publishing and loading model weights, each figure next to
 //! what bounds it on this machine, measured in the same run on the same bytes.
 //!
 //! A generated safetensors file (a Llama-style bf16 model of `--size`, see [`model`]) is
@@ -48,7 +48,7 @@ const READS_IN_FLIGHT: usize = 16;
 /// Keys per lookup request (the loader's).
 const KEYS_PER_REQUEST: usize = 4096;
 
-/// Goals of issue 15, as fractions of the reference.
+/// Goals (docs/BENCHMARKS.md, "Model weights"), as fractions of the reference.
 const PUBLISH_GOAL: f64 = 0.8;
 const LOCAL_GOAL: f64 = 0.9;
 const TCP_GOAL: f64 = 0.8;

@@ -1,7 +1,7 @@
 """kvpool.vllm.KvpoolConnector against vllm 0.33.0's real classes and a real kvpoold.
 
 The scheduler role is driven by vLLM's own ``Scheduler`` running on the CPU: it loads the
-connector through its factory from the issue's ``--kv-transfer-config``, asks it for matches,
+connector through its factory from the documented ``--kv-transfer-config``, asks it for matches,
 allocates blocks, builds the metadata and handles the connector's output. The worker role is
 driven with exactly that metadata, in the model runner's order, on per-layer KV tensors allocated
 by vLLM's own ``allocate_kv_cache`` and shaped like Llama-3-8B's (32 layers, 8 KV heads, head

@@ -139,7 +139,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         let mut refs: Vec<Option<_>> = keys.iter().map(|_| None).collect();
         // From the last key to the first: each read is an access for the eviction policy, so
         // a chain's root ends up its most recently used block and pressure takes the chain
-        // from its tail, as a batched store leaves it (docs/EVICTION.md, "tail first").
+        // from its tail, as a batched store leaves it (docs/EVICTION.md, "Batches tail first").
         for (slot, key) in refs.iter_mut().zip(keys.iter()).take(run).rev() {
             match self.s.get(ns, key.as_slice(), now, self.routing()) {
                 Ok(r) => *slot = Some(r),
