@@ -6,7 +6,7 @@ use std::io;
 
 use kvpool::protocol::io::discard;
 use kvpool::protocol::{ErrorCode, Key, PutItem, Reply, ValueMeta, MISS_VERSION};
-use kvpool::{Commit, Millis, PoolError};
+use kvpool::{Commit, GlobalAddr, Millis, PoolError};
 use rkyv::Archived;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -280,6 +280,20 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             }
             h.digest()
         };
+        Ok(self.commit_received(ns, &item, &addr, hashed, pin))
+    }
+
+    /// Commits a value [`Conn::put_one`] received into `addr` and hashed as `hashed`, as the
+    /// view and the sender (a client, or a peer handing a key over) allow.
+    fn commit_received(
+        &self,
+        ns: u32,
+        item: &Item<'_>,
+        addr: &GlobalAddr,
+        hashed: u64,
+        pin: bool,
+    ) -> Result<(), ErrorCode> {
+        let pool = &*self.s.pool;
         // The allocation's address never left this connection and the write claim covered
         // every byte hashed: the bytes committed are the bytes checked. If the view changed
         // while the value streamed in, this node may no longer own the key and its mover may
@@ -288,15 +302,15 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         // commit (`Shared::commit_in_view`).
         if !self.session.peer || pin {
             let commit = || {
-                pool.commit(Commit::prehashed(&addr, item.checksum, hashed))
+                pool.commit(Commit::prehashed(addr, item.checksum, hashed))
                     .map(drop)
             };
-            return Ok(self.s.commit_in_view(&addr, self.routing(), commit));
+            return self.s.commit_in_view(addr, self.routing(), commit);
         }
         if self.s.view_moved(self.routing()) {
             // A peer's copy routed by a view this node has left, refused the same way.
-            let _ = pool.abort(&addr);
-            return Ok(Err(ErrorCode::WrongView));
+            let _ = pool.abort(addr);
+            return Err(ErrorCode::WrongView);
         }
         // A peer's copy of an unpinned object (the mover handing over a key this node now
         // owns): taken only while no write or remove acknowledged here can be newer, and never
@@ -306,18 +320,16 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             .replication(ns)
             .map_or(1, |r| r.replicas.max(1) as usize);
         let commit = || {
-            pool.commit(Commit::prehashed(&addr, item.checksum, hashed).when_present(Some(false)))
+            pool.commit(Commit::prehashed(addr, item.checksum, hashed).when_present(Some(false)))
         };
-        Ok(
-            match self.s.cluster.if_vouched((ns, item.key), replicas, commit) {
-                Some(Ok(true)) => Ok(()),
-                Some(Ok(false)) => Err(ErrorCode::Superseded),
-                Some(Err(e)) => Err(e.into()),
-                None => {
-                    let _ = pool.abort(&addr);
-                    Err(ErrorCode::Superseded)
-                }
-            },
-        )
+        match self.s.cluster.if_vouched((ns, item.key), replicas, commit) {
+            Some(Ok(true)) => Ok(()),
+            Some(Ok(false)) => Err(ErrorCode::Superseded),
+            Some(Err(e)) => Err(e.into()),
+            None => {
+                let _ = pool.abort(addr);
+                Err(ErrorCode::Superseded)
+            }
+        }
     }
 }

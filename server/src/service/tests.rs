@@ -261,8 +261,8 @@ fn a_remove_or_put_routed_by_a_view_the_node_has_left_is_done_and_says_so() {
                 s.cluster.set_state(NodeState::Serving);
             }
             s.pool
-                    .commit(Commit::new(&addr, kvpool::checksum(value)))
-                    .map(drop)
+                .commit(Commit::new(&addr, kvpool::checksum(value)))
+                .map(drop)
         })
     };
     let value = || {
