@@ -2,7 +2,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::error::PoolError;
 use crate::eviction::PolicyKind;
+
+use super::Pool;
 
 /// The namespace every pool has.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -88,5 +91,38 @@ impl Namespace {
 
     pub(crate) fn unreserve(&self, size: u64) {
         self.used.fetch_sub(size, Ordering::AcqRel);
+    }
+}
+
+impl Pool {
+    /// Takes `size` bytes of `space`'s limit; false when that would exceed it.
+    pub(super) fn reserve(&self, space: &Namespace, size: u64) -> bool {
+        if space.reserved {
+            return space.try_reserve(size);
+        }
+        let shared = self
+            .shared_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(size).filter(|&n| n <= self.unreserved)
+            });
+        if shared.is_err() {
+            return false;
+        }
+        // Its own use never exceeds the shared use, which is within `unreserved`.
+        space.used.fetch_add(size, Ordering::AcqRel);
+        true
+    }
+
+    pub(super) fn unreserve(&self, space: &Namespace, size: u64) {
+        space.unreserve(size);
+        if !space.reserved {
+            self.shared_used.fetch_sub(size, Ordering::AcqRel);
+        }
+    }
+
+    /// The memory namespace `ns` may use: its quota, or, for one without a quota, the memory
+    /// no namespace reserved, which it shares with the others without one.
+    pub fn namespace_capacity(&self, ns: u32) -> Result<u64, PoolError> {
+        Ok(self.ns(ns)?.quota)
     }
 }

@@ -3,8 +3,11 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::alloc::AllocConfig;
+use crate::checksum::checksum;
 use crate::error::AddrFault;
 use crate::eviction::PolicyKind;
+use crate::segment::{Backing, HugePages};
 
 fn cfg(segment_size: u64) -> PoolConfig {
     PoolConfig {

@@ -4,7 +4,9 @@
 use std::sync::Barrier;
 
 use super::*;
+use crate::checksum::checksum;
 use crate::error::AddrFault;
+use crate::segment::{Backing, HugePages};
 
 fn pool() -> Pool {
     let cfg = PoolConfig {

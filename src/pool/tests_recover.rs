@@ -11,7 +11,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::journal::journal_file_name;
-use crate::segment::segment_file_name;
+use crate::segment::{segment_file_name, Backing, HugePages};
 
 fn cfg(dir: &Path) -> PoolConfig {
     PoolConfig {

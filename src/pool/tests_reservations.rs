@@ -1,9 +1,13 @@
 //! Quotas are reservations: checked against a model under random operations.
 
+use std::io;
+
 use proptest::prelude::*;
 
 use super::*;
+use crate::checksum::checksum;
 use crate::eviction::PolicyKind;
+use crate::segment::{Backing, HugePages};
 
 const BLOCK: u64 = 64 << 10;
 

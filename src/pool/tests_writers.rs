@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Barrier;
 
 use super::*;
+use crate::checksum::checksum;
 use crate::error::AddrFault;
+use crate::segment::{Backing, HugePages};
 
 fn pool() -> Pool {
     let cfg = PoolConfig {
