@@ -1,0 +1,298 @@
+//! Membership without I/O: one node's view of the cluster and every rule that changes it. The
+//! daemon carries the messages (gossip, etcd watches, heartbeats) and the clock readings in, and
+//! acts on what comes out; nothing here touches a socket or reads a clock.
+//!
+//! - **Records and merges** are [`ClusterView`]'s ([`crate::placement`]): a node's record has an
+//!   epoch only that node raises; a higher epoch wins, and at equal epochs `Down` wins. Merging
+//!   is commutative, associative and idempotent, so gossip in any order converges.
+//! - **Refuting**: a node that finds a record of itself at least as new as its own but different
+//!   (marked down, or left by an earlier run) raises its epoch above it. A node told it was
+//!   marked down is also *fenced*: what the others did meanwhile is unknown to it, so the objects
+//!   it holds are no longer served as an owner's copy ([`History::fence`]).
+//! - **Liveness** (static membership): a peer address not heard from for `down_after` has its
+//!   node marked down, unless another peer said it heard that node directly within
+//!   `down_after` ([`Membership::relayed`]): a link that only this node lost (a partial or
+//!   asymmetric partition) then does not mark a live node down, which would fence it and make
+//!   the view flap as it refutes. Only direct hearings are relayed, never relayed ones, so a
+//!   dead node stops being vouched for `down_after` after its last answer, as before. A node
+//!   starts `joining`, and turns `serving` two heartbeats after its first
+//!   [`Membership::tick`] (the heartbeats' start), having pulled its peers' views.
+//! - **etcd** ([`Source::Etcd`]): the view is replaced wholesale by the one derived from etcd's
+//!   records and leases ([`EtcdRecords`]); versions are etcd revisions, kept moving forward by
+//!   changes made here before etcd has them; gossip from other nodes is answered, not merged.
+//! - **History**: every adopted view is recorded with the pool's generation mark, which says
+//!   which objects this node may still serve as their owner ([`crate::placement::history`]).
+
+mod etcd;
+mod liveness;
+
+use std::collections::HashMap;
+
+use crate::addr::NodeId;
+use crate::placement::history::History;
+use crate::placement::{ClusterView, NodeInfo, NodeState};
+use crate::pool::Millis;
+use liveness::Watched;
+
+pub use etcd::EtcdRecords;
+
+/// Where the view comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Heartbeats between the nodes, carrying their views.
+    Gossip,
+    /// etcd: the view is replaced wholesale by the one derived from etcd, and gossip from other
+    /// nodes is ignored.
+    Etcd,
+}
+
+/// Heartbeat timing, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// Between two heartbeats to a peer.
+    pub heartbeat: Millis,
+    /// A peer silent this long is marked down.
+    pub down_after: Millis,
+}
+
+/// What a step did to the view.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use]
+pub struct Step {
+    /// The view changed (a new stamp to route by; wake whoever waits on changes).
+    pub changed: bool,
+    /// This node learnt it was marked down: every object held so far became suspect.
+    pub fenced: bool,
+}
+
+/// One node's membership state.
+#[derive(Debug)]
+pub struct Membership {
+    me: u32,
+    source: Source,
+    view: ClusterView,
+    history: History,
+    /// The first tick (the heartbeats' start): joining lasts two heartbeats from here.
+    first_tick: Option<Millis>,
+    /// Per peer address, when it last answered (or when watching it began), and which node the
+    /// view places there since when.
+    heard: HashMap<String, Watched>,
+    /// Per node, the latest time another peer said it heard that node directly.
+    relayed: HashMap<u32, Millis>,
+}
+
+impl Membership {
+    /// A node whose own record is `me`, alone in its view.
+    pub fn new(me: NodeInfo, source: Source) -> Membership {
+        let id = me.id;
+        let view = ClusterView::from_nodes(vec![me]);
+        let mut history = History::new(NodeId(id));
+        history.adopt(&view, 0);
+        Membership {
+            me: id,
+            source,
+            view,
+            history,
+            first_tick: None,
+            heard: HashMap::new(),
+            relayed: HashMap::new(),
+        }
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// Where the view comes from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The current view.
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    /// This node's own record, as it last set it.
+    pub fn my_record(&self) -> Option<&NodeInfo> {
+        self.view.node(NodeId(self.me))
+    }
+
+    /// This node's own state (`Down` once it has no record).
+    pub fn my_state(&self) -> NodeState {
+        self.my_record().map_or(NodeState::Down, |n| n.state)
+    }
+
+    /// True when some other node is serving: leaving then means draining first.
+    pub fn has_serving_peers(&self) -> bool {
+        self.view
+            .nodes
+            .iter()
+            .any(|n| n.id != self.me && n.state == NodeState::Serving)
+    }
+
+    /// True when this node's object of `key`, allocated at `generation`, may be served by a
+    /// routed read: this node was among its first `replicas` owners in every view since.
+    pub fn continuous(&self, key: &[u8], generation: u64, replicas: usize) -> bool {
+        self.history.continuous(key, generation, replicas)
+    }
+
+    /// How many views this node has adopted (see [`History::adopted`]).
+    pub fn adopted(&self) -> u64 {
+        self.history.adopted()
+    }
+
+    /// The nodes that may hold a pinned object of `key` that this node, an owner now, lacks
+    /// because it took the key over in a view adopted at or after `since` (see
+    /// [`History::holders`]).
+    pub fn holders(&self, key: &[u8], replicas: usize, since: u64) -> Vec<NodeId> {
+        self.history.holders(key, replicas, since)
+    }
+
+    /// The node that took `key` over directly from this node, when this node's object of it
+    /// allocated at `generation` was the owner's copy up to then (see
+    /// [`crate::placement::history::History::handed_to`]).
+    pub fn handed_to(&self, key: &[u8], generation: u64) -> Option<crate::NodeId> {
+        self.history.handed_to(key, generation)
+    }
+
+    /// Merges a peer's view (gossip), refuting any record of this node in it that is at least
+    /// as new as its own and differs. `mark`: the pool's generation mark now. With etcd
+    /// membership, gossip is answered, not merged.
+    pub fn merge(&mut self, other: &ClusterView, mark: u64) -> Step {
+        if self.source == Source::Etcd {
+            return Step::default();
+        }
+        let fenced = self.fence_if_down(other, mark);
+        let me = self.me;
+        let changed = self.apply(false, mark, |v| {
+            let mut changed = v.merge(other, me);
+            if let Some(theirs) = other.node(NodeId(me)) {
+                changed |= refute(v, me, theirs);
+            }
+            changed
+        });
+        Step { changed, fenced }
+    }
+
+    /// Replaces the view with one derived elsewhere (etcd), keeping this node's own record as
+    /// this node last set it: its changes reach the others by being published.
+    pub fn replace(&mut self, mut view: ClusterView, mark: u64) -> Step {
+        let fenced = self.fence_if_down(&view, mark);
+        let me = self.me;
+        let changed = self.apply(true, mark, |v| {
+            view.nodes.retain(|n| n.id != me);
+            if let Some(mine) = v.node(NodeId(me)).cloned() {
+                let at = view.nodes.partition_point(|n| n.id < me);
+                view.nodes.insert(at, mine);
+            }
+            if view.nodes == v.nodes {
+                // The same records at a later revision: no change to route by.
+                v.version = v.version.max(view.version);
+                return false;
+            }
+            *v = view;
+            true
+        });
+        Step { changed, fenced }
+    }
+
+    /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left by
+    /// an earlier run), when that is at least as new as this node's own and differs.
+    pub fn outrank(&mut self, theirs: &NodeInfo, mark: u64) -> Step {
+        let me = self.me;
+        let changed = self.apply(false, mark, |v| refute(v, me, theirs));
+        Step {
+            changed,
+            fenced: false,
+        }
+    }
+
+    /// Changes this node's own state, raising its epoch.
+    pub fn set_state(&mut self, state: NodeState, mark: u64) -> Step {
+        let me = self.me;
+        let changed = self.apply(false, mark, |v| {
+            let Some(mut rec) = v.node(NodeId(me)).cloned() else {
+                return false;
+            };
+            if rec.state == state {
+                return false;
+            }
+            rec.state = state;
+            rec.epoch += 1;
+            v.offer(&rec)
+        });
+        Step {
+            changed,
+            fenced: false,
+        }
+    }
+
+    /// Marks a peer down (it stopped answering). This node never marks itself down.
+    pub fn mark_down(&mut self, id: u32, mark: u64) -> Step {
+        let changed = id != self.me && self.apply(false, mark, |v| v.mark_down(id));
+        Step {
+            changed,
+            fenced: false,
+        }
+    }
+
+    /// The fence for being told this node is down: every object held so far becomes suspect.
+    pub fn fence(&mut self, mark: u64) {
+        self.history.fence(mark);
+    }
+
+    /// Applies `f` to the view; `from_etcd`: `f` installs a view derived from etcd, at its
+    /// revision. A change is recorded in the history at `mark`. True when the view changed.
+    fn apply(
+        &mut self,
+        from_etcd: bool,
+        mark: u64,
+        f: impl FnOnce(&mut ClusterView) -> bool,
+    ) -> bool {
+        let before = self.view.version;
+        if !f(&mut self.view) {
+            return false;
+        }
+        if self.source == Source::Etcd {
+            // Versions are etcd revisions; a change made here before etcd has it, or a wiped
+            // etcd starting its revisions again, still moves the version forward.
+            self.view.version = if from_etcd {
+                self.view.version.max(before + 1)
+            } else {
+                before + 1
+            };
+        }
+        self.history.adopt(&self.view, mark);
+        true
+    }
+
+    /// Fences this node when `other` holds a record of it marked down. True when it did.
+    fn fence_if_down(&mut self, other: &ClusterView, mark: u64) -> bool {
+        let down = other
+            .node(NodeId(self.me))
+            .is_some_and(|n| n.state == NodeState::Down);
+        if down {
+            self.fence(mark);
+        }
+        down
+    }
+}
+
+/// Raises node `me`'s epoch above `theirs` when that record of it is at least as new as its own
+/// and differs (marked down, or from an earlier run). True when the view changed.
+fn refute(v: &mut ClusterView, me: u32, theirs: &NodeInfo) -> bool {
+    let Some(mine) = v.node(NodeId(me)).cloned() else {
+        return false;
+    };
+    if theirs.epoch < mine.epoch || *theirs == mine {
+        return false;
+    }
+    let mut rec = mine;
+    rec.epoch = theirs.epoch + 1;
+    v.offer(&rec)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! Membership against a model: gossip in any order converging, merges commuting, and the
+//! liveness rules (joining, silence, relayed hearings, fencing, etcd views).
+
+use proptest::prelude::*;
+
+use super::*;
+
+use crate::placement::test_record as rec;
+use crate::protocol::Heard;
+
+const TIMING: Timing = Timing {
+    heartbeat: 100,
+    down_after: 1000,
+};
+
+#[derive(Clone, Debug)]
+enum Event {
+    /// Node i changes its own state.
+    SetState(usize, NodeState),
+    /// Node i stops hearing from node j and marks it down.
+    MarkDown(usize, usize),
+    /// Node i heartbeats node j: j merges i's view, i merges j's answer.
+    Gossip(usize, usize),
+}
+
+fn events(n: usize) -> impl Strategy<Value = Vec<Event>> {
+    let state = prop_oneof![
+        Just(NodeState::Joining),
+        Just(NodeState::Serving),
+        Just(NodeState::Draining),
+    ];
+    let ev = prop_oneof![
+        (0..n, state).prop_map(|(i, s)| Event::SetState(i, s)),
+        (0..n, 0..n).prop_map(|(i, j)| Event::MarkDown(i, j)),
+        (0..n, 0..n).prop_map(|(i, j)| Event::Gossip(i, j)),
+        (0..n, 0..n).prop_map(|(i, j)| Event::Gossip(i, j)),
+    ];
+    proptest::collection::vec(ev, 0..40)
+}
+
+fn gossip(nodes: &mut [Membership], i: usize, j: usize, fenced: &mut [bool]) {
+    if i == j {
+        return;
+    }
+    let vi = nodes[i].view().clone();
+    fenced[j] |= nodes[j].merge(&vi, 0).fenced;
+    let vj = nodes[j].view().clone();
+    fenced[i] |= nodes[i].merge(&vj, 0).fenced;
+}
+
+proptest! {
+    /// Whatever happened before, a few rounds of gossip between live nodes leave every node
+    /// with the same records; a node marked down refutes it (and was fenced when told); and
+    /// every record is the newest any node wrote.
+    #[test]
+    fn gossip_converges_and_live_nodes_refute_being_down(script in events(4)) {
+        let n = 4;
+        let mut nodes: Vec<Membership> = (0..n)
+            .map(|i| Membership::new(rec(i as u32, NodeState::Serving, 1), Source::Gossip))
+            .collect();
+        let mut fenced = vec![false; n];
+        let mut marked = vec![false; n];
+        for ev in script {
+            match ev {
+                Event::SetState(i, s) => {
+                    let _ = nodes[i].set_state(s, 0);
+                }
+                Event::MarkDown(i, j) => {
+                    if i != j && nodes[i].view().node(NodeId(j as u32)).is_some() {
+                        marked[j] |= nodes[i].mark_down(j as u32, 0).changed;
+                    }
+                }
+                Event::Gossip(i, j) => gossip(&mut nodes, i, j, &mut fenced),
+            }
+        }
+        for _ in 0..3 {
+            for i in 0..n {
+                for j in 0..n {
+                    gossip(&mut nodes, i, j, &mut fenced);
+                }
+            }
+        }
+        let first = nodes[0].view().clone();
+        for m in &nodes {
+            prop_assert_eq!(&m.view().nodes, &first.nodes);
+            prop_assert_eq!(m.view().stamp(), first.stamp());
+        }
+        for (i, m) in nodes.iter().enumerate() {
+            let mine = m.my_record().unwrap();
+            prop_assert!(mine.state != NodeState::Down, "node {} refuted", i);
+            prop_assert_eq!(first.node(NodeId(i as u32)), Some(mine), "its own record won");
+            if marked[i] {
+                prop_assert!(fenced[i] || mine.epoch > 1, "told it was down, node {} fenced", i);
+            }
+        }
+    }
+
+    /// Merging the others' records is a join: any order, any repetition, the same result.
+    #[test]
+    fn merges_commute_and_repeat_harmlessly(
+        a in proptest::collection::vec((1u32..5, 1u64..4, any::<bool>()), 0..6),
+        b in proptest::collection::vec((1u32..5, 1u64..4, any::<bool>()), 0..6),
+    ) {
+        let mk = |recs: &[(u32, u64, bool)]| {
+            let mut v = ClusterView::default();
+            for &(id, e, down) in recs {
+                let s = if down { NodeState::Down } else { NodeState::Serving };
+                let _ = v.offer(&NodeInfo { capacity: id as u64, ..rec(id, s, e) });
+            }
+            v
+        };
+        let (va, vb) = (mk(&a), mk(&b));
+        let me = || Membership::new(rec(0, NodeState::Serving, 1), Source::Gossip);
+        let (mut ab, mut ba) = (me(), me());
+        let _ = ab.merge(&va, 0);
+        let _ = ab.merge(&vb, 0);
+        let _ = ba.merge(&vb, 0);
+        let _ = ba.merge(&va, 0);
+        prop_assert_eq!(&ab.view().nodes, &ba.view().nodes);
+        let again = ab.merge(&va, 0);
+        prop_assert!(!again.changed, "idempotent");
+    }
+}
+
+#[test]
+fn joining_turns_serving_after_two_heartbeats() {
+    let mut m = Membership::new(rec(1, NodeState::Joining, 1), Source::Gossip);
+    assert!(!m.tick(1000, TIMING, 0).changed);
+    assert!(!m.tick(1199, TIMING, 0).changed);
+    assert_eq!(m.my_state(), NodeState::Joining);
+    assert!(m.tick(1200, TIMING, 0).changed);
+    assert_eq!(m.my_state(), NodeState::Serving);
+    assert_eq!(m.my_record().unwrap().epoch, 2);
+}
+
+#[test]
+fn a_silent_peer_is_marked_down_and_a_heard_one_is_not() {
+    let mut m = Membership::new(rec(1, NodeState::Serving, 1), Source::Gossip);
+    let peers = ClusterView::from_nodes(vec![
+        rec(2, NodeState::Serving, 1),
+        rec(3, NodeState::Serving, 1),
+    ]);
+    assert!(m.merge(&peers, 0).changed);
+    assert_eq!(
+        m.heartbeat_targets(&["n2".into(), "x".into()]),
+        ["n2", "x", "n3"]
+    );
+    m.watch("n2", 0);
+    m.watch("n3", 0);
+    // The heartbeats tick from the start: nodes 2 and 3 are in the view, up, since 0.
+    assert!(!m.tick(0, TIMING, 0).changed);
+    assert!(m.heard("n2", &peers, 900, 0) == Step::default());
+    let step = m.tick(1000, TIMING, 0);
+    assert!(step.changed);
+    let state = |m: &Membership, id| m.view().node(NodeId(id)).unwrap().state;
+    assert_eq!(state(&m, 3), NodeState::Down);
+    assert_eq!(state(&m, 2), NodeState::Serving);
+    assert!(!m.tick(1001, TIMING, 0).changed, "down once");
+    assert_eq!(m.announce_targets(), ["n2"]);
+}
+
+#[test]
+fn a_peer_another_still_hears_is_not_marked_down_until_that_hearing_is_old() {
+    // Node 1 lost its link to node 3; node 2 still hears 3 and relays that.
+    let mut m = Membership::new(rec(1, NodeState::Serving, 1), Source::Gossip);
+    let peers = ClusterView::from_nodes(vec![
+        rec(2, NodeState::Serving, 1),
+        rec(3, NodeState::Serving, 1),
+    ]);
+    let _ = m.merge(&peers, 0);
+    m.watch("n2", 0);
+    m.watch("n3", 0);
+    // The heartbeats tick from the start: nodes 2 and 3 are in the view, up, since 0.
+    assert!(!m.tick(0, TIMING, 0).changed);
+    assert_eq!(
+        m.heard_directly(500, 1000),
+        [],
+        "watched, never heard: nothing to relay"
+    );
+    let _ = m.heard("n2", &peers, 900, 0);
+    assert_eq!(
+        m.heard_directly(1000, 1000),
+        [Heard {
+            node: 2,
+            age_ms: 100
+        }]
+    );
+    // Node 2 heard 3 at 800; what it says about node 1 is ignored.
+    let relayed = [
+        Heard {
+            node: 3,
+            age_ms: 100,
+        },
+        Heard { node: 1, age_ms: 0 },
+    ];
+    m.relayed(&relayed, 900);
+    // An older hearing relayed later does not move it back.
+    m.relayed(
+        &[Heard {
+            node: 3,
+            age_ms: 900,
+        }],
+        950,
+    );
+    let state = |m: &Membership, id| m.view().node(NodeId(id)).unwrap().state;
+    assert!(!m.tick(1000, TIMING, 0).changed, "silent here, heard by 2");
+    assert!(!m.tick(1799, TIMING, 0).changed);
+    assert_eq!(state(&m, 3), NodeState::Serving);
+    assert!(
+        m.tick(1800, TIMING, 0).changed,
+        "no hearing of 3 within down_after"
+    );
+    assert_eq!(state(&m, 3), NodeState::Down);
+    assert_eq!(state(&m, 2), NodeState::Serving);
+    assert_eq!(m.heard_directly(1900, 1000), [], "2's answer is old now");
+}
+
+#[test]
+fn a_node_that_appears_late_at_a_watched_address_gets_its_full_down_after() {
+    // Node 1 has watched its static peer "n2" since 0, but node 2 starts at 5 000 and its
+    // own gossip brings it into node 1's view before node 1's heartbeat reaches it.
+    let mut m = Membership::new(rec(1, NodeState::Serving, 1), Source::Gossip);
+    m.watch("n2", 0);
+    assert!(!m.tick(0, TIMING, 0).changed);
+    assert!(!m.tick(4_900, TIMING, 0).changed, "no node at n2 yet");
+    let joined = ClusterView::from_nodes(vec![rec(2, NodeState::Joining, 1)]);
+    assert!(m.merge(&joined, 0).changed);
+    let state = |m: &Membership| m.view().node(NodeId(2)).unwrap().state;
+    assert!(
+        !m.tick(5_000, TIMING, 0).changed,
+        "silence counts from here"
+    );
+    assert!(!m.tick(5_999, TIMING, 0).changed);
+    assert_eq!(state(&m), NodeState::Joining);
+    assert!(
+        m.tick(6_000, TIMING, 0).changed,
+        "silent for down_after since it appeared"
+    );
+    assert_eq!(state(&m), NodeState::Down);
+    // It restarts and refutes (a higher epoch, up again): a fresh down_after from the tick
+    // that sees it up, although its address has been silent all along.
+    let back = ClusterView::from_nodes(vec![rec(2, NodeState::Joining, 3)]);
+    assert!(m.merge(&back, 0).changed);
+    assert_eq!(state(&m), NodeState::Joining);
+    assert!(!m.tick(7_000, TIMING, 0).changed);
+    assert!(!m.tick(7_999, TIMING, 0).changed);
+    assert!(m.tick(8_000, TIMING, 0).changed);
+    assert_eq!(state(&m), NodeState::Down);
+    // Heard, it stays up.
+    let again = ClusterView::from_nodes(vec![rec(2, NodeState::Serving, 5)]);
+    let _ = m.merge(&again, 0);
+    let _ = m.heard("n2", &again, 9_000, 0);
+    assert!(!m.tick(9_000, TIMING, 0).changed);
+    assert!(!m.tick(9_999, TIMING, 0).changed);
+    assert_eq!(state(&m), NodeState::Serving);
+}
+
+#[test]
+fn told_it_is_down_a_node_refutes_and_is_fenced() {
+    let mut m = Membership::new(rec(1, NodeState::Serving, 3), Source::Gossip);
+    let theirs = ClusterView::from_nodes(vec![rec(1, NodeState::Down, 3)]);
+    let step = m.merge(&theirs, 50);
+    assert!(step.changed && step.fenced);
+    let mine = m.my_record().unwrap();
+    assert_eq!((mine.state, mine.epoch), (NodeState::Serving, 4));
+    // An object allocated before the fence is no longer this node's to serve.
+    assert!(!m.continuous(b"k", 10, 1));
+    assert!(m.continuous(b"k", 60, 1));
+}
+
+#[test]
+fn etcd_views_replace_ignore_gossip_and_keep_versions_moving() {
+    let mut m = Membership::new(rec(1, NodeState::Serving, 2), Source::Etcd);
+    let mut etcd = EtcdRecords::default();
+    etcd.set_record(1, Some(rec(1, NodeState::Joining, 1)));
+    etcd.set_record(2, Some(rec(2, NodeState::Serving, 1)));
+    etcd.set_record(3, Some(rec(4, NodeState::Serving, 1)));
+    etcd.set_alive(2, true);
+    etcd.revision = 40;
+    let v = etcd.view();
+    assert_eq!(v.nodes.len(), 2, "a record naming another node is dropped");
+    assert!(m.replace(v.clone(), 0).changed);
+    assert_eq!(m.view().version, 40);
+    assert_eq!(
+        m.my_record().unwrap().state,
+        NodeState::Serving,
+        "own record kept"
+    );
+    let gossip = ClusterView::from_nodes(vec![rec(5, NodeState::Serving, 9)]);
+    assert_eq!(m.merge(&gossip, 0), Step::default());
+    assert!(m.set_state(NodeState::Draining, 0).changed);
+    assert_eq!(m.view().version, 41, "a change made here moves the version");
+    etcd.revision = 10; // a wiped etcd starts again
+    etcd.set_alive(2, false);
+    assert!(m.replace(etcd.view(), 0).changed);
+    assert_eq!(m.view().version, 42);
+    assert_eq!(m.view().node(NodeId(2)).unwrap().state, NodeState::Down);
+}
