@@ -11,24 +11,27 @@
 //! `--move-timeout-s`, which is reported when hit. After each move every moved value is read
 //! back and checked.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use kvpool::placement::{ClusterView, NodeState};
 use kvpool::protocol::auth::ClusterSecret;
-use kvpool::NodeId;
 use kvpool_bench::units::{fmt_ns, fmt_size};
-use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
+use kvpool_client::{Client, ClientConfig, SameHost};
 
 use super::{
     HandoffArgs, Report, Row, Verdict, P99_CEILING_NS, P99_FACTOR, PROBE_KEYS, PROBE_SIZE,
 };
 use crate::perf::daemon::{self, Daemon};
-use crate::perf::driver::Measured;
-use crate::perf::workloads;
+
+mod data;
+mod probe;
+mod progress;
+
+use data::Data;
+use probe::{Probe, ProbeOut};
+use progress::{drain_done, held, join_done, Moved};
 
 /// The table's heading.
 pub(super) const PART: &str = "join and drain: 4 KiB get while the cluster moves pinned objects";
@@ -48,351 +51,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes per `batch_put_pinned` while loading node A.
 const LOAD_BATCH: u64 = 32 << 20;
 
-/// What one probe loop saw.
-struct ProbeOut {
-    m: Measured,
-    /// Gets that found nothing (a pinned object must always be found).
-    misses: u64,
-    /// Gets that failed, and the first error's text.
-    errors: u64,
-    first_error: Option<String>,
-    /// Distinct probe keys that missed, and the last miss, from the probe's start.
-    missed_keys: std::collections::BTreeSet<usize>,
-    last_miss: Option<Duration>,
-}
-
-impl ProbeOut {
-    /// Where the misses were, for the notes.
-    fn misses_text(&self) -> String {
-        match self.last_miss {
-            None => "none".into(),
-            Some(t) => format!(
-                "{} on {} of the {PROBE_KEYS} keys, the last {:.2} s after the probe's start",
-                self.misses,
-                self.missed_keys.len(),
-                t.as_secs_f64()
-            ),
-        }
-    }
-}
-
-/// The probe, running on the runtime until stopped.
-struct Probe {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<anyhow::Result<ProbeOut>>,
-}
-
-impl Probe {
-    /// Starts the loop: gets of the probe's keys in turn, back to back, one at a time.
-    fn start(rt: &tokio::runtime::Runtime, client: &Client, data: &Arc<Data>) -> Probe {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, d, s) = (client.clone(), data.clone(), stop.clone());
-        let task = rt.spawn(async move {
-            let mut out = ProbeOut {
-                m: Measured::empty(),
-                misses: 0,
-                errors: 0,
-                first_error: None,
-                missed_keys: Default::default(),
-                last_miss: None,
-            };
-            let began = Instant::now();
-            let mut buf = vec![0u8; PROBE_SIZE as usize];
-            let mut i = 0usize;
-            while !s.load(Ordering::Acquire) {
-                let k = i % PROBE_KEYS;
-                i += 1;
-                let t = Instant::now();
-                let got = c.get_into(&d.probe_keys[k], &mut buf).await;
-                let ns = t.elapsed().as_nanos().max(1) as u64;
-                match got {
-                    Ok(Some(n)) => {
-                        ensure!(
-                            n == buf.len() && buf == d.probe_values[k],
-                            "probe: {} returned {n} bytes that are not the value stored",
-                            String::from_utf8_lossy(&d.probe_keys[k])
-                        );
-                        out.m.ops += 1;
-                        out.m.bytes += n as u64;
-                        out.m.hist.saturating_record(ns);
-                    }
-                    Ok(None) => {
-                        out.misses += 1;
-                        out.missed_keys.insert(k);
-                        out.last_miss = Some(began.elapsed());
-                    }
-                    Err(e) => {
-                        out.errors += 1;
-                        out.first_error.get_or_insert_with(|| e.to_string());
-                    }
-                }
-            }
-            out.m.secs = began.elapsed().as_secs_f64();
-            Ok(out)
-        });
-        Probe { stop, task }
-    }
-
-    fn finish(self, rt: &tokio::runtime::Runtime) -> anyhow::Result<ProbeOut> {
-        self.stop.store(true, Ordering::Release);
-        rt.block_on(self.task).context("the probe task")?
-    }
-}
-
-/// The keys and values: the moved blocks and the probe's.
-struct Data {
-    block_keys: Vec<Vec<u8>>,
-    /// One block; block `i` is it with `i` in its first 8 bytes.
-    block: Arc<Vec<u8>>,
-    probe_keys: Vec<Vec<u8>>,
-    probe_values: Vec<Vec<u8>>,
-}
-
-impl Data {
-    fn new(args: &HandoffArgs) -> Data {
-        let blocks = args.move_bytes / args.block_size;
-        let probe = workloads::value(PROBE_SIZE);
-        Data {
-            block_keys: (0..blocks)
-                .map(|i| format!("hbench-move/{i:06}").into_bytes())
-                .collect(),
-            block: workloads::value(args.block_size),
-            probe_keys: (0..PROBE_KEYS)
-                .map(|i| format!("hbench-move-probe/{i:03}").into_bytes())
-                .collect(),
-            probe_values: (0..PROBE_KEYS as u64)
-                .map(|i| numbered(&probe, i))
-                .collect(),
-        }
-    }
-
-    fn block_value(&self, i: usize) -> Vec<u8> {
-        numbered(&self.block, i as u64)
-    }
-
-    fn objects(&self) -> u64 {
-        (self.block_keys.len() + self.probe_keys.len()) as u64
-    }
-
-    fn all_keys(&self) -> impl Iterator<Item = &Vec<u8>> {
-        self.block_keys.iter().chain(&self.probe_keys)
-    }
-
-    /// Stores every value pinned through `c`.
-    async fn load(&self, c: &Client) -> anyhow::Result<()> {
-        let per = (LOAD_BATCH / self.block.len() as u64).max(1) as usize;
-        for (n, chunk) in self.block_keys.chunks(per).enumerate() {
-            let values: Vec<Vec<u8>> = (0..chunk.len())
-                .map(|j| self.block_value(n * per + j))
-                .collect();
-            put_all(c, chunk, &values).await?;
-        }
-        put_all(c, &self.probe_keys, &self.probe_values).await
-    }
-
-    /// Reads every value back through `c` and checks its bytes.
-    async fn check(&self, c: &Client) -> anyhow::Result<()> {
-        let per = (LOAD_BATCH / self.block.len() as u64).max(1) as usize;
-        let mut bufs = vec![vec![0u8; self.block.len()]; per];
-        for (n, chunk) in self.block_keys.chunks(per).enumerate() {
-            let refs: Vec<&[u8]> = chunk.iter().map(|k| &k[..]).collect();
-            let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-            let got = c.batch_get_into(&refs, &mut dsts[..chunk.len()]).await?;
-            for (j, g) in got.iter().enumerate() {
-                let i = n * per + j;
-                ensure!(
-                    *g == Some(self.block.len()) && bufs[j] == self.block_value(i),
-                    "block {i} is missing or differs after the move ({g:?})"
-                );
-            }
-        }
-        for (k, v) in self.probe_keys.iter().zip(&self.probe_values) {
-            let got = c.get(k).await?;
-            ensure!(got.as_ref() == Some(v), "probe value {k:?} after the move");
-        }
-        Ok(())
-    }
-}
-
 /// Bytes in MiB with one decimal (moved bytes are rarely whole KiB multiples of a unit).
 pub(super) fn mib(bytes: u64) -> String {
     format!("{:.1}MiB", bytes as f64 / f64::from(1u32 << 20))
-}
-
-/// `base` with `i` in its first 8 bytes.
-fn numbered(base: &[u8], i: u64) -> Vec<u8> {
-    let mut v = base.to_vec();
-    let n = v.len().min(8);
-    v[..n].copy_from_slice(&i.to_le_bytes()[..n]);
-    v
-}
-
-async fn put_all(c: &Client, keys: &[Vec<u8>], values: &[Vec<u8>]) -> anyhow::Result<()> {
-    let items: Vec<(&[u8], &[u8])> = keys
-        .iter()
-        .zip(values)
-        .map(|(k, v)| (&k[..], &v[..]))
-        .collect();
-    let codes = c.batch_put_pinned(&items).await?;
-    ensure!(
-        codes.iter().all(|c| *c == ErrorCode::Ok),
-        "loading node A: {codes:?}"
-    );
-    Ok(())
-}
-
-/// One move as the nodes reported it.
-struct Moved {
-    /// Bytes of pinned objects that changed node.
-    bytes: u64,
-    /// From the move's start (B seen serving, or the drain asked for) to the reports showing
-    /// it done, or to the timeout.
-    secs: f64,
-    /// From B's start, or the drain's call, to the move's start.
-    lead_secs: f64,
-    timed_out: bool,
-    /// Not started: the drain was refused (B never joined), and why.
-    refused: Option<String>,
-    /// What the nodes reported last (for the timeout's note).
-    last: String,
-}
-
-impl Moved {
-    /// The nodes reported the move done.
-    fn done(&self) -> bool {
-        !self.timed_out && self.refused.is_none()
-    }
-}
-
-/// The namespace's pinned bytes and objects on `node`, from its own `Stats`.
-async fn held(c: &Client, node: u32) -> anyhow::Result<(u64, u64)> {
-    let s = c.node_stats(node).await?;
-    let ns = s
-        .namespaces
-        .iter()
-        .find(|n| n.name == NS)
-        .with_context(|| format!("node {node} has no namespace {NS}"))?;
-    Ok((ns.pinned_bytes, ns.objects))
-}
-
-fn serving(v: &ClusterView) -> usize {
-    v.nodes
-        .iter()
-        .filter(|n| n.state == NodeState::Serving)
-        .count()
-}
-
-/// Objects of `data` each node owns under `v`: `[A, B]`.
-fn shares(v: &ClusterView, data: &Data) -> [u64; 2] {
-    let mut own = [0u64; 2];
-    for k in data.all_keys() {
-        if let Some(NodeId(n)) = v.owner(k) {
-            if let Some(o) = own.get_mut(n as usize) {
-                *o += 1;
-            }
-        }
-    }
-    own
-}
-
-/// Waits until B joined and both nodes hold exactly their shares, as node A's view and both
-/// nodes' stats report it.
-async fn join_done(admin: &Client, data: &Data, launched: Instant, timeout: Duration) -> Moved {
-    let mut start: Option<Instant> = None;
-    let mut last = String::from("no report yet");
-    // What B held at the last report: what had moved when the timeout hits.
-    let mut on_b = 0;
-    loop {
-        let now = Instant::now();
-        if now - launched >= timeout {
-            let s = start.unwrap_or(now);
-            return Moved {
-                bytes: on_b,
-                secs: (now - s).as_secs_f64(),
-                lead_secs: (s - launched).as_secs_f64(),
-                timed_out: true,
-                refused: None,
-                last,
-            };
-        }
-        if let Ok(v) = admin.view().await {
-            if serving(&v) == 2 {
-                let s = *start.get_or_insert(now);
-                let own = shares(&v, data);
-                if let (Ok(a), Ok(b)) = (held(admin, 0).await, held(admin, 1).await) {
-                    on_b = b.0;
-                    last = format!(
-                        "A holds {} objects ({} its own), B {} ({} its own)",
-                        a.1, own[0], b.1, own[1]
-                    );
-                    if a.1 == own[0] && b.1 == own[1] {
-                        let done = Instant::now();
-                        return Moved {
-                            bytes: b.0,
-                            secs: (done - s).as_secs_f64(),
-                            lead_secs: (s - launched).as_secs_f64(),
-                            timed_out: false,
-                            refused: None,
-                            last,
-                        };
-                    }
-                }
-            } else {
-                last = format!("node A's view: {} serving", serving(&v));
-            }
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Waits until B is down in node A's view: it announces that once its last pass found every
-/// object a new home (or its own drain timeout passed; the caller counts what A lacks).
-async fn drain_done(
-    admin: &Client,
-    data: &Data,
-    before: u64,
-    t: Instant,
-    timeout: Duration,
-) -> Moved {
-    let mut last = String::from("no report yet");
-    // What A had gained at the last report: what had moved when the timeout hits.
-    let mut gained = 0;
-    loop {
-        let now = Instant::now();
-        if now - t >= timeout {
-            return Moved {
-                bytes: gained,
-                secs: (now - t).as_secs_f64(),
-                lead_secs: 0.0,
-                timed_out: true,
-                refused: None,
-                last,
-            };
-        }
-        if let (Ok(v), Ok(a)) = (admin.view().await, held(admin, 0).await) {
-            let b = v.node(NodeId(1)).map(|n| n.state);
-            gained = a.0.saturating_sub(before);
-            last = format!(
-                "A holds {} of {} objects, B is {} in A's view",
-                a.1,
-                data.objects(),
-                b.map_or("absent".into(), |s| format!("{s:?}").to_lowercase())
-            );
-            // B announces itself down after its last pass: nothing more will come. What did
-            // not arrive is reported by the caller.
-            if b == Some(NodeState::Down) {
-                return Moved {
-                    bytes: gained,
-                    secs: (Instant::now() - t).as_secs_f64(),
-                    lead_secs: 0.0,
-                    timed_out: false,
-                    refused: None,
-                    last,
-                };
-            }
-        }
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 /// Removes the config's directory when dropped.
@@ -437,6 +98,18 @@ fn move_row(what: &str, p: &ProbeOut, idle_p99: f64, mv: &Moved) -> Row {
     row
 }
 
+/// The run's sizes and bounds, from the flags.
+struct Plan {
+    /// Bytes node A holds: the moved blocks and the probe's values.
+    stored: u64,
+    /// Each node's pool.
+    memory: u64,
+    /// Each idle window.
+    window: Duration,
+    /// Longest a move may take.
+    timeout: Duration,
+}
+
 /// Part 4: the probe idle on one node, while B joins, while B drains.
 pub(super) fn join_and_drain(
     args: &HandoffArgs,
@@ -447,30 +120,72 @@ pub(super) fn join_and_drain(
     let bin = args.kvpoold.clone().unwrap_or_else(daemon::default_binary);
     let data = Arc::new(Data::new(args));
     let stored = data.block_keys.len() as u64 * args.block_size + PROBE_KEYS as u64 * PROBE_SIZE;
-    let memory = daemon::memory_for(stored);
+    let plan = Plan {
+        stored,
+        memory: daemon::memory_for(stored),
+        window: Duration::from_millis(args.phase_ms),
+        timeout: Duration::from_secs(args.move_timeout_s),
+    };
     let conf_dir = Scratch(daemon::scratch_dir("kvpool-bench-move")?);
-    let conf = conf_dir.0.join("kvpool.toml");
+    let conf = write_config(&conf_dir)?;
+    let a = Daemon::start_with(&bin, plan.memory, &flags(&conf, "0", None))?;
+    let (probe_client, admin) = connect(rt, &a)?;
+    let before_a = load_node_a(args, rt, &plan, &data, (&probe_client, &admin))?;
+
+    eprintln!("  idle, one node");
+    let idle = idle_probe(rt, &probe_client, &data, plan.window)?;
+
+    eprintln!("  node B joins");
+    let b_flags = flags(&conf, "1", Some(&a));
+    let node_b = (bin.as_path(), plan.memory, &b_flags[..]);
+    let (mut b, join, join_probe) = b_joins(rt, node_b, (&probe_client, &admin), &data, &plan)?;
+
+    eprintln!("  two nodes, idle");
+    let idle2 = probe_for(rt, &probe_client, &data, plan.window)?;
+
+    eprintln!("  node B drains");
+    let drained = b_drains(rt, &mut b, (&probe_client, &admin), &data, &plan)?;
+    drop(b);
+    drop(a);
+
+    push_rows(report, (&idle, &idle2), (&join_probe, &join), &drained);
+    report.notes.push(setup_note(args, &plan, &data, before_a));
+    report
+        .notes
+        .push(outcome_note(&join, &join_probe, &drained));
+    Ok(())
+}
+
+/// Writes the nodes' config (the namespace of the moved objects); its path.
+fn write_config(dir: &Scratch) -> anyhow::Result<String> {
+    let conf = dir.0.join("kvpool.toml");
     std::fs::write(
         &conf,
         format!("[[namespace]]\nname = \"{NS}\"\npinned_replicas = 1\n"),
     )
     .with_context(|| format!("writing {}", conf.display()))?;
-    let conf = conf.display().to_string();
-    let flags = |id: &str, seed: Option<&Daemon>| {
-        let mut v: Vec<String> = ["--node-id", id, "--heartbeat-ms", HEARTBEAT_MS, "--config"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        v.push(conf.clone());
-        if let Some(s) = seed {
-            v.push("--peer".into());
-            v.push(s.tcp.clone());
-            v.push("--cluster-secret-file".into());
-            v.push(s.secret_file().display().to_string());
-        }
-        v
-    };
-    let a = Daemon::start_with(&bin, memory, &flags("0", None))?;
+    Ok(conf.display().to_string())
+}
+
+/// A node's flags: its id, the heartbeat, the config, and the seed it joins through.
+fn flags(conf: &str, id: &str, seed: Option<&Daemon>) -> Vec<String> {
+    let mut v: Vec<String> = ["--node-id", id, "--heartbeat-ms", HEARTBEAT_MS, "--config"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.push(conf.to_string());
+    if let Some(s) = seed {
+        v.push("--peer".into());
+        v.push(s.tcp.clone());
+        v.push("--cluster-secret-file".into());
+        v.push(s.secret_file().display().to_string());
+    }
+    v
+}
+
+/// The probe's client and an admin client (holding node A's cluster secret), both in the
+/// moved objects' namespace over TCP.
+fn connect(rt: &tokio::runtime::Runtime, a: &Daemon) -> anyhow::Result<(Client, Client)> {
     let endpoint = format!("tcp://{}", a.tcp);
     let secret = std::fs::read(a.secret_file())
         .with_context(|| format!("reading {}", a.secret_file().display()))?;
@@ -487,28 +202,46 @@ pub(super) fn join_and_drain(
         ),
         ..cfg.clone()
     };
-    let (probe_client, admin) = rt.block_on(async {
+    rt.block_on(async {
         let p = Client::connect(&endpoint, cfg).await?;
         let a = Client::connect(&endpoint, admin_cfg).await?;
         anyhow::Ok((p, a))
-    })?;
+    })
+}
+
+/// Stores every value on node A, pinned, and checks that A holds them all; the pinned bytes
+/// A reports.
+fn load_node_a(
+    args: &HandoffArgs,
+    rt: &tokio::runtime::Runtime,
+    plan: &Plan,
+    data: &Data,
+    (probe_client, admin): (&Client, &Client),
+) -> anyhow::Result<u64> {
     eprintln!(
         "  loading node A: {} in {} values of {}, pinned",
-        mib(stored),
+        mib(plan.stored),
         data.objects(),
         fmt_size(args.block_size)
     );
-    rt.block_on(data.load(&probe_client))?;
-    let (before_a, objects_a) = rt.block_on(held(&admin, 0))?;
+    rt.block_on(data.load(probe_client))?;
+    let (before_a, objects_a) = rt.block_on(held(admin, 0))?;
     ensure!(
         objects_a == data.objects(),
         "node A holds {objects_a} objects after the load, not {}",
         data.objects()
     );
-    let window = Duration::from_millis(args.phase_ms);
-    let timeout = Duration::from_secs(args.move_timeout_s);
+    Ok(before_a)
+}
 
-    eprintln!("  idle, one node");
+/// The probe on one node, after an unrecorded pass that opens its connection; every get must
+/// find its value.
+fn idle_probe(
+    rt: &tokio::runtime::Runtime,
+    probe_client: &Client,
+    data: &Arc<Data>,
+    window: Duration,
+) -> anyhow::Result<ProbeOut> {
     // Unrecorded: opens the probe's connection.
     rt.block_on(async {
         let mut buf = vec![0u8; PROBE_SIZE as usize];
@@ -517,9 +250,7 @@ pub(super) fn join_and_drain(
         }
         anyhow::Ok(())
     })?;
-    let idle = Probe::start(rt, &probe_client, &data);
-    std::thread::sleep(window);
-    let idle = idle.finish(rt)?;
+    let idle = probe_for(rt, probe_client, data, window)?;
     if idle.misses + idle.errors > 0 {
         bail!(
             "the idle probe on one node missed {} times and failed {} times ({:?})",
@@ -528,15 +259,36 @@ pub(super) fn join_and_drain(
             idle.first_error
         );
     }
-    let idle_p99 = idle.m.quantile_ns(0.99);
+    Ok(idle)
+}
 
-    eprintln!("  node B joins");
-    let probe = Probe::start(rt, &probe_client, &data);
+/// The probe for one window.
+fn probe_for(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    data: &Arc<Data>,
+    window: Duration,
+) -> anyhow::Result<ProbeOut> {
+    let probe = Probe::start(rt, client, data);
+    std::thread::sleep(window);
+    probe.finish(rt)
+}
+
+/// Node B joins: the probe runs from B's start until the nodes report its share moved, then
+/// every value is read back and checked. Node B, the move, and what the probe saw.
+fn b_joins(
+    rt: &tokio::runtime::Runtime,
+    (bin, memory, flags): (&Path, u64, &[String]),
+    (probe_client, admin): (&Client, &Client),
+    data: &Arc<Data>,
+    plan: &Plan,
+) -> anyhow::Result<(Daemon, Moved, ProbeOut)> {
+    let probe = Probe::start(rt, probe_client, data);
     let launched = Instant::now();
-    let b = Daemon::start_with(&bin, memory, &flags("1", Some(&a)));
+    let b = Daemon::start_with(bin, memory, flags);
     let joined = match b {
         Ok(b) => {
-            let mv = rt.block_on(join_done(&admin, &data, launched, timeout));
+            let mv = rt.block_on(join_done(admin, data, launched, plan.timeout));
             (b, mv)
         }
         Err(e) => {
@@ -545,24 +297,46 @@ pub(super) fn join_and_drain(
         }
     };
     let join_probe = probe.finish(rt)?;
-    let (mut b, join) = joined;
+    let (b, join) = joined;
     if join.done() {
-        rt.block_on(data.check(&admin))
+        rt.block_on(data.check(admin))
             .context("checking every value after the join")?;
     }
+    Ok((b, join, join_probe))
+}
 
-    eprintln!("  two nodes, idle");
-    let idle2 = Probe::start(rt, &probe_client, &data);
-    std::thread::sleep(window);
-    let idle2 = idle2.finish(rt)?;
+/// How the drain went.
+struct Drained {
+    moved: Moved,
+    /// What the probe saw meanwhile.
+    probe: ProbeOut,
+    /// How node B ended, if it did.
+    exit: Option<std::process::ExitStatus>,
+    /// Objects node A lacks after the drain.
+    lost: u64,
+}
 
-    eprintln!("  node B drains");
-    let (before_drain, _) = rt.block_on(held(&admin, 0))?;
-    let probe = Probe::start(rt, &probe_client, &data);
+/// Node B drains: the probe runs from the drain's call until B is down in A's view; then
+/// B's exit is awaited a moment and every value read back and checked.
+fn b_drains(
+    rt: &tokio::runtime::Runtime,
+    b: &mut Daemon,
+    (probe_client, admin): (&Client, &Client),
+    data: &Arc<Data>,
+    plan: &Plan,
+) -> anyhow::Result<Drained> {
+    let (before_drain, _) = rt.block_on(held(admin, 0))?;
+    let probe = Probe::start(rt, probe_client, data);
     let asked_at = Instant::now();
     let asked = rt.block_on(admin.drain_node(1));
-    let drain = match asked {
-        Ok(()) => rt.block_on(drain_done(&admin, &data, before_drain, asked_at, timeout)),
+    let moved = match asked {
+        Ok(()) => rt.block_on(drain_done(
+            admin,
+            data,
+            before_drain,
+            asked_at,
+            plan.timeout,
+        )),
         // B never joined (the join timed out): reported, like a timeout.
         Err(e) => Moved {
             bytes: 0,
@@ -573,54 +347,69 @@ pub(super) fn join_and_drain(
             last: String::new(),
         },
     };
-    let drain_probe = probe.finish(rt)?;
+    let probe = probe.finish(rt)?;
     // B exits by itself once drained; give it a moment, then say how it ended.
     let t = Instant::now();
     let mut exit = b.try_wait();
-    while drain.done() && exit.is_none() && t.elapsed() < Duration::from_secs(5) {
+    while moved.done() && exit.is_none() && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(POLL);
         exit = b.try_wait();
     }
     let mut lost = 0u64;
-    if drain.done() {
-        let (_, now_a) = rt.block_on(held(&admin, 0))?;
+    if moved.done() {
+        let (_, now_a) = rt.block_on(held(admin, 0))?;
         lost = data.objects().saturating_sub(now_a);
         if lost == 0 {
-            rt.block_on(data.check(&admin))
+            rt.block_on(data.check(admin))
                 .context("checking every value after the drain")?;
         }
     }
-    drop(b);
-    drop(a);
+    Ok(Drained {
+        moved,
+        probe,
+        exit,
+        lost,
+    })
+}
 
+/// The part's rows: the idle windows, and each move judged against the one-node idle p99.
+fn push_rows(
+    report: &mut Report,
+    (idle, idle2): (&ProbeOut, &ProbeOut),
+    (join_probe, join): (&ProbeOut, &Moved),
+    drained: &Drained,
+) {
+    let idle_p99 = idle.m.quantile_ns(0.99);
     let mut one = Row::from_measured(PART, "one node: idle".into(), &idle.m);
     one.misses = Some(0);
     report.rows.push(one);
     report.rows.push(move_row(
         "node B joins: moving its share to it",
-        &join_probe,
+        join_probe,
         idle_p99,
-        &join,
+        join,
     ));
     let mut two = Row::from_measured(PART, "two nodes: idle".into(), &idle2.m);
     two.misses = Some(idle2.misses + idle2.errors);
     report.rows.push(two);
-    let mut drained = move_row(
+    let mut row = move_row(
         "node B drains: moving everything back to A",
-        &drain_probe,
+        &drained.probe,
         idle_p99,
-        &drain,
+        &drained.moved,
     );
-    if lost > 0 {
-        if let Some(v) = drained.verdict.as_mut() {
-            v.text.push_str(&format!("; {lost} objects lost"));
+    if drained.lost > 0 {
+        if let Some(v) = row.verdict.as_mut() {
+            v.text.push_str(&format!("; {} objects lost", drained.lost));
             v.met = false;
         }
     }
-    report.rows.push(drained);
+    report.rows.push(row);
+}
 
-    let secs = |x: f64| format!("{x:.2} s");
-    report.notes.push(format!(
+/// How the part measured.
+fn setup_note(args: &HandoffArgs, plan: &Plan, data: &Data, before_a: u64) -> String {
+    format!(
         "join and drain: two kvpoolds of {} each (heartbeat {HEARTBEAT_MS} ms), namespace {NS} \
          with pinned_replicas = 1 (one copy: a new owner means a move); node A alone holds {} \
          pinned: {} values of {} and the probe's {PROBE_KEYS} of {} ({} pinned bytes by its own \
@@ -633,17 +422,23 @@ pub(super) fn join_and_drain(
          bytes moved are pinned bytes by the nodes' Stats; time from B seen serving in A's \
          view (the drain's call) to done; every value read back and checked after each move; \
          timeout {} s; goal judged against the one-node idle p99",
-        fmt_size(memory),
-        mib(stored),
+        fmt_size(plan.memory),
+        mib(plan.stored),
         data.block_keys.len(),
         fmt_size(args.block_size),
         fmt_size(PROBE_SIZE),
         before_a,
-        window.as_millis(),
+        plan.window.as_millis(),
         POLL.as_millis(),
-        timeout.as_secs(),
-    ));
-    report.notes.push(format!(
+        plan.timeout.as_secs(),
+    )
+}
+
+/// What the moves did: their times and bytes, how B ended, what the probe missed.
+fn outcome_note(join: &Moved, join_probe: &ProbeOut, drained: &Drained) -> String {
+    let secs = |x: f64| format!("{x:.2} s");
+    let (drain, drain_probe) = (&drained.moved, &drained.probe);
+    format!(
         "join: {}; drain: {} to move {} back ({}); B {}; probe misses while joining: {}; while \
          draining: {}; failed gets {} and {}{}",
         if join.timed_out {
@@ -669,7 +464,7 @@ pub(super) fn join_and_drain(
             (None, true) => format!("TIMED OUT: {}", drain.last),
             (None, false) => drain.last.clone(),
         },
-        match exit {
+        match drained.exit {
             Some(s) => format!("exited ({s})"),
             None if drain.done() => "had not exited 5 s after the drain's end".into(),
             None => "still running (the drain did not finish)".into(),
@@ -685,6 +480,5 @@ pub(super) fn join_and_drain(
             .next()
             .map(|e| format!("; first error: {e}"))
             .unwrap_or_default(),
-    ));
-    Ok(())
+    )
 }
