@@ -78,7 +78,35 @@ def main() -> int:
     kvpoold = Path(os.environ.get("KVPOOLD", REPO / "target" / "release" / "kvpoold"))
     data = Path(tempfile.mkdtemp(prefix="kvpool-resp-bench-"))
     kv_port, redis_port = free_port(), free_port()
-    procs = [
+    procs = start_servers(kvpoold, data, kv_port, redis_port)
+    try:
+        wait_port(kv_port)
+        wait_port(redis_port)
+        results = run_all(kv_port, redis_port, 10 if args.quick else 1)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(data, ignore_errors=True)
+    json.dump(
+        {"tool": "redis-benchmark", "cpus": os.cpu_count(), "results": results},
+        sys.stdout,
+        indent=2,
+    )
+    print()
+    return 0
+
+
+def start_servers(
+    kvpoold: Path, data: Path, kv_port: int, redis_port: int
+) -> list[subprocess.Popen]:
+    """kvpoold with its RESP door on ``kv_port`` and redis-server on ``redis_port``, both
+    keeping their files under ``data``."""
+    return [
         subprocess.Popen(
             [
                 str(kvpoold),
@@ -108,48 +136,34 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         ),
     ]
+
+
+def run_all(kv_port: int, redis_port: int, scale: int) -> list[dict]:
+    """Every size, pipelining and test against both servers, ``scale`` times fewer requests
+    than the full run; each result printed to stderr as it comes."""
     results = []
-    try:
-        wait_port(kv_port)
-        wait_port(redis_port)
-        scale = 10 if args.quick else 1
-        for size, clients, requests in ((4096, 50, 200_000), (1 << 20, 8, 4_000)):
-            for pipeline in (1, 16):
-                for test in ("set", "get"):
-                    n = max(requests // scale, 100)
-                    # The same flags against both; redis-server first, then kvpoold.
-                    redis_rps = bench(redis_port, test, size, pipeline, n, clients)
-                    kv_rps = bench(kv_port, test, size, pipeline, n, clients)
-                    results.append(
-                        {
-                            "test": test.upper(),
-                            "value_bytes": size,
-                            "pipeline": pipeline,
-                            "clients": clients,
-                            "requests": n,
-                            "redis_server_rps": redis_rps,
-                            "kvpoold_rps": kv_rps,
-                            "ratio": round(kv_rps / redis_rps, 3),
-                            "goal_met": kv_rps >= redis_rps,
-                        }
-                    )
-                    print(json.dumps(results[-1]), file=sys.stderr)
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(data, ignore_errors=True)
-    json.dump(
-        {"tool": "redis-benchmark", "cpus": os.cpu_count(), "results": results},
-        sys.stdout,
-        indent=2,
-    )
-    print()
-    return 0
+    for size, clients, requests in ((4096, 50, 200_000), (1 << 20, 8, 4_000)):
+        for pipeline in (1, 16):
+            for test in ("set", "get"):
+                n = max(requests // scale, 100)
+                # The same flags against both; redis-server first, then kvpoold.
+                redis_rps = bench(redis_port, test, size, pipeline, n, clients)
+                kv_rps = bench(kv_port, test, size, pipeline, n, clients)
+                results.append(
+                    {
+                        "test": test.upper(),
+                        "value_bytes": size,
+                        "pipeline": pipeline,
+                        "clients": clients,
+                        "requests": n,
+                        "redis_server_rps": redis_rps,
+                        "kvpoold_rps": kv_rps,
+                        "ratio": round(kv_rps / redis_rps, 3),
+                        "goal_met": kv_rps >= redis_rps,
+                    }
+                )
+                print(json.dumps(results[-1]), file=sys.stderr)
+    return results
 
 
 if __name__ == "__main__":

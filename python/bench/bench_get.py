@@ -56,15 +56,7 @@ def rate(fn, n_values: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kvpoold", default="target/release/kvpoold")
-    ap.add_argument(
-        "--redis-server", default=shutil.which("redis-server") or "redis-server"
-    )
-    ap.add_argument("--values", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="bench-out/python-get.json")
-    a = ap.parse_args()
+    a = parse_args()
 
     import redis  # redis-py
 
@@ -87,57 +79,12 @@ def main() -> None:
     }
     try:
         local = kvpool.Client(f"tcp://{tcp}", timeout=30.0)
-        assert local.is_local(), "the same-host path was expected"
-        for k, v in zip(keys, values):
-            local.write(k, v)
-        assert local.register_buffer(dst.ctypes.data, dst.nbytes) == 0
-
-        def copyto(i):
-            np.copyto(dst, values[i])
-
-        def get_into(i):
-            assert local.get_into(keys[i], dst.ctypes.data, VALUE) == VALUE
-
-        def read_into(i):
-            local.read_into(keys[i], dst)
-
-        same = {
-            "numpy_copyto": rate(copyto, n, a.rounds),
-            "get_into": rate(get_into, n, a.rounds),
-            "read_into": rate(read_into, n, a.rounds),
-        }
-        get_into(3)
-        assert np.array_equal(dst, values[3])
-        base = same["numpy_copyto"]["median_gbps"]
-        same["ratio_get_into_vs_copyto"] = same["get_into"]["median_gbps"] / base
-        same["ratio_read_into_vs_copyto"] = same["read_into"]["median_gbps"] / base
-        same["goal"] = 0.85
-        out["same_host"] = same
+        out["same_host"] = same_host(local, keys, values, dst, a.rounds)
 
         # Over TCP: a client with the same-host path off, as on another host.
         remote = kvpool.Client(f"tcp://{tcp}", timeout=30.0, same_host=False)
-        assert not remote.is_local()
-        assert remote.register_buffer(dst.ctypes.data, dst.nbytes) == 0
         r = redis.Redis(host="127.0.0.1", port=rport, protocol=2)
-        for k, v in zip(keys, values):
-            r.set(k, v.tobytes())
-
-        def tcp_get_into(i):
-            assert remote.get_into(keys[i], dst.ctypes.data, VALUE) == VALUE
-
-        def redis_get(i):
-            assert len(r.get(keys[i])) == VALUE
-
-        tcp_res = {
-            "kvpool_get_into": rate(tcp_get_into, n, a.rounds),
-            "redis_py_get": rate(redis_get, n, a.rounds),
-        }
-        tcp_res["ratio_vs_redis"] = (
-            tcp_res["kvpool_get_into"]["median_gbps"]
-            / tcp_res["redis_py_get"]["median_gbps"]
-        )
-        tcp_res["goal"] = 3.0
-        out["tcp"] = tcp_res
+        out["tcp"] = over_tcp(remote, r, keys, values, dst, a.rounds)
         remote.close()
         local.close()
     finally:
@@ -149,6 +96,77 @@ def main() -> None:
     with open(a.out, "w") as f:
         json.dump(out, f, indent=2)
     print(json.dumps(out, indent=2))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kvpoold", default="target/release/kvpoold")
+    ap.add_argument(
+        "--redis-server", default=shutil.which("redis-server") or "redis-server"
+    )
+    ap.add_argument("--values", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="bench-out/python-get.json")
+    return ap.parse_args()
+
+
+def same_host(local, keys: list, values: list, dst, rounds: int) -> dict:
+    """``get_into`` and ``read_into`` on the same-host client ``local`` against
+    ``numpy.copyto`` of the same bytes, after storing the values through it."""
+    n = len(keys)
+    assert local.is_local(), "the same-host path was expected"
+    for k, v in zip(keys, values):
+        local.write(k, v)
+    assert local.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+
+    def copyto(i):
+        np.copyto(dst, values[i])
+
+    def get_into(i):
+        assert local.get_into(keys[i], dst.ctypes.data, VALUE) == VALUE
+
+    def read_into(i):
+        local.read_into(keys[i], dst)
+
+    same = {
+        "numpy_copyto": rate(copyto, n, rounds),
+        "get_into": rate(get_into, n, rounds),
+        "read_into": rate(read_into, n, rounds),
+    }
+    get_into(3)
+    assert np.array_equal(dst, values[3])
+    base = same["numpy_copyto"]["median_gbps"]
+    same["ratio_get_into_vs_copyto"] = same["get_into"]["median_gbps"] / base
+    same["ratio_read_into_vs_copyto"] = same["read_into"]["median_gbps"] / base
+    same["goal"] = 0.85
+    return same
+
+
+def over_tcp(remote, r, keys: list, values: list, dst, rounds: int) -> dict:
+    """``get_into`` on ``remote`` (same-host path off) against redis-py ``GET`` from ``r``,
+    after storing the values in redis-server."""
+    n = len(keys)
+    assert not remote.is_local()
+    assert remote.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+    for k, v in zip(keys, values):
+        r.set(k, v.tobytes())
+
+    def tcp_get_into(i):
+        assert remote.get_into(keys[i], dst.ctypes.data, VALUE) == VALUE
+
+    def redis_get(i):
+        assert len(r.get(keys[i])) == VALUE
+
+    tcp_res = {
+        "kvpool_get_into": rate(tcp_get_into, n, rounds),
+        "redis_py_get": rate(redis_get, n, rounds),
+    }
+    tcp_res["ratio_vs_redis"] = (
+        tcp_res["kvpool_get_into"]["median_gbps"]
+        / tcp_res["redis_py_get"]["median_gbps"]
+    )
+    tcp_res["goal"] = 3.0
+    return tcp_res
 
 
 if __name__ == "__main__":

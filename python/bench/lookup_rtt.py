@@ -113,21 +113,7 @@ def run(a: argparse.Namespace, daemons: list[Daemon], rport: int) -> dict:
     keys = kvpool.block_hashes(tokens, PAGE, model="lookup-rtt-bench", dtype="bf16")
     assert len(keys) == TOKENS // PAGE
     url = f"tcp://{daemons[0].tcp}"
-
-    # Every node must own a share of the keys before the timing starts: a node is joining
-    # for two heartbeats, then serving; a client's view follows within a heartbeat or two.
-    deadline = time.monotonic() + 30
-    while True:
-        with kvpool.Client(url, timeout=5.0) as c:
-            c.clear()
-            c.write_many(keys, [b"x" * 64] * len(keys))
-            ok = c.match_prefix(keys) == len(keys)
-        spread = [d.counter("kvpool_objects") for d in daemons]
-        if ok and all(n > 0 for n in spread):
-            break
-        if time.monotonic() > deadline:
-            sys.exit(f"the cluster never spread the keys over every node: {spread}")
-        time.sleep(0.3)
+    spread = spread_keys(url, keys, daemons)
     print(f"{len(daemons)} daemons, keys per daemon {[int(n) for n in spread]}")
 
     clients = {
@@ -153,7 +139,46 @@ def run(a: argparse.Namespace, daemons: list[Daemon], rport: int) -> dict:
         if got != want:
             sys.exit(f"{name}: answered {got}, expected {want}")
 
-    # Requests per lookup, per daemon, from the daemons' own counters.
+    requests = requests_per_lookup(calls, daemons)
+    times = time_calls(calls, a.repeats)
+    for c in clients.values():
+        c.close()
+
+    rows = {name: summary(ts) for name, ts in times.items()}
+    print_table(rows)
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "daemons": len(daemons),
+        "keys": len(keys),
+        "keys_per_daemon": spread,
+        "exists_requests_per_lookup_per_daemon": requests,
+        "calls": rows,
+    }
+
+
+def spread_keys(url: str, keys: list, daemons: list[Daemon]) -> list:
+    """Stores the keys until every node owns a share of them (a node is joining for two
+    heartbeats, then serving; a client's view follows within a heartbeat or two); returns
+    the objects per daemon."""
+    # Every node must own a share of the keys before the timing starts.
+    deadline = time.monotonic() + 30
+    while True:
+        with kvpool.Client(url, timeout=5.0) as c:
+            c.clear()
+            c.write_many(keys, [b"x" * 64] * len(keys))
+            ok = c.match_prefix(keys) == len(keys)
+        spread = [d.counter("kvpool_objects") for d in daemons]
+        if ok and all(n > 0 for n in spread):
+            return spread
+        if time.monotonic() > deadline:
+            sys.exit(f"the cluster never spread the keys over every node: {spread}")
+        time.sleep(0.3)
+
+
+def requests_per_lookup(calls: dict, daemons: list[Daemon]) -> dict:
+    """Requests per lookup, per daemon, of each kvpool call, from the daemons' own
+    counters."""
     requests = {}
     for name, f in calls.items():
         if not name.startswith("kvpool"):
@@ -164,10 +189,14 @@ def run(a: argparse.Namespace, daemons: list[Daemon], rport: int) -> dict:
         after = [d.counter("kvpool_operations_total", op="exists") for d in daemons]
         requests[name] = [(y - x) / 50 for x, y in zip(before, after)]
         print(f"{name}: exists requests per lookup, per daemon: {requests[name]}")
+    return requests
 
+
+def time_calls(calls: dict, repeats: int) -> dict[str, list[int]]:
+    """Nanoseconds of each call, about ``repeats`` of each in 20 interleaved rounds."""
     times: dict[str, list[int]] = {k: [] for k in calls}
     rounds = 20
-    per_round = max(1, a.repeats // rounds)
+    per_round = max(1, repeats // rounds)
     for _ in range(rounds):
         for name, f in calls.items():
             ts = times[name]
@@ -175,10 +204,10 @@ def run(a: argparse.Namespace, daemons: list[Daemon], rport: int) -> dict:
                 t = time.perf_counter_ns()
                 f()
                 ts.append(time.perf_counter_ns() - t)
-    for c in clients.values():
-        c.close()
+    return times
 
-    rows = {name: summary(ts) for name, ts in times.items()}
+
+def print_table(rows: dict) -> None:
     base = rows["redis EXISTS, 1 key"]["median_us"]
     print(
         f"\n{'call':<44} {'median us':>10} {'p99 us':>10} {'x redis EXISTS 1 key':>22}"
@@ -186,15 +215,6 @@ def run(a: argparse.Namespace, daemons: list[Daemon], rport: int) -> dict:
     for name, s in rows.items():
         ratio = s["median_us"] / base
         print(f"{name:<44} {s['median_us']:10.1f} {s['p99_us']:10.1f} {ratio:21.1f}x")
-    return {
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "daemons": len(daemons),
-        "keys": len(keys),
-        "keys_per_daemon": spread,
-        "exists_requests_per_lookup_per_daemon": requests,
-        "calls": rows,
-    }
 
 
 if __name__ == "__main__":

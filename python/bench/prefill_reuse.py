@@ -43,6 +43,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _daemons import Kvpoold
@@ -141,14 +142,7 @@ def run(a: argparse.Namespace, url: str) -> dict:
     def fresh(n: int) -> list[int]:
         return torch.randint(0, 32000, (n,), generator=gen).tolist()
 
-    caches = {}
-    for transport, same_host in (("same-host", True), ("tcp", False)):
-        st = EngineStore(url, lookup_timeout=1.0, io_timeout=30.0, same_host=same_host)
-        if st.is_local != same_host:
-            sys.exit(f"{transport}: is_local is {st.is_local}")
-        caches[transport] = PrefixCache(
-            st, model, BLOCK, model_id="prefill-reuse-bench"
-        )
+    caches = open_caches(url, model)
     kv_per_token = caches["tcp"].block_bytes // BLOCK
     print(
         f"model: {a.layers} layers ({a.shape} shape), hidden {model.config.hidden_size}, "
@@ -158,26 +152,8 @@ def run(a: argparse.Namespace, url: str) -> dict:
         f"load average {os.getloadavg()[0]:.2f}"
     )
     no_cache(model, fresh(256))  # warm up the kernels
-    levels = []
-    for reuse in (float(r) for r in a.reuse.split(",")):
-        prefix_len = int(a.tokens * reuse) // BLOCK * BLOCK
-        prefix = fresh(prefix_len)
-        # The request that leaves the prefix in the pool.
-        seed = caches["same-host"].prefill(prefix, logits_to_keep=1)
-        assert seed.blocks_saved == prefix_len // BLOCK, seed.blocks_saved
-        levels.append((prefix_len, prefix, [], {t: [] for t in caches}))
-    # Rounds interleave every configuration, so that the other load on a shared machine falls
-    # on all of them alike; each figure is the median over the rounds.
-    base: list[dict[str, float]] = []
-    for _ in range(a.repeats):
-        base.append(no_cache(model, fresh(a.tokens)))
-        for prefix_len, prefix, alone, runs in levels:
-            alone.append(no_cache(model, fresh(a.tokens - prefix_len)))
-            for transport, pc in caches.items():
-                r = pc.prefill(prefix + fresh(a.tokens - prefix_len), logits_to_keep=1)
-                if r.tokens_loaded != prefix_len:
-                    sys.exit(f"{transport}: loaded {r.tokens_loaded}, not {prefix_len}")
-                runs[transport].append((r.seconds, r.cpu_seconds))
+    levels = seed_prefixes(a, caches, fresh)
+    base = measure_rounds(a, model, caches, levels, fresh)
     base_wall, base_cpu = med([b["wall"] for b in base]), med([b["cpu"] for b in base])
     print(
         f"no cache: {base_wall:.3f} s wall, {base_cpu:.3f} s CPU "
@@ -188,42 +164,16 @@ def run(a: argparse.Namespace, url: str) -> dict:
     rows = []
     for prefix_len, _, alone, by_transport in levels:
         for transport, runs in by_transport.items():
-            wall = {k: med([w[k] for w, _ in runs]) for k in runs[0][0]}
-            cpu = {k: med([c[k] for _, c in runs]) for k in runs[0][1]}
-            ttft_walls = [w["lookup"] + w["load"] + w["compute"] for w, _ in runs]
-            # The CPU-time view: the model's work in CPU seconds, lookup and load in wall
-            # time (their waits on kvpoold are not this process's CPU time).
-            ttft_cpus = [w["lookup"] + w["load"] + c["compute"] for w, c in runs]
-            ttft_wall, ttft_cpu = med(ttft_walls), med(ttft_cpus)
-            ideal = 1 / (1 - prefix_len / a.tokens)
             rows.append(
-                {
-                    "reuse": prefix_len / a.tokens,
-                    "transport": transport,
-                    "tokens": a.tokens,
-                    "cached_tokens": prefix_len,
-                    "ideal": ideal,
-                    "no_cache_wall_s": base_wall,
-                    "ttft_wall_s": ttft_wall,
-                    "speedup_wall": base_wall / ttft_wall,
-                    "share_of_ideal_wall": base_wall / ttft_wall / ideal,
-                    "no_cache_cpu_s": base_cpu,
-                    "ttft_cpu_s": ttft_cpu,
-                    "speedup_cpu": base_cpu / ttft_cpu,
-                    "share_of_ideal_cpu": base_cpu / ttft_cpu / ideal,
-                    "ttft_reduction_cpu": 1 - ttft_cpu / base_cpu,
-                    "throughput_tokens_per_cpu_s": a.tokens / ttft_cpu,
-                    "lookup_s": wall["lookup"],
-                    "load_s": wall["load"],
-                    "load_gbps": prefix_len * kv_per_token / wall["load"] / 1e9,
-                    "compute_cpu_s": cpu["compute"],
-                    "compute_wall_s": wall["compute"],
-                    "suffix_alone_cpu_s": med([x["cpu"] for x in alone]),
-                    "suffix_alone_wall_s": med([x["wall"] for x in alone]),
-                    "save_s": wall["save"],
-                    "ttft_wall_runs_s": ttft_walls,
-                    "ttft_cpu_runs_s": ttft_cpus,
-                }
+                level_row(
+                    a.tokens,
+                    prefix_len,
+                    transport,
+                    runs,
+                    alone,
+                    (base_wall, base_cpu),
+                    kv_per_token,
+                )
             )
     print_table(rows)
     return {
@@ -241,6 +191,111 @@ def run(a: argparse.Namespace, url: str) -> dict:
         "kv_bytes_per_token": kv_per_token,
         "no_cache_runs": base,
         "rows": rows,
+    }
+
+
+def open_caches(url: str, model: LlamaForCausalLM) -> dict[str, PrefixCache]:
+    """A prefix cache of ``model`` per transport, each on its own EngineStore: same host,
+    and TCP with the same-host path off."""
+    caches = {}
+    for transport, same_host in (("same-host", True), ("tcp", False)):
+        st = EngineStore(url, lookup_timeout=1.0, io_timeout=30.0, same_host=same_host)
+        if st.is_local != same_host:
+            sys.exit(f"{transport}: is_local is {st.is_local}")
+        caches[transport] = PrefixCache(
+            st, model, BLOCK, model_id="prefill-reuse-bench"
+        )
+    return caches
+
+
+def seed_prefixes(
+    a: argparse.Namespace, caches: dict[str, PrefixCache], fresh: Callable
+) -> list[tuple]:
+    """A prefix per reuse level, left in the pool by one request; returns per level the
+    prefix's length, its tokens and empty lists for the suffix alone and each transport's
+    runs."""
+    levels = []
+    for reuse in (float(r) for r in a.reuse.split(",")):
+        prefix_len = int(a.tokens * reuse) // BLOCK * BLOCK
+        prefix = fresh(prefix_len)
+        # The request that leaves the prefix in the pool.
+        seed = caches["same-host"].prefill(prefix, logits_to_keep=1)
+        assert seed.blocks_saved == prefix_len // BLOCK, seed.blocks_saved
+        levels.append((prefix_len, prefix, [], {t: [] for t in caches}))
+    return levels
+
+
+def measure_rounds(
+    a: argparse.Namespace,
+    model: LlamaForCausalLM,
+    caches: dict[str, PrefixCache],
+    levels: list[tuple],
+    fresh: Callable,
+) -> list[dict[str, float]]:
+    """``--repeats`` rounds, each of a prefill without cache, then per level the suffix
+    alone and a prefill through each transport's cache (into the level's lists); returns
+    the prefills without cache."""
+    # Rounds interleave every configuration, so that the other load on a shared machine falls
+    # on all of them alike; each figure is the median over the rounds.
+    base: list[dict[str, float]] = []
+    for _ in range(a.repeats):
+        base.append(no_cache(model, fresh(a.tokens)))
+        for prefix_len, prefix, alone, runs in levels:
+            alone.append(no_cache(model, fresh(a.tokens - prefix_len)))
+            for transport, pc in caches.items():
+                r = pc.prefill(prefix + fresh(a.tokens - prefix_len), logits_to_keep=1)
+                if r.tokens_loaded != prefix_len:
+                    sys.exit(f"{transport}: loaded {r.tokens_loaded}, not {prefix_len}")
+                runs[transport].append((r.seconds, r.cpu_seconds))
+    return base
+
+
+def level_row(
+    tokens: int,
+    prefix_len: int,
+    transport: str,
+    runs: list,
+    alone: list,
+    no_cache_s: tuple[float, float],
+    kv_per_token: int,
+) -> dict:
+    """One reuse level's figures through one transport, against the prefill without cache
+    (``no_cache_s``: its median wall and CPU seconds)."""
+    base_wall, base_cpu = no_cache_s
+    wall = {k: med([w[k] for w, _ in runs]) for k in runs[0][0]}
+    cpu = {k: med([c[k] for _, c in runs]) for k in runs[0][1]}
+    ttft_walls = [w["lookup"] + w["load"] + w["compute"] for w, _ in runs]
+    # The CPU-time view: the model's work in CPU seconds, lookup and load in wall
+    # time (their waits on kvpoold are not this process's CPU time).
+    ttft_cpus = [w["lookup"] + w["load"] + c["compute"] for w, c in runs]
+    ttft_wall, ttft_cpu = med(ttft_walls), med(ttft_cpus)
+    ideal = 1 / (1 - prefix_len / tokens)
+    return {
+        "reuse": prefix_len / tokens,
+        "transport": transport,
+        "tokens": tokens,
+        "cached_tokens": prefix_len,
+        "ideal": ideal,
+        "no_cache_wall_s": base_wall,
+        "ttft_wall_s": ttft_wall,
+        "speedup_wall": base_wall / ttft_wall,
+        "share_of_ideal_wall": base_wall / ttft_wall / ideal,
+        "no_cache_cpu_s": base_cpu,
+        "ttft_cpu_s": ttft_cpu,
+        "speedup_cpu": base_cpu / ttft_cpu,
+        "share_of_ideal_cpu": base_cpu / ttft_cpu / ideal,
+        "ttft_reduction_cpu": 1 - ttft_cpu / base_cpu,
+        "throughput_tokens_per_cpu_s": tokens / ttft_cpu,
+        "lookup_s": wall["lookup"],
+        "load_s": wall["load"],
+        "load_gbps": prefix_len * kv_per_token / wall["load"] / 1e9,
+        "compute_cpu_s": cpu["compute"],
+        "compute_wall_s": wall["compute"],
+        "suffix_alone_cpu_s": med([x["cpu"] for x in alone]),
+        "suffix_alone_wall_s": med([x["wall"] for x in alone]),
+        "save_s": wall["save"],
+        "ttft_wall_runs_s": ttft_walls,
+        "ttft_cpu_runs_s": ttft_cpus,
     }
 
 

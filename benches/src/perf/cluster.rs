@@ -18,7 +18,8 @@ use kvpool_client::{Client, ClientConfig, SameHost};
 
 use super::compare::{interleave_tasks, AnyWorker};
 use super::daemon::{self, Daemon};
-use super::report::{Ref, Row};
+use super::driver::Measured;
+use super::report::{Ref, Report, Row};
 use super::workloads::{self, Buffers, KvGet};
 use super::{Ctx, Section};
 
@@ -169,26 +170,8 @@ fn hop(ctx: &mut Ctx, cfg: &ClientConfig) -> anyhow::Result<()> {
     let (mut nodes, endpoint) = start_cluster(ctx, 3, memory)?;
     let client = ctx.rt.block_on(Client::connect(&endpoint, cfg.clone()))?;
     ctx.rt.block_on(workloads::store(&client, &keys, size))?;
-    let bin = ctx
-        .args
-        .kvpoold
-        .clone()
-        .unwrap_or_else(daemon::default_binary);
-    let secret = nodes[0].secret_file().display().to_string();
-    let extra: Vec<String> = [
-        "--node-id",
-        "3",
-        "--heartbeat-ms",
-        "100",
-        "--peer",
-        &nodes[0].tcp,
-        "--cluster-secret-file",
-        &secret,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    nodes.push(Daemon::start_with(&bin, memory, &extra)?);
+    let fourth = join_fourth(ctx, &nodes[0], memory)?;
+    nodes.push(fourth);
     ctx.rt.block_on(wait_serving(&endpoint, 4))?;
     // The client loaded the keys under the 3-node view; it adopts the new one now and keeps
     // the old one for the fallback.
@@ -218,17 +201,7 @@ fn hop(ctx: &mut Ctx, cfg: &ClientConfig) -> anyhow::Result<()> {
         ));
         interleave_tasks(&mut [vec![a], vec![b]], window).await
     })?;
-    let one = Row::new(Section::Cluster, "owner (1 hop)", "get")
-        .shape(size, 1, 1)
-        .measured(&m[0]);
-    let mut two = Row::new(Section::Cluster, "previous owner (2 hops)", "get")
-        .shape(size, 1, 1)
-        .measured(&m[1]);
-    if let (Some(a), Some(b)) = (one.p50_ns, two.p50_ns) {
-        two.refs.push(Ref::new("1-hop p50", b / a));
-    }
-    ctx.report.push(one);
-    ctx.report.push(two);
+    push_hop_rows(&mut ctx.report, &m, size);
     ctx.report.note(
         Section::Cluster,
         format!(
@@ -242,4 +215,44 @@ fn hop(ctx: &mut Ctx, cfg: &ClientConfig) -> anyhow::Result<()> {
     );
     drop(nodes);
     Ok(())
+}
+
+/// Starts node 3 with `memory` bytes, joining the cluster through `seed`.
+fn join_fourth(ctx: &Ctx, seed: &Daemon, memory: u64) -> anyhow::Result<Daemon> {
+    let bin = ctx
+        .args
+        .kvpoold
+        .clone()
+        .unwrap_or_else(daemon::default_binary);
+    let secret = seed.secret_file().display().to_string();
+    let extra: Vec<String> = [
+        "--node-id",
+        "3",
+        "--heartbeat-ms",
+        "100",
+        "--peer",
+        &seed.tcp,
+        "--cluster-secret-file",
+        &secret,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Daemon::start_with(&bin, memory, &extra)
+}
+
+/// The extra hop's rows from its measurement `m`: keys that stayed (one hop), then keys that
+/// moved (two hops) with their p50 against the first.
+fn push_hop_rows(report: &mut Report, m: &[Measured], size: u64) {
+    let one = Row::new(Section::Cluster, "owner (1 hop)", "get")
+        .shape(size, 1, 1)
+        .measured(&m[0]);
+    let mut two = Row::new(Section::Cluster, "previous owner (2 hops)", "get")
+        .shape(size, 1, 1)
+        .measured(&m[1]);
+    if let (Some(a), Some(b)) = (one.p50_ns, two.p50_ns) {
+        two.refs.push(Ref::new("1-hop p50", b / a));
+    }
+    report.push(one);
+    report.push(two);
 }

@@ -13,7 +13,7 @@ use kvpool::segment::{Backing, HugePages};
 use kvpool::{checksum, Commit, Pool};
 
 use super::machine::{meminfo_kib, rss_bytes};
-use super::report::{Ref, Row};
+use super::report::{Ref, Report, Row};
 use super::{Ctx, Section};
 use crate::heap::live_bytes;
 
@@ -27,30 +27,11 @@ const ESTIMATE_PER_OBJECT: u64 = 400;
 
 /// Fills a pool, measures, then fills the reference map with as many keys.
 pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
-    let mut n = ctx.args.index_objects.max(1);
+    let n = objects_that_fit(ctx);
     let key_len = usize::from(ctx.args.index_key_len);
-    if let Some(avail) = meminfo_kib("MemAvailable") {
-        let per_object = ESTIMATE_PER_OBJECT + 2 * key_len.saturating_sub(16) as u64;
-        let fit = (avail * 1024 * 7 / 10 / per_object).max(1);
-        if n > fit {
-            let msg = format!(
-                "only {} MiB available: inserting {fit} objects instead of {n}",
-                avail >> 10
-            );
-            ctx.report.note(Section::Index, msg);
-            n = fit;
-        }
-    }
     let budget = Duration::from_millis(ctx.args.index_budget_ms);
     let segments = (n * SEGMENT_PER_OBJECT).div_ceil(SEGMENT) as u32 + 1;
-    let cfg = PoolConfig {
-        segment_size: SEGMENT,
-        segments,
-        backing: Backing::Anonymous,
-        huge_pages: HugePages::Off,
-        prefault: false,
-        ..PoolConfig::default()
-    };
+    let cfg = pool_config(segments);
     // The reference first, while the heap is fresh (it is as fast as it gets then).
     let t = Instant::now();
     let reference = map_heap_per_object(n, key_len);
@@ -67,6 +48,79 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let ns = pool
         .namespace_id(DEFAULT_NAMESPACE)
         .context("default namespace")?;
+    let filled = fill(&pool, ns, n, key_len, budget)?;
+    let lookups = lookup_rates(&pool, ns, filled.inserted, key_len)?;
+    // Freeing ten million entries one by one takes seconds, and nothing is measured after
+    // this: let a background thread do it (the process may exit first; the OS takes it all).
+    std::thread::spawn(move || drop(pool));
+    if filled.inserted < n {
+        let msg = format!(
+            "stopped at {} of {n} objects after the {} s budget (--index-budget-ms)",
+            filled.inserted,
+            budget.as_secs()
+        );
+        ctx.report.note(Section::Index, msg);
+    }
+
+    let reference = if filled.inserted == n {
+        reference
+    } else {
+        map_heap_per_object(filled.inserted, key_len)
+    };
+    push_rows(&mut ctx.report, &filled, reference, lookups);
+    ctx.report
+        .note(Section::Index, method_note(key_len, segments, fixed));
+    Ok(())
+}
+
+/// The objects to insert: `--index-objects`, or fewer when the memory available would not
+/// hold them and their reference (a note says so).
+fn objects_that_fit(ctx: &mut Ctx) -> u64 {
+    let n = ctx.args.index_objects.max(1);
+    let key_len = usize::from(ctx.args.index_key_len);
+    let Some(avail) = meminfo_kib("MemAvailable") else {
+        return n;
+    };
+    let per_object = ESTIMATE_PER_OBJECT + 2 * key_len.saturating_sub(16) as u64;
+    let fit = (avail * 1024 * 7 / 10 / per_object).max(1);
+    if n <= fit {
+        return n;
+    }
+    let msg = format!(
+        "only {} MiB available: inserting {fit} objects instead of {n}",
+        avail >> 10
+    );
+    ctx.report.note(Section::Index, msg);
+    fit
+}
+
+/// The measured pool: anonymous memory, normal pages, `segments` segments of [`SEGMENT`].
+fn pool_config(segments: u32) -> PoolConfig {
+    PoolConfig {
+        segment_size: SEGMENT,
+        segments,
+        backing: Backing::Anonymous,
+        huge_pages: HugePages::Off,
+        prefault: false,
+        ..PoolConfig::default()
+    }
+}
+
+/// What filling the pool measured.
+struct Filled {
+    /// Objects inserted before `n` was reached or the budget ran out.
+    inserted: u64,
+    /// Seconds the inserts took.
+    secs: f64,
+    /// Heap growth per object, bytes.
+    heap: f64,
+    /// RSS growth per object, bytes.
+    rss: f64,
+}
+
+/// Inserts objects `0..n` into `pool` (stopping early once `budget` is spent) and measures
+/// the heap and RSS that grew per object.
+fn fill(pool: &Pool, ns: u32, n: u64, key_len: usize, budget: Duration) -> anyhow::Result<Filled> {
     let zero = checksum(&[0]);
     let (heap0, rss0) = (live_bytes(), rss_bytes());
     let started = Instant::now();
@@ -94,37 +148,31 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!("\r  inserted {inserted} of {n} in {secs:.1} s");
-    let heap = live_bytes().saturating_sub(heap0) as f64 / inserted as f64;
-    let rss = rss_bytes().saturating_sub(rss0) as f64 / inserted as f64;
-    let lookups = lookup_rates(&pool, ns, inserted, key_len)?;
-    // Freeing ten million entries one by one takes seconds, and nothing is measured after
-    // this: let a background thread do it (the process may exit first; the OS takes it all).
-    std::thread::spawn(move || drop(pool));
-    if inserted < n {
-        let msg = format!(
-            "stopped at {inserted} of {n} objects after the {} s budget (--index-budget-ms)",
-            budget.as_secs()
-        );
-        ctx.report.note(Section::Index, msg);
-    }
+    Ok(Filled {
+        inserted,
+        secs,
+        heap: live_bytes().saturating_sub(heap0) as f64 / inserted as f64,
+        rss: rss_bytes().saturating_sub(rss0) as f64 / inserted as f64,
+    })
+}
 
-    let reference = if inserted == n {
-        reference
-    } else {
-        map_heap_per_object(inserted, key_len)
-    };
+/// The section's rows: the pool's heap and RSS per object against the map's `reference`
+/// heap per object, the map's own row, then the lookup rates.
+fn push_rows(report: &mut Report, filled: &Filled, reference: f64, lookups: Vec<(&str, f64)>) {
+    let inserted = filled.inserted;
     let mut row = Row::new(Section::Index, "kvpool Pool", "heap/object");
     row.objects = Some(inserted);
-    row.bytes_per_object = Some(heap);
-    row.ops_per_s = Some(inserted as f64 / secs);
+    row.bytes_per_object = Some(filled.heap);
+    row.ops_per_s = Some(inserted as f64 / filled.secs);
     let mut rss_row = Row::new(Section::Index, "kvpool Pool", "RSS growth/object");
     rss_row.objects = Some(inserted);
-    rss_row.bytes_per_object = Some(rss);
+    rss_row.bytes_per_object = Some(filled.rss);
     if reference > 0.0 {
-        row.refs.push(Ref::new("bare HashMap", heap / reference));
+        row.refs
+            .push(Ref::new("bare HashMap", filled.heap / reference));
         rss_row
             .refs
-            .push(Ref::new("bare HashMap heap", rss / reference));
+            .push(Ref::new("bare HashMap heap", filled.rss / reference));
     }
     let mut ref_row = Row::new(
         Section::Index,
@@ -133,36 +181,36 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     );
     ref_row.objects = Some(inserted);
     ref_row.bytes_per_object = Some(reference);
-    ctx.report.push(row);
-    ctx.report.push(rss_row);
-    ctx.report.push(ref_row);
+    report.push(row);
+    report.push(rss_row);
+    report.push(ref_row);
     for (op, ops_per_s) in lookups {
         let mut row = Row::new(Section::Index, "kvpool Pool", op);
         row.objects = Some(inserted);
         row.ops_per_s = Some(ops_per_s);
-        ctx.report.push(row);
+        report.push(row);
     }
+}
+
+/// How the section measures, for its note; `fixed` is the heap `Pool::new` took up front.
+fn method_note(key_len: usize, segments: u32, fixed: usize) -> String {
     let fixed_mib = fixed as f64 / (1 << 20) as f64;
-    ctx.report.note(
-        Section::Index,
-        format!(
-            "{key_len}-byte keys (--index-key-len), 1-byte zero values stored with pool.alloc + pool.commit (no write, so the data \
-             pages stay untouched), Backing::Anonymous, HugePages::Off, {segments} × 1 GiB segments; heap \
-             bytes counted exactly by the bench's counting global allocator (requested sizes of everything \
-             the pool allocates per object: entry, key, eviction links, hash table); RSS: /proc/self/statm \
-             growth: the heap pages actually touched (capacity that grown tables keep in reserve is counted \
-             as heap but not touched) + malloc's own overhead + the 8-byte version word per object; \
-             Pool::new took {fixed_mib:.1} MiB of heap up front (allocator metadata, shards), not counted \
-             per object; ops/s = alloc+commit pairs per second while filling; reference: the heap of \
-             HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates; \
-             lookups (one thread; ops/s = lookups per second of that thread's CPU time, {LOOKUP_MS} ms \
-             of it each, in {LOOKUP_ROUNDS} interleaved rounds; keys drawn uniformly at random): `lookup hit` = \
-             pool.lookup of a present key (index probe, full key compare, eviction access, signed \
-             address), `lookup miss` = pool.lookup of an absent key, `exists` = pool.exists_prefix \
-             of one present key (probe and compare only)"
-        ),
-    );
-    Ok(())
+    format!(
+        "{key_len}-byte keys (--index-key-len), 1-byte zero values stored with pool.alloc + pool.commit (no write, so the data \
+         pages stay untouched), Backing::Anonymous, HugePages::Off, {segments} × 1 GiB segments; heap \
+         bytes counted exactly by the bench's counting global allocator (requested sizes of everything \
+         the pool allocates per object: entry, key, eviction links, hash table); RSS: /proc/self/statm \
+         growth: the heap pages actually touched (capacity that grown tables keep in reserve is counted \
+         as heap but not touched) + malloc's own overhead + the 8-byte version word per object; \
+         Pool::new took {fixed_mib:.1} MiB of heap up front (allocator metadata, shards), not counted \
+         per object; ops/s = alloc+commit pairs per second while filling; reference: the heap of \
+         HashMap::with_capacity(n) plus n boxed keys, i.e. what a bare map of the same keys allocates; \
+         lookups (one thread; ops/s = lookups per second of that thread's CPU time, {LOOKUP_MS} ms \
+         of it each, in {LOOKUP_ROUNDS} interleaved rounds; keys drawn uniformly at random): `lookup hit` = \
+         pool.lookup of a present key (index probe, full key compare, eviction access, signed \
+         address), `lookup miss` = pool.lookup of an absent key, `exists` = pool.exists_prefix \
+         of one present key (probe and compare only)"
+    )
 }
 
 /// Thread CPU time each lookup rate is measured over, in milliseconds.

@@ -28,7 +28,6 @@ const SAME: &str = "memcpy of the same objects";
 /// and concurrency.
 pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let endpoint = format!("tcp://{}", ctx.daemon()?.tcp);
-    let window = ctx.window();
     let client = ctx
         .rt
         .block_on(Client::connect(&endpoint, ClientConfig::default()))?;
@@ -50,59 +49,97 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                 None
             }
         };
-        for conns in ctx.args.conns.clone() {
-            let reads = read_ops(&client, &addrs, size, conns);
-            let m = interleave_threads(
-                &mut [
-                    SameBytes::ops_of(&same, size, conns, 1),
-                    memcpy::ops(&ring, size, conns),
-                    reads,
-                ],
-                window,
-            )?;
-            let mut row = Row::new(Section::Local, "kvpool", "read_local")
-                .shape(size, conns, 1)
-                .measured(&m[2]);
-            row.refs = refs(row.gbps, &m, true);
-            push_references(ctx, &m, size, conns, 1);
-            ctx.report.push(row);
-        }
-        for (verify, index) in [(false, true), (true, true), (true, false)] {
-            for conns in ctx.args.conns.clone() {
-                let cfg = ClientConfig {
-                    verify_checksums: verify,
-                    local_index: if index {
-                        ClientConfig::default().local_index
-                    } else {
-                        0
-                    },
-                    ..ClientConfig::default()
-                };
-                let gets = batch_ops(&endpoint, &cfg, &keys, size, conns)?;
-                let copies = memcpy::batch_ops(&ring, size, conns, DEPTH);
-                let same_copies = SameBytes::ops_of(&same, size, conns, DEPTH);
-                let m = interleave_threads(&mut [same_copies, copies, gets], window)?;
-                if (verify, index) == (true, true) {
-                    push_references(ctx, &m, size, conns, DEPTH);
-                }
-                let op = match (verify, index) {
-                    (false, _) => "batch_get_into verify=off",
-                    (true, true) => "batch_get_into verify=on",
-                    (true, false) => "batch_get_into verify=on index=off",
-                };
-                let mut row = Row::new(Section::Local, "kvpool", op)
-                    .shape(size, conns, DEPTH)
-                    .measured(&m[2]);
-                row.refs = refs(row.gbps, &m, verify && index);
-                ctx.report.push(row);
-            }
-        }
+        measure_read_local(ctx, &client, &addrs, &same, &ring, size)?;
+        measure_batch_gets(ctx, &endpoint, &keys, &same, &ring, size)?;
         drop(same);
     }
-    memcpy::note(ctx, ring.len());
+    notes(ctx, ring.len());
+    Ok(())
+}
+
+/// One-sided `read_local` of the leased `addrs` at every concurrency, alternating with both
+/// memcpy references (the same objects, when mapped, and the `ring`).
+fn measure_read_local(
+    ctx: &mut Ctx,
+    client: &Client,
+    addrs: &[GlobalAddr],
+    same: &Option<SameBytes>,
+    ring: &[u8],
+    size: u64,
+) -> anyhow::Result<()> {
+    let window = ctx.window();
+    for conns in ctx.args.conns.clone() {
+        let reads = read_ops(client, addrs, size, conns);
+        let m = interleave_threads(
+            &mut [
+                SameBytes::ops_of(same, size, conns, 1),
+                memcpy::ops(ring, size, conns),
+                reads,
+            ],
+            window,
+        )?;
+        let mut row = Row::new(Section::Local, "kvpool", "read_local")
+            .shape(size, conns, 1)
+            .measured(&m[2]);
+        row.refs = refs(row.gbps, &m, true);
+        push_references(ctx, &m, size, conns, 1);
+        ctx.report.push(row);
+    }
+    Ok(())
+}
+
+/// Local `batch_get_into` of `DEPTH` keys per call at every concurrency, with the checksum
+/// check off, on, and on without the client's index, alternating with both memcpy references
+/// copying as many values.
+fn measure_batch_gets(
+    ctx: &mut Ctx,
+    endpoint: &str,
+    keys: &[Vec<u8>],
+    same: &Option<SameBytes>,
+    ring: &[u8],
+    size: u64,
+) -> anyhow::Result<()> {
+    let window = ctx.window();
+    for (verify, index) in [(false, true), (true, true), (true, false)] {
+        for conns in ctx.args.conns.clone() {
+            let cfg = ClientConfig {
+                verify_checksums: verify,
+                local_index: if index {
+                    ClientConfig::default().local_index
+                } else {
+                    0
+                },
+                ..ClientConfig::default()
+            };
+            let gets = batch_ops(endpoint, &cfg, keys, size, conns)?;
+            let copies = memcpy::batch_ops(ring, size, conns, DEPTH);
+            let same_copies = SameBytes::ops_of(same, size, conns, DEPTH);
+            let m = interleave_threads(&mut [same_copies, copies, gets], window)?;
+            if (verify, index) == (true, true) {
+                push_references(ctx, &m, size, conns, DEPTH);
+            }
+            let op = match (verify, index) {
+                (false, _) => "batch_get_into verify=off",
+                (true, true) => "batch_get_into verify=on",
+                (true, false) => "batch_get_into verify=on index=off",
+            };
+            let mut row = Row::new(Section::Local, "kvpool", op)
+                .shape(size, conns, DEPTH)
+                .measured(&m[2]);
+            row.refs = refs(row.gbps, &m, verify && index);
+            ctx.report.push(row);
+        }
+    }
+    Ok(())
+}
+
+/// How the section measures, in the notes of `memcpy` and `local`; `ring_len` is the size of
+/// the memcpy ring.
+fn notes(ctx: &mut Ctx, ring_len: usize) {
+    memcpy::note(ctx, ring_len);
     ctx.report.note(
         Section::Memcpy,
-        format!("{SAME}: the data set's objects, each mapped read-only on its own under a hold, copied in the order and into the buffers the kvpool rows read them (the limit of reading those bytes, and the targets' reference); memcpy: the same copies from the bench's own {} MiB ring", ring.len() >> 20),
+        format!("{SAME}: the data set's objects, each mapped read-only on its own under a hold, copied in the order and into the buffers the kvpool rows read them (the limit of reading those bytes, and the targets' reference); memcpy: the same copies from the bench's own {} MiB ring", ring_len >> 20),
     );
     ctx.report.note(
         Section::Local,
@@ -115,7 +152,6 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
              socket each call; verify=on also hashes every value (xxh3, in the same pass as the copy)"
         ),
     );
-    Ok(())
 }
 
 /// One batched-get loop per thread, each on its own blocking client, `DEPTH` keys per call.

@@ -5,14 +5,19 @@
 //! and the raw stream's rows go to the `tcp` section, the baselines' to `baselines`. One client (one
 //! connection) per conn; the n-th connections of all four share their receive buffers.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
 use anyhow::Context;
 use kvpool_client::{Client, ClientConfig, SameHost};
 
 use super::baseline_client::{BaselineConn, BaselineGet, BaselineSet};
-use super::baselines;
+use super::baselines::{self, Baseline};
 use super::compare::{interleave_tasks, AnyWorker};
+use super::driver::Measured;
 use super::raw::{self, RawGet, RawPut, RawServer};
-use super::report::{Ref, Row};
+use super::report::{Ref, Report, Row};
 use super::workloads::{self, Buffers, KvGet, KvPut, DEPTH};
 use super::{Ctx, Section};
 
@@ -31,130 +36,208 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let raw = RawServer::start(raw::region_bytes(max_size))?;
     let running = baselines::start_all(ctx)?;
     let verify = !ctx.args.no_verify;
-    let cfg = ClientConfig {
-        same_host: SameHost::Off,
-        verify_checksums: verify,
-        ..ClientConfig::default()
+    let contenders = Contenders {
+        endpoint,
+        cfg: ClientConfig {
+            same_host: SameHost::Off,
+            verify_checksums: verify,
+            ..ClientConfig::default()
+        },
+        raw: raw.addr,
+        baselines: &running,
     };
     for size in ctx.args.sizes.clone() {
         let (keys, value) = (workloads::keys(size), workloads::value(size));
         for conns in ctx.args.conns.clone() {
             for (op, depth) in SHAPES {
-                let start = |w: usize| w * keys.len() / conns;
-                let bufs: Vec<Buffers> = (0..conns).map(|_| Buffers::default()).collect();
-                let m = ctx.rt.block_on(async {
-                    let mut sides = Vec::new();
-                    let (mut kv, mut stream) = (Vec::new(), Vec::new());
-                    for (w, b) in bufs.iter().enumerate() {
-                        let c = Client::connect(&endpoint, cfg.clone()).await?;
-                        anyhow::ensure!(
-                            !c.is_local(),
-                            "SameHost::Off client took the same-host path"
-                        );
-                        kv.push(match op {
-                            "put" => AnyWorker::KvPut(KvPut::new(c, value.clone(), w, conns)),
-                            _ => AnyWorker::KvGet(KvGet::new(
-                                c,
-                                keys.clone(),
-                                size,
-                                depth,
-                                start(w),
-                                b.clone(),
-                            )),
-                        });
-                        stream.push(match op {
-                            "put" => AnyWorker::RawPut(
-                                RawPut::connect(raw.addr, value.clone(), conns).await?,
-                            ),
-                            _ => AnyWorker::RawGet(
-                                RawGet::connect(
-                                    raw.addr,
-                                    size,
-                                    depth,
-                                    keys.len(),
-                                    start(w),
-                                    b.clone(),
-                                )
-                                .await?,
-                            ),
-                        });
-                    }
-                    sides.push(kv);
-                    sides.push(stream);
-                    for baseline in &running {
-                        let mut side = Vec::new();
-                        for (w, b) in bufs.iter().enumerate() {
-                            let c = BaselineConn::connect(baseline.proto, baseline.port).await?;
-                            side.push(match op {
-                                "put" => AnyWorker::BaselineSet(BaselineSet::new(
-                                    c,
-                                    value.clone(),
-                                    w,
-                                    conns,
-                                )),
-                                _ => AnyWorker::BaselineGet(BaselineGet::new(
-                                    c,
-                                    keys.clone(),
-                                    size,
-                                    depth,
-                                    start(w),
-                                    b.clone(),
-                                )),
-                            });
-                        }
-                        sides.push(side);
-                    }
-                    interleave_tasks(&mut sides, window).await
-                })?;
-                let raw_row = Row::new(Section::Tcp, RAW, op)
-                    .shape(size, conns, depth)
-                    .measured(&m[1]);
-                let mut row = Row::new(Section::Tcp, "kvpool", op)
-                    .shape(size, conns, depth)
-                    .measured(&m[0]);
-                if let (Some(k), Some(r)) = (row.gbps, raw_row.gbps.filter(|r| *r > 0.0)) {
-                    row.refs.push(Ref::new(RAW, k / r));
-                }
-                ctx.report.push(raw_row);
-                ctx.report.push(row);
-                for (baseline, m) in running.iter().zip(&m[2..]) {
-                    ctx.report.push(
-                        Row::new(Section::Baselines, baseline.proto.name(), op)
-                            .shape(size, conns, depth)
-                            .measured(m),
-                    );
-                }
+                let shape = Shape {
+                    op,
+                    size,
+                    conns,
+                    depth,
+                    keys: keys.clone(),
+                    value: value.clone(),
+                };
+                let m = ctx.rt.block_on(contenders.measure(&shape, window))?;
+                push_rows(&mut ctx.report, &running, &shape, &m);
             }
         }
     }
     drop(running);
     drop(raw);
     baselines::link(&mut ctx.report);
-    ctx.report.note(
-        Section::Tcp,
-        format!(
-            "default client settings except same_host: Off; {}; \
-             depth {DEPTH} = one batch_get_into of {DEPTH} keys per round trip; put cycles over up to 32 keys \
-             per conn, at most 512 MiB of them per size, stored with the data set beforehand in every \
-             system so that each put overwrites a value (the client hashes each value, the node checks the \
-             hash at commit); one client and connection per conn; p50/p99 per round trip; measured in slices \
-             alternating with the raw tcp stream, memcached and redis. {RAW} = the physical limit of loopback \
-             TCP for the same transfer: an in-process tokio server on 127.0.0.1 (own runtime, 2 threads) holds \
-             a 512 MiB data set (read from DRAM, as kvpool's and the baselines' are) and answers each \
-             request with the objects it names, written straight from it (writev); the client walks as many \
-             objects as kvpool's data set has, in kvpool's order, and reads them into reused buffers (depth {DEPTH}: one request for \
-             {DEPTH} consecutive objects, read into {DEPTH} buffers with readv; put: request and value in one \
-             writev, the server reads the value into one of as many slots per connection as kvpool's put \
-             loop has keys, and echoes the request); whoever receives 256 KiB or more raises the socket's \
-             receive low-water mark per value as kvpool's client and node do; no framing, lookup or checksum; \
-             the n-th connections of kvpool, raw tcp and the baselines share their receive buffers",
-            if verify {
-                "every value received is checked against its xxh3 checksum (the default)"
-            } else {
-                "--no-verify: received values are NOT checked against their checksum"
-            }
-        ),
-    );
+    ctx.report.note(Section::Tcp, method_note(verify));
     baselines::note(&mut ctx.report, &ctx.args.sizes, &ctx.args.conns);
     Ok(())
+}
+
+/// One workload at one value size and connection count.
+struct Shape {
+    /// `get` or `put`.
+    op: &'static str,
+    size: u64,
+    conns: usize,
+    depth: usize,
+    /// The data set's keys for this size.
+    keys: Arc<Vec<Vec<u8>>>,
+    /// The value a put stores.
+    value: Arc<Vec<u8>>,
+}
+
+impl Shape {
+    /// The key worker `w` starts at, so the workers spread over the data set.
+    fn start(&self, w: usize) -> usize {
+        w * self.keys.len() / self.conns
+    }
+}
+
+/// The systems measured side by side, and how to reach each.
+struct Contenders<'a> {
+    /// kvpool's endpoint.
+    endpoint: String,
+    /// kvpool's client settings.
+    cfg: ClientConfig,
+    /// The raw TCP stream's server.
+    raw: SocketAddr,
+    /// memcached and redis, those that started.
+    baselines: &'a [Baseline],
+}
+
+impl Contenders<'_> {
+    /// Connects every contender's workers for `shape` and measures them in alternating
+    /// slices: kvpool first, then the raw stream, then each baseline. The n-th workers of all
+    /// of them share their receive buffers.
+    async fn measure(&self, shape: &Shape, window: Duration) -> anyhow::Result<Vec<Measured>> {
+        let bufs: Vec<Buffers> = (0..shape.conns).map(|_| Buffers::default()).collect();
+        let (mut kv, mut stream) = (Vec::new(), Vec::new());
+        for (w, b) in bufs.iter().enumerate() {
+            kv.push(self.kvpool_worker(shape, w, b).await?);
+            stream.push(self.raw_worker(shape, w, b).await?);
+        }
+        let mut sides = vec![kv, stream];
+        for baseline in self.baselines {
+            let mut side = Vec::new();
+            for (w, b) in bufs.iter().enumerate() {
+                side.push(baseline_worker(baseline, shape, w, b).await?);
+            }
+            sides.push(side);
+        }
+        interleave_tasks(&mut sides, window).await
+    }
+
+    /// kvpool's worker `w`, on a client of its own that does not take the same-host path.
+    async fn kvpool_worker(
+        &self,
+        shape: &Shape,
+        w: usize,
+        b: &Buffers,
+    ) -> anyhow::Result<AnyWorker> {
+        let c = Client::connect(&self.endpoint, self.cfg.clone()).await?;
+        anyhow::ensure!(
+            !c.is_local(),
+            "SameHost::Off client took the same-host path"
+        );
+        Ok(match shape.op {
+            "put" => AnyWorker::KvPut(KvPut::new(c, shape.value.clone(), w, shape.conns)),
+            _ => AnyWorker::KvGet(KvGet::new(
+                c,
+                shape.keys.clone(),
+                shape.size,
+                shape.depth,
+                shape.start(w),
+                b.clone(),
+            )),
+        })
+    }
+
+    /// The raw stream's worker `w`.
+    async fn raw_worker(&self, shape: &Shape, w: usize, b: &Buffers) -> anyhow::Result<AnyWorker> {
+        Ok(match shape.op {
+            "put" => AnyWorker::RawPut(
+                RawPut::connect(self.raw, shape.value.clone(), shape.conns).await?,
+            ),
+            _ => AnyWorker::RawGet(
+                RawGet::connect(
+                    self.raw,
+                    shape.size,
+                    shape.depth,
+                    shape.keys.len(),
+                    shape.start(w),
+                    b.clone(),
+                )
+                .await?,
+            ),
+        })
+    }
+}
+
+/// `baseline`'s worker `w`.
+async fn baseline_worker(
+    baseline: &Baseline,
+    shape: &Shape,
+    w: usize,
+    b: &Buffers,
+) -> anyhow::Result<AnyWorker> {
+    let c = BaselineConn::connect(baseline.proto, baseline.port).await?;
+    Ok(match shape.op {
+        "put" => AnyWorker::BaselineSet(BaselineSet::new(c, shape.value.clone(), w, shape.conns)),
+        _ => AnyWorker::BaselineGet(BaselineGet::new(
+            c,
+            shape.keys.clone(),
+            shape.size,
+            shape.depth,
+            shape.start(w),
+            b.clone(),
+        )),
+    })
+}
+
+/// The rows of one shape's measurement `m` (kvpool, raw stream, then the baselines in order):
+/// the raw stream's, kvpool's with its ratio to it, and each baseline's.
+fn push_rows(report: &mut Report, running: &[Baseline], shape: &Shape, m: &[Measured]) {
+    let (op, size, conns, depth) = (shape.op, shape.size, shape.conns, shape.depth);
+    let raw_row = Row::new(Section::Tcp, RAW, op)
+        .shape(size, conns, depth)
+        .measured(&m[1]);
+    let mut row = Row::new(Section::Tcp, "kvpool", op)
+        .shape(size, conns, depth)
+        .measured(&m[0]);
+    if let (Some(k), Some(r)) = (row.gbps, raw_row.gbps.filter(|r| *r > 0.0)) {
+        row.refs.push(Ref::new(RAW, k / r));
+    }
+    report.push(raw_row);
+    report.push(row);
+    for (baseline, m) in running.iter().zip(&m[2..]) {
+        report.push(
+            Row::new(Section::Baselines, baseline.proto.name(), op)
+                .shape(size, conns, depth)
+                .measured(m),
+        );
+    }
+}
+
+/// How the `tcp` section measures, for its notes.
+fn method_note(verify: bool) -> String {
+    format!(
+        "default client settings except same_host: Off; {}; \
+         depth {DEPTH} = one batch_get_into of {DEPTH} keys per round trip; put cycles over up to 32 keys \
+         per conn, at most 512 MiB of them per size, stored with the data set beforehand in every \
+         system so that each put overwrites a value (the client hashes each value, the node checks the \
+         hash at commit); one client and connection per conn; p50/p99 per round trip; measured in slices \
+         alternating with the raw tcp stream, memcached and redis. {RAW} = the physical limit of loopback \
+         TCP for the same transfer: an in-process tokio server on 127.0.0.1 (own runtime, 2 threads) holds \
+         a 512 MiB data set (read from DRAM, as kvpool's and the baselines' are) and answers each \
+         request with the objects it names, written straight from it (writev); the client walks as many \
+         objects as kvpool's data set has, in kvpool's order, and reads them into reused buffers (depth {DEPTH}: one request for \
+         {DEPTH} consecutive objects, read into {DEPTH} buffers with readv; put: request and value in one \
+         writev, the server reads the value into one of as many slots per connection as kvpool's put \
+         loop has keys, and echoes the request); whoever receives 256 KiB or more raises the socket's \
+         receive low-water mark per value as kvpool's client and node do; no framing, lookup or checksum; \
+         the n-th connections of kvpool, raw tcp and the baselines share their receive buffers",
+        if verify {
+            "every value received is checked against its xxh3 checksum (the default)"
+        } else {
+            "--no-verify: received values are NOT checked against their checksum"
+        }
+    )
 }

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvpool::eviction::DensityConfig;
 
 use super::sweep::{
-    erased::Name, grid, write_csv, write_json, Engine, Policy, Row, Scenario, Setup,
+    erased::Name, grid, write_csv, write_json, Engine, Policy, Row, RunSpec, Scenario, Setup,
 };
 use super::synth::{self, Workload};
 use super::trace::{Trace, TraceFormat};
@@ -191,56 +191,9 @@ pub fn gen_trace(args: &GenTraceArgs) -> anyhow::Result<()> {
 
 /// Runs the subcommand; returns the rows.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
-    let (trace, trace_name) = match args.synthetic {
-        Some(w) => {
-            let mut t = synth::generate(w, args.seed, args.requests);
-            t.requests.truncate(args.limit.unwrap_or(usize::MAX));
-            (t, format!("synthetic-{}-seed{}", w.name(), args.seed))
-        }
-        None => {
-            let path = args
-                .trace
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(BUNDLED_TRACE));
-            let t = Trace::load(
-                &path,
-                args.format,
-                args.block_tokens,
-                args.time_unit_ms,
-                args.limit,
-            )?;
-            let name = path.file_name().map_or_else(
-                || path.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            );
-            (t, name)
-        }
-    };
-    let block_bytes = match &args.block_bytes {
-        Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
-        None => {
-            let per_token = MODELS
-                .iter()
-                .find(|(m, _)| *m == args.model)
-                .map(|m| m.1)
-                .with_context(|| {
-                    format!(
-                        "unknown model {:?}; known: {}",
-                        args.model,
-                        MODELS.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
-                    )
-                })?;
-            per_token * trace.block_tokens
-        }
-    };
-    let capacities: Vec<u64> = if args.capacity_bytes.is_empty() {
-        args.capacity.clone()
-    } else {
-        args.capacity_bytes
-            .iter()
-            .map(|s| Ok(parse_size(s).map_err(anyhow::Error::msg)? / block_bytes))
-            .collect::<anyhow::Result<_>>()?
-    };
+    let (trace, trace_name) = load_trace(args)?;
+    let block_bytes = block_bytes(args, &trace)?;
+    let capacities = capacities(args, block_bytes)?;
     if args.nodes.contains(&0) {
         bail!("--nodes must be at least 1");
     }
@@ -279,14 +232,79 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
         block_bytes,
         specs.len()
     );
+    let rows = replay_all(&setup, &specs)?;
+    print_summary(&rows, &setup.ttft);
+    write_outputs(args, &rows, &setup.trace_name)?;
+    Ok(rows)
+}
+
+/// The trace to replay and its name in the rows: the synthetic workload asked for, or the
+/// trace file (the bundled one by default).
+fn load_trace(args: &ReplayArgs) -> anyhow::Result<(Trace, String)> {
+    if let Some(w) = args.synthetic {
+        let mut t = synth::generate(w, args.seed, args.requests);
+        t.requests.truncate(args.limit.unwrap_or(usize::MAX));
+        return Ok((t, format!("synthetic-{}-seed{}", w.name(), args.seed)));
+    }
+    let path = args
+        .trace
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(BUNDLED_TRACE));
+    let t = Trace::load(
+        &path,
+        args.format,
+        args.block_tokens,
+        args.time_unit_ms,
+        args.limit,
+    )?;
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok((t, name))
+}
+
+/// Bytes per block: `--block-bytes`, or the `--model`'s KV bytes per token times the trace's
+/// tokens per block.
+fn block_bytes(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<u64> {
+    if let Some(s) = &args.block_bytes {
+        return parse_size(s).map_err(anyhow::Error::msg);
+    }
+    let per_token = MODELS
+        .iter()
+        .find(|(m, _)| *m == args.model)
+        .map(|m| m.1)
+        .with_context(|| {
+            format!(
+                "unknown model {:?}; known: {}",
+                args.model,
+                MODELS.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
+            )
+        })?;
+    Ok(per_token * trace.block_tokens)
+}
+
+/// Capacities per node in blocks: `--capacity`, or `--capacity-bytes` divided into blocks.
+fn capacities(args: &ReplayArgs, block_bytes: u64) -> anyhow::Result<Vec<u64>> {
+    if args.capacity_bytes.is_empty() {
+        return Ok(args.capacity.clone());
+    }
+    args.capacity_bytes
+        .iter()
+        .map(|s| Ok(parse_size(s).map_err(anyhow::Error::msg)? / block_bytes))
+        .collect()
+}
+
+/// Replays the trace once per spec, with a progress bar per run; returns a row per spec.
+fn replay_all(setup: &Setup<'_>, specs: &[RunSpec]) -> anyhow::Result<Vec<Row>> {
     let next = setup.next_uses();
     let style =
         ProgressStyle::with_template("{prefix:>36} [{bar:30}] {pos}/{len} requests {elapsed}")
             .expect("valid template")
             .progress_chars("=> ");
     let mut rows = Vec::new();
-    for spec in &specs {
-        let bar = ProgressBar::new(trace.requests.len() as u64).with_style(style.clone());
+    for spec in specs {
+        let bar = ProgressBar::new(setup.trace.requests.len() as u64).with_style(style.clone());
         bar.set_prefix(format!(
             "{} {} {}x{} {}",
             spec.engine.name(),
@@ -299,23 +317,24 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
         bar.finish_and_clear();
         rows.push(row);
     }
-    print_summary(&rows, &setup.ttft);
+    Ok(rows)
+}
+
+/// Writes replay.csv, replay.json and (unless `--no-plot`) the charts into `--out`, and says
+/// which files it wrote.
+fn write_outputs(args: &ReplayArgs, rows: &[Row], trace_name: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    write_csv(&args.out.join("replay.csv"), &rows)?;
-    write_json(&args.out.join("replay.json"), &rows)?;
+    write_csv(&args.out.join("replay.csv"), rows)?;
+    write_json(&args.out.join("replay.json"), rows)?;
     let mut files = vec![args.out.join("replay.csv"), args.out.join("replay.json")];
     if !args.no_plot {
-        files.extend(super::plot::hit_rate_charts(
-            &rows,
-            &args.out,
-            &setup.trace_name,
-        )?);
+        files.extend(super::plot::hit_rate_charts(rows, &args.out, trace_name)?);
     }
     for f in files {
         eprintln!("wrote {}", f.display());
     }
-    Ok(rows)
+    Ok(())
 }
 
 fn print_summary(rows: &[Row], ttft: &TtftModel) {
