@@ -1,7 +1,11 @@
 //! How a client connects and behaves: [`ClientConfig`] and its parts. Plain data with
-//! documented defaults; used by every other module of the crate, uses none of them.
+//! documented defaults; used by every other module of the crate, uses only `connector` (the
+//! trait of its one hook).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::connector::Connector;
 
 /// Whether to use the same-host fast path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,6 +71,11 @@ pub struct ClientConfig {
     /// off. Default 65 536 (at most about 260 bytes each with a 32-byte key: a hash map with
     /// room to spare, its eviction round and the key).
     pub local_index: usize,
+    /// Opens the streams of every connection in place of the network (see [`Connector`]):
+    /// a node served in the same process, a proxy. Connections opened through it never take
+    /// the same-host path. Default none: TCP, TLS, QUIC or a Unix socket, as the endpoint
+    /// says.
+    pub connector: Option<Arc<dyn Connector>>,
 }
 
 impl Default for ClientConfig {
@@ -88,6 +97,7 @@ impl Default for ClientConfig {
             priority: kvpool::protocol::Priority::Normal,
             deadline: None,
             local_index: 65_536,
+            connector: None,
         }
     }
 }

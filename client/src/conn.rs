@@ -1,9 +1,9 @@
-//! One framed stream to a node: a TCP connection, a Unix socket connection, or one
-//! bidirectional stream of a QUIC connection. A connection is used by one call at a time; a
-//! call that fails mid-frame (or times out) drops its connection, so a stream is never reused
-//! out of sync.
+//! One framed stream to a node: a TCP connection, a Unix socket connection, one
+//! bidirectional stream of a QUIC connection, or a stream the config's connector opened. A
+//! connection is used by one call at a time; a call that fails mid-frame (or times out) drops
+//! its connection, so a stream is never reused out of sync.
 //!
-//! Uses `config`, `endpoint` and `error` only.
+//! Uses `config`, `connector`, `endpoint` and `error` only.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use kvpool::protocol::{
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::DigitallySignedStruct;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::ClientConfig;
@@ -52,6 +52,8 @@ pub(crate) struct Conn {
     unix: bool,
     /// The QUIC connection of a QUIC stream, for [`Conn::looks_open`].
     quic: Option<quinn::Connection>,
+    /// The stream came from the config's connector: [`Conn::looks_open`] polls it once.
+    polled: bool,
     /// When the connection last finished an exchange (set by the pool).
     pub(crate) last_used: Instant,
 }
@@ -85,6 +87,57 @@ impl Conn {
         cfg: &ClientConfig,
         (quic, bulk): (Option<&quinn::Connection>, bool),
     ) -> Result<(Conn, HelloInfo), ClientError> {
+        let (r, w, fd) = match &cfg.connector {
+            Some(c) => {
+                let (r, w) = tokio::io::split(c.connect(endpoint).await?);
+                let (r, w): (Reader, Writer) = (Box::new(r), Box::new(w));
+                (r, w, None)
+            }
+            None => Conn::dial(endpoint, cfg, (quic, bulk)).await?,
+        };
+        let mut conn = Conn {
+            r: FrameReader::with_capacity(IO_BUFFER, r),
+            w: BufWriter::with_capacity(IO_BUFFER, w),
+            hdr: AlignedVec::new(),
+            exchange: Exchange::new(),
+            fd,
+            unix: matches!(endpoint, Endpoint::Unix(_)) && cfg.connector.is_none(),
+            polled: cfg.connector.is_some(),
+            quic: quic.cloned(),
+            last_used: Instant::now(),
+            // Generous until the node tells us its limits: responses are bounded by what we ask.
+            limits: Limits {
+                max_header: 64 << 20,
+                max_payload: u64::MAX,
+                max_batch: u32::MAX,
+            },
+        };
+        let hello = Op::Hello {
+            version,
+            token: cfg.token.clone(),
+            client: cfg.client_name.clone(),
+        };
+        let hello = match conn.call(hello, &[]).await?.0 {
+            Reply::Hello(h) => h,
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "unexpected handshake reply {other:?}"
+                )))
+            }
+        };
+        if let Some(secret) = &cfg.cluster_secret {
+            conn.cluster_auth(secret, &hello).await?;
+        }
+        Ok((conn, hello))
+    }
+
+    /// Opens the stream of [`Conn::open_as`] over the network: the endpoint's transport.
+    /// Returns its halves and, for a TCP or Unix socket, the socket.
+    async fn dial(
+        endpoint: &Endpoint,
+        cfg: &ClientConfig,
+        (quic, bulk): (Option<&quinn::Connection>, bool),
+    ) -> Result<(Reader, Writer, Option<RawFd>), ClientError> {
         let mut fd = None;
         let (r, w): (Reader, Writer) = match endpoint {
             Endpoint::Tcp(a) => {
@@ -125,39 +178,7 @@ impl Conn {
                 (Box::new(recv), Box::new(send))
             }
         };
-        let mut conn = Conn {
-            r: FrameReader::with_capacity(IO_BUFFER, r),
-            w: BufWriter::with_capacity(IO_BUFFER, w),
-            hdr: AlignedVec::new(),
-            exchange: Exchange::new(),
-            fd,
-            unix: matches!(endpoint, Endpoint::Unix(_)),
-            quic: quic.cloned(),
-            last_used: Instant::now(),
-            // Generous until the node tells us its limits: responses are bounded by what we ask.
-            limits: Limits {
-                max_header: 64 << 20,
-                max_payload: u64::MAX,
-                max_batch: u32::MAX,
-            },
-        };
-        let hello = Op::Hello {
-            version,
-            token: cfg.token.clone(),
-            client: cfg.client_name.clone(),
-        };
-        let hello = match conn.call(hello, &[]).await?.0 {
-            Reply::Hello(h) => h,
-            other => {
-                return Err(ClientError::Protocol(format!(
-                    "unexpected handshake reply {other:?}"
-                )))
-            }
-        };
-        if let Some(secret) = &cfg.cluster_secret {
-            conn.cluster_auth(secret, &hello).await?;
-        }
-        Ok((conn, hello))
+        Ok((r, w, fd))
     }
 
     /// Proves the cluster secret to the node and checks the node's proof in turn.
@@ -183,13 +204,21 @@ impl Conn {
 
     /// Whether an idle connection can still carry a request: false when the node closed it (it
     /// exited or restarted) or it holds bytes nobody asked for (out of sync). One non-blocking
-    /// peek at the socket, which does not depend on the runtime having polled it since.
-    pub(crate) fn looks_open(&self) -> bool {
+    /// peek at the socket, which does not depend on the runtime having polled it since; a
+    /// stream from the config's connector is polled once instead.
+    pub(crate) fn looks_open(&mut self) -> bool {
         if !self.r.buffer().is_empty() {
             return false;
         }
         if let Some(q) = &self.quic {
             return q.close_reason().is_none();
+        }
+        if self.polled {
+            // Pending: nothing to read, the stream is open. Anything else is its end, an
+            // error, or bytes nobody asked for.
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let fill = std::pin::Pin::new(&mut self.r).poll_fill_buf(&mut cx);
+            return fill.is_pending();
         }
         // Used moments ago: no daemon restarts that fast, and the peek would cost a syscall per
         // call on a busy connection. (A node that died meanwhile fails the call, a miss.)

@@ -26,7 +26,9 @@
 //! or Unix socket), `seen` (the index of where same-host objects are), `staging` (the area
 //! same-host puts go through when the mapping is read-only), `local` (the same-host mapping),
 //! `cores` (where large copies run), `dst` (the buffers a get fills), [`Located`]
-//! (`located`), [`Endpoint`], [`ClientConfig`] (`config`) and [`ClientError`] (`error`).
+//! (`located`), [`Endpoint`], [`ClientConfig`] (`config`), [`Connector`] (`connector`: streams
+//! opened in place of the network, such as to a node served in the same process) and
+//! [`ClientError`] (`error`).
 //! [`weights`] stores and loads model weights over a [`Client`].
 
 pub mod blocking;
@@ -39,6 +41,7 @@ pub struct ReadmeDoctests;
 mod client;
 mod config;
 mod conn;
+mod connector;
 mod cores;
 mod dst;
 mod endpoint;
@@ -52,6 +55,7 @@ pub mod weights;
 
 pub use client::{Client, KeyEvent, LocalHold, Prefix, Subscription, WaitOutcome};
 pub use config::{ClientConfig, SameHost};
+pub use connector::{BoxStream, ByteStream, Connecting, Connector};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use kvpool::prefix::PrefixSeed;

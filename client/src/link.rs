@@ -54,13 +54,15 @@ pub(crate) struct Link {
 
 impl Link {
     /// Connects and shakes hands; on the same host switches to the Unix socket and maps the
-    /// node's segments (unless `cfg.same_host` is off).
+    /// node's segments (unless `cfg.same_host` is off, or a connector opens the streams).
     pub(crate) async fn open(
         mut endpoint: Endpoint,
         cfg: &ClientConfig,
     ) -> Result<Link, ClientError> {
         let quic = match endpoint {
-            Endpoint::Quic(_) => Some(quic_connect(&endpoint, cfg).await?),
+            Endpoint::Quic(_) if cfg.connector.is_none() => {
+                Some(quic_connect(&endpoint, cfg).await?)
+            }
             _ => None,
         };
         let (mut conn, mut hello) =

@@ -245,7 +245,7 @@ fn credentials(
 }
 
 /// Opens the memory segments and builds the pool over them.
-fn open_pool(config: &Config) -> anyhow::Result<Arc<Pool>> {
+pub(crate) fn open_pool(config: &Config) -> anyhow::Result<Arc<Pool>> {
     let pool_cfg = config.pool_config()?;
     let started = std::time::Instant::now();
     let pool =
@@ -431,7 +431,7 @@ fn membership(
 
 /// What every connection shares: the pool, the limits and timeouts, the tokens, and the
 /// `Hello` a client is told (its view filled in per connection).
-fn shared(
+pub(crate) fn shared(
     config: &Config,
     (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Cluster>, &PeerAuth),
     bound: &Bound,
@@ -556,7 +556,7 @@ fn bulk_config(config: &Config, namespaces: &[(String, u32)]) -> crate::bulk::Bu
 }
 
 /// The limits before and after the handshake and the timeouts of every stage of a connection.
-fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
+pub(crate) fn conn_policy(config: &Config) -> anyhow::Result<ConnPolicy> {
     let limits = config.wire_limits()?;
     crate::staging::check_setting(&config.memory.same_host_writes)?;
     Ok(ConnPolicy {
@@ -700,7 +700,7 @@ fn start_mover(
 }
 
 /// Every second, gives allocations abandoned past their deadline back to the pool.
-fn start_reaper(
+pub(crate) fn start_reaper(
     pool: Arc<Pool>,
     started: Instant,
     shutdown: &watch::Receiver<bool>,
@@ -723,7 +723,10 @@ fn start_reaper(
 }
 
 /// Removes the objects whose handoff lease (`Expire`) lapsed, ten times a second.
-fn start_lease_reaper(shared: Arc<Shared>, shutdown: &watch::Receiver<bool>) -> JoinHandle<()> {
+pub(crate) fn start_lease_reaper(
+    shared: Arc<Shared>,
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
     let mut stop_rx = shutdown.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(100));

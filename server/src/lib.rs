@@ -6,6 +6,8 @@
 //!
 //! - [`config`]: the TOML file, environment and flags, with documented defaults;
 //! - [`Daemon`]: start, serve, drain on shutdown;
+//! - [`Node`] (`node`): a node served in this process over in-memory streams, by the same
+//!   connection handler, for tests that start no process;
 //! - `handler`: one connection's native-protocol request loop, shared by every transport, with
 //!   `deadline`'s timeouts on its reads and writes; one file per family of operations (`admin`,
 //!   `data`, `one_sided`, `prefix`, `cluster`);
@@ -52,6 +54,7 @@ mod ledger;
 mod listeners;
 pub mod metrics;
 mod mover;
+mod node;
 mod peer;
 mod peers;
 mod reaper;
@@ -68,4 +71,5 @@ mod written;
 pub use config::Config;
 pub use daemon::{Bound, Daemon};
 pub use kvpool::segment::host_id;
+pub use node::Node;
 pub use trim::keep_heap_small;

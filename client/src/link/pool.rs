@@ -87,14 +87,15 @@ impl ConnPool {
         }
     }
 
-    /// The QUIC connection to open a stream on (None for other transports), connecting again
-    /// when the node closed the last one (it exited or restarted).
+    /// The QUIC connection to open a stream on (None for other transports, and for streams
+    /// from the config's connector), connecting again when the node closed the last one (it
+    /// exited or restarted).
     pub(super) async fn quic_connection(
         &self,
         endpoint: &Endpoint,
         cfg: &ClientConfig,
     ) -> Result<Option<quinn::Connection>, ClientError> {
-        if !matches!(endpoint, Endpoint::Quic(_)) {
+        if !matches!(endpoint, Endpoint::Quic(_)) || cfg.connector.is_some() {
             return Ok(None);
         }
         let current = self
@@ -117,7 +118,7 @@ impl ConnPool {
         let mut idle = self.idle[lane as usize]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let c = idle.pop()?;
+        let mut c = idle.pop()?;
         if c.looks_open() {
             return Some(c);
         }

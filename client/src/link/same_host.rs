@@ -40,11 +40,13 @@ pub(super) struct Found {
 }
 
 impl SameHostPath {
-    /// When the node that answered `hello` runs on this host (and `cfg.same_host` allows):
+    /// When the node that answered `hello` runs on this host (and `cfg.same_host` allows, with
+    /// no connector opening the streams in place of the network):
     /// connects over its Unix socket and maps its segments. None when it is elsewhere or the
     /// mapping failed; the link then goes through the socket it reached.
     pub(super) async fn open(cfg: &ClientConfig, hello: &HelloInfo) -> Option<Found> {
         if cfg.same_host != SameHost::Auto
+            || cfg.connector.is_some()
             || hello.uds_path.is_empty()
             || hello.host_id != kvpool::segment::host_id()
         {
