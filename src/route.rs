@@ -194,14 +194,17 @@ enum Phase {
 /// The nodes one key's read asks in turn, and what each answer leads to. Three shapes, one per
 /// kind of read: [`ReadPlan::one`], [`ReadPlan::batched`], [`ReadPlan::presence`]. Start with
 /// [`ReadPlan::first`], then pass each answer to [`ReadPlan::next`] until it says
-/// [`Step::Hit`] or [`Step::Miss`].
+/// [`Step::Hit`] or [`Step::Miss`]. Nodes are found as they are needed: the owner without
+/// ranking every node, the next replicas and the previous owner only when asked for.
 #[derive(Clone, Debug)]
-pub struct ReadPlan {
-    stamp: u64,
-    /// The owners asked in turn while they can't be reached.
-    owners: Vec<NodeId>,
-    /// The key's previous owner and the owners that must vouch for its copy.
-    previous: Option<(NodeId, Vec<NodeId>)>,
+pub struct ReadPlan<'a> {
+    routes: &'a Routes,
+    key: &'a [u8],
+    fallback: Option<&'a ClusterView>,
+    /// Replicas reads consult (the vouchers among them).
+    replicas: usize,
+    /// How many of them are asked in turn while they can't be reached.
+    asked: usize,
     /// A miss on any owner (not only the first) goes on to the previous owner.
     previous_after_any: bool,
     /// After the previous owner, the owners are asked once more: a key handed over between
@@ -212,59 +215,55 @@ pub struct ReadPlan {
     phase: Phase,
 }
 
-impl ReadPlan {
+impl<'a> ReadPlan<'a> {
     /// A single key's read (a get): its owner, then its next replicas (of `replicas`) while
     /// they can't be reached; a miss on the owner itself goes on to the previous owner (under
     /// `fallback`), a miss anywhere else is the answer.
     pub fn one(
-        routes: &Routes,
-        key: &[u8],
+        routes: &'a Routes,
+        key: &'a [u8],
         replicas: usize,
-        fallback: Option<&ClusterView>,
-    ) -> ReadPlan {
-        ReadPlan::shaped(routes, key, replicas, replicas, fallback, false, false)
+        fallback: Option<&'a ClusterView>,
+    ) -> ReadPlan<'a> {
+        ReadPlan::shaped(routes, key, fallback, (replicas, replicas), false, false)
     }
 
     /// A key of a batched read: as [`ReadPlan::one`], but a miss on any replica goes on to the
     /// previous owner, and a miss there asks the owners once more.
     pub fn batched(
-        routes: &Routes,
-        key: &[u8],
+        routes: &'a Routes,
+        key: &'a [u8],
         replicas: usize,
-        fallback: Option<&ClusterView>,
-    ) -> ReadPlan {
-        ReadPlan::shaped(routes, key, replicas, replicas, fallback, true, true)
+        fallback: Option<&'a ClusterView>,
+    ) -> ReadPlan<'a> {
+        ReadPlan::shaped(routes, key, fallback, (replicas, replicas), true, true)
     }
 
     /// A key's presence: its owner only (one that can't be reached holds nothing), then the
     /// previous owner, then the owner once more; `replicas` are the owners that vouch.
     pub fn presence(
-        routes: &Routes,
-        key: &[u8],
+        routes: &'a Routes,
+        key: &'a [u8],
         replicas: usize,
-        fallback: Option<&ClusterView>,
-    ) -> ReadPlan {
-        ReadPlan::shaped(routes, key, 1, replicas, fallback, true, true)
+        fallback: Option<&'a ClusterView>,
+    ) -> ReadPlan<'a> {
+        ReadPlan::shaped(routes, key, fallback, (replicas, 1), true, true)
     }
 
     fn shaped(
-        routes: &Routes,
-        key: &[u8],
-        asked: usize,
-        replicas: usize,
-        fallback: Option<&ClusterView>,
+        routes: &'a Routes,
+        key: &'a [u8],
+        fallback: Option<&'a ClusterView>,
+        (replicas, asked): (usize, usize),
         previous_after_any: bool,
         again: bool,
-    ) -> ReadPlan {
-        let mut owners = routes.view.owners(key, replicas.max(1));
-        owners.truncate(asked.max(1));
-        let previous = routes
-            .previous_owner(key, fallback)
-            .map(|p| (p, routes.vouchers(key, replicas, p)));
+    ) -> ReadPlan<'a> {
         ReadPlan {
-            stamp: routes.stamp,
-            owners,
-            previous,
+            routes,
+            key,
+            fallback,
+            replicas: replicas.max(1),
+            asked: asked.max(1),
             previous_after_any,
             again,
             at: 0,
@@ -284,12 +283,13 @@ impl ReadPlan {
         match (self.phase, heard) {
             (_, Heard::Hit) => Step::Hit,
             (Phase::Owners, Heard::Miss) if self.at == 0 || self.previous_after_any => {
-                match &self.previous {
-                    Some((node, vouchers)) => {
+                let r = self.routes;
+                match r.previous_owner(self.key, self.fallback) {
+                    Some(node) => {
                         self.phase = Phase::Previous;
                         Step::AskPrevious {
-                            node: *node,
-                            vouchers: vouchers.clone(),
+                            node,
+                            vouchers: r.vouchers(self.key, self.replicas, node),
                         }
                     }
                     None => Step::Miss,
@@ -310,10 +310,14 @@ impl ReadPlan {
     }
 
     fn ask_owner(&self) -> Step {
-        match self.owners.get(self.at) {
-            Some(&node) => Step::Ask {
+        let owner = match self.at < self.asked {
+            true => self.routes.owner_at(self.key, self.at, self.replicas),
+            false => None,
+        };
+        match owner {
+            Some(node) => Step::Ask {
                 node,
-                stamp: self.stamp,
+                stamp: self.routes.stamp,
             },
             None => Step::Miss,
         }
