@@ -22,6 +22,9 @@
 //! - [`placement`]: the cluster view and weighted rendezvous placement of keys; where requests
 //!   go and what a view change moves ([`placement::routing`]), and which objects a node may
 //!   still serve as their owner's copy ([`placement::history`]).
+//! - [`route`]: the routing plan of one request: the nodes a write goes to, the nodes a read
+//!   asks in turn (owner, replicas, the previous owner while the view changes), and what each
+//!   answer means, for every speaker that reaches nodes for a client.
 //! - [`membership`]: one node's view of the cluster and every rule that changes it (gossip
 //!   merges, refuting, failure detection, joining, etcd-derived views), without I/O: the daemon
 //!   carries messages and clock readings in.
@@ -62,6 +65,8 @@ pub mod prefix;
 pub mod protocol;
 #[cfg(not(loom))]
 pub mod resp;
+#[cfg(not(loom))]
+pub mod route;
 #[cfg(not(loom))]
 pub mod segment;
 pub mod seqlock;

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
 use kvpool::protocol::{ErrorCode, HelloInfo, Op, Priority, Reply};
+use kvpool::route::{Heard, ReadPlan, Step};
 
 use crate::config::ClientConfig;
 use crate::dst::Dst;
@@ -243,37 +244,43 @@ impl Client {
         let cfg = &self.cfg;
         let ns = &*self.ns;
         routed!(self, r => {
-            for attempt in 0..self.read_replicas() {
-                let Some(owner) = self.owner_at(&r, key, attempt) else {
-                    break;
-                };
-                let found = match self.link(owner.0, &r).await {
-                    Ok(l) => l.get(cfg, r.stamp, l.ns(ns)?, key).await,
-                    Err(e) => Err(e),
-                };
-                match found {
-                    Ok(Some(v)) => return Ok(Some(v)),
-                    Ok(None) if attempt == 0 => {
-                        if let Some(prev) = self.prev_owner(&r, key) {
-                            let old = async {
-                                let l = self.link(prev, &r).await?;
-                                l.get(cfg, 0, l.ns(ns)?, key).await
-                            };
-                            let (one, asked) = ([key], [(0, prev)]);
-                            let (vouched, old) =
-                                tokio::join!(self.vouched(&r, &one, &asked), old);
-                            if let (true, Ok(Some(v))) = (vouched[0], old) {
-                                return Ok(Some(v));
+            // The core's plan for one key's read: the owner, the next replica while one can't
+            // be reached, the previous owner (while the view changes) after a miss.
+            let mut plan = ReadPlan::one(&r, key, self.read_replicas(), self.fallback(&r));
+            let mut step = plan.first();
+            loop {
+                let heard = match step {
+                    Step::Ask { node, stamp } => {
+                        let found = match self.link(node.0, &r).await {
+                            Ok(l) => l.get(cfg, stamp, l.ns(ns)?, key).await,
+                            Err(e) => Err(e),
+                        };
+                        match found {
+                            Ok(Some(v)) => return Ok(Some(v)),
+                            Ok(None) => Heard::Miss,
+                            Err(e) if e.is_unreachable() => {
+                                self.lost(node.0, &e);
+                                Heard::Unreachable
                             }
+                            Err(e) => return Err(e),
                         }
-                        return Ok(None);
                     }
-                    Ok(None) => return Ok(None),
-                    Err(e) if e.is_unreachable() => self.lost(owner.0, &e),
-                    Err(e) => return Err(e),
-                }
+                    Step::AskPrevious { node, .. } => {
+                        let old = async {
+                            let l = self.link(node.0, &r).await?;
+                            l.get(cfg, 0, l.ns(ns)?, key).await
+                        };
+                        let (one, asked) = ([key], [(0, node.0)]);
+                        let (vouched, old) = tokio::join!(self.vouched(&r, &one, &asked), old);
+                        if let (true, Ok(Some(v))) = (vouched[0], old) {
+                            return Ok(Some(v));
+                        }
+                        Heard::Miss
+                    }
+                    Step::Hit | Step::Miss => return Ok(None),
+                };
+                step = plan.next(heard);
             }
-            Ok(None)
         }, wrong_view_miss => None)
     }
 

@@ -1,9 +1,14 @@
 //! A daemon's own connection to another daemon: heartbeats (`Heartbeat`, or `Gossip` to a
 //! node of protocol 5), moving objects (`Lookup`, `Put`) and asking for them (`Move`, `Vouch`).
-//! Plain TCP, one request at a time, every call bounded by a timeout. Requests go with view stamp 0: the daemon addresses
-//! the peer on purpose. Every connection proves the cluster secret right after the handshake
-//! (`ClusterAuth`) and checks the peer's proof in turn, so objects and views only ever go to a
-//! node of the cluster.
+//! Plain TCP, one request at a time, every call bounded by a timeout. Requests go with view
+//! stamp 0: the daemon addresses the peer on purpose. Every such connection proves the cluster
+//! secret right after the handshake (`ClusterAuth`) and checks the peer's proof in turn, so
+//! objects and views only ever go to a node of the cluster.
+//!
+//! A connection may instead carry a client's requests to the node that owns their keys (the
+//! RESP door's forwarding, [`Peer::connect_for_clients`]): it shakes hands with the node token
+//! only, so the peer serves its requests exactly as a client's (writes, not copies; the
+//! client's priority), and its replies may carry values ([`Peer::ask`]).
 
 use std::time::Duration;
 
@@ -13,7 +18,7 @@ use kvpool::protocol::{
     decode_response_owned, judge, AlignedVec, Class, ErrorCode, Exchange, HelloInfo, Limits, Op,
     Outcome, Priority, Reply, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
@@ -80,6 +85,37 @@ impl Peer {
         }
     }
 
+    /// Connects to node `expect` at `addr` (`host:port`) to carry clients' requests: the
+    /// handshake with the node token `token` (which admits to every namespace) and nothing
+    /// more, so the node serves them as a client's; requests of the default class. Falls back
+    /// to older protocol versions as [`Peer::connect`] does; fails when the node there is not
+    /// `expect`.
+    pub(crate) async fn connect_for_clients(
+        addr: &str,
+        token: &str,
+        expect: u32,
+        timeout: Duration,
+    ) -> Result<Peer, PeerError> {
+        let mut version = PROTOCOL_VERSION;
+        let p = loop {
+            let name = "kvpoold resp door";
+            match Peer::open(version, addr, token, name, Class::default(), timeout).await {
+                Err(PeerError::Server {
+                    code: ErrorCode::UnsupportedVersion,
+                    ..
+                }) if version > MIN_PROTOCOL_VERSION => version -= 1,
+                r => break r?,
+            }
+        };
+        if p.hello.node != expect {
+            return Err(PeerError::Protocol(format!(
+                "{addr} is node {}, the view says node {expect}",
+                p.hello.node
+            )));
+        }
+        Ok(p)
+    }
+
     async fn connect_as(
         version: u32,
         addr: &str,
@@ -87,39 +123,15 @@ impl Peer {
         node: u32,
         timeout: Duration,
     ) -> Result<Peer, PeerError> {
-        let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| PeerError::Timeout)??;
-        s.set_nodelay(true)?;
-        let (r, w) = s.into_split();
-        let mut p = Peer {
-            r: BufReader::with_capacity(64 << 10, r),
-            w: BufWriter::with_capacity(64 << 10, w),
-            hdr: AlignedVec::new(),
-            // Everything a node sends a peer is the cluster's own traffic: its moves and copies
-            // are bulk at the lowest priority on the receiving node (ARCHITECTURE.md,
-            // "Scheduling").
-            exchange: Exchange::new().with_class(Class {
-                priority: Priority::Background,
-                deadline_us: 0,
-            }),
-            limits: Limits {
-                max_header: 64 << 20,
-                max_payload: u64::MAX,
-                max_batch: u32::MAX,
-            },
-            timeout,
-            hello: no_hello(),
+        // Everything a node sends a peer is the cluster's own traffic: its moves and copies
+        // are bulk at the lowest priority on the receiving node (ARCHITECTURE.md,
+        // "Scheduling").
+        let class = Class {
+            priority: Priority::Background,
+            deadline_us: 0,
         };
-        let hello = Op::Hello {
-            version,
-            token: creds.token.clone(),
-            client: format!("kvpoold node {node}"),
-        };
-        match p.call(hello, &[]).await? {
-            Reply::Hello(h) => p.hello = h,
-            r => return Err(PeerError::Protocol(format!("handshake answered {r:?}"))),
-        }
+        let name = format!("kvpoold node {node}");
+        let mut p = Peer::open(version, addr, &creds.token, &name, class, timeout).await?;
         let nonce = auth::random()?;
         let (them, challenge) = (p.hello.node, p.hello.challenge);
         let proof = creds.secret.peer_proof(them, &challenge, &nonce);
@@ -141,6 +153,55 @@ impl Peer {
         Ok(p)
     }
 
+    /// A connection to `addr` after the handshake in protocol `version` with `token`, its
+    /// requests of `class`.
+    async fn open(
+        version: u32,
+        addr: &str,
+        token: &str,
+        name: &str,
+        class: Class,
+        timeout: Duration,
+    ) -> Result<Peer, PeerError> {
+        let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| PeerError::Timeout)??;
+        s.set_nodelay(true)?;
+        let (r, w) = s.into_split();
+        let mut p = Peer {
+            r: BufReader::with_capacity(64 << 10, r),
+            w: BufWriter::with_capacity(64 << 10, w),
+            hdr: AlignedVec::new(),
+            exchange: Exchange::new().with_class(class),
+            limits: Limits {
+                max_header: 64 << 20,
+                max_payload: u64::MAX,
+                max_batch: u32::MAX,
+            },
+            timeout,
+            hello: no_hello(),
+        };
+        let hello = Op::Hello {
+            version,
+            token: token.to_string(),
+            client: name.to_string(),
+        };
+        match p.call(hello, &[]).await? {
+            Reply::Hello(h) => p.hello = h,
+            r => return Err(PeerError::Protocol(format!("handshake answered {r:?}"))),
+        }
+        Ok(p)
+    }
+
+    /// The peer's id for namespace `name`, as its handshake named it.
+    pub(crate) fn ns(&self, name: &str) -> Option<u32> {
+        self.hello
+            .namespaces
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, id)| id)
+    }
+
     /// One request. Replies carrying a payload are refused (nothing the daemon asks a peer for
     /// has one), so a peer can't make us buffer anything.
     pub(crate) async fn call(&mut self, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
@@ -160,6 +221,55 @@ impl Peer {
         tokio::time::timeout(timeout, self.exchange(view, op, payload))
             .await
             .map_err(|_| PeerError::Timeout)?
+    }
+
+    /// One request stamped with view `view` (0: none), its reply judged, and, when the node
+    /// did what was asked, the payload the reply carries (a value, or values one after
+    /// another). A refusal is an outcome, not an error: the connection stays in step.
+    pub(crate) async fn ask(
+        &mut self,
+        view: u64,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<(Outcome, Vec<u8>), PeerError> {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.ask_now(view, op, payload))
+            .await
+            .map_err(|_| PeerError::Timeout)?
+    }
+
+    async fn ask_now(
+        &mut self,
+        view: u64,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<(Outcome, Vec<u8>), PeerError> {
+        self.exchange.view = view;
+        let out = self.exchange.request(op);
+        write_frame(&mut self.w, &out.header, payload).await?;
+        self.w.flush().await?;
+        let prefix = read_prefix(&mut self.r, &self.limits)
+            .await?
+            .ok_or_else(|| PeerError::Protocol("peer closed the connection".into()))?;
+        read_header(&mut self.r, &prefix, &mut self.hdr).await?;
+        let response =
+            decode_response_owned(&self.hdr).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        let outcome = judge(out.id, response).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        if !matches!(outcome, Outcome::Done(_)) {
+            discard(&mut self.r, prefix.payload_len).await?;
+            return Ok((outcome, Vec::new()));
+        }
+        let mut body = Vec::new();
+        let len = usize::try_from(prefix.payload_len).ok();
+        if len.is_none_or(|n| body.try_reserve_exact(n).is_err()) {
+            return Err(PeerError::Protocol(format!(
+                "a reply payload of {} bytes",
+                prefix.payload_len
+            )));
+        }
+        body.resize(prefix.payload_len as usize, 0);
+        self.r.read_exact(&mut body).await?;
+        Ok((outcome, body))
     }
 
     async fn exchange(&mut self, view: u64, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
@@ -262,6 +372,88 @@ mod tests {
                 return asked;
             }
         }
+    }
+
+    /// A node as a client sees it: answers `Hello` (as node 4, namespace `default` = 0), then
+    /// a `Get` of `k` with its value, of anything else with a miss, and a `Clear` with a
+    /// refusal. Returns whether anything but those came (a `ClusterAuth`).
+    async fn plain_node(l: TcpListener) -> bool {
+        let (s, _) = l.accept().await.unwrap();
+        let (mut r, mut w) = s.into_split();
+        let mut hdr = AlignedVec::new();
+        let limits = Limits::default();
+        while let Ok(Some(prefix)) = read_prefix(&mut r, &limits).await {
+            read_header(&mut r, &prefix, &mut hdr).await.unwrap();
+            let req = decode_request(&hdr).unwrap();
+            let id = req.id.to_native();
+            let (reply, payload): (Reply, &[u8]) = match &req.op {
+                ArchivedOp::Hello { .. } => {
+                    let mut h = no_hello();
+                    h.version = PROTOCOL_VERSION;
+                    h.node = 4;
+                    h.namespaces = vec![("default".into(), 0)];
+                    (Reply::Hello(h), &[])
+                }
+                ArchivedOp::Get { key, .. } if key.as_slice() == b"k" => (
+                    Reply::Value {
+                        len: 5,
+                        checksum: kvpool::checksum(b"value"),
+                    },
+                    b"value",
+                ),
+                ArchivedOp::Get { .. } => (Reply::Miss, &[]),
+                ArchivedOp::Clear { .. } => (
+                    Reply::Error {
+                        code: ErrorCode::PoolFull as u16,
+                        message: "full".into(),
+                    },
+                    &[],
+                ),
+                _ => return true,
+            };
+            let hdr = kvpool::protocol::encode(&kvpool::protocol::Response { id, reply });
+            write_frame(&mut w, &hdr, &[payload]).await.unwrap();
+            w.flush().await.unwrap();
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_link_for_clients_carries_values_misses_and_refusals_without_cluster_proof() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let node = tokio::spawn(plain_node(l));
+        let t = Duration::from_secs(5);
+        assert!(
+            Peer::connect_for_clients(&addr, "", 3, t).await.is_err(),
+            "the node there is not the one the view names"
+        );
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let node2 = tokio::spawn(plain_node(l));
+        let mut p = Peer::connect_for_clients(&addr, "", 4, t).await.unwrap();
+        assert_eq!(p.ns("default"), Some(0));
+        assert_eq!(p.ns("other"), None);
+        let get = |key: &[u8]| Op::Get {
+            ns: 0,
+            key: key.to_vec(),
+        };
+        let (hit, body) = p.ask(9, get(b"k"), &[]).await.unwrap();
+        assert!(matches!(hit, Outcome::Done(Reply::Value { len: 5, .. })));
+        assert_eq!(body, b"value");
+        let (miss, body) = p.ask(9, get(b"absent"), &[]).await.unwrap();
+        assert_eq!((miss, body.len()), (Outcome::Miss, 0));
+        let (refused, _) = p.ask(0, Op::Clear { ns: 0 }, &[]).await.unwrap();
+        assert!(matches!(
+            refused,
+            Outcome::Refused {
+                code: ErrorCode::PoolFull,
+                ..
+            }
+        ));
+        drop(p);
+        assert!(!node2.await.unwrap(), "no cluster proof was sent");
+        node.abort();
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use kvpool::protocol::{ErrorCode, Op, Reply};
+use kvpool::route::{ViewChanged, WriteCodes};
 
 use super::fanout::{add_item, add_key, asked_of, pick, Batch};
 use super::routing::Routing;
@@ -171,31 +172,23 @@ impl Client {
                     }
                 })
                 .await;
-            let mut codes: Vec<Option<ErrorCode>> = vec![None; items.len()];
+            // Stored once is stored; otherwise the first owner's refusal (the routing plan's
+            // rule, `WriteCodes`).
+            let mut codes = WriteCodes::new(items.len());
             for (b, res) in batches.iter().zip(answers) {
                 let got = self
                     .reached(b.node, res)?
                     .unwrap_or_else(|| vec![ErrorCode::Unavailable; b.idx.len()]);
                 for (&i, code) in b.idx.iter().zip(got) {
-                    // Stored once is stored; otherwise report the first owner's refusal.
-                    if code == ErrorCode::Ok || codes[i].is_none() {
-                        codes[i] = Some(code);
-                    }
+                    codes.heard(i, code);
                 }
             }
-            let codes: Vec<ErrorCode> = codes
-                .into_iter()
-                .map(|c| c.unwrap_or(ErrorCode::Unavailable))
-                .collect();
-            if codes.contains(&ErrorCode::WrongView) {
-                // An owner's view changed while the values streamed in (it refuses to commit
-                // then): the batch goes again by the new view; values stored are stored again.
-                return Err(ClientError::Server {
-                    code: ErrorCode::WrongView,
-                    message: "the view changed during the put".into(),
-                });
-            }
-            Ok(codes)
+            // An owner's view changed while the values streamed in (it refuses to commit
+            // then): the batch goes again by the new view; values stored are stored again.
+            codes.finish().map_err(|ViewChanged| ClientError::Server {
+                code: ErrorCode::WrongView,
+                message: "the view changed during the put".into(),
+            })
         })
     }
 

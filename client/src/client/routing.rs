@@ -1,14 +1,16 @@
 //! Routing: the view requests are routed by (and the previous one, for a while after it
 //! changed), who owns a key under it, the links to the nodes, and what happens when a node
-//! fails or answers that the view changed. Part of `client`; uses `link`, `endpoint`,
-//! `config` and `error`.
+//! fails or answers that the view changed. The decisions are the core's routing plan
+//! ([`kvpool::route`]); this part carries them out. Part of `client`; uses `link`,
+//! `endpoint`, `config` and `error`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use kvpool::placement::{routing, ClusterView, NodeState};
+use kvpool::placement::ClusterView;
 use kvpool::protocol::{ErrorCode, Op, Reply};
+use kvpool::route::{Routes, ViewRetry};
 use kvpool::{GlobalAddr, NodeId};
 
 use super::Client;
@@ -27,18 +29,10 @@ pub(super) enum Scheme {
 }
 
 /// The view requests are routed by, and the one before it.
-pub(super) struct Routing {
-    pub(super) view: ClusterView,
-    pub(super) stamp: u64,
-    /// The previous view and when it was replaced: misses consult its owners for a while.
-    pub(super) prev: Option<(ClusterView, Instant)>,
-}
+pub(super) type Routing = Routes;
 
 /// How long a node that failed is skipped before the client tries it again.
 const BACKOFF: Duration = Duration::from_millis(500);
-
-/// Attempts of one routed call when nodes answer `WrongView` (the view is changing).
-const VIEW_ATTEMPTS: u32 = 5;
 
 /// Runs `$body` (the contents of an async block that routes by `$r`, the current routing) and
 /// runs it again, with a fresh view, when a node answers that the view changed (a bounded
@@ -46,12 +40,12 @@ const VIEW_ATTEMPTS: u32 = 5;
 /// miss for reads) instead of the `WrongView` error.
 macro_rules! routed {
     ($client:ident, $r:ident => $body:block $(, wrong_view_miss => $miss:expr)?) => {{
-        let mut attempt = 0;
+        let mut retry = ::kvpool::route::ViewRetry::new();
         loop {
             let $r = $client.routing();
             let res: Result<_, $crate::error::ClientError> = async $body.await;
             match res {
-                Err(e) if $client.retry_view(&e, &mut attempt).await => {}
+                Err(e) if $client.retry_view(&e, &mut retry).await => {}
                 $(Err(e) if e.code() == Some(::kvpool::protocol::ErrorCode::WrongView) => {
                     break Ok($miss)
                 })?
@@ -76,25 +70,19 @@ impl Client {
     }
 
     pub(super) fn fallback<'r>(&self, r: &'r Routing) -> Option<&'r ClusterView> {
-        r.prev
-            .as_ref()
-            .filter(|(_, since)| since.elapsed() < self.cfg.fallback_window)
-            .map(|(v, _)| v)
+        r.fallback(Instant::now(), self.cfg.fallback_window)
     }
 
     /// The previous owner of `key`, when the view changed recently, it differs from the
-    /// current owner and it is not down ([`routing::previous_owner`]).
+    /// current owner and it is not down ([`Routes::previous_owner`]).
     pub(super) fn prev_owner(&self, r: &Routing, key: &[u8]) -> Option<u32> {
-        routing::previous_owner(self.fallback(r)?, &r.view, key).map(|n| n.0)
+        r.previous_owner(key, self.fallback(r)).map(|n| n.0)
     }
 
     /// The `k`-th owner of `key` among the replicas reads consult (the owner itself for 0,
     /// found without ranking every node).
     pub(super) fn owner_at(&self, r: &Routing, key: &[u8], k: usize) -> Option<NodeId> {
-        match k {
-            0 => r.view.owner(key),
-            _ => r.view.owners(key, self.read_replicas()).get(k).copied(),
-        }
+        r.owner_at(key, k, self.read_replicas())
     }
 
     pub(super) fn primary(&self, r: &Routing, key: &[u8]) -> Result<u32, ClientError> {
@@ -222,25 +210,15 @@ impl Client {
             .routing
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        let stamp = v.stamp();
-        if stamp == cur.stamp || v.version < cur.view.version {
+        let Some(next) = cur.adopt(v, Instant::now()) else {
             return false;
-        }
+        };
         tracing::debug!(
             from = cur.view.version,
-            to = v.version,
+            to = next.view.version,
             "cluster view changed"
         );
-        let prev = if cur.view.nodes.iter().any(|n| n.state == NodeState::Serving) {
-            Some((cur.view.clone(), Instant::now()))
-        } else {
-            cur.prev.clone()
-        };
-        *cur = Arc::new(Routing {
-            view: v,
-            stamp,
-            prev,
-        });
+        *cur = Arc::new(next);
         true
     }
 
@@ -271,14 +249,13 @@ impl Client {
     /// After a failed routed call: when a node answered that the view changed, refreshes the
     /// view (or waits a moment for gossip to settle) and says to route again, a bounded number
     /// of times.
-    pub(super) async fn retry_view(&self, e: &ClientError, attempt: &mut u32) -> bool {
-        if e.code() != Some(ErrorCode::WrongView) || *attempt + 1 >= VIEW_ATTEMPTS {
+    pub(super) async fn retry_view(&self, e: &ClientError, retry: &mut ViewRetry) -> bool {
+        if e.code() != Some(ErrorCode::WrongView) || !retry.again() {
             return false;
         }
-        *attempt += 1;
         if !self.refresh().await {
             // The nodes don't agree yet: give gossip a moment.
-            tokio::time::sleep(Duration::from_millis(20 << *attempt)).await;
+            tokio::time::sleep(retry.pause()).await;
         }
         true
     }

@@ -9,7 +9,7 @@ use kvpool::{Commit, NodeId, PoolError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use super::conn::{Args, Conn, Next, Place, Refused};
-use super::{admin, forward, glob};
+use super::{admin, glob};
 use crate::metrics::RespCommand;
 
 impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
@@ -453,16 +453,12 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
         }
     }
 
-    /// `MSET` with a key owned elsewhere: every pair goes through the forwarding client (one
-    /// round trip per owner). All or nothing on each node, not across nodes: when one owner
-    /// refuses, the pairs other owners stored stay.
+    /// `MSET` with a key owned elsewhere: every pair goes to its owners (one round trip per
+    /// owner). All or nothing on each node, not across nodes: when one owner refuses, the
+    /// pairs other owners stored stay.
     async fn mset_forwarded(&mut self, a: &Args<'_>) {
-        let c = match self.forward() {
-            Ok(t) => t.client().await,
-            Err(msg) => Err(msg),
-        };
-        let c = match c {
-            Ok(c) => c,
+        let t = match self.forward() {
+            Ok(t) => t,
             Err(msg) => return encode::error(&mut self.out, &msg),
         };
         let mut items = Vec::with_capacity(a.len() / 2);
@@ -471,7 +467,7 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
             self.s.metrics.bytes(value.len() as u64, 0);
             items.push((key, value));
         }
-        match c.batch_put_from(&items).await {
+        match t.put_many(&items).await {
             Ok(codes) => match codes
                 .iter()
                 .find(|c| **c != kvpool::protocol::ErrorCode::Ok)
@@ -482,7 +478,7 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
                     &format!("ERR kvpool: an owner refused part of the MSET: {code:?}"),
                 ),
             },
-            Err(e) => encode::error(&mut self.out, &forward::error_text(&e)),
+            Err(msg) => encode::error(&mut self.out, &msg),
         }
     }
 
@@ -557,12 +553,9 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
             }
         }
         if self.s.cluster.view().nodes.len() > 1 {
-            // In a cluster, on every node, through the forwarding client.
+            // In a cluster, on every node.
             let cleared = match self.forward() {
-                Ok(t) => match t.client().await {
-                    Ok(c) => c.remove_all().await.map_err(|e| forward::error_text(&e)),
-                    Err(msg) => Err(msg),
-                },
+                Ok(t) => t.remove_all().await,
                 Err(msg) => Err(msg),
             };
             return match cleared {

@@ -73,7 +73,7 @@ impl<'b> Args<'b> {
 pub(super) enum Place {
     /// From this node's pool: it is the key's only owner (or has never had a peer).
     Local,
-    /// By its owners, through the door's forwarding client.
+    /// By its owners, over the door's links to them.
     Remote,
 }
 
@@ -281,21 +281,19 @@ impl<'a, W: AsyncWrite + Unpin + Send> Conn<'a, W> {
 
     /// [`Conn::forward`] in namespace `ns` (which the caller checked the connection may use).
     pub(super) fn forward_in(&self, ns: &str) -> Result<forward::Target<'a>, String> {
-        let me = NodeId(self.s.cluster.me());
-        let endpoint = match self.view.1.node(me) {
-            Some(n) if !n.tcp.is_empty() => n.tcp.clone(),
-            _ => {
-                return Err(
-                    "ERR kvpool: the key is owned by another node and this node has \
-                            no TCP address to forward it from; send it to the owner's RESP door"
-                        .into(),
-                )
-            }
-        };
+        let s = self.s;
+        let id = s.hello.namespaces.iter().find(|(n, _)| n == ns);
+        // A namespace this node does not name: as the client's default.
+        let replication = id
+            .and_then(|&(_, id)| s.replication(id))
+            .map_or((1, 2), |r| {
+                (r.replicas as usize, r.pinned_replicas as usize)
+            });
         Ok(forward::Target {
             forwarder: &self.door.forward,
-            endpoint,
+            cluster: &s.cluster,
             ns: ns.to_string(),
+            replication,
         })
     }
 

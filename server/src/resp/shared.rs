@@ -18,7 +18,7 @@ pub(crate) struct RespShared {
     pub(crate) next_id: std::sync::atomic::AtomicU64,
     /// Deadlines of the keys set with a TTL.
     pub(crate) expiry: Arc<Expiry>,
-    /// The client that serves keys owned by other nodes.
+    /// The links that serve keys owned by other nodes.
     pub(crate) forward: forward::Forwarder,
     /// Bytes the weights view may hold at once for tensors being assembled.
     pub(crate) weights_memory: Budget,

@@ -384,7 +384,7 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
     }
 
     /// Fills each destination with the value of its key in namespace `wns`: from this pool
-    /// when this node owns the key, otherwise from its owners through the door's client, in
+    /// when this node owns the key, otherwise from its owners over the door's links to them, in
     /// batches. Ok(false) when a value is missing or not exactly its destination's length
     /// (logged, about `what`); Err(reply line) when the keys can't be asked for at all.
     async fn fill(
@@ -423,15 +423,20 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
         if remote_keys.is_empty() {
             return Ok(true);
         }
-        let client = self.forward_in(w::DEFAULT_NAMESPACE)?.client().await?;
+        let owners = self.forward_in(w::DEFAULT_NAMESPACE)?;
         for (keys, dsts) in remote_keys.chunks(BATCH).zip(remote_dsts.chunks_mut(BATCH)) {
             let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            match client.batch_get_into(&keys, dsts).await {
+            match owners.get_many(&keys).await {
                 Ok(got)
                     if got
                         .iter()
                         .zip(dsts.iter())
-                        .all(|(g, d)| *g == Some(d.len())) => {}
+                        .all(|(g, d)| g.as_ref().is_some_and(|v| v.len() == d.len())) =>
+                {
+                    for (v, d) in got.iter().flatten().zip(dsts.iter_mut()) {
+                        d.copy_from_slice(v);
+                    }
+                }
                 Ok(_) => {
                     tracing::warn!(what, "weights view: a piece is missing on its owners");
                     return Ok(false);
