@@ -39,12 +39,9 @@ load latency, breaker state) plus this backend's own (``guarded_errors``).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -53,37 +50,21 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
-    PoolHitPolicy,
     PoolName,
-    PoolTransfer,
-    PoolTransferResult,
 )
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.observability.metrics_collector import StorageMetrics
 
+from ._sglang_config import BYTE_ORDER, CONFIG_DEFAULTS, _parse_config
+from ._sglang_guard import _all_false, _guarded
+from ._sglang_hybrid import HybridPools
+from ._sglang_plain import PlainInterface
 from .engine import EngineStore, layout_salt
 from .page_io import PageIO, PageObjects
 
+__all__ = ["BYTE_ORDER", "CONFIG_DEFAULTS", "KvpoolStore"]
+
 log = logging.getLogger("kvpool.sglang")
-
-#: ``extra_config`` keys this backend reads, with their defaults (docs/ENGINES.md).
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "kvpool_url": None,  # or $KVPOOL_URL
-    "kvpool_namespace": None,  # kvpoold's "default"
-    "kvpool_token": None,
-    "lookup_timeout_ms": 5.0,
-    "io_timeout_ms": 2000.0,
-    "failure_threshold": 3,
-    "probe_interval_s": 5.0,
-    "kvpool_same_host": True,  # False: every byte over the socket, as from another host
-}
-
-#: Host layouts by the byte order of their objects (the salt's ``order`` field).
-BYTE_ORDER = {
-    "page_first": "token-major",
-    "layer_first": "layer-major",
-    "page_first_direct": "layer-major",
-}
 
 #: Pools whose one object per page is the rank-replicated kind under an MLA model.
 _MLA_SINGLE_POOLS = frozenset(
@@ -95,104 +76,13 @@ _MLA_SINGLE_POOLS = frozenset(
 )
 
 
-def _parse_config(extra: dict[str, Any]) -> dict[str, Any]:
-    """The backend's settings from ``extra_config``; raises ValueError on a bad one."""
-    unknown = [k for k in extra if k.startswith("kvpool_") and k not in CONFIG_DEFAULTS]
-    if unknown:
-        raise ValueError(
-            f"unknown kvpool extra_config keys {unknown}; known: {sorted(CONFIG_DEFAULTS)}"
-        )
-    cfg = dict(CONFIG_DEFAULTS)
-    cfg.update({k: extra[k] for k in CONFIG_DEFAULTS if k in extra})
-    url = cfg["kvpool_url"] or os.environ.get("KVPOOL_URL")
-    if not isinstance(url, str) or not url:
-        raise ValueError(
-            "kvpool: set kvpool_url in --hicache-storage-backend-extra-config "
-            "(or KVPOOL_URL), e.g. tcp://127.0.0.1:7070"
-        )
-    cfg["kvpool_url"] = url
-    for k in ("lookup_timeout_ms", "io_timeout_ms", "probe_interval_s"):
-        v = cfg[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"kvpool: {k} must be a positive number, got {v!r}")
-    ft = cfg["failure_threshold"]
-    if isinstance(ft, bool) or not isinstance(ft, int) or ft < 1:
-        raise ValueError(
-            f"kvpool: failure_threshold must be an integer >= 1, got {ft!r}"
-        )
-    for k in ("kvpool_namespace", "kvpool_token"):
-        if cfg[k] is not None and not isinstance(cfg[k], str):
-            raise ValueError(f"kvpool: {k} must be a string")
-    if type(cfg["kvpool_same_host"]) is not bool:  # ValueError, as for every bad key
-        raise ValueError("kvpool: kvpool_same_host must be true or false")
-    return cfg
-
-
-def _guarded(miss: Callable[..., Any]) -> Callable[[Callable[..., Any]], Any]:
-    """Turns any exception of a public method into ``miss(*args)``, counted and logged once
-    per method (then at debug level)."""
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(self: KvpoolStore, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(self, *args, **kwargs)
-            except Exception as e:  # noqa: BLE001 (SGLang's threads must only see a miss)
-                self._guard_failed(fn.__name__, e)
-                try:
-                    return miss(*args, **kwargs)
-                except Exception:  # noqa: BLE001 (malformed arguments: the emptiest miss)
-                    return miss()
-
-        return wrapper
-
-    return deco
-
-
-def _n_keys(keys: Sequence[Any] | None = None, *_: Any, **__: Any) -> int:
-    try:
-        return len(keys) if keys is not None else 0
-    except TypeError:
-        return 0
-
-
-def _all_false(*args: Any, **kwargs: Any) -> list[bool]:
-    return [False] * _n_keys(*args, **kwargs)
-
-
-def _per_pool_false(
-    transfers: Sequence[PoolTransfer] | None = None, *_: Any, **__: Any
-) -> dict[str, list[bool]]:
-    return {t.name: [False] * len(t.keys or []) for t in transfers or []}
-
-
-def _tensor_bytes(t: torch.Tensor, writable: bool = False) -> torch.Tensor:
-    """The bytes of a tensor as a flat uint8 CPU tensor: a view of ``t`` to write into (which
-    must then be a contiguous CPU tensor), or its bytes to read (a copy where needed)."""
-    if writable:
-        if t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError("kvpool: a get target must be a contiguous CPU tensor")
-        return t.reshape(-1).view(torch.uint8)
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _batch_get_miss(
-    keys: Sequence[Any] | None = None,
-    target_locations: Any = None,
-    target_sizes: Any = None,
-) -> list[None] | int:
-    if target_locations is not None and target_sizes is not None:
-        return 0
-    return [None] * _n_keys(keys)
-
-
-class KvpoolStore(HiCacheStorage):
+class KvpoolStore(HybridPools, PlainInterface, HiCacheStorage):
     """SGLang HiCache storage backed by kvpool (see the module docstring and docs/ENGINES.md).
 
     ``KvpoolStore(storage_config, kwargs=None)``: the signature SGLang's dynamic factory calls.
     ``storage_config.extra_config`` carries the settings of :data:`CONFIG_DEFAULTS`. The store
     connects lazily and never fails because kvpoold is down: it answers misses until a probe
-    connects.
+    connects. Its v2 calls are in ``HybridPools``, its plain ones in ``PlainInterface``.
     """
 
     def __init__(
@@ -411,233 +301,6 @@ class KvpoolStore(HiCacheStorage):
         self._record(self._backup_pgs, self._backup_bw, objs, ok, pages, start)
         return pages
 
-    # ----- v2: hybrid models' sidecar pools -----
-
-    @_guarded(lambda *a, **k: PoolTransferResult.empty())
-    def batch_exists_v2(
-        self,
-        keys: list[str],
-        pool_transfers: list[PoolTransfer] | None = None,
-        extra_info: HiCacheStorageExtraInfo | None = None,
-    ) -> PoolTransferResult:
-        """The usable prefix under each pool's hit policy (one presence round trip for every
-        object of every pool). ``BLOCK_GROUPS`` pools restore 0 pages and gate nothing."""
-        n = len(keys)
-        if n == 0:
-            return PoolTransferResult(0, {}, [])
-        physical = getattr(self.mem_pool_host, "kv_buffer", None) is not None
-        query: list[str] = []
-        spans: list[tuple[PoolTransfer | None, int, int, int]] = []
-        if physical:
-            comps = self._kv_components()
-            query += [self._key(k, c, s) for k in keys for c, s in comps]
-            spans.append((None, len(comps), 0, len(query)))
-        unusable = False
-        for t in pool_transfers or []:
-            if t.hit_policy == PoolHitPolicy.BLOCK_GROUPS:
-                self._log_once(
-                    f"block_groups:{t.name}",
-                    "kvpool: pool %s asks for BLOCK_GROUPS, which kvpool does not serve; "
-                    "it restores 0 pages",
-                    t.name,
-                )
-                continue
-            pool = self.registered_pools.get(t.name)
-            comps = self._components(t.name, pool) if pool is not None else None
-            if not comps:
-                unusable = True  # a pool we can't serve restores nothing
-                continue
-            begin = len(query)
-            query += [self._key(k, c, s) for k in keys for c, s in comps]
-            spans.append((t, len(comps), begin, len(query)))
-        present = self.store.presence(query) if query else []
-
-        def pages_present(mult: int, begin: int) -> list[bool]:
-            return [
-                all(present[begin + i * mult : begin + (i + 1) * mult])
-                for i in range(n)
-            ]
-
-        kv_pages = n
-        if physical:
-            kv = pages_present(spans[0][1], 0)
-            kv_pages = kv.index(False) if False in kv else n
-            spans = spans[1:]
-        hits: dict[str, int] = {PoolName.KV: kv_pages} if kv_pages else {}
-        restorable = [] if unusable else list(range(1, kv_pages + 1))
-        for t, mult, begin, _end in spans:
-            if not restorable:
-                break
-            assert t is not None
-            have = pages_present(mult, begin)[:kv_pages]
-            if t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
-                window = max(1, len(t.keys) if t.keys else 1)
-                ok = {
-                    p
-                    for p in range(1, kv_pages + 1)
-                    if all(have[max(0, p - window) : p])
-                }
-            else:  # ALL_PAGES
-                lead = have.index(False) if False in have else kv_pages
-                ok = set(range(1, lead + 1))
-            if ok:
-                hits[t.name] = max(ok)
-            restorable = [p for p in restorable if p in ok]
-        return PoolTransferResult(restorable[-1] if restorable else 0, hits, restorable)
-
-    @_guarded(_per_pool_false)
-    def batch_get_v2(
-        self,
-        transfers: list[PoolTransfer],
-        extra_info: HiCacheStorageExtraInfo | None = None,
-    ) -> dict[str, list[bool]]:
-        """Loads each transfer's pages into its pool: per pool, per page, whether it loaded."""
-        return self._io_v2(transfers, store=False)
-
-    @_guarded(_per_pool_false)
-    def batch_set_v2(
-        self,
-        transfers: list[PoolTransfer],
-        extra_info: HiCacheStorageExtraInfo | None = None,
-    ) -> dict[str, list[bool]]:
-        """Stores each transfer's pages from its pool (existing objects are skipped)."""
-        return self._io_v2(transfers, store=True)
-
-    def _io_v2(
-        self, transfers: list[PoolTransfer], store: bool
-    ) -> dict[str, list[bool]]:
-        out: dict[str, list[bool]] = {}
-        batch = PageObjects()
-        spans: list[tuple[Any, int, int, int]] = []
-        for t in transfers:
-            nkeys = len(t.keys or [])
-            out[t.name] = [False] * nkeys
-            pool = self.registered_pools.get(t.name)
-            if pool is None or nkeys == 0 or t.hit_policy == PoolHitPolicy.BLOCK_GROUPS:
-                continue
-            if t.name == PoolName.KV and getattr(pool, "kv_buffer", None) is None:
-                out[t.name] = [True] * nkeys
-                continue
-            objs = self._objects(t.name, pool, list(t.keys or []), t.host_indices)
-            if objs is None:
-                continue
-            begin = len(batch.keys)
-            batch.extend(objs)
-            spans.append((t.name, nkeys, begin, len(batch.keys)))
-        if not batch.keys:
-            return out
-        skip = self.is_mla and not self.is_writer
-        ok = self.io.save(batch, skip_shared=skip) if store else self.io.load(batch)
-        for name, nkeys, begin, end in spans:
-            out[name] = PageObjects.per_page(
-                batch.pages[begin:end], ok[begin:end], nkeys
-            )
-        return out
-
-    # ----- plain interface (SGLang's generic path, without interface_v1) -----
-
-    @_guarded(lambda *a, **k: None)
-    def get(
-        self,
-        key: str,
-        target_location: Any | None = None,
-        target_sizes: Any | None = None,
-    ) -> Any:
-        """The value of ``key``: into ``target_location`` when it is a CPU tensor (the tensor,
-        or None); into registered memory when it is a pointer with ``target_sizes`` bytes
-        (True, or False); as a new uint8 tensor without a target (or None)."""
-        pk = self._plain_key(key)
-        if isinstance(target_location, torch.Tensor):
-            view = _tensor_bytes(target_location, writable=True)
-            got = self.store.get_many_into([pk], [view.numpy()])
-            expect = target_location.numel() * target_location.element_size()
-            return target_location if got[0] == expect else None
-        if target_location is not None:
-            ptr, size = self._pointer(target_location, target_sizes)
-            return self.store.load([pk], [ptr], [size])[0]
-        v = self.store.get(pk)
-        return None if v is None else torch.frombuffer(bytearray(v), dtype=torch.uint8)
-
-    @_guarded(_batch_get_miss)
-    def batch_get(
-        self,
-        keys: list[str],
-        target_locations: Any | None = None,
-        target_sizes: Any | None = None,
-    ) -> list[torch.Tensor | None] | int:
-        """``get`` for many keys in one round trip. Tensors (SGLang's generic path): the list
-        of filled tensors or None. Pointers with sizes (Mooncake's form): how many leading
-        keys were loaded."""
-        if not keys:
-            return []
-        pks = [self._plain_key(k) for k in keys]
-        if target_sizes is not None and target_locations is not None:
-            ptrs = [self._pointer(p, s) for p, s in zip(target_locations, target_sizes)]
-            ok = self.store.load(pks, [p for p, _ in ptrs], [s for _, s in ptrs])
-            return ok.index(False) if False in ok else len(ok)
-        if target_locations is None:
-            return [self.get(k) for k in keys]
-        views = [_tensor_bytes(t, writable=True) for t in target_locations]
-        got = self.store.get_many_into(pks, [v.numpy() for v in views])
-        return [
-            t if g == v.numel() else None
-            for t, v, g in zip(target_locations, views, got)
-        ]
-
-    @_guarded(lambda *a, **k: False)
-    def set(
-        self,
-        key: str,
-        value: Any | None = None,
-        target_location: Any | None = None,
-        target_sizes: Any | None = None,
-    ) -> bool:
-        """Stores a tensor (or any buffer) ``value``, or ``target_sizes`` bytes of registered
-        memory at ``target_location``, under ``key``; True when stored or already there."""
-        if value is None and target_location is None:
-            return False
-        return self.batch_set(
-            [key],
-            None if value is None else [value],
-            None if target_location is None else [target_location],
-            None if target_sizes is None else [target_sizes],
-        )
-
-    @_guarded(lambda *a, **k: False)
-    def batch_set(
-        self,
-        keys: list[str],
-        values: Any | None = None,
-        target_locations: Any | None = None,
-        target_sizes: Any | None = None,
-    ) -> bool:
-        """``set`` for many keys (one presence and one store round trip); True when every
-        key is stored. MLA ranks that are not the storage writer put nothing."""
-        if not keys:
-            return False
-        if self.is_mla and not self.is_writer:
-            return True
-        pks = [self._plain_key(k) for k in keys]
-        present = self.store.presence(pks)
-        todo = [i for i, p in enumerate(present) if not p]
-        if not todo:
-            return True
-        if values is not None:
-            bufs = [
-                _tensor_bytes(values[i]).numpy()
-                if isinstance(values[i], torch.Tensor)
-                else values[i]
-                for i in todo
-            ]
-            return self.store.put_many([pks[i] for i in todo], bufs)
-        if target_locations is None or target_sizes is None:
-            return False
-        ptrs = [self._pointer(target_locations[i], target_sizes[i]) for i in todo]
-        ok = self.store.save(
-            [pks[i] for i in todo], [p for p, _ in ptrs], [s for _, s in ptrs]
-        )
-        return all(ok)
-
     @_guarded(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
         """Whether page ``key`` is stored (its objects under interface_v1, else its value)."""
@@ -783,20 +446,6 @@ class KvpoolStore(HiCacheStorage):
         return objs
 
     # ----- helpers -----
-
-    @staticmethod
-    def _pointer(location: Any, size: Any) -> tuple[int, int]:
-        """(pointer, size) from Mooncake's plain forms: an int or a one-element list each."""
-        if isinstance(location, (list, tuple)):
-            if len(location) != 1:
-                raise ValueError("kvpool: one contiguous buffer per key")
-            location = location[0]
-        if isinstance(size, (list, tuple)):
-            size = sum(size)
-        ptr, n = int(location), int(size)
-        if ptr <= 0 or n <= 0:
-            raise ValueError("kvpool: a null pointer or an empty size")
-        return ptr, n
 
     def _record(
         self,

@@ -29,24 +29,38 @@ and freed at will.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import fcntl
 import hashlib
-import json
-import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import numpy as np
 
 from . import _native
-from ._errors import BufferTooSmallError, InvalidArgumentError, NotFoundError
-
-_log = logging.getLogger(__name__)
+from ._errors import InvalidArgumentError, NotFoundError
+from ._weights_load import (
+    _GROUP_BYTES,
+    _check_unique,
+    _fetch_arrays,
+    _groups,
+    _load_arrays,
+    _load_raw,
+    _to_torch,
+)
+from ._weights_manifest import (
+    DEFAULT_NAMESPACE,
+    ExtraFile,
+    File,
+    Manifest,
+    Tensor,
+    _view,
+    numpy_dtype,
+    torch_dtype,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -78,230 +92,7 @@ __all__ = [
     "write_files",
 ]
 
-DEFAULT_NAMESPACE = "weights"
-"""The namespace weights go to unless told otherwise (every node has it)."""
-
 PathLike = Union[str, "os.PathLike[str]"]
-
-# safetensors dtype -> (numpy dtype string, bits per element). Little-endian, as the format is.
-_NUMPY: dict[str, str] = {
-    "BOOL": "|b1",
-    "U8": "|u1",
-    "I8": "|i1",
-    "U16": "<u2",
-    "I16": "<i2",
-    "F16": "<f2",
-    "U32": "<u4",
-    "I32": "<i4",
-    "F32": "<f4",
-    "U64": "<u8",
-    "I64": "<i8",
-    "F64": "<f8",
-    "C64": "<c8",
-}
-# dtypes numpy lacks: the ml_dtypes name, and the raw integer type used without it.
-_ML_DTYPES: dict[str, tuple[str, str]] = {
-    "BF16": ("bfloat16", "<u2"),
-    "F8_E4M3": ("float8_e4m3fn", "|u1"),
-    "F8_E5M2": ("float8_e5m2", "|u1"),
-    "F8_E8M0": ("float8_e8m0fnu", "|u1"),
-}
-_TORCH: dict[str, str] = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "U16": "uint16",
-    "I16": "int16",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "U32": "uint32",
-    "I32": "int32",
-    "F32": "float32",
-    "U64": "uint64",
-    "I64": "int64",
-    "F64": "float64",
-    "C64": "complex64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-}
-
-# weight_iterator's groups: the first holds one tensor (ready at once), later ones grow to
-# this many bytes while the previous one is consumed.
-_GROUP_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One tensor of a published model."""
-
-    name: str
-    """Its name in the checkpoint."""
-    dtype: str
-    """safetensors element type (``F32``, ``BF16``, ...)."""
-    shape: tuple[int, ...]
-    """Shape."""
-    file: int
-    """Index of its file in :attr:`Manifest.files`."""
-    index: int
-    """Index in its file (the order of its bytes)."""
-    nbytes: int
-    """Length in bytes."""
-
-
-@dataclass(frozen=True)
-class File:
-    """One safetensors file of a published model."""
-
-    name: str
-    """Its name, relative to the directory that was published."""
-    rank: Optional[int]  # noqa: UP045 (evaluated by dataclasses on Python 3.9)
-    """The tensor-parallel rank of a per-rank checkpoint (``*-rank-R-*``), None: every rank's."""
-    tensors: tuple[Tensor, ...]
-    """Its tensors, in the order of their bytes."""
-
-
-@dataclass(frozen=True)
-class ExtraFile:
-    """A companion file (``config.json``, tokenizer, shard index) stored whole."""
-
-    name: str
-    """Its name, relative to the directory that was published."""
-    nbytes: int
-    """Length."""
-    index: int
-    """Index in :attr:`Manifest.extra`."""
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What the pool holds of a published model: a view of its manifest (docs/WEIGHTS.md)."""
-
-    name: str
-    """The model's name."""
-    chunk_size: int
-    """Largest chunk a tensor was cut into."""
-    replicas: int
-    """Copies of each piece the namespace kept when it was published."""
-    files: tuple[File, ...]
-    """The safetensors files, in order."""
-    extra: tuple[ExtraFile, ...]
-    """The companion files."""
-    namespace: str = DEFAULT_NAMESPACE
-    """The namespace it lives in."""
-    _native: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def tensors(self) -> list[Tensor]:
-        """Every tensor, file by file, in the order of their bytes (the checkpoint's order)."""
-        return [t for f in self.files for t in f.tensors]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all tensors."""
-        return sum(t.nbytes for t in self.tensors)
-
-    def tensor(self, name: str, rank: Optional[int] = None) -> Tensor:  # noqa: UP045
-        """The tensor called ``name`` (of ``rank``'s files in a per-rank checkpoint). Raises
-        :class:`kvpool.NotFoundError`."""
-        for f in self.files:
-            if rank is not None and f.rank is not None and f.rank != rank:
-                continue
-            for t in f.tensors:
-                if t.name == name:
-                    return t
-        raise NotFoundError(f"model {self.name!r} has no tensor {name!r}")
-
-    def tensors_of_rank(self, rank: Optional[int]) -> list[Tensor]:  # noqa: UP045
-        """The tensors tensor-parallel ``rank`` loads: its own files' and those of every rank
-        (all of them for ``None``)."""
-        return [
-            t
-            for f in self.files
-            if rank is None or f.rank is None or f.rank == rank
-            for t in f.tensors
-        ]
-
-    def chunk_keys(self) -> list[tuple[int, int, int, bytes]]:
-        """(file index, tensor index, chunk index, key) of every chunk: the objects the model's
-        tensors are stored as, in :attr:`namespace`."""
-        return self._native.chunk_keys()
-
-    def json(self) -> str:
-        """The manifest's JSON, as stored in the pool."""
-        return self._native.json()
-
-
-def _view(model: Any, namespace: str) -> Manifest:
-    m = json.loads(model.json())
-    files = tuple(
-        File(
-            name=f["name"],
-            rank=f["rank"],
-            tensors=tuple(
-                Tensor(
-                    name=t["name"],
-                    dtype=t["dtype"],
-                    shape=tuple(t["shape"]),
-                    file=fi,
-                    index=ti,
-                    nbytes=t["len"],
-                )
-                for ti, t in enumerate(f["tensors"])
-            ),
-        )
-        for fi, f in enumerate(m["files"])
-    )
-    extra = tuple(
-        ExtraFile(name=e["name"], nbytes=e["len"], index=i)
-        for i, e in enumerate(m["extra"])
-    )
-    return Manifest(
-        name=m["name"],
-        chunk_size=m["chunk_size"],
-        replicas=m["replicas"],
-        files=files,
-        extra=extra,
-        namespace=namespace,
-        _native=model,
-    )
-
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype of a safetensors dtype. ``BF16`` and the ``F8_*`` types have none in
-    numpy: with ``ml_dtypes`` importable they are its ``bfloat16``/``float8_*`` types, without
-    it the raw bits as ``uint16`` (``BF16``) or ``uint8`` (``F8_*``). Sub-byte types (``F4``,
-    ``F6_*``) and unknown ones are ``uint8`` (their raw bytes)."""
-    if dtype in _NUMPY:
-        return np.dtype(_NUMPY[dtype])
-    if dtype in _ML_DTYPES:
-        ml_name, raw = _ML_DTYPES[dtype]
-        try:
-            import ml_dtypes
-
-            return np.dtype(getattr(ml_dtypes, ml_name))
-        except (ImportError, AttributeError):
-            return np.dtype(raw)
-    return np.dtype("|u1")
-
-
-def torch_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype of a safetensors dtype (``BF16`` is ``torch.bfloat16``). Raises
-    :class:`kvpool.InvalidArgumentError` for one torch lacks (sub-byte types)."""
-    import torch
-
-    name = _TORCH.get(dtype)
-    if name is None or not hasattr(torch, name):
-        raise InvalidArgumentError(f"torch has no dtype for safetensors {dtype}")
-    return getattr(torch, name)
-
-
-def _shaped(raw: np.ndarray, t: Tensor) -> np.ndarray:
-    """The raw bytes of ``t`` as an array of its dtype and shape (a view, no copy)."""
-    dt = numpy_dtype(t.dtype)
-    if dt.itemsize * int(np.prod(t.shape, dtype=np.int64)) != t.nbytes:
-        return raw  # a sub-byte type: its bytes as they are
-    return raw.view(dt).reshape(t.shape)
 
 
 # ----- publish, inspect, remove -----
@@ -413,160 +204,6 @@ def write_files(
     )
 
 
-# ----- loading -----
-
-
-def _sources(source: Any) -> tuple[Optional[str], Optional[list[str]]]:  # noqa: UP045
-    """(source_dir, source_files) of the native load for ``source``: a directory (files named
-    as published under it), a shard index (its directory), a file, or a list of files."""
-    if source is None:
-        return None, None
-    if isinstance(source, (str, os.PathLike)):
-        p = Path(source)
-        if p.is_dir():
-            return os.fspath(p), None
-        if p.name.endswith(".index.json"):
-            return os.fspath(p.parent), None
-        return None, [os.fspath(p)]
-    paths = [Path(s) for s in source]
-    if len(paths) == 1 and paths[0].is_dir():
-        return os.fspath(paths[0]), None
-    for p in paths:
-        if p.name.endswith(".index.json"):
-            return os.fspath(p.parent), None
-    return None, [os.fspath(p) for p in paths]
-
-
-def _byte_view(buf: Any) -> memoryview:
-    """A writable, C-contiguous byte view of a buffer-protocol object or a CPU torch tensor
-    (through a numpy view of the same memory)."""
-    if type(buf).__module__.startswith("torch"):
-        import torch
-
-        if not isinstance(buf, torch.Tensor):
-            raise InvalidArgumentError(f"{type(buf).__name__} is not a tensor")
-        if buf.device.type != "cpu":
-            raise InvalidArgumentError(
-                f"a tensor on {buf.device} can't be filled in place: load into a CPU tensor "
-                "and copy it over"
-            )
-        if not buf.is_contiguous():
-            raise InvalidArgumentError("the tensor must be contiguous")
-        buf = buf.detach().reshape(-1).view(torch.uint8).numpy()
-    try:
-        mv = memoryview(buf)
-    except TypeError:
-        raise InvalidArgumentError(
-            f"{type(buf).__name__} does not support the buffer protocol"
-        ) from None
-    if mv.readonly:
-        raise InvalidArgumentError(
-            "a load needs a writable buffer; this one is read-only"
-        )
-    if not mv.c_contiguous:
-        raise InvalidArgumentError("the buffer must be C-contiguous")
-    return mv
-
-
-def _load_raw(
-    client: Client,
-    m: Manifest,
-    tensors: Sequence[Tensor],
-    bufs: Sequence[Any],
-    source: Any = None,
-) -> dict[str, int]:
-    """Loads ``tensors[i]`` into ``bufs[i]`` (writable buffers of exactly its length) in one
-    parallel load; returns its report."""
-    targets = []
-    holders = []
-    for t, b in zip(tensors, bufs):
-        mv = _byte_view(b)
-        if mv.nbytes != t.nbytes:
-            raise BufferTooSmallError(
-                f"buffer for {t.name!r} is {mv.nbytes} bytes, the tensor {t.nbytes}"
-            )
-        if mv.nbytes == 0:
-            targets.append((t.file, t.index, 0, 0))
-            holders.append(mv)
-            continue
-        # Exports the buffer until `holders` is dropped: it can't be freed or resized while
-        # the native load writes into it.
-        h = (ctypes.c_char * mv.nbytes).from_buffer(mv)
-        holders.append(h)
-        targets.append((t.file, t.index, ctypes.addressof(h), mv.nbytes))
-    source_dir, source_files = _sources(source)
-    try:
-        return _native._weights_load_into_unchecked(
-            client, m.namespace, m._native, targets, source_dir, source_files
-        )
-    finally:
-        del holders
-
-
-def _check_unique(m: Manifest, tensors: Sequence[Tensor]) -> None:
-    """Refuses to key tensors by name when names repeat (a per-rank checkpoint's files loaded
-    for every rank at once)."""
-    if len({t.name for t in tensors}) != len(tensors):
-        raise InvalidArgumentError(
-            f"tensor names of model {m.name!r} repeat across its per-rank files: pass rank="
-        )
-
-
-def _load_arrays(
-    client: Client, m: Manifest, tensors: Sequence[Tensor], source: Any = None
-) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    _check_unique(m, tensors)
-    raws = [np.empty(t.nbytes, dtype=np.uint8) for t in tensors]
-    report = _load_raw(client, m, tensors, raws, source)
-    return {t.name: _shaped(r, t) for t, r in zip(tensors, raws)}, report
-
-
-class _PoolRegion:
-    """Bytes of the pool mapped into this process, for ``numpy.asarray``: an array made from
-    it keeps it (its ``base``), and it keeps the owner of the mapping and of the holds alive."""
-
-    __slots__ = ("__array_interface__", "_owner")
-
-    def __init__(self, owner: Any, address: int, length: int) -> None:
-        self._owner = owner
-        self.__array_interface__ = {
-            "version": 3,
-            "shape": (length,),
-            "typestr": "|u1",
-            "data": (address, True),  # read-only
-        }
-
-
-def _view_arrays(
-    client: Client, m: Manifest, tensors: Sequence[Tensor], verify: bool
-) -> tuple[dict[str, np.ndarray], list[Tensor]]:
-    """Read-only arrays over the pool's own memory for the tensors whose chunks all have a
-    copy on this host (checked against the manifest once, while they are made), and the
-    tensors left to copy. Nothing is viewed (everything left to copy) when the views can't be
-    made at all: another host, a daemon without holds, a view of more chunks than a
-    connection may hold."""
-    try:
-        owner, places = _native._weights_view(
-            client,
-            m.namespace,
-            m._native,
-            [(t.file, t.index) for t in tensors],
-            verify,
-        )
-    except Exception as e:  # noqa: BLE001 - any failure to view falls back to a copy
-        _log.debug("zero-copy views of %r not made (%s); copying", m.name, e)
-        return {}, list(tensors)
-    viewed: dict[str, np.ndarray] = {}
-    rest: list[Tensor] = []
-    for t, place in zip(tensors, places):
-        if place is None:
-            rest.append(t)
-            continue
-        raw = np.asarray(_PoolRegion(owner, place[0], place[1]))
-        viewed[t.name] = _shaped(raw, t)
-    return viewed, rest
-
-
 def load(
     client: Client,
     name: str | Manifest,
@@ -595,26 +232,6 @@ def load(
     is in no copy (use :func:`ensure` to read those from the files)."""
     m = _require(client, name, namespace)
     return _fetch_arrays(client, m, m.tensors_of_rank(rank), copy, verify)
-
-
-def _fetch_arrays(
-    client: Client,
-    m: Manifest,
-    tensors: Sequence[Tensor],
-    copy: bool,
-    verify: bool = True,
-) -> dict[str, np.ndarray]:
-    """``tensors`` by name in their order: views where they can be made (unless ``copy``),
-    verified copies for the rest."""
-    _check_unique(m, tensors)
-    if copy:
-        viewed, rest = {}, list(tensors)
-    else:
-        viewed, rest = _view_arrays(client, m, tensors, verify)
-    copied = _load_arrays(client, m, rest)[0] if rest else {}
-    return {
-        t.name: viewed[t.name] if t.name in viewed else copied[t.name] for t in tensors
-    }
 
 
 def load_into(
@@ -655,31 +272,6 @@ def load_torch(
     raws = [np.empty(t.nbytes, dtype=np.uint8) for t in tensors]
     _load_raw(client, m, tensors, raws)
     return {t.name: _to_torch(r, t) for t, r in zip(tensors, raws)}
-
-
-def _to_torch(raw: np.ndarray, t: Tensor) -> torch.Tensor:
-    import torch
-
-    dt = torch_dtype(t.dtype)
-    if t.nbytes == 0:
-        return torch.empty(t.shape, dtype=dt)
-    return torch.frombuffer(raw, dtype=dt).reshape(t.shape)
-
-
-def _groups(
-    tensors: Sequence[Tensor], group_bytes: int, *, first_alone: bool
-) -> list[list[Tensor]]:
-    """``tensors`` in order, cut into runs of at most ``group_bytes`` (a larger tensor is a
-    run of its own); with ``first_alone`` the first tensor is a run of its own."""
-    groups: list[list[Tensor]] = []
-    size = 0
-    for i, t in enumerate(tensors):
-        if not groups or (first_alone and i == 1) or size + t.nbytes > group_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(t)
-        size += t.nbytes
-    return groups
 
 
 def weight_iterator(

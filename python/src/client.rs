@@ -7,16 +7,23 @@
 //! The underscored ones are the engine of the Pythonic layer in `kvpool/__init__.py`, which
 //! turns buffer-protocol objects into addresses while it holds their buffer exported (so they
 //! can be neither freed nor resized meanwhile); they raise `kvpool` exceptions.
+//!
+//! This file is the class's Python surface; the batch calls on registered memory do their work
+//! in `batch.rs` and `scatter.rs`, and arguments are checked by `args.rs` and `memory.rs`.
 
 use std::sync::RwLock;
 use std::time::Duration;
 
 use kvpool_client::{blocking, ClientConfig, Prefix, SameHost};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString, PyTuple};
+use pyo3::types::PyBytes;
 
-use crate::errors::{code, item_code, item_exception, Failure, InvalidArgumentError};
+use crate::args::{check_key, checked_key, checked_keys, key_of, keys_of, reserved, seconds};
+use crate::batch::get_many;
+use crate::errors::{code, item_exception, Failure, InvalidArgumentError};
+use crate::memory::{overlaps, slice_mut, slice_ref, Range};
 use crate::registry::Registry;
+use crate::subscription::Subscription;
 
 /// A kvpool client. Thread-safe: share one per process.
 #[pyclass(name = "Client", module = "kvpool._native", subclass, frozen)]
@@ -26,9 +33,6 @@ pub(crate) struct NativeClient {
     registry: Registry,
     endpoint: String,
 }
-
-/// A destination or source range: an address and a length.
-type Range = (usize, usize);
 
 #[pymethods]
 impl NativeClient {
@@ -240,41 +244,7 @@ impl NativeClient {
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
         let keys = keys_of(&keys)?;
-        let c = match self.batch_client(keys.len(), buffer_ptrs.len(), sizes.len()) {
-            Ok(c) => c,
-            Err(codes) => return Ok(codes),
-        };
-        let ranges: Vec<Range> = buffer_ptrs.into_iter().zip(sizes).collect();
-        let mut out = vec![code::OK; keys.len()];
-        let mut ok = Vec::with_capacity(keys.len());
-        let overlapping = overlaps(&ranges);
-        for (i, key) in keys.iter().enumerate() {
-            let (p, n) = ranges[i];
-            out[i] = match self.item_status(key, p, n) {
-                code::OK if overlapping[i] => code::INVALID_PARAMS,
-                code::OK => {
-                    ok.push(i);
-                    continue;
-                }
-                status => status,
-            };
-        }
-        let sub_keys: Vec<&[u8]> = ok.iter().map(|&i| &keys[i][..]).collect();
-        let sub_ranges: Vec<Range> = ok.iter().map(|&i| ranges[i]).collect();
-        // SAFETY: every range lies inside a registration (checked above) and no two overlap.
-        match unsafe { get_many(py, &c, &sub_keys, &sub_ranges) } {
-            Ok(got) => {
-                for (&i, g) in ok.iter().zip(got) {
-                    out[i] = match g {
-                        Ok(Some(n)) => n as i64,
-                        Ok(None) => code::OBJECT_NOT_FOUND,
-                        Err(f) => f.code(),
-                    };
-                }
-            }
-            Err(f) => ok.iter().for_each(|&i| out[i] = f.code()),
-        }
-        Ok(out)
+        Ok(self.get_into_batch(py, &keys, buffer_ptrs, sizes))
     }
 
     /// `batch_get_into` with each value scattered over several registered buffers:
@@ -292,156 +262,7 @@ impl NativeClient {
         pieces: Vec<Vec<(usize, usize)>>,
     ) -> PyResult<Vec<i64>> {
         let keys = keys_of(&keys)?;
-        let n = keys.len();
-        let c = match self.batch_client(n, pieces.len(), n) {
-            Ok(c) => c,
-            Err(codes) => return Ok(codes),
-        };
-        let flat: Vec<Range> = pieces.iter().flatten().copied().collect();
-        let overlapping = overlaps(&flat);
-        let mut out = vec![code::OK; n];
-        let mut ok = Vec::with_capacity(n);
-        let mut at = 0;
-        for (i, key) in keys.iter().enumerate() {
-            let mine = at..at + pieces[i].len();
-            at = mine.end;
-            let bad_piece = pieces[i]
-                .iter()
-                .any(|&(p, len)| len > 0 && self.check_registered(p, len).is_err());
-            out[i] = if let Err(f) = check_key(key) {
-                f.code()
-            } else if bad_piece || overlapping[mine].iter().any(|o| *o) {
-                code::INVALID_PARAMS
-            } else {
-                ok.push(i);
-                continue;
-            };
-        }
-        let sub_keys: Vec<&[u8]> = ok.iter().map(|&i| &keys[i][..]).collect();
-        let located = match py.detach(|| c.lease(&sub_keys, 0)) {
-            Ok(l) => l,
-            Err(e) => {
-                let status = Failure::from(e).code();
-                ok.iter().for_each(|&i| out[i] = status);
-                return Ok(out);
-            }
-        };
-        // The same-host copies, on every core when the batch is large (as batch_get_into's):
-        // per key its status, or None when its node is not mapped here.
-        let jobs: Vec<(usize, &kvpool_client::Located)> = ok
-            .iter()
-            .zip(&located)
-            .filter_map(|(&i, found)| match found {
-                Some(loc) => Some((i, loc)),
-                None => {
-                    out[i] = code::OBJECT_NOT_FOUND;
-                    None
-                }
-            })
-            .collect();
-        let copy = |part: &[(usize, &kvpool_client::Located)]| -> Vec<(usize, Option<i64>)> {
-            part.iter()
-                .map(|&(i, loc)| {
-                    let mut dsts: Vec<&mut [u8]> = pieces[i]
-                        .iter()
-                        // SAFETY: every piece lies inside a registration (checked above), is
-                        // writable memory the caller keeps valid for the call, and overlaps no
-                        // other piece of any key; each key is handled by one thread only.
-                        .map(|&(p, len)| unsafe { slice_mut(p, len) })
-                        .collect();
-                    let status = c
-                        .read_local_verified_scatter(loc, &mut dsts)
-                        .map(|r| match r {
-                            Ok(len) => len as i64,
-                            Err(kvpool_client::ClientError::BufferTooSmall { .. }) => {
-                                code::INVALID_PARAMS
-                            }
-                            Err(e) => Failure::from(e).code(),
-                        });
-                    (i, status)
-                })
-                .collect()
-        };
-        let bytes: u64 = jobs.iter().map(|j| j.1.addr.len).sum();
-        let threads = if bytes < SCATTER_PARALLEL_MIN {
-            1
-        } else {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(jobs.len())
-                .max(1)
-        };
-        let done: Vec<(usize, Option<i64>)> = py.detach(|| {
-            if threads == 1 {
-                return copy(&jobs);
-            }
-            std::thread::scope(|s| {
-                let handles: Vec<_> = jobs
-                    .chunks(jobs.len().div_ceil(threads))
-                    .map(|part| (part, s.spawn(|| copy(part))))
-                    .collect();
-                let mut all = Vec::new();
-                for (part, h) in handles {
-                    // A copying thread that panicked: its keys failed (their pieces may be
-                    // half-written, as after any failed load).
-                    all.extend(h.join().unwrap_or_else(|_| {
-                        part.iter()
-                            .map(|&(i, _)| (i, Some(code::INTERNAL_ERROR)))
-                            .collect()
-                    }));
-                }
-                all
-            })
-        });
-        let mut remote = Vec::new();
-        for (i, status) in done {
-            match status {
-                Some(st) => out[i] = st,
-                None => remote.push(i),
-            }
-        }
-        if remote.is_empty() {
-            return Ok(out);
-        }
-        // Not mapped here (another host, or the mapping off): one batch, each value received
-        // from the socket straight into its pieces and hashed as it arrives.
-        let rkeys: Vec<&[u8]> = remote.iter().map(|&i| &keys[i][..]).collect();
-        let mut dsts: Vec<Vec<&mut [u8]>> = remote
-            .iter()
-            .map(|&i| {
-                pieces[i]
-                    .iter()
-                    // SAFETY: every piece lies inside a registration (checked above), is
-                    // writable memory the caller keeps valid for the call, and overlaps no
-                    // other piece of any key.
-                    .map(|&(p, len)| unsafe { slice_mut(p, len) })
-                    .collect()
-            })
-            .collect();
-        let want: Vec<usize> = remote
-            .iter()
-            .map(|&i| pieces[i].iter().map(|p| p.1).sum())
-            .collect();
-        match get_scattered(py, &c, &rkeys, &mut dsts) {
-            Ok(got) => {
-                for ((&i, g), &want) in remote.iter().zip(got).zip(&want) {
-                    out[i] = match g {
-                        Err(Failure::Client(kvpool_client::ClientError::BufferTooSmall {
-                            ..
-                        })) => code::INVALID_PARAMS,
-                        Err(f) => f.code(),
-                        Ok(Some(len)) if len == want => len as i64,
-                        Ok(Some(_)) => code::INVALID_PARAMS,
-                        Ok(None) => code::OBJECT_NOT_FOUND,
-                    };
-                }
-            }
-            Err(f) => {
-                let status = f.code();
-                remote.iter().for_each(|&i| out[i] = status);
-            }
-        }
-        Ok(out)
+        Ok(self.get_scatter_batch(py, &keys, &pieces))
     }
 
     /// `put_from` for many keys, one round trip per node. Returns one status per key (0
@@ -457,34 +278,7 @@ impl NativeClient {
     ) -> PyResult<Vec<i64>> {
         let _ = config;
         let keys = keys_of(&keys)?;
-        let c = match self.batch_client(keys.len(), buffer_ptrs.len(), sizes.len()) {
-            Ok(c) => c,
-            Err(codes) => return Ok(codes),
-        };
-        let mut out = vec![code::OK; keys.len()];
-        let mut items: Vec<(&[u8], &[u8])> = Vec::with_capacity(keys.len());
-        let mut sent = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            let (p, n) = (buffer_ptrs[i], sizes[i]);
-            out[i] = self.item_status(key, p, n);
-            if out[i] == code::OK {
-                // SAFETY: inside a registration (item_status checked it); only read.
-                items.push((key, unsafe { slice_ref(p, n) }));
-                sent.push(i);
-            }
-        }
-        match py.detach(|| c.batch_put_from(&items)) {
-            Ok(codes) => {
-                for (&i, c) in sent.iter().zip(codes) {
-                    out[i] = item_code(c);
-                }
-            }
-            Err(e) => {
-                let f = Failure::from(e).code();
-                sent.iter().for_each(|&i| out[i] = f);
-            }
-        }
-        Ok(out)
+        Ok(self.put_from_batch(py, &keys, &buffer_ptrs, &sizes))
     }
 
     // ----- the engine of the Pythonic layer (exceptions) -----
@@ -789,10 +583,7 @@ impl NativeClient {
         let sub = py
             .detach(|| c.block_on(c.async_client().subscribe(&prefix)))
             .map_err(Failure::from)?;
-        Ok(Subscription {
-            sub: std::sync::Mutex::new(Some(sub)),
-            client: c,
-        })
+        Ok(Subscription::new(sub, c))
     }
 
     /// Removes `key`; True when an object was removed.
@@ -825,7 +616,7 @@ impl NativeClient {
     /// The client for a batch call of `keys` keys with `ptrs` pointers and `sizes` sizes, or
     /// the status every key gets: `INVALID_PARAMS` for lists of different lengths, the
     /// closed client's code.
-    fn batch_client(
+    pub(crate) fn batch_client(
         &self,
         keys: usize,
         ptrs: usize,
@@ -839,7 +630,7 @@ impl NativeClient {
 
     /// The status of one item of a pointer batch before it is sent: `INVALID_KEY`,
     /// `INVALID_PARAMS` (its range is not inside a registration) or `OK`.
-    fn item_status(&self, key: &[u8], ptr: usize, len: usize) -> i64 {
+    pub(crate) fn item_status(&self, key: &[u8], ptr: usize, len: usize) -> i64 {
         if check_key(key).is_err() {
             code::INVALID_KEY
         } else if !self.registry.covers(ptr, len) {
@@ -858,7 +649,7 @@ impl NativeClient {
             .ok_or(Failure::Closed)
     }
 
-    fn check_registered(&self, ptr: usize, len: usize) -> Result<(), Failure> {
+    pub(crate) fn check_registered(&self, ptr: usize, len: usize) -> Result<(), Failure> {
         if ptr == 0 {
             return Err(Failure::BadArgument("null pointer".into()));
         }
@@ -868,218 +659,5 @@ impl NativeClient {
             )));
         }
         Ok(())
-    }
-}
-
-/// A same-host scatter batch of at least this many bytes is copied on every core.
-const SCATTER_PARALLEL_MIN: u64 = 8 << 20;
-
-/// Fetches `keys[i]` into `ranges[i]` ([`get_scattered`] with one buffer per key).
-///
-/// # Safety
-/// Every range must be writable memory that stays valid for the call, and no two may overlap.
-unsafe fn get_many(
-    py: Python<'_>,
-    c: &blocking::Client,
-    keys: &[&[u8]],
-    ranges: &[Range],
-) -> Result<Vec<Result<Option<usize>, Failure>>, Failure> {
-    let mut dsts: Vec<Vec<&mut [u8]>> = ranges
-        .iter()
-        // SAFETY: the caller's contract.
-        .map(|&(a, n)| vec![unsafe { slice_mut(a, n) }])
-        .collect();
-    get_scattered(py, c, keys, &mut dsts)
-}
-
-/// Fetches `keys[i]` into `dsts[i]` (its buffers, filled in order): per key its length, None
-/// for a miss, or its own failure; a failure of the whole batch (the node unreachable) is the
-/// outer error. On a batch refused because one key's buffers are too small, each key is
-/// fetched alone, so every other key still gets its value and the small one its own error.
-fn get_scattered(
-    py: Python<'_>,
-    c: &blocking::Client,
-    keys: &[&[u8]],
-    dsts: &mut [Vec<&mut [u8]>],
-) -> Result<Vec<Result<Option<usize>, Failure>>, Failure> {
-    match py.detach(|| c.batch_get_scatter(keys, dsts)) {
-        Ok(got) => Ok(got.into_iter().map(Ok).collect()),
-        Err(kvpool_client::ClientError::BufferTooSmall { .. }) => Ok(keys
-            .iter()
-            .zip(dsts.iter_mut())
-            .map(|(k, d)| {
-                py.detach(|| c.batch_get_scatter(&[k], std::slice::from_mut(d)))
-                    .map(|mut g| g.pop().flatten())
-                    .map_err(Failure::from)
-            })
-            .collect()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// For each range, whether it overlaps another one (empty ranges overlap nothing).
-pub(crate) fn overlaps(ranges: &[Range]) -> Vec<bool> {
-    let mut order: Vec<usize> = (0..ranges.len()).filter(|&i| ranges[i].1 > 0).collect();
-    order.sort_unstable_by_key(|&i| ranges[i].0);
-    let mut out = vec![false; ranges.len()];
-    // The furthest end so far and the range that reaches it.
-    let mut reach: Option<(usize, usize)> = None;
-    for &i in &order {
-        let (start, len) = ranges[i];
-        let end = start.saturating_add(len);
-        if let Some((far, j)) = reach {
-            if start < far {
-                out[i] = true;
-                out[j] = true;
-            }
-            if end > far {
-                reach = Some((end, i));
-            }
-        } else {
-            reach = Some((end, i));
-        }
-    }
-    out
-}
-
-/// An address `_reserve` returned.
-fn reserved(address: &[u8]) -> PyResult<kvpool::GlobalAddr> {
-    kvpool::GlobalAddr::from_bytes(address)
-        .ok_or_else(|| InvalidArgumentError::new_err("not an address from reserve()"))
-}
-
-/// xxh3-64 of `len` bytes at `ptr`. Private: the caller (`kvpool.checksum`) holds the buffer
-/// exported for the call.
-#[pyfunction]
-pub(crate) fn _checksum_unchecked(py: Python<'_>, ptr: usize, len: usize) -> PyResult<u64> {
-    if len > 0 && (ptr == 0 || len > isize::MAX as usize || ptr.checked_add(len).is_none()) {
-        return Err(InvalidArgumentError::new_err("bad buffer"));
-    }
-    // SAFETY: the caller holds `ptr..ptr+len` exported for the call; checked above.
-    let data = unsafe { slice_ref(ptr, len) };
-    Ok(py.detach(|| kvpool::checksum(data)))
-}
-
-/// The bytes of a key: a `str` (its UTF-8) or `bytes`.
-fn key_of(ob: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    if let Ok(b) = ob.cast::<PyBytes>() {
-        return Ok(b.as_bytes().to_vec());
-    }
-    if let Ok(s) = ob.cast::<PyString>() {
-        return Ok(s.to_cow()?.into_owned().into_bytes());
-    }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "a key is str or bytes, not {}",
-        ob.get_type().name()?
-    )))
-}
-
-fn keys_of(obs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Vec<u8>>> {
-    obs.iter().map(key_of).collect()
-}
-
-fn check_key(key: &[u8]) -> Result<(), Failure> {
-    if key.is_empty() || key.len() > kvpool::MAX_KEY_LEN {
-        return Err(Failure::BadKey(key.len()));
-    }
-    Ok(())
-}
-
-fn checked_key(ob: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    let k = key_of(ob)?;
-    check_key(&k)?;
-    Ok(k)
-}
-
-fn checked_keys(obs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Vec<u8>>> {
-    obs.iter().map(checked_key).collect()
-}
-
-/// `v` seconds as a duration (at most 1e9 s), or an `InvalidArgumentError` naming `what`
-/// when `v` is negative or not finite.
-fn seconds(what: &str, v: f64) -> PyResult<Duration> {
-    if !(v.is_finite() && v >= 0.0) {
-        return Err(InvalidArgumentError::new_err(format!(
-            "{what} must be a finite number of seconds, at least 0"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v.min(1e9)))
-}
-
-/// `len` writable bytes at `addr` (an empty slice for `len == 0`, whatever `addr`).
-///
-/// # Safety
-/// For `len > 0`, `addr..addr + len` must be valid, writable memory that nothing else accesses
-/// while the slice lives, and `len <= isize::MAX`.
-pub(crate) unsafe fn slice_mut<'a>(addr: usize, len: usize) -> &'a mut [u8] {
-    if len == 0 {
-        return &mut [];
-    }
-    // SAFETY: the function's contract.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
-}
-
-/// `len` readable bytes at `addr` (an empty slice for `len == 0`).
-///
-/// # Safety
-/// For `len > 0`, `addr..addr + len` must be valid, readable memory for the slice's life, and
-/// `len <= isize::MAX`.
-unsafe fn slice_ref<'a>(addr: usize, len: usize) -> &'a [u8] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: the function's contract.
-    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
-}
-
-/// A handoff subscription (`Client.subscribe`): the keys under a prefix as they are written or
-/// failed.
-#[pyclass(name = "Subscription", module = "kvpool._native", frozen)]
-pub(crate) struct Subscription {
-    // Field order is drop order: the subscription before the client whose runtime it uses.
-    sub: std::sync::Mutex<Option<kvpool_client::Subscription>>,
-    client: blocking::Client,
-}
-
-#[pymethods]
-impl Subscription {
-    /// The next event, waiting at most `timeout` seconds: `("written", key)`,
-    /// `("failed", key, reason)`, `("lagged",)` (events were dropped: look the keys up again),
-    /// or None when none came in time or the subscription is closed.
-    fn next<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let timeout = seconds("timeout", timeout)?;
-        let c = &self.client;
-        let ev = py.detach(|| {
-            let mut guard = self.sub.lock().unwrap_or_else(|e| e.into_inner());
-            let sub = guard.as_mut()?;
-            c.block_on(sub.recv_within(timeout))
-        });
-        let Some(ev) = ev else {
-            return Ok(None);
-        };
-        let t = match ev {
-            kvpool_client::KeyEvent::Written(k) => PyTuple::new(
-                py,
-                [
-                    PyString::new(py, "written").into_any(),
-                    PyBytes::new(py, &k).into_any(),
-                ],
-            )?,
-            kvpool_client::KeyEvent::Failed(k, reason) => PyTuple::new(
-                py,
-                [
-                    PyString::new(py, "failed").into_any(),
-                    PyBytes::new(py, &k).into_any(),
-                    PyString::new(py, &reason).into_any(),
-                ],
-            )?,
-            kvpool_client::KeyEvent::Lagged => PyTuple::new(py, [PyString::new(py, "lagged")])?,
-        };
-        Ok(Some(t))
-    }
-
-    /// Ends the subscription (as dropping it does).
-    fn close(&self) {
-        self.sub.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }

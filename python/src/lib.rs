@@ -6,18 +6,26 @@
 //! every call that may block runs with the GIL released.
 //!
 //! Components: `client` (the `Client` class: Mooncake-compatible calls on registered memory,
-//! and the engine of the Pythonic calls of `kvpool/__init__.py`), `registry` (the buffers
-//! registered for pointer-based calls), `weights` (model weights: `kvpool/weights.py`'s
-//! engine), `errors` (client errors as `kvpool` exceptions and
-//! Mooncake status codes), and [`block_hashes`] (docs/HASHING.md's keys, by the core's code).
+//! and the engine of the Pythonic calls of `kvpool/__init__.py`) with its batch calls on
+//! registered memory in `batch` and `scatter` (values scattered over several buffers),
+//! `subscription` (handoff events), `args` (keys and durations as Python passes them),
+//! `memory` (the caller's address ranges as slices), `registry` (the buffers registered for
+//! pointer-based calls), `weights` (model weights: `kvpool/weights.py`'s engine), `errors`
+//! (client errors as `kvpool` exceptions and Mooncake status codes), and [`block_hashes`]
+//! (docs/HASHING.md's keys, by the core's code).
 
 use kvpool::prefix::PrefixSeed;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod args;
+mod batch;
 mod client;
 mod errors;
+mod memory;
 mod registry;
+mod scatter;
+mod subscription;
 mod weights;
 
 /// The keys of the full `block_tokens`-token blocks of `token_ids`, as docs/HASHING.md
@@ -71,9 +79,9 @@ fn block_hashes<'py>(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
-    m.add_class::<client::Subscription>()?;
+    m.add_class::<subscription::Subscription>()?;
     m.add_function(wrap_pyfunction!(block_hashes, m)?)?;
-    m.add_function(wrap_pyfunction!(client::_checksum_unchecked, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::_checksum_unchecked, m)?)?;
     m.add("MAX_KEY_LEN", kvpool::MAX_KEY_LEN)?;
     weights::register(m)?;
     Ok(())

@@ -4,7 +4,7 @@
 //!
 //! A published model's manifest is handed to Python as a [`Model`] (parsed once, shared by
 //! every later call on it). Loads write into caller buffers given as (address, length): the
-//! private `_load_into_unchecked` is called only by `kvpool/weights.py`, which holds each
+//! private `_load_into_unchecked` is called only by `kvpool/_weights_load.py`, which holds each
 //! buffer exported (so it can be neither freed nor resized) for the whole call; the addresses
 //! are still checked here (not null, no wrap, no overlap, exactly the tensor's length) so a
 //! mistake there is an exception, never a stray write.
@@ -21,11 +21,12 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict};
 
-use crate::client::{overlaps, slice_mut, NativeClient};
+use crate::client::NativeClient;
 use crate::errors::{
     client_exception, BufferTooSmallError, Error, InvalidArgumentError, NotFoundError,
     PoolFullError,
 };
+use crate::memory::{overlaps, slice_mut};
 
 /// A published model's manifest, parsed (`kvpool.weights.Manifest` wraps it).
 #[pyclass(name = "WeightsModel", module = "kvpool._native", frozen)]
@@ -143,7 +144,7 @@ pub(crate) fn _weights_remove(
 /// length) per tensor. Chunks in no copy are read from `source_dir` (files named as published)
 /// or `source_files` when given, and put back. Returns the load's report.
 ///
-/// Private: `kvpool/weights.py` holds every buffer exported (alive, not resizable, writable)
+/// Private: `kvpool/_weights_load.py` holds every buffer exported (alive, not resizable, writable)
 /// for the whole call. The ranges are checked anyway: not null, no wrap, none overlapping,
 /// each exactly its tensor's length.
 #[pyfunction]

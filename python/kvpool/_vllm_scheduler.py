@@ -1,0 +1,213 @@
+"""The scheduler side of the vLLM connector: which of a request's blocks kvpool holds, the loads
+it plans into the request's blocks, and the saves of the blocks that become full."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.v1.outputs import KVConnectorOutput
+
+from ._vllm_meta import BlockJob, KvpoolConnectorMetadata, guarded, log
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+
+@dataclass
+class _Tracked:
+    """What the scheduler remembers of one request."""
+
+    request: Request
+    block_ids: list[int] = field(default_factory=list)
+    stored: int = 0  # leading blocks known to be in kvpool (matched or saved)
+    load: BlockJob | None = None
+    load_first: int = 0  # index of the load's first block in the request
+    no_load: bool = False  # a load of this request failed: it recomputes from then on
+
+
+class SchedulerSide:
+    """The connector's methods in vLLM's scheduler process (mixed into ``KvpoolConnector``)."""
+
+    def _init_scheduler(self) -> None:
+        kvt = self._kv_transfer_config
+        if (
+            not self.config["keep_failure_policy"]
+            and kvt.kv_load_failure_policy != "recompute"
+        ):
+            # vLLM's default policy fails a request whose KV load failed; for a cache a failed
+            # load is a miss. The scheduler reads the policy after building this connector.
+            kvt.kv_load_failure_policy = "recompute"
+            log.info(
+                "kvpool: kv_load_failure_policy set to 'recompute' (a failed load is a miss)"
+            )
+        self._reqs: dict[str, _Tracked] = {}
+        # req -> first block asked from -> leading blocks stored for every rank
+        self._matches: dict[str, dict[int, int]] = {}
+        # req -> vLLM's local hit (tokens) at its last lookup: where its load starts
+        self._asked: dict[str, int] = {}
+        self._pending_loads: list[BlockJob] = []
+        self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
+        self._failed_total = self._failed_reported = 0
+        self._dropped_total = self._dropped_reported = 0
+        self._rank_salts: list[str] = []
+        if self.enabled:
+            self._rank_salts = [
+                self.salt(tp, pp)
+                for pp in range(self.pp_size)
+                for tp in range(self.tp_size)
+            ]
+
+    def _matched_blocks(self, request: Request, first: int) -> int:
+        """Leading blocks of ``request`` stored for every rank, asking kvpool once (one
+        ``match_prefix``, one round trip per node) per request and starting block."""
+        seen = self._matches.setdefault(request.request_id, {})
+        hit = seen.get(first)
+        if hit is not None:
+            return hit
+        hashes = request.block_hashes[first:]
+        n = len(self._rank_salts)
+        keys = [f"{s}@{h.hex()}" for h in hashes for s in self._rank_salts]
+        hit = first + self.store.match_prefix(keys) // n if keys else first
+        seen[first] = hit
+        return hit
+
+    @guarded(lambda: (0, False))
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Tokens kvpool holds beyond vLLM's own ``num_computed_tokens`` (whole blocks; one
+        block less when the hit covers the whole prompt, so one token is computed)."""
+        if not self.enabled or not request.block_hashes:
+            return 0, False
+        tr = self._reqs.get(request.request_id)
+        if tr is not None and tr.no_load:
+            return 0, False
+        first = num_computed_tokens // self.block_size
+        hit = self._matched_blocks(request, first)
+        self._asked[request.request_id] = first * self.block_size
+        tokens = hit * self.block_size
+        if tokens >= request.num_tokens:
+            tokens = (request.num_tokens - 1) // self.block_size * self.block_size
+        n = tokens - num_computed_tokens
+        if n <= 0:
+            return 0, False
+        return n, self.load_async
+
+    @guarded(lambda: None)
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Remembers the request's blocks; with ``num_external_tokens`` it plans their load."""
+        if not self.enabled:
+            return
+        rid = request.request_id
+        block_ids = list(blocks.get_block_ids()[0])
+        tr = self._reqs.get(rid)
+        if tr is None:
+            tr = self._reqs[rid] = _Tracked(request)
+        if block_ids:
+            tr.block_ids = block_ids
+        if num_external_tokens <= 0:
+            return
+        # The load starts where vLLM's block-aligned local hit ended (the value it passed to
+        # get_num_new_matched_tokens); a load is whole blocks, rounded up.
+        local = self._asked.get(rid, 0)
+        first = local // self.block_size
+        last = first + -(-num_external_tokens // self.block_size)
+        ids = tr.block_ids[first:last]
+        hashes = [h.hex() for h in request.block_hashes[first:last]]
+        if len(ids) != last - first or len(hashes) != len(ids):
+            log.debug("kvpool: %s: no blocks %d..%d to load into", rid, first, last)
+            return
+        tr.stored = max(tr.stored, self._matches.get(rid, {}).get(first, last))
+        job = BlockJob(rid, ids, hashes)
+        tr.load, tr.load_first = job, first
+        self._loading[rid] = tr
+        self._pending_loads.append(job)
+
+    @guarded(lambda: KvpoolConnectorMetadata())
+    def build_connector_meta(
+        self, scheduler_output: SchedulerOutput
+    ) -> KVConnectorMetadata:
+        """This step's loads (planned in ``update_state_after_alloc``) and the saves of the
+        blocks that become full in this step and are not stored yet."""
+        meta = KvpoolConnectorMetadata(load_async=self.load_async)
+        meta.loads, self._pending_loads = self._pending_loads, []
+        if not self.enabled:
+            return meta
+        sched = scheduler_output.num_scheduled_tokens
+        for nr in scheduler_output.scheduled_new_reqs:
+            tr = self._reqs.get(nr.req_id)
+            if tr is None:
+                continue
+            tr.block_ids = list(nr.block_ids[0])
+            self._forget_matches(nr.req_id)  # a preempted request asks afresh
+            self._plan_save(meta, tr, nr.num_computed_tokens + sched.get(nr.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            tr = self._reqs.get(rid)
+            if tr is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                tr.block_ids = list(new_ids[0]) if new_ids else []
+                self._forget_matches(rid)
+            elif new_ids:
+                tr.block_ids.extend(new_ids[0])
+            self._plan_save(meta, tr, cached.num_computed_tokens[i] + sched.get(rid, 0))
+        return meta
+
+    @guarded(lambda: None)
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Learns which loads finished and which blocks failed. A request whose load had a
+        failed block is not offered kvpool blocks again (vLLM recomputes it; a daemon that
+        keeps failing must not loop it through loads), and its failed blocks will be saved
+        again once recomputed."""
+        bad = connector_output.invalid_block_ids or set()
+        done = connector_output.finished_recving or set()
+        for rid, tr in list(self._loading.items()):
+            job = tr.load
+            if job is None:
+                del self._loading[rid]
+                continue
+            failed = [i for i, b in enumerate(job.block_ids) if b in bad]
+            if failed:
+                tr.no_load = True
+                tr.stored = min(tr.stored, tr.load_first + failed[0])
+            if failed or job.req_id in done or not self.load_async:
+                tr.load = None  # a synchronous load reports its errors in its own step
+                del self._loading[rid]
+
+    def _plan_save(
+        self, meta: KvpoolConnectorMetadata, tr: _Tracked, computed: int
+    ) -> None:
+        hashes = tr.request.block_hashes
+        full = min(computed // self.block_size, len(hashes), len(tr.block_ids))
+        if full <= tr.stored:
+            return
+        rid = tr.request.request_id
+        ids = tr.block_ids[tr.stored : full]
+        meta.saves.append(
+            BlockJob(rid, ids, [h.hex() for h in hashes[tr.stored : full]])
+        )
+        tr.stored = full
+
+    @guarded(lambda: (False, None))
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Forgets the request. Never holds its blocks: saves copied them into staging in
+        ``wait_for_save`` of the step that computed them, before vLLM could free them."""
+        rid = request.request_id
+        self._reqs.pop(rid, None)
+        self._loading.pop(rid, None)
+        self._asked.pop(rid, None)
+        self._forget_matches(rid)
+        return False, None
+
+    def _forget_matches(self, rid: str) -> None:
+        self._matches.pop(rid, None)
