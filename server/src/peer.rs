@@ -244,35 +244,31 @@ impl Peer {
         op: Op,
         payload: &[&[u8]],
     ) -> Result<(Outcome, Vec<u8>), PeerError> {
-        self.exchange.view = view;
-        let out = self.exchange.request(op);
-        write_frame(&mut self.w, &out.header, payload).await?;
-        self.w.flush().await?;
-        let prefix = read_prefix(&mut self.r, &self.limits)
-            .await?
-            .ok_or_else(|| PeerError::Protocol("peer closed the connection".into()))?;
-        read_header(&mut self.r, &prefix, &mut self.hdr).await?;
-        let response =
-            decode_response_owned(&self.hdr).map_err(|e| PeerError::Protocol(e.to_string()))?;
-        let outcome = judge(out.id, response).map_err(|e| PeerError::Protocol(e.to_string()))?;
+        let (outcome, payload_len) = self.send_and_judge(view, op, payload).await?;
         if !matches!(outcome, Outcome::Done(_)) {
-            discard(&mut self.r, prefix.payload_len).await?;
+            discard(&mut self.r, payload_len).await?;
             return Ok((outcome, Vec::new()));
         }
         let mut body = Vec::new();
-        let len = usize::try_from(prefix.payload_len).ok();
+        let len = usize::try_from(payload_len).ok();
         if len.is_none_or(|n| body.try_reserve_exact(n).is_err()) {
             return Err(PeerError::Protocol(format!(
-                "a reply payload of {} bytes",
-                prefix.payload_len
+                "a reply payload of {payload_len} bytes"
             )));
         }
-        body.resize(prefix.payload_len as usize, 0);
+        body.resize(payload_len as usize, 0);
         self.r.read_exact(&mut body).await?;
         Ok((outcome, body))
     }
 
-    async fn exchange(&mut self, view: u64, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
+    /// Sends one request stamped with view `view` and reads its reply's header: the judged
+    /// outcome and the length of the payload that follows it, still unread.
+    async fn send_and_judge(
+        &mut self,
+        view: u64,
+        op: Op,
+        payload: &[&[u8]],
+    ) -> Result<(Outcome, u64), PeerError> {
         self.exchange.view = view;
         let out = self.exchange.request(op);
         write_frame(&mut self.w, &out.header, payload).await?;
@@ -284,12 +280,19 @@ impl Peer {
         let response =
             decode_response_owned(&self.hdr).map_err(|e| PeerError::Protocol(e.to_string()))?;
         let outcome = judge(out.id, response).map_err(|e| PeerError::Protocol(e.to_string()))?;
-        let Outcome::Done(reply) = outcome else {
-            discard(&mut self.r, prefix.payload_len).await?;
-            let (code, message) = outcome.into_result().expect_err("not Done");
-            return Err(PeerError::Server { code, message });
+        Ok((outcome, prefix.payload_len))
+    }
+
+    async fn exchange(&mut self, view: u64, op: Op, payload: &[&[u8]]) -> Result<Reply, PeerError> {
+        let (outcome, payload_len) = self.send_and_judge(view, op, payload).await?;
+        let reply = match outcome.into_result() {
+            Ok(reply) => reply,
+            Err((code, message)) => {
+                discard(&mut self.r, payload_len).await?;
+                return Err(PeerError::Server { code, message });
+            }
         };
-        if prefix.payload_len != 0 {
+        if payload_len != 0 {
             return Err(PeerError::Protocol("unexpected reply payload".into()));
         }
         Ok(reply)
