@@ -19,8 +19,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::args::{check_key, checked_key, checked_keys, key_of, keys_of, reserved, seconds};
-use crate::batch::get_many;
 use crate::errors::{code, item_exception, Failure, InvalidArgumentError};
+use crate::fetch::get_many;
 use crate::memory::{overlaps, slice_mut, slice_ref, Range};
 use crate::registry::Registry;
 use crate::subscription::Subscription;

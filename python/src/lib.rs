@@ -22,6 +22,7 @@ mod args;
 mod batch;
 mod client;
 mod errors;
+mod fetch;
 mod memory;
 mod registry;
 mod scatter;

@@ -7,9 +7,9 @@ use kvpool_client::{blocking, ClientError, Located};
 use pyo3::prelude::*;
 
 use crate::args::check_key;
-use crate::batch::get_scattered;
 use crate::client::NativeClient;
 use crate::errors::{code, Failure};
+use crate::fetch::get_scattered;
 use crate::memory::{overlaps, slice_mut, Range};
 
 /// A same-host scatter batch of at least this many bytes is copied on every core.
