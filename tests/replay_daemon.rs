@@ -31,6 +31,7 @@ fn setup(trace: &Trace, endpoints: Vec<String>) -> Setup<'_> {
         endpoints,
         namespace: "default".into(),
         density: Default::default(),
+        sim: Default::default(),
     }
 }
 
@@ -59,6 +60,7 @@ fn replay_against_running_daemons_matches_an_unbounded_cache() {
             capacity_blocks: 0,
             nodes: n as u32,
             scenario: Scenario::Pooled,
+            disk_blocks: 0,
         };
         let row = setup.run(&spec, &next, || {}).unwrap();
         assert_eq!(row.nodes, n as u32);
@@ -124,6 +126,7 @@ fn replay_against_running_daemons_matches_an_unbounded_cache() {
         capacity_blocks: 0,
         nodes: 1,
         scenario: Scenario::Pooled,
+        disk_blocks: 0,
     };
     let row = setup.run(&spec, &next, || {}).unwrap();
     assert_eq!(row.nodes, 2, "both nodes of the cluster");

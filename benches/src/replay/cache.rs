@@ -5,17 +5,70 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use kvpool::eviction::{Eviction, Handle, Insert, PolicyKind};
 use lru::LruCache;
+use serde::Serialize;
+
+use super::tiers::TierStats;
+
+/// The order in which a request's blocks reach the policy when they are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    /// Every present block is touched first, then the missing ones are inserted: the node's
+    /// order, where a request's reads (`BatchGet`) come before its writes (`put_many`).
+    #[default]
+    PresentFirst,
+    /// Block by block from the first to the last: each touched if present, inserted if not, so
+    /// an insertion can evict a block that the same request touches or reads further on.
+    RequestOrder,
+}
 
 /// A cache of blocks, as the replay sees it.
 pub trait BlockCache {
     /// Length of the leading run of `blocks` that is present. Changes nothing.
     fn lookup(&mut self, blocks: &[u64]) -> anyhow::Result<usize>;
 
-    /// Stores a request's blocks: first touches the present ones (in order), then inserts the
-    /// missing ones (in order), evicting as the policy says. `next_use[i]` is the position of
+    /// Stores a request's blocks in the cache's [`Order`] (by default: first touches the present
+    /// ones, then inserts the missing ones), evicting as the policy says. `next_use[i]` is the position of
     /// the next access of `blocks[i]` in the whole trace (`u64::MAX`: never), for offline
     /// policies; online ones ignore it.
     fn store(&mut self, blocks: &[u64], next_use: &[u64]) -> anyhow::Result<()>;
+
+    /// Starts recording the blocks this cache evicts, for a tier below it to take; false where
+    /// the cache cannot (it then never evicts, or decides alone what it keeps).
+    fn log_evictions(&mut self) -> bool {
+        false
+    }
+
+    /// The blocks evicted since the last call, in the order they went.
+    fn take_evicted(&mut self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// Hits tier by tier and what the lower tier wrote, for caches with tiers.
+    fn tiers(&self) -> Option<TierStats> {
+        None
+    }
+}
+
+/// Where a cache records its victims once a tier below it asks for them.
+#[derive(Default)]
+struct EvictionLog(Option<Vec<u64>>);
+
+impl EvictionLog {
+    fn push(&mut self, block: u64) {
+        if let Some(log) = &mut self.0 {
+            log.push(block);
+        }
+    }
+
+    fn start(&mut self) -> bool {
+        self.0.get_or_insert_with(Vec::new);
+        true
+    }
+
+    fn take(&mut self) -> Vec<u64> {
+        self.0.as_mut().map(std::mem::take).unwrap_or_default()
+    }
 }
 
 /// Every block ever stored stays: the ceiling of any policy.
@@ -39,15 +92,37 @@ impl BlockCache for Unbounded {
 pub struct Lru {
     cache: LruCache<u64, ()>,
     capacity: usize,
+    order: Order,
+    evicted: EvictionLog,
 }
 
 impl Lru {
-    /// An LRU of `capacity` blocks.
+    /// An LRU of `capacity` blocks, storing present blocks first.
     pub fn new(capacity: usize) -> Self {
         Lru {
             cache: LruCache::unbounded(),
             capacity,
+            order: Order::default(),
+            evicted: EvictionLog::default(),
         }
+    }
+
+    /// The same, storing a request's blocks in `order`.
+    pub fn with_order(mut self, order: Order) -> Self {
+        self.order = order;
+        self
+    }
+
+    fn insert(&mut self, b: u64) {
+        if self.capacity == 0 || self.cache.contains(&b) {
+            return;
+        }
+        if self.cache.len() >= self.capacity {
+            if let Some((victim, ())) = self.cache.pop_lru() {
+                self.evicted.push(victim);
+            }
+        }
+        self.cache.put(b, ());
     }
 }
 
@@ -57,19 +132,32 @@ impl BlockCache for Lru {
     }
 
     fn store(&mut self, blocks: &[u64], _: &[u64]) -> anyhow::Result<()> {
-        for b in blocks {
-            self.cache.promote(b);
-        }
-        for b in blocks {
-            if self.capacity == 0 || self.cache.contains(b) {
-                continue;
+        match self.order {
+            Order::PresentFirst => {
+                for b in blocks {
+                    self.cache.promote(b);
+                }
+                for &b in blocks {
+                    self.insert(b);
+                }
             }
-            if self.cache.len() >= self.capacity {
-                self.cache.pop_lru();
+            Order::RequestOrder => {
+                for &b in blocks {
+                    if self.cache.get(&b).is_none() {
+                        self.insert(b);
+                    }
+                }
             }
-            self.cache.put(*b, ());
         }
         Ok(())
+    }
+
+    fn log_evictions(&mut self) -> bool {
+        self.evicted.start()
+    }
+
+    fn take_evicted(&mut self) -> Vec<u64> {
+        self.evicted.take()
     }
 }
 
@@ -82,6 +170,8 @@ pub struct PoolPolicy {
     free: Vec<Handle>,
     capacity: usize,
     tick: u64,
+    order: Order,
+    evicted: EvictionLog,
 }
 
 impl PoolPolicy {
@@ -99,7 +189,59 @@ impl PoolPolicy {
             free: Vec::new(),
             capacity,
             tick: 0,
+            order: Order::default(),
+            evicted: EvictionLog::default(),
         }
+    }
+
+    /// The same, storing a request's blocks in `order`.
+    pub fn with_order(mut self, order: Order) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Touches `b` if present; says whether it was.
+    fn touch(&mut self, b: u64) -> bool {
+        let Some(&h) = self.handles.get(&b) else {
+            return false;
+        };
+        self.tick += 1;
+        self.policy.access(h, self.tick);
+        true
+    }
+
+    /// Inserts `b`, `depth` blocks from its request's root, unless present.
+    fn insert(&mut self, depth: usize, b: u64) {
+        if self.capacity == 0 || self.handles.contains_key(&b) {
+            return;
+        }
+        if self.handles.len() >= self.capacity {
+            self.tick += 1;
+            let Some(v) = self.policy.victim(&mut |_| true, self.tick) else {
+                return;
+            };
+            let victim = self.blocks[v as usize];
+            self.handles.remove(&victim);
+            self.evicted.push(victim);
+            self.free.push(v);
+        }
+        let h = self.free.pop().unwrap_or(self.blocks.len() as Handle);
+        if h as usize == self.blocks.len() {
+            self.blocks.push(b);
+        } else {
+            self.blocks[h as usize] = b;
+        }
+        self.handles.insert(b, h);
+        let fingerprint = xxhash_rust::xxh3::xxh3_64(&b.to_le_bytes());
+        self.tick += 1;
+        self.policy.insert(
+            h,
+            Insert {
+                fingerprint,
+                depth: depth as u32,
+                tick: self.tick,
+            },
+        );
     }
 }
 
@@ -112,45 +254,34 @@ impl BlockCache for PoolPolicy {
     }
 
     fn store(&mut self, blocks: &[u64], _: &[u64]) -> anyhow::Result<()> {
-        // Touched tail first, as the node reads a batch (`BatchGet`, `Lookup`).
-        for b in blocks.iter().rev() {
-            if let Some(&h) = self.handles.get(b) {
-                self.tick += 1;
-                self.policy.access(h, self.tick);
+        match self.order {
+            Order::PresentFirst => {
+                // Touched tail first, as the node reads a batch (`BatchGet`, `Lookup`).
+                for &b in blocks.iter().rev() {
+                    self.touch(b);
+                }
+                // Stored tail first, as the client sends a batch (`Client::put_many`).
+                for (depth, &b) in blocks.iter().enumerate().rev() {
+                    self.insert(depth, b);
+                }
             }
-        }
-        // Stored tail first, as the client sends a batch (`Client::put_many`).
-        for (depth, b) in blocks.iter().enumerate().rev() {
-            if self.capacity == 0 || self.handles.contains_key(b) {
-                continue;
+            Order::RequestOrder => {
+                for (depth, &b) in blocks.iter().enumerate() {
+                    if !self.touch(b) {
+                        self.insert(depth, b);
+                    }
+                }
             }
-            if self.handles.len() >= self.capacity {
-                self.tick += 1;
-                let Some(v) = self.policy.victim(&mut |_| true, self.tick) else {
-                    continue;
-                };
-                self.handles.remove(&self.blocks[v as usize]);
-                self.free.push(v);
-            }
-            let h = self.free.pop().unwrap_or(self.blocks.len() as Handle);
-            if h as usize == self.blocks.len() {
-                self.blocks.push(*b);
-            } else {
-                self.blocks[h as usize] = *b;
-            }
-            self.handles.insert(*b, h);
-            let fingerprint = xxhash_rust::xxh3::xxh3_64(&b.to_le_bytes());
-            self.tick += 1;
-            self.policy.insert(
-                h,
-                Insert {
-                    fingerprint,
-                    depth: depth as u32,
-                    tick: self.tick,
-                },
-            );
         }
         Ok(())
+    }
+
+    fn log_evictions(&mut self) -> bool {
+        self.evicted.start()
+    }
+
+    fn take_evicted(&mut self) -> Vec<u64> {
+        self.evicted.take()
     }
 }
 
@@ -161,6 +292,7 @@ pub struct Belady {
     next: HashMap<u64, u64>,
     heap: BinaryHeap<(u64, u64)>,
     capacity: usize,
+    order: Order,
 }
 
 impl Belady {
@@ -170,7 +302,43 @@ impl Belady {
             next: HashMap::new(),
             heap: BinaryHeap::new(),
             capacity,
+            order: Order::default(),
         }
+    }
+
+    /// The same, storing a request's blocks in `order`.
+    pub fn with_order(mut self, order: Order) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Notes the next use `n` of `b` if present; says whether it was.
+    fn touch(&mut self, b: u64, n: u64) -> bool {
+        let Some(v) = self.next.get_mut(&b) else {
+            return false;
+        };
+        *v = n;
+        self.heap.push((n, b));
+        true
+    }
+
+    /// Stores `b`, next used at `n`, unless present or needed later than everything cached.
+    fn insert(&mut self, b: u64, n: u64) {
+        if self.capacity == 0 || self.next.contains_key(&b) {
+            return;
+        }
+        if self.next.len() >= self.capacity {
+            let Some((far, victim)) = self.farthest() else {
+                return;
+            };
+            if far <= n {
+                return; // bypass: the newcomer is needed last
+            }
+            self.heap.pop();
+            self.next.remove(&victim);
+        }
+        self.next.insert(b, n);
+        self.heap.push((n, b));
     }
 
     /// The cached block with the farthest next use (dropping stale heap entries).
@@ -194,28 +362,22 @@ impl BlockCache for Belady {
     }
 
     fn store(&mut self, blocks: &[u64], next_use: &[u64]) -> anyhow::Result<()> {
-        for (b, &n) in blocks.iter().zip(next_use) {
-            if let Some(v) = self.next.get_mut(b) {
-                *v = n;
-                self.heap.push((n, *b));
-            }
-        }
-        for (b, &n) in blocks.iter().zip(next_use) {
-            if self.capacity == 0 || self.next.contains_key(b) {
-                continue;
-            }
-            if self.next.len() >= self.capacity {
-                let Some((far, victim)) = self.farthest() else {
-                    continue;
-                };
-                if far <= n {
-                    continue; // bypass: the newcomer is needed last
+        match self.order {
+            Order::PresentFirst => {
+                for (&b, &n) in blocks.iter().zip(next_use) {
+                    self.touch(b, n);
                 }
-                self.heap.pop();
-                self.next.remove(&victim);
+                for (&b, &n) in blocks.iter().zip(next_use) {
+                    self.insert(b, n);
+                }
             }
-            self.next.insert(*b, n);
-            self.heap.push((n, *b));
+            Order::RequestOrder => {
+                for (&b, &n) in blocks.iter().zip(next_use) {
+                    if !self.touch(b, n) {
+                        self.insert(b, n);
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -7,10 +7,13 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvpool::eviction::DensityConfig;
 
+use super::cache::Order;
 use super::sweep::{
-    erased::Name, grid, write_csv, write_json, Engine, Policy, Row, RunSpec, Scenario, Setup,
+    erased::Name, grid, with_disk, write_csv, write_json, Engine, Policy, Row, RunSpec, Scenario,
+    Setup, SimOptions,
 };
 use super::synth::{self, Workload};
+use super::tiers::Admit;
 use super::trace::{Trace, TraceFormat};
 use super::ttft::TtftModel;
 use crate::units::parse_size;
@@ -114,6 +117,21 @@ pub struct ReplayArgs {
     /// Capacity per node in bytes instead (e.g. 64GiB,256GiB); converted with the block size.
     #[arg(long, value_delimiter = ',')]
     pub capacity_bytes: Vec<String>,
+    /// A simulated disk tier under each node's DRAM, in multiples of its DRAM capacity (e.g. 10):
+    /// every simulated run of a policy other than belady and unbounded, on one node or private
+    /// caches, is followed by the same run over a disk of that many times its blocks. Default:
+    /// none.
+    #[arg(long, value_delimiter = ',')]
+    pub disk_ratio: Vec<f64>,
+    /// Which blocks evicted from DRAM the disk tier takes: all, or read-once (those read at least
+    /// once since they came into DRAM).
+    #[arg(long, value_enum, default_value = "all")]
+    pub disk_admit: Admit,
+    /// The order in which the simulation touches and inserts a request's blocks: present-first
+    /// (every present block touched, then the missing ones inserted) or request-order (block by
+    /// block, first to last).
+    #[arg(long, value_enum, default_value = "present-first")]
+    pub order: Order,
     /// Node counts.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub nodes: Vec<u32>,
@@ -197,6 +215,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
     if args.nodes.contains(&0) {
         bail!("--nodes must be at least 1");
     }
+    if args.disk_ratio.iter().any(|r| !r.is_finite() || *r < 0.0) {
+        bail!("--disk-ratio must be finite and not negative");
+    }
     let setup = Setup {
         trace: &trace,
         trace_name,
@@ -211,13 +232,20 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Vec<Row>> {
         endpoints: args.endpoint.clone(),
         namespace: args.namespace.clone(),
         density: parse_density(&args.density)?,
+        sim: SimOptions {
+            order: args.order,
+            disk_admit: args.disk_admit,
+        },
     };
-    let specs = grid(
-        &args.engine,
-        &args.policy,
-        &capacities,
-        &args.nodes,
-        &args.scenario,
+    let specs = with_disk(
+        grid(
+            &args.engine,
+            &args.policy,
+            &capacities,
+            &args.nodes,
+            &args.scenario,
+        ),
+        &args.disk_ratio,
     );
     if specs.is_empty() {
         bail!("nothing to run: the pool engine only runs the lru policy");
@@ -305,8 +333,12 @@ fn replay_all(setup: &Setup<'_>, specs: &[RunSpec]) -> anyhow::Result<Vec<Row>> 
     let mut rows = Vec::new();
     for spec in specs {
         let bar = ProgressBar::new(setup.trace.requests.len() as u64).with_style(style.clone());
+        let disk = match spec.disk_blocks {
+            0 => String::new(),
+            d => format!("+{d}"),
+        };
         bar.set_prefix(format!(
-            "{} {} {}x{} {}",
+            "{} {} {}x{}{disk} {}",
             spec.engine.name(),
             spec.policy.name(),
             spec.nodes,
@@ -338,8 +370,14 @@ fn write_outputs(args: &ReplayArgs, rows: &[Row], trace_name: &str) -> anyhow::R
 }
 
 fn print_summary(rows: &[Row], ttft: &TtftModel) {
+    let disk = rows.iter().any(|r| r.disk.is_some());
+    let disk_header = if disk {
+        format!(" {:>9} {:>8} {:>8} {:>6}", "disk", "dram%", "disk%", "w/r")
+    } else {
+        String::new()
+    };
     println!(
-        "{:<5} {:<12} {:>5} {:<8} {:>9} {:>8} {:>8} {:>11} {:>11}",
+        "{:<5} {:<12} {:>5} {:<8} {:>9} {:>8} {:>8} {:>11} {:>11}{disk_header}",
         "eng",
         "policy",
         "nodes",
@@ -356,8 +394,19 @@ fn print_summary(rows: &[Row], ttft: &TtftModel) {
         } else {
             r.capacity_blocks.to_string()
         };
+        let disk_cells = match (&r.disk, disk) {
+            (_, false) => String::new(),
+            (None, true) => format!(" {:>9}", "-"),
+            (Some(d), true) => format!(
+                " {:>9} {:>7.2}% {:>7.2}% {:>6.2}",
+                d.disk_capacity_blocks,
+                d.dram_hit_rate * 100.0,
+                d.disk_hit_rate * 100.0,
+                d.disk_written_per_read
+            ),
+        };
         println!(
-            "{:<5} {:<12} {:>5} {:<8} {:>9} {:>7.2}% {:>7.2}% {:>9.1}ms {:>9.1}ms",
+            "{:<5} {:<12} {:>5} {:<8} {:>9} {:>7.2}% {:>7.2}% {:>9.1}ms {:>9.1}ms{disk_cells}",
             r.engine.name(),
             r.policy.name(),
             r.nodes,
@@ -373,6 +422,7 @@ fn print_summary(rows: &[Row], ttft: &TtftModel) {
             r.ttft_with_cache_ms
         );
     }
+    print_disk_comparison(rows);
     // Pooled versus private, where both ran.
     for p in rows
         .iter()
@@ -409,5 +459,46 @@ fn print_summary(rows: &[Row], ttft: &TtftModel) {
             ttft.block_recompute_s() * 1e3,
             ttft.prefill_tokens_per_s
         );
+    }
+}
+
+/// Each run over a disk tier against the same DRAM alone and the unbounded ceiling.
+fn print_disk_comparison(rows: &[Row]) {
+    for r in rows {
+        let Some(d) = &r.disk else { continue };
+        let same =
+            |q: &&Row| q.engine == r.engine && q.nodes == r.nodes && q.scenario == r.scenario;
+        let alone = rows.iter().filter(same).find(|q| {
+            q.disk.is_none() && q.policy == r.policy && q.capacity_blocks == r.capacity_blocks
+        });
+        let ceiling = rows
+            .iter()
+            .filter(same)
+            .find(|q| q.policy == Policy::Unbounded);
+        let mut line = format!(
+            "disk tier: {} {} blocks + {} on disk ({}): {:.2}% (DRAM {:.2}% + disk {:.2}%)",
+            r.policy.name(),
+            r.capacity_blocks,
+            d.disk_capacity_blocks,
+            d.disk_admit.name(),
+            r.block_hit_rate * 100.0,
+            d.dram_hit_rate * 100.0,
+            d.disk_hit_rate * 100.0
+        );
+        if let Some(a) = alone {
+            line += &format!(" vs DRAM alone {:.2}%", a.block_hit_rate * 100.0);
+        }
+        if let Some(c) = ceiling.filter(|c| c.block_hit_rate > 0.0) {
+            line += &format!(
+                "; {:.1}% of the unbounded {:.2}%",
+                r.block_hit_rate / c.block_hit_rate * 100.0,
+                c.block_hit_rate * 100.0
+            );
+        }
+        line += &format!(
+            "; {:.2} blocks written per block read from disk",
+            d.disk_written_per_read
+        );
+        println!("{line}");
     }
 }

@@ -6,6 +6,7 @@ use kvpool::placement::{ClusterView, NodeInfo};
 
 use super::cache::BlockCache;
 use super::pool_engine::block_key;
+use super::tiers::TierStats;
 
 /// N caches pooled into one by key placement.
 pub struct Pooled {
@@ -92,6 +93,14 @@ impl BlockCache for Private {
         let r = self.nodes[self.next].store(blocks, next_use);
         self.next = (self.next + 1) % self.nodes.len();
         r
+    }
+
+    /// Every node's tiers summed: each serves whole requests, so its hits are the requests'.
+    fn tiers(&self) -> Option<TierStats> {
+        self.nodes
+            .iter()
+            .map(|n| n.tiers())
+            .try_fold(TierStats::default(), |sum, t| Some(sum.sum(t?)))
     }
 }
 

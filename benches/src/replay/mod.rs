@@ -2,14 +2,17 @@
 //!
 //! Semantics (docs/BENCHMARKS.md states them too): requests are taken in trace order. For each,
 //! its *hits* are the leading run of its blocks present in the cache; then all its blocks are
-//! stored — the present ones touched first, in order, then the missing ones inserted, in order.
+//! stored — by default the present ones touched first, in order, then the missing ones inserted,
+//! in order ([`cache::Order`] has the other order).
 //! Block hit rate = hits / blocks. Token hit rate = tokens saved from prefill / prompt tokens,
 //! where a hit block saves its block size in tokens except a partial last block, which saves
 //! nothing.
 //!
 //! - [`trace`]: Mooncake and Qwen/Bailian JSONL traces;
 //! - [`synth`]: deterministic synthetic prefix workloads in the same format;
-//! - [`cache`]: the simulated policies (LRU, Belady, unbounded);
+//! - [`cache`]: the simulated policies (LRU, Belady, unbounded) and the order a request's
+//!   blocks reach them;
+//! - [`tiers`]: a simulated disk tier under the simulated DRAM one;
 //! - [`pool_engine`]: the real pool, in-process or over the network;
 //! - [`cluster`]: pooled versus private fleets;
 //! - [`elastic`]: the hit rate around a node joining or draining, on real daemons in real time;
@@ -24,6 +27,7 @@ pub mod plot;
 pub mod pool_engine;
 pub mod sweep;
 pub mod synth;
+pub mod tiers;
 pub mod trace;
 pub mod ttft;
 

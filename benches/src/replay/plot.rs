@@ -13,7 +13,8 @@ use super::sweep::{erased::Name, Engine, Policy, Row, Scenario};
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 /// Draws one chart per (engine, nodes, scenario) group that has at least two capacities, into
-/// `dir`; returns the files written.
+/// `dir`; returns the files written. Runs over a disk tier are left out: a chart compares DRAM
+/// policies.
 pub fn hit_rate_charts(rows: &[Row], dir: &Path, title: &str) -> anyhow::Result<Vec<PathBuf>> {
     // Registering twice is harmless; ignore "already registered".
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
@@ -29,6 +30,7 @@ pub fn hit_rate_charts(rows: &[Row], dir: &Path, title: &str) -> anyhow::Result<
         let group: Vec<&Row> = rows
             .iter()
             .filter(|r| r.engine == engine && r.nodes == nodes && r.scenario == scenario)
+            .filter(|r| r.disk.is_none())
             .collect();
         let mut caps: Vec<u64> = group
             .iter()

@@ -11,9 +11,10 @@ use serde::Serialize;
 
 use kvpool::eviction::{Density, DensityConfig, PolicyKind};
 
-use super::cache::{Belady, BlockCache, Lru, PoolPolicy, Unbounded};
+use super::cache::{Belady, BlockCache, Lru, Order, PoolPolicy, Unbounded};
 use super::cluster::{Pooled, Private};
 use super::pool_engine::{InProcess, Remote};
+use super::tiers::{Admit, TwoTier};
 use super::trace::Trace;
 use super::ttft::TtftModel;
 use super::{next_uses, replay};
@@ -99,6 +100,8 @@ pub struct RunSpec {
     pub nodes: u32,
     /// Scenario (irrelevant for one node).
     pub scenario: Scenario,
+    /// Blocks per node on a simulated disk tier under the DRAM one (0: no disk tier).
+    pub disk_blocks: u64,
 }
 
 /// One result row (the CSV and JSON schema; docs/BENCHMARKS.md describes each column).
@@ -140,10 +143,46 @@ pub struct Row {
     pub load_slower_than_recompute: bool,
     /// Wall time of the run, seconds.
     pub seconds: f64,
+    /// The disk tier's figures, for runs with one (the columns appear only then).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskRow>,
+}
+
+/// The columns of a run with a simulated disk tier.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiskRow {
+    /// Blocks per node on disk.
+    pub disk_capacity_blocks: u64,
+    /// Which evicted blocks were written to disk.
+    pub disk_admit: Admit,
+    /// Hits served from DRAM.
+    pub dram_hits: u64,
+    /// Hits served from disk (blocks read from disk).
+    pub disk_hits: u64,
+    /// dram_hits / blocks.
+    pub dram_hit_rate: f64,
+    /// disk_hits / blocks.
+    pub disk_hit_rate: f64,
+    /// Blocks written to disk.
+    pub disk_writes: u64,
+    /// disk_writes / disk_hits: bytes written per byte read from disk (0 when none was read).
+    pub disk_written_per_read: f64,
 }
 
 /// The column names, in order.
 pub const CSV_HEADER: &str = "trace,engine,policy,scenario,nodes,capacity_blocks,capacity_bytes,block_bytes,block_tokens,requests,blocks,hits,block_hit_rate,token_hit_rate,ttft_without_cache_ms,ttft_with_cache_ms,load_slower_than_recompute,seconds";
+
+/// The columns added after [`CSV_HEADER`]'s when some run has a disk tier.
+pub const CSV_DISK_HEADER: &str = "disk_capacity_blocks,disk_admit,dram_hits,disk_hits,dram_hit_rate,disk_hit_rate,disk_writes,disk_written_per_read";
+
+/// How the simulation stores blocks, for every run of a sweep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimOptions {
+    /// The order in which a request's blocks are touched and inserted.
+    pub order: Order,
+    /// Which evicted blocks the disk tier takes.
+    pub disk_admit: Admit,
+}
 
 /// Everything a sweep shares.
 pub struct Setup<'a> {
@@ -163,6 +202,8 @@ pub struct Setup<'a> {
     pub namespace: String,
     /// Parameters of `hit-density` in the simulation (the pool engine runs the defaults).
     pub density: DensityConfig,
+    /// Order and disk admission of the simulation.
+    pub sim: SimOptions,
 }
 
 impl Setup<'_> {
@@ -172,21 +213,32 @@ impl Setup<'_> {
         if spec.engine == Engine::Pool && pool_policy.is_none() {
             bail!("{:?} is simulation only; the pool engine runs the pool's own policies (lru, prefix-aware, s3fifo, s3fifo-lru, hit-density)", spec.policy);
         }
+        if spec.disk_blocks > 0 {
+            if spec.engine == Engine::Pool {
+                bail!("the disk tier is simulated: --engine sim only");
+            }
+            if spec.nodes > 1 && spec.scenario == Scenario::Pooled {
+                bail!("the simulated disk tier runs on one node or on private caches");
+            }
+        }
+        let order = self.sim.order;
         let node = |_: u32| -> anyhow::Result<Box<dyn BlockCache>> {
             let cap = spec.capacity_blocks;
-            Ok(match (spec.engine, spec.policy) {
-                (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize)),
-                (Engine::Sim, Policy::HitDensity) => Box::new(PoolPolicy::with_policy(
-                    Box::new(Density::new(self.density)),
-                    cap as usize,
-                )),
+            let dram: Box<dyn BlockCache> = match (spec.engine, spec.policy) {
+                (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize).with_order(order)),
+                (Engine::Sim, Policy::HitDensity) => Box::new(
+                    PoolPolicy::with_policy(Box::new(Density::new(self.density)), cap as usize)
+                        .with_order(order),
+                ),
                 (Engine::Sim, Policy::PrefixAware | Policy::S3fifo | Policy::S3fifoLru) => {
-                    Box::new(PoolPolicy::new(
-                        pool_policy.expect("a pool policy"),
-                        cap as usize,
-                    ))
+                    Box::new(
+                        PoolPolicy::new(pool_policy.expect("a pool policy"), cap as usize)
+                            .with_order(order),
+                    )
                 }
-                (Engine::Sim, Policy::Belady) => Box::new(Belady::new(cap as usize)),
+                (Engine::Sim, Policy::Belady) => {
+                    Box::new(Belady::new(cap as usize).with_order(order))
+                }
                 (Engine::Sim, Policy::Unbounded) => Box::new(Unbounded::default()),
                 (Engine::Pool, _) => Box::new(InProcess::new(
                     cap,
@@ -194,6 +246,10 @@ impl Setup<'_> {
                     self.pool_shards,
                     pool_policy.expect("checked above"),
                 )?),
+            };
+            Ok(match spec.disk_blocks {
+                0 => dram,
+                disk => Box::new(TwoTier::new(dram, disk as usize, self.sim.disk_admit)?),
             })
         };
         let nodes: Vec<Box<dyn BlockCache>> = if spec.engine == Engine::Pool
@@ -257,6 +313,16 @@ impl Setup<'_> {
         } else {
             spec.nodes
         };
+        let disk = cache.tiers().map(|t| DiskRow {
+            disk_capacity_blocks: spec.disk_blocks,
+            disk_admit: self.sim.disk_admit,
+            dram_hits: t.dram_hits,
+            disk_hits: t.disk_hits,
+            dram_hit_rate: super::ratio(t.dram_hits, o.blocks),
+            disk_hit_rate: super::ratio(t.disk_hits, o.blocks),
+            disk_writes: t.disk_writes,
+            disk_written_per_read: super::ratio(t.disk_writes, t.disk_hits),
+        });
         let remote = spec.engine == Engine::Pool && !self.endpoints.is_empty();
         let capacity_blocks = if spec.policy == Policy::Unbounded || remote {
             0
@@ -282,6 +348,7 @@ impl Setup<'_> {
             ttft_with_cache_ms: est.with_cache_ms,
             load_slower_than_recompute: est.load_slower_than_recompute,
             seconds: start.elapsed().as_secs_f64(),
+            disk,
         })
     }
 
@@ -325,6 +392,7 @@ pub fn grid(
                             capacity_blocks,
                             nodes: n,
                             scenario: if n == 1 { Scenario::Pooled } else { scenario },
+                            disk_blocks: 0,
                         });
                     }
                 }
@@ -334,15 +402,46 @@ pub fn grid(
     out
 }
 
-/// Writes rows as CSV.
+/// `specs`, each simulated run of a policy that reports its evictions followed by the same run
+/// over a disk tier of `ratio` times its DRAM capacity, for each of `disk_ratios`.
+pub fn with_disk(specs: Vec<RunSpec>, disk_ratios: &[f64]) -> Vec<RunSpec> {
+    let mut out = Vec::new();
+    for spec in specs {
+        let tiered = spec.engine == Engine::Sim
+            && !matches!(spec.policy, Policy::Belady | Policy::Unbounded)
+            && (spec.nodes == 1 || spec.scenario == Scenario::Private);
+        let disks: Vec<u64> = if tiered {
+            disk_ratios
+                .iter()
+                .map(|r| (spec.capacity_blocks as f64 * r).round() as u64)
+                .filter(|&d| d > 0)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        out.push(spec.clone());
+        out.extend(disks.into_iter().map(|disk_blocks| RunSpec {
+            disk_blocks,
+            ..spec.clone()
+        }));
+    }
+    out
+}
+
+/// Writes rows as CSV; the disk tier's columns follow when some row has them.
 pub fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(f, "{CSV_HEADER}")?;
+    let disk_columns = rows.iter().any(|r| r.disk.is_some());
+    if disk_columns {
+        writeln!(f, "{CSV_HEADER},{CSV_DISK_HEADER}")?;
+    } else {
+        writeln!(f, "{CSV_HEADER}")?;
+    }
     for r in rows {
         let name = |v: &dyn erased::Name| v.name();
         writeln!(
             f,
-            "\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.3},{:.3},{},{:.3}",
+            "\"{}\",{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.3},{:.3},{},{:.3}{}",
             r.trace.replace('"', "\"\""),
             name(&r.engine),
             name(&r.policy),
@@ -360,7 +459,23 @@ pub fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
             r.ttft_without_cache_ms,
             r.ttft_with_cache_ms,
             r.load_slower_than_recompute,
-            r.seconds
+            r.seconds,
+            match (&r.disk, disk_columns) {
+                (_, false) => String::new(),
+                (None, true) =>
+                    format!(",0,,{},0,{:.6},0.000000,0,0.000", r.hits, r.block_hit_rate),
+                (Some(d), true) => format!(
+                    ",{},{},{},{},{:.6},{:.6},{},{:.3}",
+                    d.disk_capacity_blocks,
+                    name(&d.disk_admit),
+                    d.dram_hits,
+                    d.disk_hits,
+                    d.dram_hit_rate,
+                    d.disk_hit_rate,
+                    d.disk_writes,
+                    d.disk_written_per_read
+                ),
+            }
         )?;
     }
     f.flush()?;

@@ -37,6 +37,7 @@ fn setup(trace: &Trace, block_bytes: u64) -> Setup<'_> {
         endpoints: vec![],
         namespace: "default".into(),
         density: Default::default(),
+        sim: Default::default(),
     }
 }
 
@@ -129,6 +130,7 @@ fn the_real_pool_agrees_with_the_simulation() {
             capacity_blocks: 300,
             nodes,
             scenario,
+            disk_blocks: 0,
         };
         let sim = s.run(&spec(Engine::Sim), &next, || {}).unwrap();
         let pool = s.run(&spec(Engine::Pool), &next, || {}).unwrap();
@@ -154,6 +156,7 @@ fn pooling_beats_private_caches_of_the_same_size() {
         capacity_blocks: 1000,
         nodes: 4,
         scenario,
+        disk_blocks: 0,
     };
     let pooled = s.run(&spec(Scenario::Pooled), &next, || {}).unwrap();
     let private = s.run(&spec(Scenario::Private), &next, || {}).unwrap();
@@ -334,4 +337,201 @@ fn density_flags_parse_and_reject_nonsense() {
     for bad in ["sample=0", "ghost=17", "no-such", "sample=x"] {
         assert!(cli::parse_density(bad).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn a_disk_tier_adds_hits_between_dram_alone_and_the_ceiling() {
+    use sweep::with_disk;
+    let t = bundled(Some(3000));
+    let s = setup(&t, 4096);
+    let next = s.next_uses();
+    let ceiling = run(&t, &mut Unbounded::default()).hits;
+    let specs = with_disk(
+        grid(
+            &[Engine::Sim],
+            &[Policy::Lru, Policy::S3fifoLru, Policy::Belady],
+            &[300],
+            &[1, 2],
+            &[Scenario::Pooled, Scenario::Private],
+        ),
+        &[10.0],
+    );
+    let tiered: Vec<&RunSpec> = specs.iter().filter(|s| s.disk_blocks > 0).collect();
+    assert_eq!(
+        tiered.len(),
+        4,
+        "lru and s3fifo-lru, one node and private: {specs:?}"
+    );
+    for spec in tiered {
+        assert_eq!(spec.disk_blocks, 3000);
+        let alone = s
+            .run(
+                &RunSpec {
+                    disk_blocks: 0,
+                    ..spec.clone()
+                },
+                &next,
+                || {},
+            )
+            .unwrap();
+        let row = s.run(spec, &next, || {}).unwrap();
+        let d = row.disk.as_ref().expect("disk columns");
+        assert_eq!(d.dram_hits + d.disk_hits, row.hits, "{spec:?}");
+        assert!(d.disk_hits > 0 && d.disk_writes > 0, "{spec:?}");
+        assert!(alone.disk.is_none());
+        assert!(
+            alone.hits < row.hits && row.hits <= ceiling,
+            "{spec:?}: {} alone, {} with disk, {ceiling} unbounded",
+            alone.hits,
+            row.hits
+        );
+        // DRAM holds the same blocks either way, and serves at least what it served alone.
+        assert!(d.dram_hits >= alone.hits, "{spec:?}");
+    }
+    // The pool engine has no disk tier, nor has a pooled fleet's simulation.
+    for (engine, nodes, scenario) in [
+        (Engine::Pool, 1, Scenario::Pooled),
+        (Engine::Sim, 2, Scenario::Pooled),
+    ] {
+        let spec = RunSpec {
+            engine,
+            policy: Policy::Lru,
+            capacity_blocks: 300,
+            nodes,
+            scenario,
+            disk_blocks: 3000,
+        };
+        assert!(s.run(&spec, &next, || {}).is_err(), "{spec:?}");
+    }
+}
+
+#[test]
+fn read_once_admission_writes_less_than_admitting_all() {
+    let t = bundled(Some(3000));
+    let mut s = setup(&t, 4096);
+    let next = s.next_uses();
+    let spec = RunSpec {
+        engine: Engine::Sim,
+        policy: Policy::Lru,
+        capacity_blocks: 300,
+        nodes: 1,
+        scenario: Scenario::Pooled,
+        disk_blocks: 3000,
+    };
+    let all = s.run(&spec, &next, || {}).unwrap().disk.unwrap();
+    s.sim.disk_admit = tiers::Admit::ReadOnce;
+    let once = s.run(&spec, &next, || {}).unwrap().disk.unwrap();
+    assert!(once.disk_writes < all.disk_writes, "{once:?} {all:?}");
+    assert_eq!(once.disk_admit, tiers::Admit::ReadOnce);
+}
+
+#[test]
+fn disk_columns_appear_only_for_runs_with_a_disk_tier() {
+    let t = bundled(Some(300));
+    let s = setup(&t, 4096);
+    let next = s.next_uses();
+    let specs = sweep::with_disk(
+        grid(
+            &[Engine::Sim],
+            &[Policy::Lru, Policy::Unbounded],
+            &[100],
+            &[1],
+            &[Scenario::Pooled],
+        ),
+        &[10.0],
+    );
+    let rows: Vec<Row> = specs
+        .iter()
+        .map(|sp| s.run(sp, &next, || {}).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    let dir = std::env::temp_dir().join(format!("kvpool-replay-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_csv(&dir.join("r.csv"), &rows).unwrap();
+    write_json(&dir.join("r.json"), &rows).unwrap();
+    let csv = std::fs::read_to_string(dir.join("r.csv")).unwrap();
+    let header = format!("{CSV_HEADER},{}", sweep::CSV_DISK_HEADER);
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some(header.as_str()));
+    for l in lines {
+        assert_eq!(l.split(',').count(), header.split(',').count(), "{l}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    let json = json.as_array().unwrap();
+    for key in sweep::CSV_DISK_HEADER.split(',') {
+        assert!(json[0].get(key).is_none(), "DRAM alone has no {key}");
+        assert!(json[1].get(key).is_some(), "json lacks {key}");
+    }
+    assert_eq!(json[1]["disk_admit"], "all");
+    // Without a disk tier the CSV is what it always was.
+    write_csv(&dir.join("r.csv"), &rows[..1]).unwrap();
+    let csv = std::fs::read_to_string(dir.join("r.csv")).unwrap();
+    assert_eq!(csv.lines().next(), Some(CSV_HEADER));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_order_of_a_requests_blocks_is_selectable() {
+    // Room for 3: 1, 2 and 9 stored, 1 the least recent. A request for 3, 4, 1 keeps 1, 3 and 4
+    // in either order, but touching first leaves 1 the least recent, while going in request order
+    // evicts 1 for 3, re-inserts it last and leaves 3 the least recent. Then 5 comes.
+    let requests: [&[u64]; 3] = [&[1, 2, 9], &[3, 4, 1], &[5]];
+    let left = |order| {
+        let mut c = cache::Lru::new(3).with_order(order);
+        for r in requests {
+            c.store(r, &[0; 3][..r.len()]).unwrap();
+        }
+        (c.lookup(&[1]).unwrap(), c.lookup(&[3]).unwrap())
+    };
+    assert_eq!(left(cache::Order::PresentFirst), (0, 1));
+    assert_eq!(left(cache::Order::RequestOrder), (1, 0));
+    assert_eq!(cache::Order::default(), cache::Order::PresentFirst);
+    // The harness passes the order to every simulated policy; the default is present-first.
+    let t = synth::generate(synth::Workload::Agent, 1, 1500);
+    let mut s = setup(&t, 4096);
+    let next = s.next_uses();
+    let hits = |s: &Setup<'_>, policy| {
+        let spec = RunSpec {
+            engine: Engine::Sim,
+            policy,
+            capacity_blocks: 200,
+            nodes: 1,
+            scenario: Scenario::Pooled,
+            disk_blocks: 0,
+        };
+        s.run(&spec, &next, || {}).unwrap().hits
+    };
+    let present_first = [Policy::Lru, Policy::S3fifoLru].map(|p| hits(&s, p));
+    assert_eq!(present_first[0], run(&t, &mut Lru::new(200)).hits);
+    s.sim.order = cache::Order::RequestOrder;
+    let request_order = [Policy::Lru, Policy::S3fifoLru].map(|p| hits(&s, p));
+    assert_ne!(present_first, request_order);
+}
+
+#[test]
+fn replay_flags_default_to_no_disk_and_present_first() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        replay: cli::ReplayArgs,
+    }
+    let a = Cli::parse_from(["replay"]).replay;
+    assert!(a.disk_ratio.is_empty());
+    assert_eq!(a.order, cache::Order::PresentFirst);
+    assert_eq!(a.disk_admit, tiers::Admit::All);
+    let a = Cli::parse_from([
+        "replay",
+        "--disk-ratio",
+        "5,10",
+        "--disk-admit",
+        "read-once",
+        "--order",
+        "request-order",
+    ])
+    .replay;
+    assert_eq!(a.disk_ratio, [5.0, 10.0]);
+    assert_eq!(a.disk_admit, tiers::Admit::ReadOnce);
+    assert_eq!(a.order, cache::Order::RequestOrder);
 }
