@@ -370,58 +370,7 @@ fn write_outputs(args: &ReplayArgs, rows: &[Row], trace_name: &str) -> anyhow::R
 }
 
 fn print_summary(rows: &[Row], ttft: &TtftModel) {
-    let disk = rows.iter().any(|r| r.disk.is_some());
-    let disk_header = if disk {
-        format!(" {:>9} {:>8} {:>8} {:>6}", "disk", "dram%", "disk%", "w/r")
-    } else {
-        String::new()
-    };
-    println!(
-        "{:<5} {:<12} {:>5} {:<8} {:>9} {:>8} {:>8} {:>11} {:>11}{disk_header}",
-        "eng",
-        "policy",
-        "nodes",
-        "scenario",
-        "capacity",
-        "block%",
-        "token%",
-        "ttft-nocache",
-        "ttft-cache"
-    );
-    for r in rows {
-        let cap = if r.capacity_blocks == 0 {
-            "-".to_string()
-        } else {
-            r.capacity_blocks.to_string()
-        };
-        let disk_cells = match (&r.disk, disk) {
-            (_, false) => String::new(),
-            (None, true) => format!(" {:>9}", "-"),
-            (Some(d), true) => format!(
-                " {:>9} {:>7.2}% {:>7.2}% {:>6.2}",
-                d.disk_capacity_blocks,
-                d.dram_hit_rate * 100.0,
-                d.disk_hit_rate * 100.0,
-                d.disk_written_per_read
-            ),
-        };
-        println!(
-            "{:<5} {:<12} {:>5} {:<8} {:>9} {:>7.2}% {:>7.2}% {:>9.1}ms {:>9.1}ms{disk_cells}",
-            r.engine.name(),
-            r.policy.name(),
-            r.nodes,
-            if r.nodes == 1 {
-                "-".to_string()
-            } else {
-                r.scenario.name()
-            },
-            cap,
-            r.block_hit_rate * 100.0,
-            r.token_hit_rate * 100.0,
-            r.ttft_without_cache_ms,
-            r.ttft_with_cache_ms
-        );
-    }
+    print_table(rows);
     print_disk_comparison(rows);
     // Pooled versus private, where both ran.
     for p in rows
@@ -500,5 +449,61 @@ fn print_disk_comparison(rows: &[Row]) {
             d.disk_written_per_read
         );
         println!("{line}");
+    }
+}
+
+/// One line per run; the disk tier's columns follow when some run has them.
+fn print_table(rows: &[Row]) {
+    let disk = rows.iter().any(|r| r.disk.is_some());
+    let disk_header = if disk {
+        format!(" {:>9} {:>8} {:>8} {:>6}", "disk", "dram%", "disk%", "w/r")
+    } else {
+        String::new()
+    };
+    println!(
+        "{:<5} {:<12} {:>5} {:<8} {:>9} {:>8} {:>8} {:>11} {:>11}{disk_header}",
+        "eng",
+        "policy",
+        "nodes",
+        "scenario",
+        "capacity",
+        "block%",
+        "token%",
+        "ttft-nocache",
+        "ttft-cache"
+    );
+    for r in rows {
+        let cap = if r.capacity_blocks == 0 {
+            "-".to_string()
+        } else {
+            r.capacity_blocks.to_string()
+        };
+        let disk_cells = match (&r.disk, disk) {
+            (_, false) => String::new(),
+            (None, true) => format!(" {:>9}", "-"),
+            (Some(d), true) => format!(
+                " {:>9} {:>7.2}% {:>7.2}% {:>6.2}",
+                d.disk_capacity_blocks,
+                d.dram_hit_rate * 100.0,
+                d.disk_hit_rate * 100.0,
+                d.disk_written_per_read
+            ),
+        };
+        println!(
+            "{:<5} {:<12} {:>5} {:<8} {:>9} {:>7.2}% {:>7.2}% {:>9.1}ms {:>9.1}ms{disk_cells}",
+            r.engine.name(),
+            r.policy.name(),
+            r.nodes,
+            if r.nodes == 1 {
+                "-".to_string()
+            } else {
+                r.scenario.name()
+            },
+            cap,
+            r.block_hit_rate * 100.0,
+            r.token_hit_rate * 100.0,
+            r.ttft_without_cache_ms,
+            r.ttft_with_cache_ms
+        );
     }
 }

@@ -221,37 +221,7 @@ impl Setup<'_> {
                 bail!("the simulated disk tier runs on one node or on private caches");
             }
         }
-        let order = self.sim.order;
-        let node = |_: u32| -> anyhow::Result<Box<dyn BlockCache>> {
-            let cap = spec.capacity_blocks;
-            let dram: Box<dyn BlockCache> = match (spec.engine, spec.policy) {
-                (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize).with_order(order)),
-                (Engine::Sim, Policy::HitDensity) => Box::new(
-                    PoolPolicy::with_policy(Box::new(Density::new(self.density)), cap as usize)
-                        .with_order(order),
-                ),
-                (Engine::Sim, Policy::PrefixAware | Policy::S3fifo | Policy::S3fifoLru) => {
-                    Box::new(
-                        PoolPolicy::new(pool_policy.expect("a pool policy"), cap as usize)
-                            .with_order(order),
-                    )
-                }
-                (Engine::Sim, Policy::Belady) => {
-                    Box::new(Belady::new(cap as usize).with_order(order))
-                }
-                (Engine::Sim, Policy::Unbounded) => Box::new(Unbounded::default()),
-                (Engine::Pool, _) => Box::new(InProcess::new(
-                    cap,
-                    self.block_bytes,
-                    self.pool_shards,
-                    pool_policy.expect("checked above"),
-                )?),
-            };
-            Ok(match spec.disk_blocks {
-                0 => dram,
-                disk => Box::new(TwoTier::new(dram, disk as usize, self.sim.disk_admit)?),
-            })
-        };
+        let node = |_: u32| self.node(spec);
         let nodes: Vec<Box<dyn BlockCache>> = if spec.engine == Engine::Pool
             && !self.endpoints.is_empty()
         {
@@ -290,6 +260,36 @@ impl Setup<'_> {
             1 => nodes.into_iter().next().expect("one"),
             _ if spec.scenario == Scenario::Private => Box::new(Private::new(nodes)),
             _ => Box::new(Pooled::new(nodes)),
+        })
+    }
+
+    /// One node of a run: the policy in DRAM, over a disk tier if the run has one.
+    fn node(&self, spec: &RunSpec) -> anyhow::Result<Box<dyn BlockCache>> {
+        let order = self.sim.order;
+        let pool_policy = spec.policy.pool_policy();
+        let cap = spec.capacity_blocks;
+        let dram: Box<dyn BlockCache> = match (spec.engine, spec.policy) {
+            (Engine::Sim, Policy::Lru) => Box::new(Lru::new(cap as usize).with_order(order)),
+            (Engine::Sim, Policy::HitDensity) => Box::new(
+                PoolPolicy::with_policy(Box::new(Density::new(self.density)), cap as usize)
+                    .with_order(order),
+            ),
+            (Engine::Sim, Policy::PrefixAware | Policy::S3fifo | Policy::S3fifoLru) => Box::new(
+                PoolPolicy::new(pool_policy.expect("a pool policy"), cap as usize)
+                    .with_order(order),
+            ),
+            (Engine::Sim, Policy::Belady) => Box::new(Belady::new(cap as usize).with_order(order)),
+            (Engine::Sim, Policy::Unbounded) => Box::new(Unbounded::default()),
+            (Engine::Pool, _) => Box::new(InProcess::new(
+                cap,
+                self.block_bytes,
+                self.pool_shards,
+                pool_policy.expect("cache() runs the pool engine with pool policies only"),
+            )?),
+        };
+        Ok(match spec.disk_blocks {
+            0 => dram,
+            disk => Box::new(TwoTier::new(dram, disk as usize, self.sim.disk_admit)?),
         })
     }
 
