@@ -17,7 +17,7 @@
 //!   puts, read references, leases, pins, quota reservations, eviction and one-sided access;
 //!   at start-up, the recovery of a previous life's objects from its segment files.
 //! - [`disk`]: the on-disk store of a second tier: a capped log of regions, dropped oldest
-//!   first; every read verified.
+//!   first, with an index rebuilt from it at open; every read verified.
 //! - [`journal`]: the append-only record of a pool's index changes that lets a restarted
 //!   daemon find its objects again.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.

@@ -23,8 +23,9 @@
 //! restart.
 //!
 //! In memory, an [`index`] maps `(namespace, key)` to the record's place, lengths, checksum and
-//! sequence number, and counts each namespace's bytes. [`DiskStore::open`] starts empty: the
-//! region files a previous life left are emptied. A read checks the header, the key and the
+//! sequence number, and counts each namespace's bytes. [`DiskStore::open`] rebuilds it by
+//! reading every record back ([`recover`]); a record that does not check out ends its region,
+//! so a write cut short by a crash is cut off. A read checks the header, the key and the
 //! value's checksum: a mismatch or a failed read drops the object and is a miss, never wrong
 //! bytes. Every read and write goes through [`RegionIo`], so failures (`ENOSPC`, `EIO`) become
 //! refusals, misses and counters, and the store goes on working.
@@ -32,6 +33,7 @@
 mod format;
 mod index;
 mod io;
+mod recover;
 
 #[cfg(test)]
 mod tests;
@@ -163,6 +165,9 @@ pub struct DiskStats {
     pub regions_dropped: u64,
     /// Objects that left with a dropped region.
     pub evicted: u64,
+    /// Regions whose records ended, at open, in bytes that are not a valid record (a write a
+    /// crash cut short, or damage): cut off there.
+    pub torn: u64,
 }
 
 #[derive(Debug, Default)]
@@ -176,6 +181,7 @@ struct Counters {
     refused: AtomicU64,
     regions_dropped: AtomicU64,
     evicted: AtomicU64,
+    torn: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -209,7 +215,7 @@ pub struct DiskStore<I: RegionIo = FileRegions> {
 }
 
 impl DiskStore<FileRegions> {
-    /// Opens the store `config` describes, empty.
+    /// Opens the store `config` describes, rebuilding its index from the region files.
     pub fn open(config: &DiskConfig) -> Result<DiskStore<FileRegions>, DiskError> {
         let regions = check(config)?;
         let io = FileRegions::open(&config.dir, regions)?;
@@ -219,27 +225,52 @@ impl DiskStore<FileRegions> {
 
 impl<I: RegionIo> DiskStore<I> {
     /// Opens the store `config` describes over the regions of `io` (of which it uses the
-    /// first `config.regions()`), empty: the regions are truncated to nothing.
+    /// first `config.regions()`), rebuilding its index from them.
     pub fn open_with(config: &DiskConfig, io: I) -> Result<DiskStore<I>, DiskError> {
         let regions = check(config)?;
+        let counters = Counters::default();
+        // Regions written with a larger region size are cut to this one (records past it
+        // would not be read anyway): the files never hold more than the capacity.
         for r in 0..regions {
-            io.truncate(r, 0)?;
+            let long = io.len(r).map(|len| len > config.region_size);
+            if long.is_err()
+                || (long.unwrap_or(false) && io.truncate(r, config.region_size).is_err())
+            {
+                bump(&counters.io_errors, 1);
+            }
         }
-        let log = Log {
-            fifo: VecDeque::new(),
-            // Taken from the end: the lowest numbered first.
-            free: (0..regions).rev().collect(),
-            head_len: 0,
-            next_seq: 1,
+        let found = recover::recover(&io, regions, config.region_size);
+        bump(&counters.io_errors, found.io_errors);
+        bump(&counters.torn, found.torn);
+        let mut log = Log {
+            fifo: found.fifo.into(),
+            free: found.free,
+            head_len: found.head_len,
+            next_seq: found.next_seq,
             scratch: Vec::new(),
         };
+        // Appends go on after the head's last valid record: what lies beyond (a record cut
+        // short) goes first, so that no stale bytes ever follow a new record.
+        if let Some(&head) = log.fifo.back() {
+            let cut = io.len(head).and_then(|len| {
+                if len > log.head_len {
+                    io.truncate(head, log.head_len)
+                } else {
+                    Ok(())
+                }
+            });
+            if cut.is_err() {
+                bump(&counters.io_errors, 1);
+                log.head_len = config.region_size;
+            }
+        }
         Ok(DiskStore {
             io,
             region_size: config.region_size,
             regions,
             log: Mutex::new(log),
-            index: Mutex::new(Index::new(regions)),
-            counters: Counters::default(),
+            index: Mutex::new(found.index),
+            counters,
         })
     }
 
@@ -368,6 +399,7 @@ impl<I: RegionIo> DiskStore<I> {
             refused: get(&c.refused),
             regions_dropped: get(&c.regions_dropped),
             evicted: get(&c.evicted),
+            torn: get(&c.torn),
         }
     }
 
@@ -380,7 +412,7 @@ impl<I: RegionIo> DiskStore<I> {
         }
         let head = *log.fifo.back().expect("a head region");
         header.seq = log.next_seq;
-        log.next_seq += 1;
+        log.next_seq = log.next_seq.saturating_add(1);
         let scratch = &mut log.scratch;
         scratch.clear();
         scratch.extend_from_slice(&header.encode(key));

@@ -55,7 +55,7 @@ pub(super) fn bytes_on_disk(dir: &Path) -> u64 {
 }
 
 #[test]
-fn objects_round_trip() {
+fn objects_round_trip_and_survive_reopening() {
     let dir = TempDir::new("round-trip");
     let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
     assert_eq!(store.insert(1, b"a", &value(1, 5000)), Insert::Written);
@@ -75,10 +75,20 @@ fn objects_round_trip() {
     let s = store.stats();
     assert_eq!((s.inserts, s.hits, s.misses, s.objects), (2, 2, 1, 2));
     assert_eq!(s.bytes_written, 3 * ALIGN);
+    drop(store);
+
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 1, b"a"), Some(value(1, 5000)));
+    assert_eq!(read(&store, 1, b"empty"), Some(Vec::new()));
+    assert_eq!(store.namespace_bytes(1), 3 * ALIGN);
+    // Appends go on after the recovered records.
+    assert_eq!(store.insert(1, b"c", &value(3, 10)), Insert::Written);
+    assert_eq!(read(&store, 1, b"a"), Some(value(1, 5000)));
+    assert_eq!(read(&store, 1, b"c"), Some(value(3, 10)));
 }
 
 #[test]
-fn the_newer_copy_wins_and_removals_hold() {
+fn the_newer_copy_wins_and_removals_survive_reopening() {
     let dir = TempDir::new("newer");
     let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
     for i in 0..40u8 {
@@ -89,6 +99,11 @@ fn the_newer_copy_wins_and_removals_hold() {
     assert!(!store.remove(0, b"gone"));
     assert_eq!(read(&store, 0, b"k"), Some(value(39, 3000)));
     assert_eq!(store.namespace_bytes(0), ALIGN);
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 0, b"k"), Some(value(39, 3000)));
+    assert_eq!(read(&store, 0, b"gone"), None);
+    assert_eq!(store.stats().objects, 1);
 }
 
 #[test]
@@ -113,6 +128,13 @@ fn a_full_store_drops_its_oldest_region_and_never_exceeds_its_capacity() {
         let got = read(&store, 0, &i.to_le_bytes());
         assert_eq!(got.is_some(), i >= 28, "object {i}");
     }
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 3)).unwrap();
+    assert_eq!(store.stats().objects, 12);
+    assert_eq!(
+        read(&store, 0, &39u32.to_le_bytes()),
+        Some(value(39, 16_000))
+    );
 }
 
 #[test]
@@ -131,6 +153,10 @@ fn a_key_in_one_namespace_is_never_served_to_another() {
         (store.namespace_bytes(1), store.namespace_bytes(2)),
         (ALIGN, 0)
     );
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 1, b"shared"), Some(value(1, 100)));
+    assert_eq!(read(&store, 2, b"shared"), None);
 }
 
 #[test]
@@ -174,7 +200,36 @@ fn scribble(dir: &Path, region: u32, offset: u64, bytes: &[u8]) {
 }
 
 #[test]
-fn corrupted_bytes_are_misses() {
+fn a_torn_tail_is_cut_off_at_reopening() {
+    let dir = TempDir::new("torn");
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    store.insert(0, b"a", &value(1, 100));
+    store.insert(0, b"b", &value(2, 9000));
+    store.insert(0, b"c", &value(3, 100));
+    drop(store);
+    // A crash while writing "b": only its first 5000 bytes reached the disk.
+    let path = dir.0.join(region_file_name(0));
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(ALIGN + 5000).unwrap();
+    drop(f);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(store.stats().torn, 1);
+    assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
+    assert_eq!(read(&store, 0, b"b"), None);
+    assert_eq!(read(&store, 0, b"c"), None);
+    // The tail is gone: the next record follows "a", and all of it reads back.
+    assert_eq!(fs::metadata(&path).unwrap().len(), ALIGN);
+    store.insert(0, b"d", &value(4, 50));
+    assert_eq!(fs::metadata(&path).unwrap().len(), 2 * ALIGN);
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
+    assert_eq!(read(&store, 0, b"d"), Some(value(4, 50)));
+    assert_eq!((store.stats().objects, store.stats().torn), (2, 0));
+}
+
+#[test]
+fn corrupted_bytes_are_misses_while_open_and_after_reopening() {
     let dir = TempDir::new("corrupt");
     let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
     store.insert(0, b"a", &value(1, 100));
@@ -190,6 +245,13 @@ fn corrupted_bytes_are_misses() {
     assert_eq!(read(&store, 0, b"c"), None);
     assert_eq!(store.stats().checksum_failures, 2);
     assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
+    drop(store);
+    // At reopening, the damaged record ends the region: what follows it is not trusted.
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
+    assert_eq!(read(&store, 0, b"b"), None);
+    assert_eq!(read(&store, 0, b"c"), None);
+    assert_eq!(store.stats().objects, 1);
 }
 
 /// File regions that fail on command: writes with `write_error` (an errno), reads with EIO.
@@ -263,6 +325,11 @@ fn a_full_disk_refuses_writes_and_the_store_goes_on() {
     store.io.write_error.store(0, Ordering::Relaxed);
     assert_eq!(store.insert(0, b"c", &value(3, 100)), Insert::Written);
     assert_eq!(read(&store, 0, b"c"), Some(value(3, 100)));
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
+    assert_eq!(read(&store, 0, b"b"), None);
+    assert_eq!(read(&store, 0, b"c"), Some(value(3, 100)));
 }
 
 #[test]
@@ -288,4 +355,66 @@ fn io_errors_are_misses_and_counted_and_the_store_goes_on() {
     assert_eq!(store.insert(0, b"c", &value(3, 100)), Insert::Written);
     assert!(store.sync());
     assert_eq!(read(&store, 0, b"c"), Some(value(3, 100)));
+}
+
+#[test]
+fn regions_left_by_a_larger_configuration_are_deleted() {
+    let dir = TempDir::new("shrink");
+    let store = DiskStore::open(&config(&dir.0, 6)).unwrap();
+    for i in 0..24u32 {
+        store.insert(0, &i.to_le_bytes(), &value(i as u8, 16_000));
+    }
+    assert_eq!(bytes_on_disk(&dir.0), 6 * REGION);
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 3)).unwrap();
+    assert!(bytes_on_disk(&dir.0) <= 3 * REGION);
+    assert_eq!(store.stats().objects, 12);
+    for i in 0..12u32 {
+        assert_eq!(
+            read(&store, 0, &i.to_le_bytes()),
+            Some(value(i as u8, 16_000))
+        );
+    }
+}
+
+#[test]
+fn a_value_shaped_like_a_record_never_becomes_one_after_a_crash() {
+    // A tenant's value holding, on a 4 KiB boundary of the region, the bytes of a valid record
+    // of another namespace.
+    let secret = value(7, 100);
+    let forged = format::Header {
+        ns: 2,
+        key_len: 6,
+        value_len: secret.len() as u64,
+        seq: u64::MAX,
+        checksum: checksum(&secret),
+        tombstone: false,
+    };
+    let mut v = vec![0u8; ALIGN as usize - HEADER_LEN - 1];
+    v.extend_from_slice(&forged.encode(b"secret"));
+    v.extend_from_slice(b"secret");
+    v.extend_from_slice(&secret);
+    v.resize(3 * ALIGN as usize, 0);
+    let dir = TempDir::new("forged");
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    store.insert(0, b"a", &value(1, 100));
+    store.insert(1, b"v", &v);
+    drop(store);
+    // A crash cut the tenant's record short, after the forged bytes.
+    let path = dir.0.join(region_file_name(0));
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4 * ALIGN)
+        .unwrap();
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 1, b"v"), None);
+    // A short record where the tenant's began: its bytes after it must not be read as records.
+    store.insert(0, b"b", &value(2, 100));
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(read(&store, 2, b"secret"), None);
+    assert_eq!(read(&store, 0, b"b"), Some(value(2, 100)));
+    assert_eq!(store.stats().objects, 2);
 }

@@ -1,4 +1,4 @@
-//! The store against a model of it, under random inserts, removals and reads: a
+//! The store against a model of it, under random inserts, removals, reads and reopenings: a
 //! map of what each key holds, and a FIFO of regions with the bytes each has taken.
 
 use std::collections::{HashMap, VecDeque};
@@ -27,6 +27,7 @@ enum Op {
         ns: u32,
         key: u8,
     },
+    Reopen,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -35,6 +36,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(ns, key, len, seed)| Op::Insert { ns, key, len, seed }),
         2 => (0..3u32, 0..12u8).prop_map(|(ns, key)| Op::Remove { ns, key }),
         3 => (0..3u32, 0..12u8).prop_map(|(ns, key)| Op::Get { ns, key }),
+        1 => Just(Op::Reopen),
     ]
 }
 
@@ -90,7 +92,7 @@ proptest! {
     ) {
         let dir = TempDir::new("model");
         let config = DiskConfig::new(&dir.0, REGIONS * REGION).region_size(REGION);
-        let store = DiskStore::open(&config).unwrap();
+        let mut store = DiskStore::open(&config).unwrap();
         let mut model = Model::default();
         let mut buf = vec![0u8; REGION as usize];
         for op in ops {
@@ -116,6 +118,10 @@ proptest! {
                         _ => None,
                     };
                     prop_assert_eq!(got.as_ref(), model.objects.get(&(ns, key)).map(|(v, _)| v));
+                }
+                Op::Reopen => {
+                    drop(store);
+                    store = DiskStore::open(&config).unwrap();
                 }
             }
             prop_assert!(bytes_on_disk(&dir.0) <= REGIONS * REGION);
