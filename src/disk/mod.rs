@@ -38,6 +38,8 @@ mod recover;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_crash;
+#[cfg(test)]
 mod tests_model;
 
 use std::collections::VecDeque;
