@@ -22,9 +22,9 @@
 //! wins for a key, and a removal writes a tombstone so that the object stays removed after a
 //! restart.
 //!
-//! In memory, an [`index`] maps `(namespace, key)` to the record's place, lengths, checksum and
-//! sequence number, and counts each namespace's bytes. [`DiskStore::open`] rebuilds it by
-//! reading every record back ([`recover`]); a record that does not check out ends its region,
+//! In memory, an index (`index.rs`) maps `(namespace, key)` to the record's place, lengths,
+//! checksum and sequence number, and counts each namespace's bytes. [`DiskStore::open`] rebuilds it by
+//! reading every record back (`recover.rs`); a record that does not check out ends its region,
 //! so a write cut short by a crash is cut off. A read checks the header, the key and the
 //! value's checksum: a mismatch or a failed read drops the object and is a miss, never wrong
 //! bytes. Every read and write goes through [`RegionIo`], so failures (`ENOSPC`, `EIO`) become
@@ -157,7 +157,7 @@ pub struct DiskStats {
     pub hits: u64,
     /// Gets that did not.
     pub misses: u64,
-    /// Copies dropped because what was read did not check out.
+    /// Copies dropped because what was read did not check out (at a get, or at open).
     pub checksum_failures: u64,
     /// Reads, writes, syncs and truncations that failed.
     pub io_errors: u64,
@@ -244,6 +244,7 @@ impl<I: RegionIo> DiskStore<I> {
         let found = recover::recover(&io, regions, config.region_size);
         bump(&counters.io_errors, found.io_errors);
         bump(&counters.torn, found.torn);
+        bump(&counters.checksum_failures, found.damaged);
         let mut log = Log {
             fifo: found.fifo.into(),
             free: found.free,
@@ -279,6 +280,13 @@ impl<I: RegionIo> DiskStore<I> {
     /// Writes `value` as `(ns, key)`'s object, replacing an older copy. May drop the oldest
     /// region to make room.
     pub fn insert(&self, ns: u32, key: &[u8], value: &[u8]) -> Insert {
+        self.insert_prehashed(ns, key, value, checksum(value))
+    }
+
+    /// [`DiskStore::insert`] of a value whose xxh3-64 the caller has (the pool keeps each
+    /// object's): `checksum` is recorded as the value's without hashing it again. A wrong one
+    /// costs nothing but the object: every read of it fails its check and is a miss.
+    pub fn insert_prehashed(&self, ns: u32, key: &[u8], value: &[u8], checksum: u64) -> Insert {
         if key.len() > MAX_KEY_LEN
             || format::record_len(key.len(), value.len() as u64) > self.region_size
         {
@@ -290,7 +298,7 @@ impl<I: RegionIo> DiskStore<I> {
             key_len: key.len() as u32,
             value_len: value.len() as u64,
             seq: 0,
-            checksum: checksum(value),
+            checksum,
             tombstone: false,
         };
         let mut log = lock(&self.log);

@@ -1,6 +1,8 @@
 //! Rebuilding the index at open: every region read from its start, every record checked
-//! (header, lengths, key, value checksum) before it is indexed; a region's first bad record
-//! ends it, which is how a write cut short by a crash is cut off.
+//! (header, lengths, key, value checksum) before it is indexed. A region's first record whose
+//! header or key does not check out ends it, which is how a write cut short by a crash is cut
+//! off; a record whose value alone fails (its extent is known from a header that checks out)
+//! is skipped, and what follows it is read on.
 
 use crate::checksum::checksum;
 
@@ -23,6 +25,8 @@ pub(super) struct Recovered {
     pub(super) io_errors: u64,
     /// Regions whose records ended with bytes that are not a valid record.
     pub(super) torn: u64,
+    /// Records whose value failed its checksum (not indexed).
+    pub(super) damaged: u64,
 }
 
 /// One record found by the scan.
@@ -39,6 +43,8 @@ struct Scan {
     /// Where its valid records end.
     end: u64,
     torn: bool,
+    /// Records whose value failed its checksum (skipped).
+    damaged: u64,
 }
 
 /// Reads every region of `io` and rebuilds the index (see the module docs): regions are
@@ -47,12 +53,14 @@ struct Scan {
 pub(super) fn recover<I: RegionIo>(io: &I, regions: u32, region_size: u64) -> Recovered {
     let mut io_errors = 0;
     let mut torn = 0;
+    let mut damaged = 0;
     let mut scans = Vec::new();
     let mut free = Vec::new();
     for r in 0..regions {
         match scan(io, r, region_size) {
             Ok(s) => {
                 torn += u64::from(s.torn);
+                damaged += s.damaged;
                 if s.records.is_empty() {
                     free.push(r);
                 } else {
@@ -94,16 +102,20 @@ pub(super) fn recover<I: RegionIo>(io: &I, regions: u32, region_size: u64) -> Re
         next_seq,
         io_errors,
         torn,
+        damaged,
     }
 }
 
-/// Reads region `region`'s records up to the first that is not valid.
+/// Reads region `region`'s records up to the first whose header or key is not valid; a record
+/// whose value alone fails its checksum is skipped.
 fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<Scan> {
     let len = io.len(region)?.min(region_size);
     let mut records: Vec<Found> = Vec::new();
     let mut at = 0;
     let mut value = Vec::new();
     let mut key = Vec::new();
+    let mut last_seq = None;
+    let mut damaged = 0;
     while at + HEADER_LEN as u64 <= len {
         let mut head = [0u8; HEADER_LEN];
         io.read_at(region, at, &mut head)?;
@@ -111,9 +123,10 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
             break;
         };
         // Sequence numbers grow along a region; a smaller one is not this log's record.
-        if records.last().is_some_and(|f| f.entry.seq >= h.seq) {
+        if last_seq.is_some_and(|seq| seq >= h.seq) {
             break;
         }
+        last_seq = Some(h.seq);
         key.resize(h.key_len as usize, 0);
         io.read_at(region, at + HEADER_LEN as u64, &mut key)?;
         if !Header::verify_key(&head, &key) {
@@ -123,7 +136,11 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
             value.resize(h.value_len as usize, 0);
             io.read_at(region, at + h.value_offset(), &mut value)?;
             if checksum(&value) != h.checksum {
-                break;
+                // The header and key check out, so the record's extent is known: only this
+                // value is lost, and the records after it are read on.
+                damaged += 1;
+                at += h.record_len();
+                continue;
             }
         }
         let entry = Entry {
@@ -147,5 +164,6 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
         records,
         end: at,
         torn: at < len,
+        damaged,
     })
 }

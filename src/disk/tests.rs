@@ -246,7 +246,8 @@ fn corrupted_bytes_are_misses_while_open_and_after_reopening() {
     assert_eq!(store.stats().checksum_failures, 2);
     assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
     drop(store);
-    // At reopening, the damaged record ends the region: what follows it is not trusted.
+    // At reopening, "b" (its value damaged) is skipped, and "c" (its key damaged) ends the
+    // region: past a header or key that does not check out, nothing is trusted.
     let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
     assert_eq!(read(&store, 0, b"a"), Some(value(1, 100)));
     assert_eq!(read(&store, 0, b"b"), None);
@@ -417,4 +418,30 @@ fn a_value_shaped_like_a_record_never_becomes_one_after_a_crash() {
     assert_eq!(read(&store, 2, b"secret"), None);
     assert_eq!(read(&store, 0, b"b"), Some(value(2, 100)));
     assert_eq!(store.stats().objects, 2);
+}
+
+#[test]
+fn a_prehashed_insert_with_a_wrong_checksum_only_ever_misses() {
+    let dir = TempDir::new("prehashed");
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    let v = value(1, 3000);
+    assert_eq!(
+        store.insert_prehashed(0, b"ok", &v, checksum(&v)),
+        Insert::Written
+    );
+    assert_eq!(
+        store.insert_prehashed(0, b"bad", &v, checksum(&v) ^ 1),
+        Insert::Written
+    );
+    assert_eq!(store.insert(0, b"after", &v), Insert::Written);
+    assert_eq!(read(&store, 0, b"ok"), Some(v.clone()));
+    assert_eq!(read(&store, 0, b"bad"), None);
+    assert_eq!(store.stats().checksum_failures, 1);
+    drop(store);
+    // At reopening the bad record is skipped, not the end of its region.
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert_eq!(store.stats().checksum_failures, 1);
+    assert_eq!(read(&store, 0, b"bad"), None);
+    assert_eq!(read(&store, 0, b"after"), Some(v.clone()));
+    assert_eq!(read(&store, 0, b"ok"), Some(v));
 }
