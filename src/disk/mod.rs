@@ -471,7 +471,12 @@ impl<I: RegionIo> DiskStore<I> {
         };
         if self.io.truncate(region, 0).is_err() {
             bump(&self.counters.io_errors, 1);
-            // Still holding old records: not a head, and tried again when next needed.
+            // Still holding old records: not a head, and tried again when next needed. Its
+            // first header is overwritten if the disk lets us, so that a restart does not
+            // bring back objects this life let go (removed ones among them).
+            if self.io.write_at(region, 0, &[0u8; HEADER_LEN]).is_err() {
+                bump(&self.counters.io_errors, 1);
+            }
             log.free.insert(0, region);
             return None;
         }

@@ -261,6 +261,7 @@ pub(super) struct Faulty {
     write_error: AtomicI32,
     fail_reads: AtomicBool,
     fail_syncs: AtomicBool,
+    fail_truncates: AtomicBool,
 }
 
 impl Faulty {
@@ -270,6 +271,7 @@ impl Faulty {
             write_error: AtomicI32::new(0),
             fail_reads: AtomicBool::new(false),
             fail_syncs: AtomicBool::new(false),
+            fail_truncates: AtomicBool::new(false),
         }
     }
 }
@@ -301,6 +303,9 @@ impl RegionIo for Faulty {
     }
 
     fn truncate(&self, region: u32, len: u64) -> io::Result<()> {
+        if self.fail_truncates.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         self.inner.truncate(region, len)
     }
 
@@ -444,4 +449,28 @@ fn a_prehashed_insert_with_a_wrong_checksum_only_ever_misses() {
     assert_eq!(read(&store, 0, b"bad"), None);
     assert_eq!(read(&store, 0, b"after"), Some(v.clone()));
     assert_eq!(read(&store, 0, b"ok"), Some(v));
+}
+
+#[test]
+fn a_region_that_cannot_be_emptied_is_not_brought_back_by_a_restart() {
+    let dir = TempDir::new("no-truncate");
+    let store = DiskStore::open_with(&config(&dir.0, 2), Faulty::new(&dir.0, 2)).unwrap();
+    // Four records of 16 KiB fill a region.
+    for i in 0..8u32 {
+        store.insert(0, &i.to_le_bytes(), &value(i as u8, 16_000));
+    }
+    store.io.fail_truncates.store(true, Ordering::Relaxed);
+    // The next insert needs region 0 again: its objects go, but it cannot be emptied.
+    assert_eq!(store.insert(0, b"x", &value(9, 100)), Insert::IoError);
+    assert_eq!(read(&store, 0, &0u32.to_le_bytes()), None);
+    assert_eq!(store.stats().regions_dropped, 1);
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 2)).unwrap();
+    for i in 0..4u32 {
+        assert_eq!(read(&store, 0, &i.to_le_bytes()), None, "object {i}");
+    }
+    assert_eq!(read(&store, 0, &4u32.to_le_bytes()), Some(value(4, 16_000)));
+    // Emptied now, it takes records again.
+    assert_eq!(store.insert(0, b"x", &value(9, 100)), Insert::Written);
+    assert_eq!(read(&store, 0, b"x"), Some(value(9, 100)));
 }
