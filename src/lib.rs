@@ -16,6 +16,8 @@
 //! - [`pool`]: the object index (sharded; a pluggable eviction policy per namespace), two-phase
 //!   puts, read references, leases, pins, quota reservations, eviction and one-sided access;
 //!   at start-up, the recovery of a previous life's objects from its segment files.
+//! - [`disk`]: the on-disk store of a second tier: a capped log of regions, dropped oldest
+//!   first, with an index rebuilt from it at open; every read verified.
 //! - [`journal`]: the append-only record of a pool's index changes that lets a restarted
 //!   daemon find its objects again.
 //! - [`protocol`]: frames, messages and error codes of the wire protocol.
@@ -42,6 +44,8 @@ pub mod alloc;
 #[cfg(not(loom))]
 pub mod checksum;
 pub mod claims;
+#[cfg(not(loom))]
+pub mod disk;
 #[cfg(not(loom))]
 pub mod error;
 #[cfg(not(loom))]

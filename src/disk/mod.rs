@@ -1,0 +1,550 @@
+//! The disk store: the second tier a node can keep objects in once DRAM lets them go.
+//!
+//! The store is a log cut into fixed-size **regions** (one file each, `region-NNNNN.kvd` in the
+//! store's directory). Records are appended to the newest region; when it cannot take the next
+//! record the store moves to an empty region, and when none is left it drops the oldest region
+//! whole (first in, first out) and its objects leave the index. An SSD sees only sequential
+//! writes and whole-file truncations, and the store never holds more than
+//! `capacity / region_size` regions: it never grows past its capacity.
+//!
+//! A record:
+//!
+//! ```text
+//! 0   magic "KVDK"      4   version u16 (1)    6   flags u16 (1: tombstone)
+//! 8   namespace u32     12  key length u32     16  value length u64
+//! 24  sequence u64      32  xxh3-64 of the value (the pool's checksum)
+//! 40  xxh3-64 of bytes 0..40 and the key
+//! 48  key, value, zeros up to the next multiple of 4096
+//! ```
+//!
+//! Integers are little-endian. Every record starts on a 4 KiB boundary so that it can be read
+//! with `O_DIRECT`. Sequence numbers grow with every record the store writes: the larger one
+//! wins for a key, and a removal writes a tombstone so that the object stays removed after a
+//! restart.
+//!
+//! In memory, an index (`index.rs`) maps `(namespace, key)` to the record's place, lengths,
+//! checksum and sequence number, and counts each namespace's bytes. [`DiskStore::open`] rebuilds it by
+//! reading every record back (`recover.rs`); a record that does not check out ends its region,
+//! so a write cut short by a crash is cut off. A read checks the header, the key and the
+//! value's checksum: a mismatch or a failed read drops the object and is a miss, never wrong
+//! bytes. Every read and write goes through [`RegionIo`], so failures (`ENOSPC`, `EIO`) become
+//! refusals, misses and counters, and the store goes on working.
+
+mod format;
+mod index;
+mod io;
+mod recover;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_crash;
+#[cfg(test)]
+mod tests_model;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use crate::checksum::checksum;
+use crate::error::MAX_KEY_LEN;
+use crate::sync::{lock, AtomicU64, Ordering};
+
+pub use format::{ALIGN, FORMAT_VERSION, HEADER_LEN, RECORD_MAGIC};
+pub use io::{region_file_name, FileRegions, RegionIo};
+
+use format::Header;
+use index::{Entry, Index};
+
+/// Where a disk store lives and how large it may grow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The directory of the region files (created if missing).
+    pub dir: PathBuf,
+    /// The most bytes the store's files hold together.
+    pub capacity: u64,
+    /// Bytes of one region: the unit the store drops when it is full. Default 64 MiB.
+    pub region_size: u64,
+}
+
+/// The default [`DiskConfig::region_size`].
+pub const DEFAULT_REGION_SIZE: u64 = 64 << 20;
+
+impl DiskConfig {
+    /// A store in `dir` of at most `capacity` bytes, with regions of [`DEFAULT_REGION_SIZE`].
+    pub fn new(dir: impl Into<PathBuf>, capacity: u64) -> DiskConfig {
+        DiskConfig {
+            dir: dir.into(),
+            capacity,
+            region_size: DEFAULT_REGION_SIZE,
+        }
+    }
+
+    /// Regions of `region_size` bytes (a multiple of [`ALIGN`]).
+    pub fn region_size(mut self, region_size: u64) -> DiskConfig {
+        self.region_size = region_size;
+        self
+    }
+
+    /// Regions the capacity holds.
+    pub fn regions(&self) -> u64 {
+        self.capacity.checked_div(self.region_size).unwrap_or(0)
+    }
+}
+
+/// Why a store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The region size is not a positive multiple of 4 KiB.
+    #[error("the disk region size must be a positive multiple of 4 KiB, not {0}")]
+    RegionSize(u64),
+    /// The capacity holds fewer than two regions (one to write, one to drop).
+    #[error("the disk capacity must hold at least two regions of {region_size} bytes, not {capacity} bytes")]
+    Capacity {
+        /// The capacity configured.
+        capacity: u64,
+        /// The region size configured.
+        region_size: u64,
+    },
+    /// The directory or a region file could not be opened.
+    #[error("disk store: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What [`DiskStore::insert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Insert {
+    /// The object is on disk and indexed (replacing an older copy of its key).
+    Written,
+    /// The key is longer than keys may be, or the record is larger than a region.
+    TooLarge,
+    /// The write failed (`ENOSPC`, `EIO`): nothing was indexed; counted in `io_errors`.
+    IoError,
+}
+
+/// What [`DiskStore::get`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Get {
+    /// The value, verified, is the first `len` bytes of the buffer.
+    Hit {
+        /// Value length.
+        len: usize,
+    },
+    /// Not on disk, or its copy failed a read or a check (and was dropped). The buffer's
+    /// bytes mean nothing.
+    Miss,
+    /// The value is `len` bytes, more than the buffer holds; nothing was read.
+    BufferTooSmall {
+        /// Value length.
+        len: usize,
+    },
+}
+
+/// What a store reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// The most bytes the region files may hold.
+    pub capacity: u64,
+    /// Objects indexed.
+    pub objects: u64,
+    /// Bytes on disk of the objects indexed (whole records).
+    pub bytes: u64,
+    /// Objects written.
+    pub inserts: u64,
+    /// Bytes written (records, tombstones included).
+    pub bytes_written: u64,
+    /// Gets that returned a value.
+    pub hits: u64,
+    /// Gets that did not.
+    pub misses: u64,
+    /// Copies dropped because what was read did not check out (at a get, or at open).
+    pub checksum_failures: u64,
+    /// Reads, writes, syncs and truncations that failed.
+    pub io_errors: u64,
+    /// Inserts refused (too large, or the write failed).
+    pub refused: u64,
+    /// Regions dropped to make room.
+    pub regions_dropped: u64,
+    /// Objects that left with a dropped region.
+    pub evicted: u64,
+    /// Regions whose records ended, at open, in bytes that are not a valid record (a write a
+    /// crash cut short, or damage): cut off there.
+    pub torn: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    inserts: AtomicU64,
+    bytes_written: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    checksum_failures: AtomicU64,
+    io_errors: AtomicU64,
+    refused: AtomicU64,
+    regions_dropped: AtomicU64,
+    evicted: AtomicU64,
+    torn: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The writing end of the log. Lock order: the log, then the index.
+#[derive(Debug)]
+struct Log {
+    /// Regions holding records, oldest first; the last is the one written (the head).
+    fifo: VecDeque<u32>,
+    /// Regions holding no records.
+    free: Vec<u32>,
+    /// Bytes written into the head.
+    head_len: u64,
+    next_seq: u64,
+    /// The record being written, reused.
+    scratch: Vec<u8>,
+}
+
+/// An on-disk store of objects by `(namespace, key)`, with a capacity it never exceeds (see
+/// the module docs). Reads run in parallel; writes are serialized, as a log's are.
+#[derive(Debug)]
+pub struct DiskStore<I: RegionIo = FileRegions> {
+    io: I,
+    region_size: u64,
+    regions: u32,
+    log: Mutex<Log>,
+    index: Mutex<Index>,
+    counters: Counters,
+}
+
+impl DiskStore<FileRegions> {
+    /// Opens the store `config` describes, rebuilding its index from the region files.
+    pub fn open(config: &DiskConfig) -> Result<DiskStore<FileRegions>, DiskError> {
+        let regions = check(config)?;
+        let io = FileRegions::open(&config.dir, regions)?;
+        DiskStore::open_with(config, io)
+    }
+}
+
+impl<I: RegionIo> DiskStore<I> {
+    /// Opens the store `config` describes over the regions of `io` (of which it uses the
+    /// first `config.regions()`), rebuilding its index from them.
+    pub fn open_with(config: &DiskConfig, io: I) -> Result<DiskStore<I>, DiskError> {
+        let regions = check(config)?;
+        let counters = Counters::default();
+        // Regions written with a larger region size are cut to this one (records past it
+        // would not be read anyway): the files never hold more than the capacity.
+        for r in 0..regions {
+            let long = io.len(r).map(|len| len > config.region_size);
+            if long.is_err()
+                || (long.unwrap_or(false) && io.truncate(r, config.region_size).is_err())
+            {
+                bump(&counters.io_errors, 1);
+            }
+        }
+        let found = recover::recover(&io, regions, config.region_size);
+        bump(&counters.io_errors, found.io_errors);
+        bump(&counters.torn, found.torn);
+        bump(&counters.checksum_failures, found.damaged);
+        let mut log = Log {
+            fifo: found.fifo.into(),
+            free: found.free,
+            head_len: found.head_len,
+            next_seq: found.next_seq,
+            scratch: Vec::new(),
+        };
+        // Appends go on after the head's last valid record: what lies beyond (a record cut
+        // short) goes first, so that no stale bytes ever follow a new record.
+        if let Some(&head) = log.fifo.back() {
+            let cut = io.len(head).and_then(|len| {
+                if len > log.head_len {
+                    io.truncate(head, log.head_len)
+                } else {
+                    Ok(())
+                }
+            });
+            if cut.is_err() {
+                bump(&counters.io_errors, 1);
+                log.head_len = config.region_size;
+            }
+        }
+        Ok(DiskStore {
+            io,
+            region_size: config.region_size,
+            regions,
+            log: Mutex::new(log),
+            index: Mutex::new(found.index),
+            counters,
+        })
+    }
+
+    /// Writes `value` as `(ns, key)`'s object, replacing an older copy. May drop the oldest
+    /// region to make room.
+    pub fn insert(&self, ns: u32, key: &[u8], value: &[u8]) -> Insert {
+        self.insert_prehashed(ns, key, value, checksum(value))
+    }
+
+    /// [`DiskStore::insert`] of a value whose xxh3-64 the caller has (the pool keeps each
+    /// object's): `checksum` is recorded as the value's without hashing it again. A wrong one
+    /// costs nothing but the object: every read of it fails its check and is a miss.
+    pub fn insert_prehashed(&self, ns: u32, key: &[u8], value: &[u8], checksum: u64) -> Insert {
+        if key.len() > MAX_KEY_LEN
+            || format::record_len(key.len(), value.len() as u64) > self.region_size
+        {
+            bump(&self.counters.refused, 1);
+            return Insert::TooLarge;
+        }
+        let header = Header {
+            ns,
+            key_len: key.len() as u32,
+            value_len: value.len() as u64,
+            seq: 0,
+            checksum,
+            tombstone: false,
+        };
+        let mut log = lock(&self.log);
+        match self.append(&mut log, header, key, value) {
+            Some(entry) => {
+                lock(&self.index).insert(ns, key, entry);
+                bump(&self.counters.inserts, 1);
+                Insert::Written
+            }
+            None => {
+                bump(&self.counters.refused, 1);
+                Insert::IoError
+            }
+        }
+    }
+
+    /// Reads `(ns, key)`'s value into `buf` and verifies it (see [`Get`]).
+    pub fn get(&self, ns: u32, key: &[u8], buf: &mut [u8]) -> Get {
+        let Some(entry) = lock(&self.index).get(ns, key) else {
+            bump(&self.counters.misses, 1);
+            return Get::Miss;
+        };
+        let len = entry.value_len as usize;
+        if buf.len() < len {
+            return Get::BufferTooSmall { len };
+        }
+        match self.read(ns, key, &entry, &mut buf[..len]) {
+            Ok(()) => {
+                bump(&self.counters.hits, 1);
+                Get::Hit { len }
+            }
+            Err(fault) => {
+                // A copy whose region was dropped meanwhile is a plain miss, not a fault.
+                if lock(&self.index).remove_if_seq(ns, key, entry.seq) {
+                    match fault {
+                        Fault::Io => bump(&self.counters.io_errors, 1),
+                        Fault::Mismatch => bump(&self.counters.checksum_failures, 1),
+                    }
+                }
+                bump(&self.counters.misses, 1);
+                Get::Miss
+            }
+        }
+    }
+
+    /// Whether `(ns, key)` has an object on disk (not read: a get may still miss).
+    pub fn contains(&self, ns: u32, key: &[u8]) -> bool {
+        lock(&self.index).get(ns, key).is_some()
+    }
+
+    /// The value length of `(ns, key)`'s object, if it has one.
+    pub fn value_len(&self, ns: u32, key: &[u8]) -> Option<u64> {
+        lock(&self.index).get(ns, key).map(|e| e.value_len)
+    }
+
+    /// Removes `(ns, key)`'s object; whether there was one. A tombstone record keeps it
+    /// removed after a restart; if that write fails (counted in `io_errors`) the object is
+    /// gone from this life's index only.
+    pub fn remove(&self, ns: u32, key: &[u8]) -> bool {
+        let mut log = lock(&self.log);
+        if lock(&self.index).remove(ns, key).is_none() {
+            return false;
+        }
+        let tombstone = Header {
+            ns,
+            key_len: key.len() as u32,
+            value_len: 0,
+            seq: 0,
+            checksum: checksum(&[]),
+            tombstone: true,
+        };
+        self.append(&mut log, tombstone, key, &[]);
+        true
+    }
+
+    /// Makes every record written so far durable; false (counted) if the sync failed.
+    pub fn sync(&self) -> bool {
+        let log = lock(&self.log);
+        match log.fifo.back() {
+            Some(&head) => self.sync_region(head),
+            None => true,
+        }
+    }
+
+    /// Bytes on disk of namespace `ns`'s objects (whole records, padding included).
+    pub fn namespace_bytes(&self, ns: u32) -> u64 {
+        lock(&self.index).namespace_bytes(ns)
+    }
+
+    /// The store's counters and occupancy.
+    pub fn stats(&self) -> DiskStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (objects, bytes) = {
+            let index = lock(&self.index);
+            (index.objects(), index.bytes())
+        };
+        DiskStats {
+            capacity: u64::from(self.regions) * self.region_size,
+            objects,
+            bytes,
+            inserts: get(&c.inserts),
+            bytes_written: get(&c.bytes_written),
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            checksum_failures: get(&c.checksum_failures),
+            io_errors: get(&c.io_errors),
+            refused: get(&c.refused),
+            regions_dropped: get(&c.regions_dropped),
+            evicted: get(&c.evicted),
+            torn: get(&c.torn),
+        }
+    }
+
+    /// Appends one record (its sequence number assigned here) to the head, moving to a new
+    /// head first if it does not fit. Its entry, or `None` (counted) if a write failed.
+    fn append(&self, log: &mut Log, mut header: Header, key: &[u8], value: &[u8]) -> Option<Entry> {
+        let record_len = header.record_len();
+        if log.fifo.is_empty() || log.head_len + record_len > self.region_size {
+            self.advance(log)?;
+        }
+        let head = *log.fifo.back().expect("a head region");
+        header.seq = log.next_seq;
+        log.next_seq = log.next_seq.saturating_add(1);
+        let scratch = &mut log.scratch;
+        scratch.clear();
+        scratch.extend_from_slice(&header.encode(key));
+        scratch.extend_from_slice(key);
+        scratch.extend_from_slice(value);
+        scratch.resize(record_len as usize, 0);
+        let offset = log.head_len;
+        if self.io.write_at(head, offset, scratch).is_err() {
+            bump(&self.counters.io_errors, 1);
+            // Part of the record may be there: cut it off, or, if even that fails, write no
+            // more into this region (its scan ends at the bad record).
+            if self.io.truncate(head, offset).is_err() {
+                bump(&self.counters.io_errors, 1);
+                log.head_len = self.region_size;
+            }
+            return None;
+        }
+        log.head_len += record_len;
+        bump(&self.counters.bytes_written, record_len);
+        Some(Entry {
+            region: head,
+            offset,
+            key_len: header.key_len,
+            value_len: header.value_len,
+            record_len,
+            checksum: header.checksum,
+            seq: header.seq,
+        })
+    }
+
+    /// Seals the head (synced) and makes an empty region the head: a free one, or else the
+    /// oldest, dropped whole. `None` (counted) if the region could not be emptied.
+    fn advance(&self, log: &mut Log) -> Option<()> {
+        if let Some(&head) = log.fifo.back() {
+            self.sync_region(head);
+        }
+        let region = match log.free.pop() {
+            Some(r) => r,
+            None => {
+                let oldest = log.fifo.pop_front().expect("a full store has regions");
+                let evicted = lock(&self.index).drop_region(oldest);
+                bump(&self.counters.regions_dropped, 1);
+                bump(&self.counters.evicted, evicted);
+                oldest
+            }
+        };
+        if self.io.truncate(region, 0).is_err() {
+            bump(&self.counters.io_errors, 1);
+            // Still holding old records: not a head, and tried again when next needed. Its
+            // first header is overwritten if the disk lets us, so that a restart does not
+            // bring back objects this life let go (removed ones among them).
+            if self.io.write_at(region, 0, &[0u8; HEADER_LEN]).is_err() {
+                bump(&self.counters.io_errors, 1);
+            }
+            log.free.insert(0, region);
+            return None;
+        }
+        log.fifo.push_back(region);
+        log.head_len = 0;
+        Some(())
+    }
+
+    fn sync_region(&self, region: u32) -> bool {
+        let ok = self.io.sync(region).is_ok();
+        if !ok {
+            bump(&self.counters.io_errors, 1);
+        }
+        ok
+    }
+
+    /// Reads `(ns, key)`'s record at `entry` into `value` (exactly its length) and checks it.
+    fn read(&self, ns: u32, key: &[u8], entry: &Entry, value: &mut [u8]) -> Result<(), Fault> {
+        let mut head = [0u8; HEADER_LEN];
+        self.io
+            .read_at(entry.region, entry.offset, &mut head)
+            .map_err(|_| Fault::Io)?;
+        let h = Header::decode(&head, entry.record_len).ok_or(Fault::Mismatch)?;
+        let same = h.ns == ns
+            && h.key_len == entry.key_len
+            && h.value_len == entry.value_len
+            && h.seq == entry.seq
+            && h.checksum == entry.checksum
+            && !h.tombstone;
+        if !same {
+            return Err(Fault::Mismatch);
+        }
+        let mut stored = [0u8; MAX_KEY_LEN];
+        let stored = &mut stored[..key.len()];
+        self.io
+            .read_at(entry.region, entry.offset + HEADER_LEN as u64, stored)
+            .map_err(|_| Fault::Io)?;
+        if stored != key || !Header::verify_key(&head, stored) {
+            return Err(Fault::Mismatch);
+        }
+        self.io
+            .read_at(entry.region, entry.offset + h.value_offset(), value)
+            .map_err(|_| Fault::Io)?;
+        if checksum(value) != entry.checksum {
+            return Err(Fault::Mismatch);
+        }
+        Ok(())
+    }
+}
+
+/// Why a read of a copy failed.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Io,
+    Mismatch,
+}
+
+/// The number of regions `config` describes, if it is valid.
+fn check(config: &DiskConfig) -> Result<u32, DiskError> {
+    if config.region_size == 0 || config.region_size % ALIGN != 0 {
+        return Err(DiskError::RegionSize(config.region_size));
+    }
+    let regions = config.regions();
+    if regions < 2 {
+        return Err(DiskError::Capacity {
+            capacity: config.capacity,
+            region_size: config.region_size,
+        });
+    }
+    Ok(u32::try_from(regions).unwrap_or(u32::MAX))
+}
