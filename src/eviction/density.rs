@@ -492,7 +492,7 @@ impl Eviction for Density {
         Some(h)
     }
 
-    /// The lowest rank among up to [`PEEK`] blocks, as one number that compares across the
+    /// The lowest rank among up to `PEEK` blocks, as one number that compares across the
     /// shards of a namespace (they share the density tables and the clock): the density's bits,
     /// then the age.
     fn peek_stamp(&self) -> Option<u64> {

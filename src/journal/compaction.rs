@@ -19,7 +19,7 @@ pub(super) const COMPACT_SLACK: u64 = 1 << 16;
 
 impl Journal {
     /// Counts a compaction that could not be written and puts the next one off by
-    /// [`COMPACT_SLACK`] records; the journal as it stands is kept.
+    /// `COMPACT_SLACK` records; the journal as it stands is kept.
     fn postpone(&mut self) {
         self.retry_at = self.records + COMPACT_SLACK;
         self.compaction_failures += 1;
@@ -58,7 +58,7 @@ impl Journal {
     /// appends to it from now on. Returns the old file's appender, for the caller to drop
     /// outside the lock (unmapping a large file takes a while). A compaction that could not
     /// be written (a full disk, say) leaves the journal as it is, complete, and is tried again
-    /// after [`COMPACT_SLACK`] more records; one that found the journal's own records damaged
+    /// after `COMPACT_SLACK` more records; one that found the journal's own records damaged
     /// fails the journal, as a failed append does; one that finishes after the pool closed or
     /// the journal failed is thrown away.
     pub fn finish(&mut self, built: io::Result<Built>) -> Option<impl Drop> {

@@ -11,7 +11,7 @@ use memmap2::{MmapMut, MmapOptions};
 
 use crate::addr::NodeId;
 
-/// The least space an [`Appender`] allocates ahead of its last record at a time.
+/// The least space an `Appender` allocates ahead of its last record at a time.
 const GROW_MIN: usize = 64 << 10;
 /// The most it allocates ahead at a time (it doubles its file up to this step).
 const GROW_MAX: usize = 64 << 20;

@@ -10,7 +10,7 @@
 //! cache outlives the process, so no `fsync` is needed for a restart (a reboot of the host loses
 //! `/dev/shm` and the journal with it anyway).
 //!
-//! The file is mapped and records are copied into it through the mapping ([`Appender`]): the
+//! The file is mapped and records are copied into it through the mapping (`Appender`): the
 //! same page-cache pages a `write(2)` would fill, without a system call per record (two per
 //! overwriting put, which cost a put of 64 KiB over TCP about a tenth of its throughput). The
 //! space ahead of the last record is allocated before it is mapped, so a store never faults

@@ -15,7 +15,7 @@
 //! through others (gossip skips states). Only a node itself raises its record's epoch, and
 //! others may only mark that record down, so a node whose epoch is unchanged between the two
 //! served in between only if it served in one of them; one that appeared, or whose epoch moved,
-//! may have served at an epoch this node never saw (see [`may_have_served_between`], which
+//! may have served at an epoch this node never saw (see `may_have_served_between`, which
 //! also uses the order of a node's own states to leave out a draining node leaving). Each
 //! transition is checked against a hypothetical view in which all of those nodes serve:
 //! ranking among more nodes only ranks this node lower, so continuity there implies it in
@@ -236,7 +236,7 @@ impl History {
 
     /// The hypothetical view of the transition `prev` → `next`: every node serving in either,
     /// and every other node that may have served in a view between them
-    /// ([`may_have_served_between`]), as serving; this node only when it served in both.
+    /// (`may_have_served_between`), as serving; this node only when it served in both.
     fn between(&self, prev: &ClusterView, next: &ClusterView) -> ClusterView {
         let me = self.me.0;
         let serves = |v: &ClusterView| {
