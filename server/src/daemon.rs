@@ -92,6 +92,7 @@ impl Daemon {
         let policy = (conn_policy(&config)?, config.ledger_bounds()?);
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
+        config.disk_tier()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
         let pool = open_pool(&config)?;
         let sockets = Sockets::bind(&config, &data_dir).await?;

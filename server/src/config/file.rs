@@ -36,6 +36,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// Bounds of the Redis-protocol front door (`listen.resp`).
     pub resp: RespConfig,
+    /// The disk tier under DRAM: off unless `disk.path` is set.
+    pub disk: DiskConfig,
 }
 
 /// `[cluster]`. With no peers and no etcd the node is a cluster of one, which other nodes may
@@ -401,6 +403,67 @@ impl RespConfig {
     }
 }
 
+/// `[disk]`: a second tier on local disk that objects evicted from DRAM are written to. Off
+/// unless `path` is set: a disk tier needs a directory, on a disk, that the operator chooses
+/// and sizes; no default place would be right on every node (the data directory is in
+/// `/dev/shm`, which is DRAM).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskConfig {
+    /// Directory of the tier's region files (created if missing). Default none: the tier off.
+    pub path: Option<PathBuf>,
+    /// Most bytes the tier's files hold together (`"64GiB"` or a number): needed with `path`,
+    /// at least two regions. Default none.
+    #[serde(deserialize_with = "de_opt_size")]
+    pub capacity: Option<u64>,
+    /// Bytes of one region, the unit dropped (oldest first) when the tier is full: a positive
+    /// multiple of 4 KiB. Default 64 MiB.
+    #[serde(deserialize_with = "de_size")]
+    pub region_size: u64,
+    /// Most bytes of evicted objects waiting to be written to disk; an eviction that would pass
+    /// it is not written (and counted). Default 256 MiB.
+    #[serde(deserialize_with = "de_size")]
+    pub queue: u64,
+    /// Which evicted objects are worth a disk write: `"all"`, or `"read-once"` (only those read
+    /// at least once while in DRAM, sparing the disk's endurance the blocks nobody came back
+    /// for). Default `"read-once"`.
+    pub admit: DiskAdmit,
+}
+
+/// Which evicted objects the disk tier takes (`[disk] admit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskAdmit {
+    /// Every evicted unpinned object.
+    All,
+    /// Only objects read at least once while in DRAM.
+    #[default]
+    ReadOnce,
+}
+
+impl DiskAdmit {
+    /// Parses the names `[disk] admit` takes: `"all"` or `"read-once"`.
+    pub fn parse(s: &str) -> anyhow::Result<DiskAdmit> {
+        match s {
+            "all" => Ok(DiskAdmit::All),
+            "read-once" => Ok(DiskAdmit::ReadOnce),
+            other => anyhow::bail!("disk.admit must be \"all\" or \"read-once\", not {other:?}"),
+        }
+    }
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        DiskConfig {
+            path: None,
+            capacity: None,
+            region_size: kvpool::disk::DEFAULT_REGION_SIZE,
+            queue: 256 << 20,
+            admit: DiskAdmit::ReadOnce,
+        }
+    }
+}
+
 /// `[[namespace]]`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -465,6 +528,7 @@ impl Default for Config {
             drain_timeout_ms: 10_000,
             cluster: ClusterConfig::default(),
             resp: RespConfig::default(),
+            disk: DiskConfig::default(),
         }
     }
 }

@@ -12,8 +12,9 @@ mod settings;
 mod tests;
 
 pub use file::{
-    AuthConfig, ClusterConfig, Config, LimitsConfig, ListenConfig, MemoryConfig, NamespaceEntry,
-    NamespaceMetrics, RespConfig, TlsConfig,
+    AuthConfig, ClusterConfig, Config, DiskAdmit, DiskConfig, LimitsConfig, ListenConfig,
+    MemoryConfig, NamespaceEntry, NamespaceMetrics, RespConfig, TlsConfig,
 };
 pub use parse::{parse_listen, parse_rate, parse_size};
+pub use settings::DiskTier;
 pub(crate) use settings::{EtcdAuth, EtcdConfig, MembershipConfig};

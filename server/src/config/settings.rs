@@ -6,7 +6,7 @@ use anyhow::bail;
 use kvpool::pool::NamespaceConfig;
 use kvpool::protocol::Limits;
 
-use super::file::{Config, NamespaceEntry};
+use super::file::{Config, DiskAdmit, NamespaceEntry};
 use crate::http::Url;
 
 impl Config {
@@ -286,6 +286,64 @@ impl Config {
             namespaces,
         })
     }
+}
+
+impl Config {
+    /// The disk tier's settings (`[disk]`), checked; None when the tier is off (no `path`).
+    pub fn disk_tier(&self) -> anyhow::Result<Option<DiskTier>> {
+        let d = &self.disk;
+        let Some(path) = &d.path else {
+            if d.capacity.is_some() {
+                bail!(
+                    "disk.capacity is set but disk.path is not: set both to turn the disk tier on"
+                );
+            }
+            return Ok(None);
+        };
+        if path.as_os_str().is_empty() {
+            bail!("disk.path must not be empty (leave it unset to keep the disk tier off)");
+        }
+        let Some(capacity) = d.capacity else {
+            bail!(
+                "disk.path is set but disk.capacity is not: say how many bytes the tier may take \
+                 (\"64GiB\")"
+            );
+        };
+        if d.region_size == 0 || d.region_size % kvpool::disk::ALIGN != 0 {
+            bail!(
+                "disk.region_size must be a positive multiple of 4 KiB, not {}",
+                d.region_size
+            );
+        }
+        if capacity / d.region_size < 2 {
+            bail!(
+                "disk.capacity ({capacity} bytes) must hold at least two regions of \
+                 disk.region_size ({} bytes): one written, one to drop when full",
+                d.region_size
+            );
+        }
+        if d.queue == 0 {
+            bail!(
+                "disk.queue must be at least 1 byte (it bounds the objects waiting for the disk)"
+            );
+        }
+        Ok(Some(DiskTier {
+            store: kvpool::disk::DiskConfig::new(path.clone(), capacity).region_size(d.region_size),
+            queue: d.queue,
+            admit: d.admit,
+        }))
+    }
+}
+
+/// What the disk tier is given: where its store lives and how demotion to it is bounded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskTier {
+    /// The store: directory, capacity, region size.
+    pub store: kvpool::disk::DiskConfig,
+    /// Most bytes of evicted objects waiting to be written.
+    pub queue: u64,
+    /// Which evicted objects are written.
+    pub admit: DiskAdmit,
 }
 
 /// How a node learns the cluster.

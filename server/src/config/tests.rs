@@ -286,3 +286,46 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(open.listen.metrics_namespaces, NamespaceMetrics::Token);
     assert!(Config::from_toml("[listen]\nmetrics_namespaces = \"maybe\"").is_err());
 }
+
+#[test]
+fn the_disk_tier_is_off_by_default_and_checked_when_on() {
+    let c = Config::default();
+    assert_eq!(c.disk.path, None);
+    assert_eq!(c.disk.region_size, 64 << 20);
+    assert_eq!(c.disk.queue, 256 << 20);
+    assert_eq!(c.disk.admit, DiskAdmit::ReadOnce);
+    assert_eq!(c.disk_tier().unwrap(), None);
+
+    let on = Config::from_toml(
+        "[disk]\npath = \"/var/lib/kvpool\"\ncapacity = \"64GiB\"\nregion_size = \"16MiB\"\n\
+         queue = \"32MiB\"\nadmit = \"all\"",
+    )
+    .unwrap();
+    let tier = on.disk_tier().unwrap().unwrap();
+    assert_eq!(tier.store.dir, PathBuf::from("/var/lib/kvpool"));
+    assert_eq!(tier.store.capacity, 64 << 30);
+    assert_eq!(tier.store.region_size, 16 << 20);
+    assert_eq!(tier.store.regions(), 4096);
+    assert_eq!((tier.queue, tier.admit), (32 << 20, DiskAdmit::All));
+
+    let err = |toml: &str| {
+        let c = Config::from_toml(toml).unwrap();
+        format!("{:#}", c.disk_tier().unwrap_err())
+    };
+    assert!(err("[disk]\npath = \"/d\"").contains("disk.capacity is not"));
+    assert!(err("[disk]\ncapacity = \"1GiB\"").contains("disk.path is not"));
+    assert!(err("[disk]\npath = \"\"\ncapacity = \"1GiB\"").contains("must not be empty"));
+    assert!(
+        err("[disk]\npath = \"/d\"\ncapacity = \"1GiB\"\nregion_size = 1000")
+            .contains("multiple of 4 KiB")
+    );
+    assert!(err("[disk]\npath = \"/d\"\ncapacity = \"100MiB\"").contains("two regions"));
+    assert!(err("[disk]\npath = \"/d\"\ncapacity = \"1GiB\"\nqueue = 0").contains("disk.queue"));
+    assert!(Config::from_toml("[disk]\nadmit = \"sometimes\"").is_err());
+    assert!(
+        Config::from_toml("[disk]\nsize = \"1GiB\"").is_err(),
+        "unknown key"
+    );
+    assert_eq!(DiskAdmit::parse("read-once").unwrap(), DiskAdmit::ReadOnce);
+    assert!(DiskAdmit::parse("most").is_err());
+}
