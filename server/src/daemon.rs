@@ -19,6 +19,7 @@ use crate::admission::{self, PeerCounts};
 use crate::cluster::{self, Cluster, Source, Timing};
 use crate::config::{parse_listen, Config, MembershipConfig};
 use crate::deadline::ConnPolicy;
+use crate::disk_tier::DiskTier;
 use crate::listeners::{self, Ctx};
 use crate::metrics::{self, Metrics};
 use crate::mover::{self, Mover, Replication};
@@ -92,15 +93,18 @@ impl Daemon {
         let policy = (conn_policy(&config)?, config.ledger_bounds()?);
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
-        config.disk_tier()?;
+        let disk_settings = config.disk_tier()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
         let pool = open_pool(&config)?;
+        let disk = disk_settings
+            .map(|d| DiskTier::open(&d).map(Arc::new))
+            .transpose()?;
         let sockets = Sockets::bind(&config, &data_dir).await?;
         let bound = sockets.bound.clone();
         let membership = membership(&config, &membership_cfg, &bound, &pool);
         let metrics = Arc::new(Metrics::default());
         let parts = (&pool, &metrics, &membership, &creds);
-        let shared = Arc::new(shared(&config, parts, &bound, policy));
+        let shared = Arc::new(shared(&config, parts, &bound, policy, disk));
         let (stop, shutdown) = watch::channel(false);
         let (done_tx, done) = mpsc::channel(1);
         let ctx = Ctx {
@@ -437,6 +441,7 @@ pub(crate) fn shared(
     (pool, metrics, membership, creds): (&Arc<Pool>, &Arc<Metrics>, &Arc<Cluster>, &PeerAuth),
     bound: &Bound,
     (conn, bounds): (ConnPolicy, crate::ledger::Bounds),
+    disk: Option<Arc<DiskTier>>,
 ) -> Shared {
     let namespaces = pool.namespaces();
     let capacities: Vec<u64> = (0..namespaces.len() as u32)
@@ -493,6 +498,7 @@ pub(crate) fn shared(
             ),
             timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
         },
+        disk,
     }
 }
 

@@ -88,6 +88,7 @@ impl Harness {
                 failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
                 timeout: Duration::from_secs(1),
             },
+            disk: None,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

@@ -44,6 +44,7 @@ mod cluster;
 pub mod config;
 mod daemon;
 mod deadline;
+mod disk_tier;
 mod etcd_gateway;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

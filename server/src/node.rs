@@ -5,7 +5,7 @@
 //! connection; tests of clients and of the protocol run against it with no process to start.
 //!
 //! What a node does not do in-process: accept on sockets, heartbeat, move or hand over objects,
-//! or export metrics over HTTP. Its view is changed by the caller instead: [`Node::merge_view`]
+//! export metrics over HTTP, or keep a disk tier (`[disk]`). Its view is changed by the caller instead: [`Node::merge_view`]
 //! does what a peer's heartbeat does, [`Node::set_state`] what a drain or a join does to the
 //! node's own record, so several nodes in one process form a cluster whose view changes when
 //! the caller says. Requests a node makes of other nodes (asking a previous owner for a key
@@ -83,7 +83,13 @@ impl Node {
         };
         let metrics = Arc::new(Metrics::default());
         let parts = (&pool, &metrics, &cluster, &creds);
-        let shared = Arc::new(daemon::shared(&config, parts, &Bound::default(), policy));
+        let shared = Arc::new(daemon::shared(
+            &config,
+            parts,
+            &Bound::default(),
+            policy,
+            None,
+        ));
         let (stop, shutdown) = watch::channel(false);
         let tasks = vec![
             tokio::spawn(crate::trim::run(shared.trim.clone(), shutdown.clone())),

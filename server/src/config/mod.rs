@@ -16,5 +16,5 @@ pub use file::{
     MemoryConfig, NamespaceEntry, NamespaceMetrics, RespConfig, TlsConfig,
 };
 pub use parse::{parse_listen, parse_rate, parse_size};
-pub use settings::DiskTier;
+pub use settings::DiskSettings;
 pub(crate) use settings::{EtcdAuth, EtcdConfig, MembershipConfig};

@@ -290,7 +290,7 @@ impl Config {
 
 impl Config {
     /// The disk tier's settings (`[disk]`), checked; None when the tier is off (no `path`).
-    pub fn disk_tier(&self) -> anyhow::Result<Option<DiskTier>> {
+    pub fn disk_tier(&self) -> anyhow::Result<Option<DiskSettings>> {
         let d = &self.disk;
         let Some(path) = &d.path else {
             if d.capacity.is_some() {
@@ -327,7 +327,7 @@ impl Config {
                 "disk.queue must be at least 1 byte (it bounds the objects waiting for the disk)"
             );
         }
-        Ok(Some(DiskTier {
+        Ok(Some(DiskSettings {
             store: kvpool::disk::DiskConfig::new(path.clone(), capacity).region_size(d.region_size),
             queue: d.queue,
             admit: d.admit,
@@ -337,7 +337,7 @@ impl Config {
 
 /// What the disk tier is given: where its store lives and how demotion to it is bounded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiskTier {
+pub struct DiskSettings {
     /// The store: directory, capacity, region size.
     pub store: kvpool::disk::DiskConfig,
     /// Most bytes of evicted objects waiting to be written.

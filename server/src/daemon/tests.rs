@@ -97,7 +97,7 @@ async fn a_lone_node_serves_and_one_with_peers_joins() {
     let metrics = Arc::new(Metrics::default());
     let policy = (conn_policy(&c).unwrap(), c.ledger_bounds().unwrap());
     let parts = (&pool, &metrics, &joining, &creds);
-    let s = shared(&c, parts, &bound, policy);
+    let s = shared(&c, parts, &bound, policy, None);
     assert_eq!(s.hello.namespaces, pool.namespaces());
     let team = pool.namespace_id("team").unwrap();
     let repl = s.replication(team).unwrap();

@@ -81,6 +81,7 @@ fn shared() -> Shared {
             failures: crate::auth_limit::AuthFailures::new(0, Duration::ZERO, 0),
             timeout: Duration::from_secs(1),
         },
+        disk: None,
     }
 }
 
