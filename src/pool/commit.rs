@@ -408,6 +408,7 @@ impl Pool {
             segment: p.segment,
             readers: 0,
             pinned: p.pin,
+            accessed: false,
         };
         let space = &self.namespaces[p.ns as usize];
         if p.pin {

@@ -61,7 +61,9 @@ impl Pool {
                 let Some((_, s)) = best else { break };
                 first.get_or_insert(s);
                 let mut shard = lock(&self.shards[s]);
-                if let Some(e) = shard.ns[ns].victim_below(now, self.tick(), bound) {
+                let tick = self.tick();
+                let seen = &mut |key: &[u8], e: &Entry| self.show_victim(ns, key, e);
+                if let Some(e) = shard.ns[ns].victim_below(now, tick, bound, seen) {
                     self.retire_victim(&mut shard, ns, e);
                     return true;
                 }
@@ -72,7 +74,9 @@ impl Pool {
                 .chain((0..=mask).map(|i| (start + i) & mask));
             for s in order {
                 let mut shard = lock(&self.shards[s]);
-                if let Some(e) = shard.ns[ns].victim(now, self.tick()) {
+                let tick = self.tick();
+                let seen = &mut |key: &[u8], e: &Entry| self.show_victim(ns, key, e);
+                if let Some(e) = shard.ns[ns].victim(now, tick, seen) {
                     self.retire_victim(&mut shard, ns, e);
                     return true;
                 }
@@ -98,6 +102,22 @@ impl Pool {
             .map(|i| (start + i) % n)
             .filter(|&j| j != ns as usize && !self.namespaces[j].reserved)
             .any(|j| self.evict_one(Some(j as u32), near, now))
+    }
+
+    /// Shows a victim, its key still indexed and its block still allocated, to the eviction
+    /// observer, if there is one.
+    fn show_victim(&self, ns: usize, key: &[u8], e: &Entry) {
+        let Some(o) = self.eviction_observer.get() else {
+            return;
+        };
+        let seg = &self.segments[e.segment as usize].segment;
+        // SAFETY: the range was bounds-checked when allocated. The block stays allocated until
+        // the caller frees it after this returns (`retire_victim`, under the shard lock held
+        // here), no reader holds it (a victim is evictable: `readers == 0`, and the lock keeps
+        // new ones out), and nothing in this process writes a committed object (it has no
+        // pending entry, so `begin_write_range` refuses it). The slice does not outlive the call.
+        let value = unsafe { seg.data(e.offset, e.len) };
+        o.evicted(ns as u32, key, value, e.checksum, e.accessed);
     }
 
     fn retire_victim(&self, shard: &mut Shard, ns: usize, e: Entry) {

@@ -31,6 +31,9 @@ pub(crate) struct Entry {
     /// Daemon-side readers streaming the bytes right now (zero-copy sends).
     pub(crate) readers: u16,
     pub(crate) pinned: bool,
+    /// Accessed (read or found by a lookup) since it was committed: what a disk tier's
+    /// `read-once` admission asks of an evicted object.
+    pub(crate) accessed: bool,
 }
 
 impl Entry {
@@ -110,7 +113,9 @@ impl NsIndex {
     pub(crate) fn get(&mut self, key: &[u8], stamp: u64) -> Option<&mut Entry> {
         let h = self.find(key)?;
         self.policy.access(h, stamp);
-        Some(&mut self.slots[h as usize].entry)
+        let entry = &mut self.slots[h as usize].entry;
+        entry.accessed = true;
+        Some(entry)
     }
 
     /// The logical time the policy ranks its next victim by (None when empty).
@@ -174,13 +179,18 @@ impl NsIndex {
     }
 
     /// Takes out the object the policy picks among those evictable at `now` (`tick`: the
-    /// pool's logical time).
-    pub(crate) fn victim(&mut self, now: Millis, tick: u64) -> Option<Entry> {
+    /// pool's logical time), showing it to `seen` (key and entry) before its key is dropped.
+    pub(crate) fn victim(
+        &mut self,
+        now: Millis,
+        tick: u64,
+        seen: &mut dyn FnMut(&[u8], &Entry),
+    ) -> Option<Entry> {
         let slots = &self.slots;
         let h = self
             .policy
             .victim(&mut |h| slots[h as usize].entry.evictable(now), tick)?;
-        Some(self.release(h))
+        Some(self.release_seen(h, seen))
     }
 
     /// Keys of the pinned objects (freed slots have empty keys, and keys are never empty).
@@ -230,14 +240,27 @@ impl NsIndex {
 
     /// [`NsIndex::victim`], unless the policy's next candidate ranks above `bound` (see
     /// [`Eviction::victim_below`]).
-    pub(crate) fn victim_below(&mut self, now: Millis, tick: u64, bound: u64) -> Option<Entry> {
+    pub(crate) fn victim_below(
+        &mut self,
+        now: Millis,
+        tick: u64,
+        bound: u64,
+        seen: &mut dyn FnMut(&[u8], &Entry),
+    ) -> Option<Entry> {
         let slots = &self.slots;
         let h = self.policy.victim_below(
             &mut |h| slots[h as usize].entry.evictable(now),
             tick,
             bound,
         )?;
-        Some(self.release(h))
+        Some(self.release_seen(h, seen))
+    }
+
+    /// [`NsIndex::release`] of a victim, shown to `seen` first.
+    fn release_seen(&mut self, h: Handle, seen: &mut dyn FnMut(&[u8], &Entry)) -> Entry {
+        let slot = &self.slots[h as usize];
+        seen(self.keys.get(slot.key), &slot.entry);
+        self.release(h)
     }
 
     /// Drops handle `h` (already gone from the policy) from the table and the slots.

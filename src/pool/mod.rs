@@ -97,6 +97,8 @@ pub struct Pool {
     unreserved: u64,
     /// Told of every commit (see [`Pool::observe`]).
     observer: std::sync::OnceLock<Arc<dyn CommitObserver>>,
+    /// Told of every eviction (see [`Pool::observe_evictions`]).
+    eviction_observer: std::sync::OnceLock<Arc<dyn EvictionObserver>>,
     /// The index journal, for file-backed segments (see [`crate::journal`]). Locked under an
     /// index shard's lock, never the other way; compacted without either.
     journal: Option<SharedJournal>,
@@ -110,6 +112,17 @@ pub trait CommitObserver: Send + Sync {
     /// so any reader that looks the key up after this call returns finds the object; it must
     /// be quick and must never call into the pool.
     fn committed(&self, ns: u32, key: &[u8]);
+}
+
+/// Told of every object the pool evicts, while its bytes are still in memory (see
+/// [`Pool::observe_evictions`]): how a tier under DRAM takes what DRAM lets go.
+pub trait EvictionObserver: Send + Sync {
+    /// Unpinned `key` of namespace `ns` is being evicted: `value` is its bytes and `checksum`
+    /// their xxh3-64 as checked at commit; `accessed` whether it was read or found by a lookup
+    /// since. The bytes are freed once this returns, so an observer that keeps them copies them.
+    /// Called with the key's index shard locked: it must be quick (copy or decline) and must
+    /// never call into the pool.
+    fn evicted(&self, ns: u32, key: &[u8], value: &[u8], checksum: u64, accessed: bool);
 }
 
 struct SegmentSlot {
@@ -191,6 +204,12 @@ impl Pool {
     /// false).
     pub fn observe(&self, observer: Arc<dyn CommitObserver>) -> bool {
         self.observer.set(observer).is_ok()
+    }
+
+    /// Sets the observer shown every evicted object (once; a second call is refused and
+    /// returns false). Removals and replacements are not evictions and are not shown.
+    pub fn observe_evictions(&self, observer: Arc<dyn EvictionObserver>) -> bool {
+        self.eviction_observer.set(observer).is_ok()
     }
 
     /// Refuses a key this pool does not take: empty, or longer than its

@@ -275,6 +275,49 @@ fn eviction_makes_room_lru_first() {
     assert_eq!(p.get(0, &1u32.to_le_bytes(), 0), Err(PoolError::NotFound));
 }
 
+/// Records what the pool shows it of its evictions.
+#[derive(Default)]
+struct Evictions(std::sync::Mutex<Vec<(u32, Vec<u8>, bool)>>);
+
+impl EvictionObserver for Evictions {
+    fn evicted(&self, ns: u32, key: &[u8], value: &[u8], sum: u64, accessed: bool) {
+        let id = u32::from_le_bytes(key.try_into().unwrap());
+        assert_eq!(value, value_of(id), "the victim's bytes, still in memory");
+        assert_eq!(sum, checksum(value));
+        self.0.lock().unwrap().push((ns, key.to_vec(), accessed));
+    }
+}
+
+fn value_of(id: u32) -> Vec<u8> {
+    value(id, 64 << 10)
+}
+
+#[test]
+fn evictions_are_shown_with_their_bytes_before_they_are_freed() {
+    let p = pool(2 << 20);
+    let seen = Arc::new(Evictions::default());
+    assert!(p.observe_evictions(seen.clone()));
+    assert!(!p.observe_evictions(seen.clone()), "set once");
+    for i in 0..100u32 {
+        p.put(0, &i.to_le_bytes(), &value_of(i), false, 0).unwrap();
+        if i % 2 == 0 {
+            assert!(p.get_ref(0, &i.to_le_bytes(), 0).is_ok());
+        }
+    }
+    p.remove(0, &99u32.to_le_bytes()).unwrap();
+    let seen = seen.0.lock().unwrap();
+    assert_eq!(
+        seen.len() as u64,
+        p.stats().evictions,
+        "every eviction, and no removal"
+    );
+    assert!(seen.len() >= 60);
+    for (ns, key, accessed) in seen.iter() {
+        let id = u32::from_le_bytes(key[..].try_into().unwrap());
+        assert_eq!((*ns, *accessed), (0, id % 2 == 0), "key {id}");
+    }
+}
+
 #[test]
 fn pins_survive_pressure_and_a_pool_of_pins_is_full() {
     let p = pool(1 << 20);

@@ -29,6 +29,7 @@ fn entry(generation: u64, pinned: bool) -> Entry {
         segment: 0,
         readers: 0,
         pinned,
+        accessed: false,
     }
 }
 
@@ -87,6 +88,7 @@ proptest! {
     fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..300)) {
         let mut idx = NsIndex::new(PolicyKind::Lru.build());
         let mut model: HashMap<Vec<u8>, Entry> = HashMap::new();
+        let mut seen: Option<(Vec<u8>, u64)> = None;
         for (tick, op) in ops.into_iter().enumerate() {
             let tick = tick as u64 + 1;
             match op {
@@ -104,7 +106,7 @@ proptest! {
                     let want = model.get(&key(id)).map(|e| (e.generation, e.offset, e.checksum));
                     prop_assert_eq!(got, want);
                 }
-                Op::Victim => match idx.victim(0, tick) {
+                Op::Victim => match idx.victim(0, tick, &mut |k, e| seen = Some((k.to_vec(), e.generation))) {
                     Some(v) => {
                         prop_assert!(!v.pinned);
                         let k = model
@@ -112,6 +114,7 @@ proptest! {
                             .find(|(_, e)| e.generation == v.generation)
                             .map(|(k, _)| k.clone());
                         prop_assert!(k.is_some(), "evicted an object the model lacks");
+                        prop_assert_eq!(seen.take(), Some((k.clone().unwrap_or_default(), v.generation)), "the victim shown is the one taken");
                         model.remove(&k.unwrap_or_default());
                     }
                     None => {
