@@ -77,6 +77,8 @@ pub struct Daemon {
     timing: Timing,
     drain_on_shutdown: bool,
     cluster_drain_timeout: Duration,
+    /// The disk tier under DRAM, when `[disk]` turns it on.
+    disk: Option<Arc<DiskTier>>,
 }
 
 impl Daemon {
@@ -96,15 +98,19 @@ impl Daemon {
         let disk_settings = config.disk_tier()?;
         let creds = credentials(&config, &membership_cfg, &data_dir)?;
         let pool = open_pool(&config)?;
-        let disk = disk_settings
-            .map(|d| DiskTier::open(&d).map(Arc::new))
-            .transpose()?;
+        let disk = disk_settings.map(|d| DiskTier::open(&d)).transpose()?;
+        if let Some(d) = &disk {
+            anyhow::ensure!(
+                pool.observe_evictions(d.clone()),
+                "the pool already had an eviction observer"
+            );
+        }
         let sockets = Sockets::bind(&config, &data_dir).await?;
         let bound = sockets.bound.clone();
         let membership = membership(&config, &membership_cfg, &bound, &pool);
         let metrics = Arc::new(Metrics::default());
         let parts = (&pool, &metrics, &membership, &creds);
-        let shared = Arc::new(shared(&config, parts, &bound, policy, disk));
+        let shared = Arc::new(shared(&config, parts, &bound, policy, disk.clone()));
         let (stop, shutdown) = watch::channel(false);
         let (done_tx, done) = mpsc::channel(1);
         let ctx = Ctx {
@@ -153,6 +159,7 @@ impl Daemon {
             timing,
             drain_on_shutdown: config.cluster.drain_on_shutdown,
             cluster_drain_timeout,
+            disk,
         })
     }
 
@@ -217,6 +224,11 @@ impl Daemon {
         }
         if let Some(p) = &self.bound.unix {
             let _ = std::fs::remove_file(p);
+        }
+        if let Some(d) = &self.disk {
+            // What is still queued is written while the process lasts; the rest is lost, as
+            // demotions are (the disk tier is a cache).
+            d.close();
         }
         tracing::info!("kvpoold stopped");
     }
