@@ -616,7 +616,11 @@ fn serve(
         ctx.shutdown.clone(),
     )));
     let mut stop_rx = ctx.shutdown.clone();
-    let observed = (ctx.shared.pool.clone(), ctx.shared.ledger.clone());
+    let observed = (
+        ctx.shared.pool.clone(),
+        ctx.shared.ledger.clone(),
+        ctx.shared.disk.clone(),
+    );
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));
     if let Some(l) = sockets.metrics {
         tasks.push(tokio::spawn(metrics::serve(

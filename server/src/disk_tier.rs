@@ -128,10 +128,6 @@ impl DiskTier {
     }
 
     /// What demotion did.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the metrics page, which is not wired yet")
-    )]
     pub(crate) fn demote_stats(&self) -> DemoteStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -337,6 +333,14 @@ mod tests {
             on_disk += 1;
         }
         assert_eq!(on_disk, evictions);
+
+        let ledger = crate::ledger::Ledger::new(&crate::ledger::Bounds::none(), &[1 << 20]);
+        let page = crate::metrics::Metrics::default()
+            .render(&pool, &ledger, Some(&tier), false)
+            .unwrap();
+        let line = format!("kvpool_disk_demotions_total{{node=\"0\"}} {evictions}\n");
+        assert!(page.contains(&line), "{page}");
+        assert!(page.contains("kvpool_disk_capacity_bytes{node=\"0\"} 8388608\n"));
         tier.close();
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -49,7 +49,6 @@ pub(crate) struct Shared {
     /// What proves and bounds the cluster's own peers.
     pub(crate) peers: PeerPolicy,
     /// The disk tier under DRAM (`[disk]`); None when it is off.
-    #[expect(dead_code, reason = "disk reads, which use it, are not wired yet")]
     pub(crate) disk: Option<Arc<crate::disk_tier::DiskTier>>,
 }
 

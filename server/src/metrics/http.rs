@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 use super::series::Metrics;
 use crate::admission::AcceptErrors;
 use crate::config::NamespaceMetrics;
+use crate::disk_tier::DiskTier;
 use crate::ledger::Ledger;
 
 /// The content type of the page.
@@ -40,7 +41,7 @@ const MAX_HEAD: usize = 8 << 10;
 pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    (pool, ledger): (Arc<Pool>, Arc<Ledger>),
+    (pool, ledger, disk): (Arc<Pool>, Arc<Ledger>, Option<Arc<DiskTier>>),
     namespaces: NamespaceMetrics,
     token: String,
     shutdown: impl std::future::Future<Output = ()>,
@@ -51,6 +52,7 @@ pub(crate) async fn serve(
         metrics,
         pool,
         ledger,
+        disk,
         namespaces,
         token: token.into(),
     });
@@ -105,6 +107,8 @@ struct Page {
     metrics: Arc<Metrics>,
     pool: Arc<Pool>,
     ledger: Arc<Ledger>,
+    /// The disk tier, when it is on.
+    disk: Option<Arc<DiskTier>>,
     namespaces: NamespaceMetrics,
     token: Arc<str>,
 }
@@ -121,7 +125,10 @@ impl Page {
                         self.token.is_empty() || bears(req.headers(), &self.token)
                     }
                 };
-                match self.metrics.render(&self.pool, &self.ledger, show) {
+                match self
+                    .metrics
+                    .render(&self.pool, &self.ledger, self.disk.as_deref(), show)
+                {
                     Ok(body) => (StatusCode::OK, OPENMETRICS, body),
                     Err(_) => (
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -202,6 +209,7 @@ mod tests {
             metrics: Arc::default(),
             pool: Arc::new(Pool::new(&cfg, [1; 16]).unwrap()),
             ledger: Ledger::new(&crate::ledger::Bounds::none(), &[1 << 20]),
+            disk: None,
             namespaces: NamespaceMetrics::Token,
             token: "s3cret".into(),
         };

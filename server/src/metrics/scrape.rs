@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use kvpool::disk::DiskStats;
 use kvpool::pool::PoolStats;
 use kvpool::Pool;
 use prometheus_client::collector::Collector;
@@ -15,6 +16,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::series::{Daemon, Metrics, BUCKETS, OPS, REAP_CAUSES, RESP_COMMANDS, TRANSPORTS};
+use crate::disk_tier::{DemoteStats, DiskTier};
 use crate::ledger::{Ledger, Limit, RESOURCES};
 
 impl Metrics {
@@ -24,6 +26,7 @@ impl Metrics {
         &self,
         pool: &Pool,
         ledger: &Ledger,
+        disk: Option<&DiskTier>,
         namespaces: bool,
     ) -> Result<String, std::fmt::Error> {
         let mut registry = Registry::default();
@@ -34,6 +37,7 @@ impl Metrics {
             long_keys: pool.long_keys_refused(),
             huge_regions: pool.segments().map(|s| s.huge_regions()).collect(),
             journal: pool.journal_stats(),
+            disk: disk.map_or_else(Default::default, |d| (d.store.stats(), d.demote_stats())),
             namespaces,
         }));
         let mut out = String::with_capacity(16 << 10);
@@ -57,6 +61,8 @@ struct Scrape {
     journal: Option<kvpool::journal::JournalStats>,
     /// What peers make the node hold, by resource (the ledger's totals).
     resources: [(&'static str, u64); RESOURCES.len()],
+    /// The disk tier's store and demotion (all zero when the tier is off).
+    disk: (DiskStats, DemoteStats),
     namespaces: bool,
 }
 
@@ -101,6 +107,7 @@ impl Collector for Scrape {
         let node = self.pool.node.to_string();
         self.encode_pool(&mut enc, &node)?;
         self.encode_journal(&mut enc, &node)?;
+        self.encode_disk(&mut enc, &node)?;
         if self.namespaces {
             self.encode_namespaces(&mut enc, &node)?;
         }
@@ -262,6 +269,120 @@ impl Scrape {
                 name,
                 help,
                 None,
+                MetricType::Counter,
+                [(labels, counter(v))],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The disk tier: its occupancy, the store's counters and demotion's.
+    fn encode_disk(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let (s, d) = &self.disk;
+        let labels = [("node", node)];
+        let bytes = Some(&Unit::Bytes);
+        for (name, help, unit, v) in [
+            (
+                "kvpool_disk_capacity",
+                "The most bytes the disk tier's files may hold (0: the tier is off).",
+                bytes,
+                s.capacity,
+            ),
+            ("kvpool_disk_objects", "Objects on disk.", None, s.objects),
+            (
+                "kvpool_disk",
+                "Bytes on disk of the objects there (whole records).",
+                bytes,
+                s.bytes,
+            ),
+            (
+                "kvpool_disk_queued",
+                "Bytes of evicted objects waiting for their disk write.",
+                bytes,
+                d.queued_bytes,
+            ),
+        ] {
+            family(e, name, help, unit, MetricType::Gauge, [(labels, gauge(v))])?;
+        }
+        for (name, help, unit, v) in [
+            (
+                "kvpool_disk_demotions",
+                "Evicted objects written to disk.",
+                None,
+                d.demoted,
+            ),
+            (
+                "kvpool_disk_demoted",
+                "Value bytes of the evicted objects written to disk.",
+                bytes,
+                d.demoted_bytes,
+            ),
+            (
+                "kvpool_disk_not_admitted",
+                "Evicted objects the admission filter kept off the disk.",
+                None,
+                d.not_admitted,
+            ),
+            (
+                "kvpool_disk_queue_drops",
+                "Evicted objects not written because the demotion queue was full.",
+                None,
+                d.queue_drops,
+            ),
+            (
+                "kvpool_disk_write_failures",
+                "Evicted objects the store refused (too large, or the write failed).",
+                None,
+                d.write_failures,
+            ),
+            (
+                "kvpool_disk_written",
+                "Bytes written to the disk tier's files (records, tombstones included).",
+                bytes,
+                s.bytes_written,
+            ),
+            (
+                "kvpool_disk_hits",
+                "Disk reads that returned a value.",
+                None,
+                s.hits,
+            ),
+            (
+                "kvpool_disk_misses",
+                "Disk reads that did not.",
+                None,
+                s.misses,
+            ),
+            (
+                "kvpool_disk_checksum_failures",
+                "Disk copies dropped because what was read did not check out.",
+                None,
+                s.checksum_failures,
+            ),
+            (
+                "kvpool_disk_io_errors",
+                "Disk reads, writes, syncs and truncations that failed.",
+                None,
+                s.io_errors,
+            ),
+            (
+                "kvpool_disk_regions_dropped",
+                "Disk regions dropped, oldest first, to make room.",
+                None,
+                s.regions_dropped,
+            ),
+            (
+                "kvpool_disk_evictions",
+                "Objects that left the disk with a dropped region.",
+                None,
+                s.evicted,
+            ),
+        ] {
+            family(
+                e,
+                name,
+                help,
+                unit,
                 MetricType::Counter,
                 [(labels, counter(v))],
             )?;
