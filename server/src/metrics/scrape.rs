@@ -276,7 +276,7 @@ impl Scrape {
         Ok(())
     }
 
-    /// The disk tier: its occupancy, the store's counters and demotion's.
+    /// The disk tier: its occupancy, then its counters.
     fn encode_disk(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
         let (s, d) = &self.disk;
         let labels = [("node", node)];
@@ -304,6 +304,14 @@ impl Scrape {
         ] {
             family(e, name, help, unit, MetricType::Gauge, [(labels, gauge(v))])?;
         }
+        self.encode_disk_counters(e, node)
+    }
+
+    /// The disk tier's counters: demotion's, then the store's.
+    fn encode_disk_counters(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let d = &self.disk.1;
+        let labels = [("node", node)];
+        let bytes = Some(&Unit::Bytes);
         for (name, help, unit, v) in [
             (
                 "kvpool_disk_demotions",
@@ -335,10 +343,28 @@ impl Scrape {
                 None,
                 d.write_failures,
             ),
+        ] {
+            family(
+                e,
+                name,
+                help,
+                unit,
+                MetricType::Counter,
+                [(labels, counter(v))],
+            )?;
+        }
+        self.encode_disk_store(e, node)
+    }
+
+    /// The disk store's counters: bytes written, reads, failures and regions dropped.
+    fn encode_disk_store(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
+        let s = &self.disk.0;
+        let labels = [("node", node)];
+        for (name, help, unit, v) in [
             (
                 "kvpool_disk_written",
                 "Bytes written to the disk tier's files (records, tombstones included).",
-                bytes,
+                Some(&Unit::Bytes),
                 s.bytes_written,
             ),
             (
