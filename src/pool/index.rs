@@ -31,8 +31,9 @@ pub(crate) struct Entry {
     /// Daemon-side readers streaming the bytes right now (zero-copy sends).
     pub(crate) readers: u16,
     pub(crate) pinned: bool,
-    /// Accessed (read or found by a lookup) since it was committed: what a disk tier's
-    /// `read-once` admission asks of an evicted object.
+    /// Read (a get, or a read located for a same-host or one-sided client) since it was
+    /// committed; existence and prefix lookups do not count. What a disk tier's `read-once`
+    /// admission asks of an evicted object.
     pub(crate) accessed: bool,
 }
 

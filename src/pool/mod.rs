@@ -118,10 +118,10 @@ pub trait CommitObserver: Send + Sync {
 /// [`Pool::observe_evictions`]): how a tier under DRAM takes what DRAM lets go.
 pub trait EvictionObserver: Send + Sync {
     /// Unpinned `key` of namespace `ns` is being evicted: `value` is its bytes and `checksum`
-    /// their xxh3-64 as checked at commit; `accessed` whether it was read or found by a lookup
-    /// since. The bytes are freed once this returns, so an observer that keeps them copies them.
-    /// Called with the key's index shard locked: it must be quick (copy or decline) and must
-    /// never call into the pool.
+    /// their xxh3-64 as checked at commit; `accessed` whether it was read since (existence and
+    /// prefix lookups do not count). The bytes are freed once this returns, so an observer that
+    /// keeps them copies them. Called with the key's index shard locked: it must be quick (copy
+    /// or decline) and must never call into the pool.
     fn evicted(&self, ns: u32, key: &[u8], value: &[u8], checksum: u64, accessed: bool);
 }
 
