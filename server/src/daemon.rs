@@ -225,10 +225,14 @@ impl Daemon {
         if let Some(p) = &self.bound.unix {
             let _ = std::fs::remove_file(p);
         }
-        if let Some(d) = &self.disk {
-            // What is still queued is written while the process lasts; the rest is lost, as
-            // demotions are (the disk tier is a cache).
-            d.close();
+        if let Some(d) = self.disk.clone() {
+            // What is on its way to disk gets the drain's time to land there, so that a restart
+            // finds it; past that it is lost, as a cache's demotions may be.
+            let within = self.drain_timeout;
+            let finished = tokio::task::spawn_blocking(move || d.finish(within)).await;
+            if !matches!(finished, Ok(true)) {
+                tracing::warn!("the disk tier's last demotions were not all written before exit");
+            }
         }
         tracing::info!("kvpoold stopped");
     }

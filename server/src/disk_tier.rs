@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvpool::disk::{DiskStore, Insert};
@@ -127,6 +127,21 @@ impl DiskTier {
         self.ready.notify_all();
     }
 
+    /// [`DiskTier::close`], then waits at most `within` for the writer to write what is queued
+    /// and makes it durable: whether all of it was. For a shutdown, so that a restart finds
+    /// what was on its way.
+    pub(crate) fn finish(&self, within: Duration) -> bool {
+        self.close();
+        let deadline = Instant::now() + within;
+        while self.queued_bytes.load(Ordering::Relaxed) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.store.sync()
+    }
+
     /// What demotion did.
     pub(crate) fn demote_stats(&self) -> DemoteStats {
         let c = &self.counters;
@@ -218,7 +233,6 @@ impl EvictionObserver for DiskTier {
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
-    use std::time::Duration;
 
     use kvpool::disk::Get;
     use kvpool::pool::{NamespaceConfig, DEFAULT_NAMESPACE};
@@ -341,7 +355,7 @@ mod tests {
         let line = format!("kvpool_disk_demotions_total{{node=\"0\"}} {evictions}\n");
         assert!(page.contains(&line), "{page}");
         assert!(page.contains("kvpool_disk_capacity_bytes{node=\"0\"} 8388608\n"));
-        tier.close();
+        assert!(tier.finish(Duration::from_secs(20)));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
