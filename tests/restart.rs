@@ -10,6 +10,8 @@
 //! offsets. Every read must return the value the new daemon holds or a miss, never the dead
 //! daemon's bytes; addresses from before the restart are refused; and the client carries on
 //! without being recreated.
+//!
+//! With a disk tier, the objects demoted to it before a clean stop are on disk after it.
 #![cfg(not(loom))]
 
 mod common;
@@ -569,4 +571,62 @@ async fn a_crash_amid_journal_compactions_keeps_the_last_acknowledged_values() {
             );
         }
     }
+}
+
+/// With a disk tier (`--disk-path`), what DRAM evicts is written to disk in the background;
+/// a clean stop lets the queue land, and the restarted daemon finds every demoted object on
+/// disk again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_tier_keeps_demoted_objects_across_a_restart() {
+    let dir = common::temp_dir("disk-tier");
+    let disk = dir.join("disk");
+    let disk_args = [
+        "--disk-path",
+        disk.to_str().unwrap(),
+        "--disk-capacity",
+        "64MiB",
+        "--disk-region-size",
+        "4MiB",
+        "--disk-admit",
+        "all",
+    ];
+    let mut n = Node::start("16MiB", &disk_args);
+    let c = client(&n, false).await;
+    for i in 0..40u64 {
+        c.put(&key(i), &value(i, 1 << 20)).await.unwrap();
+    }
+    let series = |page: &str, name: &str| metric(page, &format!("{name}{{node=\"0\"}}"));
+    let t = std::time::Instant::now();
+    let demoted = loop {
+        let page = n.scrape();
+        let evictions = series(&page, "kvpool_evictions_total").unwrap();
+        let demoted = series(&page, "kvpool_disk_demotions_total").unwrap();
+        if evictions > 0 && demoted == evictions {
+            assert_eq!(series(&page, "kvpool_disk_queue_drops_total"), Some(0));
+            break demoted;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{page}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(c);
+    assert!(n.stop().success());
+
+    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
+    let n2 = Node::start_in(
+        n.dir.clone(),
+        "16MiB",
+        &disk_args,
+        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
+    );
+    let page = n2.scrape();
+    assert_eq!(
+        series(&page, "kvpool_disk_objects"),
+        Some(demoted),
+        "{page}"
+    );
+    assert_eq!(
+        series(&page, "kvpool_disk_checksum_failures_total"),
+        Some(0)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
