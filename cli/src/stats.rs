@@ -6,12 +6,58 @@ use serde_json::json;
 /// `kvpool stats`: as JSON with `json`.
 pub(crate) fn show(client: &Client, json: bool) -> anyhow::Result<i32> {
     let s = client.stats()?;
+    let disk = client.disk_stats()?;
     if json {
-        println!("{}", stats_json(&s));
+        let mut out = stats_json(&s);
+        out["disk"] = serde_json::to_value(&disk)?;
+        println!("{out}");
     } else {
         print_stats(&s, client.is_local());
+        match &disk {
+            Some(d) => print_disk(d),
+            None => println!("disk tier: off"),
+        }
     }
     Ok(0)
+}
+
+/// The disk tier's lines of `kvpool stats`: what it holds, what reached it and came back.
+fn print_disk(d: &kvpool::protocol::DiskTierStats) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "disk tier: {} objects, {:.3} / {:.3} GiB, hits {}  misses {}",
+        d.objects,
+        gib(d.bytes),
+        gib(d.capacity),
+        d.hits,
+        d.misses
+    );
+    println!(
+        "  demoted {} ({:.3} GiB)  already on disk {}  not admitted {}  over share {}  \
+         queue drops {}  write failures {}",
+        d.demoted,
+        gib(d.demoted_bytes),
+        d.already_on_disk,
+        d.not_admitted,
+        d.share_refused,
+        d.queue_drops,
+        d.write_failures
+    );
+    println!(
+        "  promoted {} ({:.3} GiB)  promotion failures {}  read {:.3} GiB  written {:.3} GiB",
+        d.promoted,
+        gib(d.promoted_bytes),
+        d.promotion_failures,
+        gib(d.bytes_read),
+        gib(d.bytes_written)
+    );
+    println!(
+        "  checksum failures {}  io errors {}  regions dropped {}  queued {:.3} GiB",
+        d.checksum_failures,
+        d.io_errors,
+        d.regions_dropped,
+        gib(d.queued_bytes)
+    );
 }
 
 fn print_stats(s: &kvpool::pool::PoolStats, local: bool) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use kvpool::placement::ClusterView;
 use kvpool::pool::PoolStats;
+use kvpool::protocol::DiskTierStats;
 
 use crate::{ClientConfig, ClientError, ErrorCode, GlobalAddr, Located};
 
@@ -218,6 +219,16 @@ impl Client {
     /// See [`crate::Client::stats`].
     pub fn stats(&self) -> Result<PoolStats, ClientError> {
         self.rt.block_on(self.inner.stats())
+    }
+
+    /// See [`crate::Client::disk_stats`].
+    pub fn disk_stats(&self) -> Result<Option<DiskTierStats>, ClientError> {
+        self.rt.block_on(self.inner.disk_stats())
+    }
+
+    /// See [`crate::Client::node_disk_stats`].
+    pub fn node_disk_stats(&self, node: u32) -> Result<Option<DiskTierStats>, ClientError> {
+        self.rt.block_on(self.inner.node_disk_stats(node))
     }
 
     /// See [`crate::Client::view`].

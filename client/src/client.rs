@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
-use kvpool::protocol::{ErrorCode, HelloInfo, Op, Priority, Reply};
+use kvpool::protocol::{
+    DiskTierStats, ErrorCode, HelloInfo, Op, Priority, Reply, DISK_STATS_VERSION,
+};
 use kvpool::route::{Heard, ReadPlan, Step};
 
 use crate::config::ClientConfig;
@@ -484,6 +486,25 @@ impl Client {
         let l = self.link(node, &r).await?;
         match l.simple(&self.cfg, 0, Op::Stats, &[]).await? {
             Reply::Stats(s) => Ok(s),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The disk tier's statistics of the node the client connected to: None when it has no
+    /// disk tier (or is of a version before [`DISK_STATS_VERSION`]).
+    pub async fn disk_stats(&self) -> Result<Option<DiskTierStats>, ClientError> {
+        self.node_disk_stats(self.inner.first.node()).await
+    }
+
+    /// The disk tier's statistics of node `node` (see [`Client::disk_stats`]).
+    pub async fn node_disk_stats(&self, node: u32) -> Result<Option<DiskTierStats>, ClientError> {
+        let r = self.routing();
+        let l = self.link(node, &r).await?;
+        if l.hello.version < DISK_STATS_VERSION {
+            return Ok(None);
+        }
+        match l.simple(&self.cfg, 0, Op::DiskStats, &[]).await? {
+            Reply::DiskStats(s) => Ok(s.map(|s| *s)),
             r => Err(unexpected(&r)),
         }
     }

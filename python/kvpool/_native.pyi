@@ -67,6 +67,10 @@ class Client:
         """How many times a node could not be reached and a request's keys on it were answered
         as misses (lookups, gets and ``match_prefix`` do that rather than raise). Compare it
         before and after a call to tell an unreachable node from a miss."""
+    def stats(self) -> dict[str, Any]:
+        """The connected node's statistics, per tier: DRAM's (``objects``, ``hits``,
+        ``misses``, ``evictions``, ``segments``, ``namespaces``, ...) and, under ``disk``, the
+        disk tier's (None when the node has none)."""
     def health_check(self) -> int:
         """0 when the node answers, 1 when the client is closed, 2 when the node can't be
         reached within the timeout."""

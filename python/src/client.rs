@@ -142,6 +142,19 @@ impl NativeClient {
         py.detach(move || drop(old));
     }
 
+    /// The statistics of the node the client connected to, per tier: the DRAM pool's
+    /// (`objects`, `hits`, `misses`, `evictions`, `segments`, `namespaces`, ...) and, under
+    /// `disk`, the disk tier's (None when the node has none): objects and bytes on disk, disk
+    /// hits and misses, demotions, promotions, queue drops, bytes read and written, errors.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.client().map_err(Failure::into_py)?;
+        let both = py.detach(|| Ok::<_, kvpool_client::ClientError>((c.stats()?, c.disk_stats()?)));
+        let (pool, disk) = both.map_err(|e| Failure::Client(e).into_py())?;
+        let mut out = serde_json::to_value(&pool).map_err(to_py)?;
+        out["disk"] = serde_json::to_value(&disk).map_err(to_py)?;
+        py.import("json")?.call_method1("loads", (out.to_string(),))
+    }
+
     /// 0 when the node answers, 1 when the client is closed, 2 when the node can't be
     /// reached within the timeout (Mooncake's convention).
     fn health_check(&self, py: Python<'_>) -> i64 {
@@ -660,4 +673,9 @@ impl NativeClient {
         }
         Ok(())
     }
+}
+
+/// A statistics snapshot that could not be turned into JSON.
+fn to_py(e: serde_json::Error) -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err(format!("statistics: {e}"))
 }

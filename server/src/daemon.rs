@@ -100,10 +100,7 @@ impl Daemon {
         let pool = open_pool(&config)?;
         let disk = disk_settings.map(|d| DiskTier::open(&d)).transpose()?;
         if let Some(d) = &disk {
-            anyhow::ensure!(
-                pool.observe_evictions(d.clone()),
-                "the pool already had an eviction observer"
-            );
+            d.attach(&pool)?;
         }
         let sockets = Sockets::bind(&config, &data_dir).await?;
         let bound = sockets.bound.clone();

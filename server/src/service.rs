@@ -422,7 +422,12 @@ impl Shared {
         now: Millis,
         routing: Routing,
     ) -> Result<ObjectRef<'a>, PoolError> {
-        let obj = self.pool.get_ref(ns, key, now)?;
+        let obj = match self.pool.get_ref(ns, key, now) {
+            Err(PoolError::NotFound) if self.promote(ns, key, now, routing) => {
+                self.pool.get_ref(ns, key, now)?
+            }
+            found => found?,
+        };
         let (generation, pinned) = (obj.generation(), obj.pinned());
         match self.continuity(ns, key, generation, pinned, routing) {
             Continuity::Continuous => Ok(obj),
@@ -433,6 +438,24 @@ impl Shared {
             }
             Continuity::Moved => Err(PoolError::NotFound),
         }
+    }
+
+    /// Brings `key`'s copy on the disk tier up into DRAM, if there is a tier, DRAM lacks the key
+    /// and the copy may be served to a read routed by `routing` (judged as an object in DRAM of
+    /// the copy's generation would be): whether DRAM may now hold it. For the reads that find
+    /// objects in DRAM only (`Lookup`, `Hold`); a get promotes by itself.
+    pub(crate) fn bring_up(&self, ns: u32, key: &[u8], now: Millis, routing: Routing) -> bool {
+        self.disk.is_some() && matches!(self.pool.provenance(ns, key), Ok(None)) && {
+            self.promote(ns, key, now, routing)
+        }
+    }
+
+    /// [`DiskTier::promote`](crate::disk_tier::DiskTier::promote) of `key`, judged by `routing`.
+    fn promote(&self, ns: u32, key: &[u8], now: Millis, routing: Routing) -> bool {
+        self.disk.as_ref().is_some_and(|d| {
+            let judge = |generation| self.continuity(ns, key, generation, false, routing);
+            d.promote(&self.pool, (ns, key), now, judge)
+        })
     }
 
     /// Length of the leading run of `keys` present here (what prefix lookups need; one key
@@ -567,7 +590,8 @@ impl Shared {
                 removed += self.remove(ns, key)? as u64;
             }
             if page.cursor == 0 {
-                return Ok(removed);
+                let below = self.disk.as_ref().map_or(0, |d| d.clear(ns));
+                return Ok(removed + below);
             }
             cursor = page.cursor;
         }
@@ -638,13 +662,35 @@ impl Shared {
         if routing == Routing::Direct {
             return true;
         }
-        let Ok(Some((generation, pinned))) = self.pool.provenance(ns, key) else {
+        let Ok(found) = self.pool.provenance(ns, key) else {
             return true;
+        };
+        let Some((generation, pinned)) = found else {
+            return self.fresh_on_disk(ns, key, routing);
         };
         match self.continuity(ns, key, generation, pinned, routing) {
             Continuity::Continuous => true,
             Continuity::Broken => {
                 let _ = self.pool.remove_generation(ns, key, generation);
+                false
+            }
+            Continuity::Moved => false,
+        }
+    }
+
+    /// [`Shared::fresh_key`] of a key DRAM lacks: false when its disk copy may not be served
+    /// to a read routed by `routing` (a broken one is forgotten), true otherwise.
+    fn fresh_on_disk(&self, ns: u32, key: &[u8], routing: Routing) -> bool {
+        let Some(d) = &self.disk else {
+            return true;
+        };
+        let Some(found) = d.store.lookup(ns, key) else {
+            return true;
+        };
+        match self.continuity(ns, key, found.generation, false, routing) {
+            Continuity::Continuous => true,
+            Continuity::Broken => {
+                d.removed_broken(ns, key);
                 false
             }
             Continuity::Moved => false,

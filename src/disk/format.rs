@@ -8,17 +8,17 @@ use crate::error::MAX_KEY_LEN;
 /// Magic bytes at the start of every record.
 pub const RECORD_MAGIC: [u8; 4] = *b"KVDK";
 /// Version of the record format described in the module docs.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 /// Every record starts and ends on a multiple of this, so that a record can later be read
 /// with `O_DIRECT`.
 pub const ALIGN: u64 = 4096;
 /// Bytes of a record's header.
-pub const HEADER_LEN: usize = 48;
+pub const HEADER_LEN: usize = 56;
 
 /// The record removes its key instead of holding a value.
 const FLAG_TOMBSTONE: u16 = 1;
 /// Bytes the header checksum covers (with the key): every field before it.
-const COVERED: usize = 40;
+const COVERED: usize = 48;
 
 /// A record's header, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,11 +33,27 @@ pub(super) struct Header {
     pub(super) seq: u64,
     /// xxh3-64 of the value, as the pool computes it.
     pub(super) checksum: u64,
+    /// The pool's generation of the object when DRAM let it go: what a clustered node judges
+    /// whether it may still serve the object by, as it judges one in DRAM.
+    pub(super) generation: u64,
     /// The record removes its key.
     pub(super) tombstone: bool,
 }
 
 impl Header {
+    /// The header of a tombstone of `(ns, key)` (its sequence number assigned when written).
+    pub(super) fn tombstone(ns: u32, key: &[u8]) -> Header {
+        Header {
+            ns,
+            key_len: key.len() as u32,
+            value_len: 0,
+            seq: 0,
+            checksum: crate::checksum::checksum(&[]),
+            generation: 0,
+            tombstone: true,
+        }
+    }
+
     /// Bytes the record takes on disk: header, key and value, rounded up to [`ALIGN`].
     pub(super) fn record_len(&self) -> u64 {
         record_len(self.key_len as usize, self.value_len)
@@ -61,8 +77,9 @@ impl Header {
         b[16..24].copy_from_slice(&self.value_len.to_le_bytes());
         b[24..32].copy_from_slice(&self.seq.to_le_bytes());
         b[32..40].copy_from_slice(&self.checksum.to_le_bytes());
+        b[40..48].copy_from_slice(&self.generation.to_le_bytes());
         let sum = head_checksum(&b[..COVERED], key);
-        b[40..48].copy_from_slice(&sum.to_le_bytes());
+        b[48..56].copy_from_slice(&sum.to_le_bytes());
         b
     }
 
@@ -86,6 +103,7 @@ impl Header {
             value_len: u64_at(16),
             seq: u64_at(24),
             checksum: u64_at(32),
+            generation: u64_at(40),
             tombstone: flags & FLAG_TOMBSTONE != 0,
         };
         let fits = h.key_len as usize <= MAX_KEY_LEN

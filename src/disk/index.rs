@@ -16,6 +16,8 @@ pub(super) struct Entry {
     pub(super) record_len: u64,
     /// xxh3-64 of the value.
     pub(super) checksum: u64,
+    /// The pool's generation of the object when it was written here.
+    pub(super) generation: u64,
     pub(super) seq: u64,
 }
 
@@ -96,6 +98,13 @@ impl Index {
             }
         }
         dropped
+    }
+
+    /// The keys of namespace `ns`'s objects.
+    pub(super) fn keys(&self, ns: u32) -> Vec<Box<[u8]>> {
+        self.namespaces
+            .get(&ns)
+            .map_or_else(Vec::new, |s| s.entries.keys().cloned().collect())
     }
 
     /// Bytes on disk of namespace `ns`'s objects (whole records, padding included).

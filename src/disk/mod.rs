@@ -10,11 +10,12 @@
 //! A record:
 //!
 //! ```text
-//! 0   magic "KVDK"      4   version u16 (1)    6   flags u16 (1: tombstone)
+//! 0   magic "KVDK"      4   version u16 (2)    6   flags u16 (1: tombstone)
 //! 8   namespace u32     12  key length u32     16  value length u64
 //! 24  sequence u64      32  xxh3-64 of the value (the pool's checksum)
-//! 40  xxh3-64 of bytes 0..40 and the key
-//! 48  key, value, zeros up to the next multiple of 4096
+//! 40  the pool's generation of the object when it was written
+//! 48  xxh3-64 of bytes 0..48 and the key
+//! 56  key, value, zeros up to the next multiple of 4096
 //! ```
 //!
 //! Integers are little-endian. Every record starts on a 4 KiB boundary so that it can be read
@@ -24,9 +25,9 @@
 //!
 //! In memory, an index (`index.rs`) maps `(namespace, key)` to the record's place, lengths,
 //! checksum and sequence number, and counts each namespace's bytes. [`DiskStore::open`] rebuilds it by
-//! reading every record back (`recover.rs`); a record that does not check out ends its region,
-//! so a write cut short by a crash is cut off. A read checks the header, the key and the
-//! value's checksum: a mismatch or a failed read drops the object and is a miss, never wrong
+//! reading every record's header and key back (`recover.rs`); a record that does not check out
+//! ends its region, so a write cut short by a crash is cut off. A read checks the header, the
+//! key and the value's checksum: a mismatch or a failed read drops the object and is a miss, never wrong
 //! bytes. Every read and write goes through [`RegionIo`], so failures (`ENOSPC`, `EIO`) become
 //! refusals, misses and counters, and the store goes on working.
 
@@ -120,6 +121,38 @@ pub enum Insert {
     TooLarge,
     /// The write failed (`ENOSPC`, `EIO`): nothing was indexed; counted in `io_errors`.
     IoError,
+    /// The caller's condition no longer held once the record was written: it was not
+    /// indexed, and a tombstone after it keeps it from coming back at a restart.
+    Withdrawn,
+}
+
+/// An object the index holds: what a read of it needs and what a caller judges it by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// Value length.
+    pub value_len: u64,
+    /// xxh3-64 of the value.
+    pub checksum: u64,
+    /// The pool's generation of the object when it was written here.
+    pub generation: u64,
+    /// The record's sequence number: which copy of the key this is.
+    pub seq: u64,
+}
+
+/// An object to write, as [`DiskStore::write`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Object<'a> {
+    /// Namespace id.
+    pub ns: u32,
+    /// Key.
+    pub key: &'a [u8],
+    /// Value.
+    pub value: &'a [u8],
+    /// xxh3-64 of `value`, as the pool computed it (a wrong one costs the object: every read
+    /// of it fails its check and is a miss).
+    pub checksum: u64,
+    /// The pool's generation of the object.
+    pub generation: u64,
 }
 
 /// What [`DiskStore::get`] found.
@@ -155,6 +188,8 @@ pub struct DiskStats {
     pub bytes_written: u64,
     /// Gets that returned a value.
     pub hits: u64,
+    /// Value bytes those returned.
+    pub bytes_read: u64,
     /// Gets that did not.
     pub misses: u64,
     /// Copies dropped because what was read did not check out (at a get, or at open).
@@ -177,6 +212,7 @@ struct Counters {
     inserts: AtomicU64,
     bytes_written: AtomicU64,
     hits: AtomicU64,
+    bytes_read: AtomicU64,
     misses: AtomicU64,
     checksum_failures: AtomicU64,
     io_errors: AtomicU64,
@@ -244,7 +280,6 @@ impl<I: RegionIo> DiskStore<I> {
         let found = recover::recover(&io, regions, config.region_size);
         bump(&counters.io_errors, found.io_errors);
         bump(&counters.torn, found.torn);
-        bump(&counters.checksum_failures, found.damaged);
         let mut log = Log {
             fifo: found.fifo.into(),
             free: found.free,
@@ -287,6 +322,23 @@ impl<I: RegionIo> DiskStore<I> {
     /// object's): `checksum` is recorded as the value's without hashing it again. A wrong one
     /// costs nothing but the object: every read of it fails its check and is a miss.
     pub fn insert_prehashed(&self, ns: u32, key: &[u8], value: &[u8], checksum: u64) -> Insert {
+        let object = Object {
+            ns,
+            key,
+            value,
+            checksum,
+            generation: 0,
+        };
+        self.write(&object, || true)
+    }
+
+    /// Writes `object`, replacing an older copy of its key, and indexes it only if `still`
+    /// (asked once the record is written, with the index locked, so nothing the caller guards
+    /// with it can slip in between) says the object is still wanted; if not, a tombstone
+    /// follows the record and the answer is [`Insert::Withdrawn`]. `still` must not call into
+    /// the store.
+    pub fn write(&self, object: &Object<'_>, still: impl FnOnce() -> bool) -> Insert {
+        let Object { ns, key, value, .. } = *object;
         if key.len() > MAX_KEY_LEN
             || format::record_len(key.len(), value.len() as u64) > self.region_size
         {
@@ -298,21 +350,79 @@ impl<I: RegionIo> DiskStore<I> {
             key_len: key.len() as u32,
             value_len: value.len() as u64,
             seq: 0,
-            checksum,
+            checksum: object.checksum,
+            generation: object.generation,
             tombstone: false,
         };
         let mut log = lock(&self.log);
-        match self.append(&mut log, header, key, value) {
-            Some(entry) => {
-                lock(&self.index).insert(ns, key, entry);
-                bump(&self.counters.inserts, 1);
-                Insert::Written
-            }
-            None => {
-                bump(&self.counters.refused, 1);
-                Insert::IoError
-            }
+        let Some(entry) = self.append(&mut log, header, key, value) else {
+            bump(&self.counters.refused, 1);
+            return Insert::IoError;
+        };
+        let mut index = lock(&self.index);
+        if !still() {
+            drop(index);
+            self.append(&mut log, Header::tombstone(ns, key), key, &[]);
+            return Insert::Withdrawn;
         }
+        index.insert(ns, key, entry);
+        bump(&self.counters.inserts, 1);
+        Insert::Written
+    }
+
+    /// The object `(ns, key)` has on disk, if any (not read: a read may still miss).
+    pub fn lookup(&self, ns: u32, key: &[u8]) -> Option<Found> {
+        lock(&self.index).get(ns, key).map(|e| Found {
+            value_len: e.value_len,
+            checksum: e.checksum,
+            generation: e.generation,
+            seq: e.seq,
+        })
+    }
+
+    /// Whether `(ns, key)`'s object on disk is still the copy `seq`.
+    pub fn holds(&self, ns: u32, key: &[u8], seq: u64) -> bool {
+        lock(&self.index).get(ns, key).is_some_and(|e| e.seq == seq)
+    }
+
+    /// Reads the copy `found` (a [`DiskStore::lookup`] of `(ns, key)`) into `buf`, exactly its
+    /// length, and verifies it. A copy replaced or dropped since is a miss; one that fails its
+    /// read or check is dropped (counted) and is a miss.
+    pub fn read_found(&self, ns: u32, key: &[u8], found: &Found, buf: &mut [u8]) -> Get {
+        let entry = lock(&self.index)
+            .get(ns, key)
+            .filter(|e| e.seq == found.seq);
+        let Some(entry) = entry else {
+            bump(&self.counters.misses, 1);
+            return Get::Miss;
+        };
+        self.read_entry(ns, key, &entry, buf)
+    }
+
+    /// Forgets `(ns, key)`'s object unless its value is the one whose xxh3-64 is `keep`:
+    /// gone from the index at once (whether it had one is the answer). The record stays on
+    /// disk until its region is dropped: the caller has [`DiskStore::tombstone`] written to
+    /// keep it gone after a restart.
+    pub fn forget(&self, ns: u32, key: &[u8], keep: Option<u64>) -> bool {
+        let mut index = lock(&self.index);
+        if index.get(ns, key).is_none_or(|e| Some(e.checksum) == keep) {
+            return false;
+        }
+        index.remove(ns, key).is_some()
+    }
+
+    /// Writes a tombstone of `(ns, key)`, so that no copy of it written before comes back at
+    /// a restart (the index is not touched: see [`DiskStore::forget`]). False (counted in
+    /// `io_errors`) if the write failed.
+    pub fn tombstone(&self, ns: u32, key: &[u8]) -> bool {
+        let mut log = lock(&self.log);
+        self.append(&mut log, Header::tombstone(ns, key), key, &[])
+            .is_some()
+    }
+
+    /// The keys of namespace `ns`'s objects on disk.
+    pub fn keys(&self, ns: u32) -> Vec<Box<[u8]>> {
+        lock(&self.index).keys(ns)
     }
 
     /// Reads `(ns, key)`'s value into `buf` and verifies it (see [`Get`]).
@@ -321,13 +431,19 @@ impl<I: RegionIo> DiskStore<I> {
             bump(&self.counters.misses, 1);
             return Get::Miss;
         };
+        self.read_entry(ns, key, &entry, buf)
+    }
+
+    /// Reads `entry`, `(ns, key)`'s copy, into `buf`, dropping it (counted) if it fails.
+    fn read_entry(&self, ns: u32, key: &[u8], entry: &Entry, buf: &mut [u8]) -> Get {
         let len = entry.value_len as usize;
         if buf.len() < len {
             return Get::BufferTooSmall { len };
         }
-        match self.read(ns, key, &entry, &mut buf[..len]) {
+        match self.read(ns, key, entry, &mut buf[..len]) {
             Ok(()) => {
                 bump(&self.counters.hits, 1);
+                bump(&self.counters.bytes_read, len as u64);
                 Get::Hit { len }
             }
             Err(fault) => {
@@ -362,15 +478,7 @@ impl<I: RegionIo> DiskStore<I> {
         if lock(&self.index).remove(ns, key).is_none() {
             return false;
         }
-        let tombstone = Header {
-            ns,
-            key_len: key.len() as u32,
-            value_len: 0,
-            seq: 0,
-            checksum: checksum(&[]),
-            tombstone: true,
-        };
-        self.append(&mut log, tombstone, key, &[]);
+        self.append(&mut log, Header::tombstone(ns, key), key, &[]);
         true
     }
 
@@ -403,6 +511,7 @@ impl<I: RegionIo> DiskStore<I> {
             inserts: get(&c.inserts),
             bytes_written: get(&c.bytes_written),
             hits: get(&c.hits),
+            bytes_read: get(&c.bytes_read),
             misses: get(&c.misses),
             checksum_failures: get(&c.checksum_failures),
             io_errors: get(&c.io_errors),
@@ -449,6 +558,7 @@ impl<I: RegionIo> DiskStore<I> {
             value_len: header.value_len,
             record_len,
             checksum: header.checksum,
+            generation: header.generation,
             seq: header.seq,
         })
     }

@@ -1,12 +1,11 @@
-//! Rebuilding the index at open: every region read from its start, every record checked
-//! (header, lengths, key, value checksum) before it is indexed. A region's first record whose
+//! Rebuilding the index at open: every region read from its start, every record's header,
+//! lengths and key checked before it is indexed, one read each. A region's first record whose
 //! header or key does not check out ends it, which is how a write cut short by a crash is cut
-//! off; a record whose value alone fails (its extent is known from a header that checks out)
-//! is skipped, and what follows it is read on.
+//! off (a record whose bytes run past the file's end is such a record). Values are not read:
+//! every get verifies its value's checksum before serving it, and drops a copy that fails, so
+//! a damaged value costs a miss, and opening a store reads one block per object, not its data.
 
-use crate::checksum::checksum;
-
-use super::format::{Header, HEADER_LEN};
+use super::format::{Header, ALIGN, HEADER_LEN};
 use super::index::{Entry, Index};
 use super::io::RegionIo;
 
@@ -25,8 +24,6 @@ pub(super) struct Recovered {
     pub(super) io_errors: u64,
     /// Regions whose records ended with bytes that are not a valid record.
     pub(super) torn: u64,
-    /// Records whose value failed its checksum (not indexed).
-    pub(super) damaged: u64,
 }
 
 /// One record found by the scan.
@@ -43,8 +40,6 @@ struct Scan {
     /// Where its valid records end.
     end: u64,
     torn: bool,
-    /// Records whose value failed its checksum (skipped).
-    damaged: u64,
 }
 
 /// Reads every region of `io` and rebuilds the index (see the module docs): regions are
@@ -53,14 +48,12 @@ struct Scan {
 pub(super) fn recover<I: RegionIo>(io: &I, regions: u32, region_size: u64) -> Recovered {
     let mut io_errors = 0;
     let mut torn = 0;
-    let mut damaged = 0;
     let mut scans = Vec::new();
     let mut free = Vec::new();
     for r in 0..regions {
         match scan(io, r, region_size) {
             Ok(s) => {
                 torn += u64::from(s.torn);
-                damaged += s.damaged;
                 if s.records.is_empty() {
                     free.push(r);
                 } else {
@@ -102,24 +95,22 @@ pub(super) fn recover<I: RegionIo>(io: &I, regions: u32, region_size: u64) -> Re
         next_seq,
         io_errors,
         torn,
-        damaged,
     }
 }
 
-/// Reads region `region`'s records up to the first whose header or key is not valid; a record
-/// whose value alone fails its checksum is skipped.
+/// Reads region `region`'s records up to the first whose header or key is not valid.
 fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<Scan> {
     let len = io.len(region)?.min(region_size);
     let mut records: Vec<Found> = Vec::new();
     let mut at = 0;
-    let mut value = Vec::new();
-    let mut key = Vec::new();
+    // A header and the longest key fit in the first block of a record.
+    let mut block = vec![0u8; ALIGN as usize];
     let mut last_seq = None;
-    let mut damaged = 0;
     while at + HEADER_LEN as u64 <= len {
-        let mut head = [0u8; HEADER_LEN];
-        io.read_at(region, at, &mut head)?;
-        let Some(h) = Header::decode(&head, len - at) else {
+        let first = &mut block[..(len - at).min(ALIGN) as usize];
+        io.read_at(region, at, first)?;
+        let head: &[u8; HEADER_LEN] = first[..HEADER_LEN].try_into().expect("a header");
+        let Some(h) = Header::decode(head, len - at) else {
             break;
         };
         // Sequence numbers grow along a region; a smaller one is not this log's record.
@@ -127,21 +118,9 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
             break;
         }
         last_seq = Some(h.seq);
-        key.resize(h.key_len as usize, 0);
-        io.read_at(region, at + HEADER_LEN as u64, &mut key)?;
-        if !Header::verify_key(&head, &key) {
+        let key = &first[HEADER_LEN..HEADER_LEN + h.key_len as usize];
+        if !Header::verify_key(head, key) {
             break;
-        }
-        if !h.tombstone {
-            value.resize(h.value_len as usize, 0);
-            io.read_at(region, at + h.value_offset(), &mut value)?;
-            if checksum(&value) != h.checksum {
-                // The header and key check out, so the record's extent is known: only this
-                // value is lost, and the records after it are read on.
-                damaged += 1;
-                at += h.record_len();
-                continue;
-            }
         }
         let entry = Entry {
             region,
@@ -150,11 +129,12 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
             value_len: h.value_len,
             record_len: h.record_len(),
             checksum: h.checksum,
+            generation: h.generation,
             seq: h.seq,
         };
         records.push(Found {
             ns: h.ns,
-            key: key.as_slice().into(),
+            key: key.into(),
             entry,
             tombstone: h.tombstone,
         });
@@ -164,6 +144,5 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
         records,
         end: at,
         torn: at < len,
-        damaged,
     })
 }

@@ -85,10 +85,12 @@ impl Pool {
                 .binary_search(&self.shard_of(key))
                 .expect("every key's shard is locked");
             let shard = &mut *guards[g];
+            let below = self.lower.get().is_some_and(|t| t.removed(ns, key));
+            n += u64::from(below);
             if let Some(e) = shard.ns[ns as usize].remove(key) {
                 space.objects.fetch_sub(1, Ordering::Relaxed);
                 self.retire_entry(shard, ns, e);
-                n += 1;
+                n += u64::from(!below);
             }
         }
         Ok(n)

@@ -24,6 +24,8 @@ pub struct Commit<'a> {
     objects: Objects<'a>,
     /// Commit only when the key's presence is this (None: always).
     present: Option<bool>,
+    /// Commit only when this says so, asked under the key's index-shard lock.
+    guard: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
 /// What a [`Commit`] makes visible.
@@ -100,10 +102,23 @@ impl<'a> Commit<'a> {
         Commit { present, ..self }
     }
 
+    /// Commits only when `guard` says so, asked with the key's index shard locked together
+    /// with the presence condition, so that whatever else takes that lock (every commit and
+    /// removal of the key, and what the pool tells its tier below of them) is ordered before
+    /// or after the answer and the insert together. For one object; [`Commit::all`] ignores
+    /// it. `guard` must not call into the pool.
+    pub fn when(self, guard: &'a (dyn Fn() -> bool + Sync)) -> Self {
+        Commit {
+            guard: Some(guard),
+            ..self
+        }
+    }
+
     fn of(objects: Objects<'a>) -> Self {
         Commit {
             objects,
             present: None,
+            guard: None,
         }
     }
 }
@@ -127,7 +142,7 @@ impl Pool {
                     None => self.check_sealed(&addr, seg, checksum)?,
                     Some(hashed) => self.check_prehashed(&addr, checksum, hashed)?,
                 }
-                self.publish_if(near, &addr, checksum, c.present)
+                self.publish_if(near, &addr, checksum, (c.present, c.guard))
             }
             Objects::Claimed {
                 write,
@@ -137,7 +152,7 @@ impl Pool {
                 let addr = write.addr;
                 let near = self.seal_claimed(write)?;
                 self.check_prehashed(&addr, checksum, hashed)?;
-                self.publish_if(near, &addr, checksum, c.present)
+                self.publish_if(near, &addr, checksum, (c.present, c.guard))
             }
             Objects::All(items) => self.commit_all(items, c.present),
         }
@@ -145,17 +160,20 @@ impl Pool {
 
     /// The end of a checked commit of the sealed `addr`: takes it out of the pending table
     /// and publishes it under its key's index-shard lock (shard `near`), only when the key's
-    /// presence is `present` (None: always); otherwise releases the allocation.
+    /// presence is `present` (None: always) and `guard`, if any, agrees; otherwise releases
+    /// the allocation.
     fn publish_if(
         &self,
         near: usize,
         addr: &GlobalAddr,
         checksum: u64,
-        present: Option<bool>,
+        (present, guard): (Option<bool>, Option<&(dyn Fn() -> bool + Sync)>),
     ) -> Result<bool, PoolError> {
         let mut shard = lock(&self.shards[near]);
         let p = self.take_sealed(addr)?;
-        if present.is_some_and(|want| shard.ns[p.ns as usize].contains(&p.key) != want) {
+        let refused = present.is_some_and(|want| shard.ns[p.ns as usize].contains(&p.key) != want)
+            || guard.is_some_and(|g| !g());
+        if refused {
             drop(shard);
             self.free_block(p.ns, p.segment, p.offset, addr.generation, p.pin);
             return Ok(false);
@@ -430,6 +448,9 @@ impl Pool {
         if let Some(o) = self.observer.get() {
             // Still under the shard's lock: a reader told of the commit finds the object.
             o.committed(p.ns, &p.key);
+        }
+        if let Some(t) = self.lower.get() {
+            t.committed(p.ns, &p.key, checksum_given);
         }
         match shard.ns[p.ns as usize].insert(&p.key, entry, p.depth, self.tick()) {
             Some(old) => self.retire_entry(shard, p.ns, old),

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use crate::sync::lock;
 
 use super::index::{Entry, Shard};
-use super::{Millis, Pool};
+use super::{Millis, Pool, Victim};
 
 /// Shards whose next victims an eviction compares.
 const EVICTION_SAMPLES: usize = 8;
@@ -104,10 +104,10 @@ impl Pool {
             .any(|j| self.evict_one(Some(j as u32), near, now))
     }
 
-    /// Shows a victim, its key still indexed and its block still allocated, to the eviction
-    /// observer, if there is one.
+    /// Shows a victim, its key still indexed and its block still allocated, to the tier under
+    /// DRAM, if there is one.
     fn show_victim(&self, ns: usize, key: &[u8], e: &Entry) {
-        let Some(o) = self.eviction_observer.get() else {
+        let Some(o) = self.lower.get() else {
             return;
         };
         let seg = &self.segments[e.segment as usize].segment;
@@ -117,7 +117,14 @@ impl Pool {
         // new ones out), and nothing in this process writes a committed object (it has no
         // pending entry, so `begin_write_range` refuses it). The slice does not outlive the call.
         let value = unsafe { seg.data(e.offset, e.len) };
-        o.evicted(ns as u32, key, value, e.checksum, e.accessed);
+        o.evicted(&Victim {
+            ns: ns as u32,
+            key,
+            value,
+            checksum: e.checksum,
+            generation: e.generation,
+            accessed: e.accessed,
+        });
     }
 
     fn retire_victim(&self, shard: &mut Shard, ns: usize, e: Entry) {

@@ -97,8 +97,8 @@ pub struct Pool {
     unreserved: u64,
     /// Told of every commit (see [`Pool::observe`]).
     observer: std::sync::OnceLock<Arc<dyn CommitObserver>>,
-    /// Told of every eviction (see [`Pool::observe_evictions`]).
-    eviction_observer: std::sync::OnceLock<Arc<dyn EvictionObserver>>,
+    /// The tier under DRAM (see [`Pool::set_lower_tier`]).
+    lower: std::sync::OnceLock<Arc<dyn LowerTier>>,
     /// The index journal, for file-backed segments (see [`crate::journal`]). Locked under an
     /// index shard's lock, never the other way; compacted without either.
     journal: Option<SharedJournal>,
@@ -114,15 +114,41 @@ pub trait CommitObserver: Send + Sync {
     fn committed(&self, ns: u32, key: &[u8]);
 }
 
-/// Told of every object the pool evicts, while its bytes are still in memory (see
-/// [`Pool::observe_evictions`]): how a tier under DRAM takes what DRAM lets go.
-pub trait EvictionObserver: Send + Sync {
-    /// Unpinned `key` of namespace `ns` is being evicted: `value` is its bytes and `checksum`
-    /// their xxh3-64 as checked at commit; `accessed` whether it was read since (existence and
-    /// prefix lookups do not count). The bytes are freed once this returns, so an observer that
-    /// keeps them copies them. Called with the key's index shard locked: it must be quick (copy
-    /// or decline) and must never call into the pool.
-    fn evicted(&self, ns: u32, key: &[u8], value: &[u8], checksum: u64, accessed: bool);
+/// A tier under DRAM (see [`Pool::set_lower_tier`]): shown every object the pool evicts while
+/// its bytes are still in memory, told of every commit and removal so that it never keeps a
+/// copy that DRAM has replaced, and asked whether it holds a key so that lookups see both
+/// tiers. Every call is made with the key's index shard locked: each must be quick (copy or
+/// decline, index updates) and must never call into the pool.
+pub trait LowerTier: Send + Sync {
+    /// Unpinned `victim` is being evicted. Its bytes are freed once this returns, so a tier
+    /// that keeps them copies them.
+    fn evicted(&self, victim: &Victim<'_>);
+    /// `key` of namespace `ns` was just committed with a value whose xxh3-64 is `checksum`:
+    /// a copy of another value is stale from now on.
+    fn committed(&self, ns: u32, key: &[u8], checksum: u64);
+    /// `key` of namespace `ns` is being removed (whether or not DRAM holds it): whether the
+    /// tier held it.
+    fn removed(&self, ns: u32, key: &[u8]) -> bool;
+    /// Whether the tier holds `key` of namespace `ns` (not read: a read of it may still miss).
+    fn holds(&self, ns: u32, key: &[u8]) -> bool;
+}
+
+/// An object being evicted, as a [`LowerTier`] is shown it.
+#[derive(Clone, Copy, Debug)]
+pub struct Victim<'a> {
+    /// Namespace id.
+    pub ns: u32,
+    /// Key.
+    pub key: &'a [u8],
+    /// Its bytes.
+    pub value: &'a [u8],
+    /// Their xxh3-64, as checked at commit.
+    pub checksum: u64,
+    /// The object's generation.
+    pub generation: u64,
+    /// Whether it was read since it was committed (existence and prefix lookups do not
+    /// count).
+    pub accessed: bool,
 }
 
 struct SegmentSlot {
@@ -206,10 +232,10 @@ impl Pool {
         self.observer.set(observer).is_ok()
     }
 
-    /// Sets the observer shown every evicted object (once; a second call is refused and
-    /// returns false). Removals and replacements are not evictions and are not shown.
-    pub fn observe_evictions(&self, observer: Arc<dyn EvictionObserver>) -> bool {
-        self.eviction_observer.set(observer).is_ok()
+    /// Sets the tier under DRAM (once; a second call is refused and returns false): shown
+    /// every evicted object, told of every commit and removal, and asked by lookups.
+    pub fn set_lower_tier(&self, tier: Arc<dyn LowerTier>) -> bool {
+        self.lower.set(tier).is_ok()
     }
 
     /// Refuses a key this pool does not take: empty, or longer than its

@@ -139,7 +139,8 @@ impl Pool {
     }
 
     /// [`Pool::exists_prefix`] without counting anything: the length of the leading run of
-    /// `keys` that are present. Takes keys up to the first absent one. Does not change recency.
+    /// `keys` that are present, in DRAM or in the tier under it. Takes keys up to the first
+    /// absent one. Does not change recency.
     pub fn present_prefix<'k>(
         &self,
         ns: u32,
@@ -149,7 +150,10 @@ impl Pool {
         let mut n = 0;
         for key in keys {
             self.check_key(key)?;
-            if !self.shard_lock(key).ns[ns as usize].contains(key) {
+            let shard = self.shard_lock(key);
+            let here = shard.ns[ns as usize].contains(key)
+                || self.lower.get().is_some_and(|t| t.holds(ns, key));
+            if !here {
                 break;
             }
             n += 1;

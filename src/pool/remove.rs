@@ -11,13 +11,15 @@ use super::index::{Entry, Shard, Zombie};
 use super::Pool;
 
 impl Pool {
-    /// Removes an object. Returns whether it existed. Readers still streaming it finish first.
+    /// Removes an object, from the tier under DRAM too. Returns whether it existed (in
+    /// either). Readers still streaming it finish first.
     pub fn remove(&self, ns: u32, key: &[u8]) -> Result<bool, PoolError> {
         let space = self.ns(ns)?;
         self.check_key(key)?;
         let mut shard = self.shard_lock(key);
+        let below = self.lower.get().is_some_and(|t| t.removed(ns, key));
         let Some(e) = shard.ns[ns as usize].remove(key) else {
-            return Ok(false);
+            return Ok(below);
         };
         space.objects.fetch_sub(1, Ordering::Relaxed);
         self.retire_entry(&mut shard, ns, e);

@@ -17,7 +17,7 @@ pub(crate) struct Counters {
 }
 
 /// Occupancy of one segment.
-#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize, serde::Serialize)]
 pub struct SegmentStats {
     /// Segment number.
     pub id: u32,
@@ -36,7 +36,7 @@ pub struct SegmentStats {
 }
 
 /// Use of one namespace on this node.
-#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize, serde::Serialize)]
 pub struct NamespaceStats {
     /// Name.
     pub name: String,
@@ -61,7 +61,7 @@ pub struct NamespaceStats {
 }
 
 /// A snapshot of a pool.
-#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Archive, Serialize, Deserialize, serde::Serialize)]
 pub struct PoolStats {
     /// The node.
     pub node: u32,

@@ -279,12 +279,25 @@ fn eviction_makes_room_lru_first() {
 #[derive(Default)]
 struct Evictions(std::sync::Mutex<Vec<(u32, Vec<u8>, bool)>>);
 
-impl EvictionObserver for Evictions {
-    fn evicted(&self, ns: u32, key: &[u8], value: &[u8], sum: u64, accessed: bool) {
-        let id = u32::from_le_bytes(key.try_into().unwrap());
-        assert_eq!(value, value_of(id), "the victim's bytes, still in memory");
-        assert_eq!(sum, checksum(value));
-        self.0.lock().unwrap().push((ns, key.to_vec(), accessed));
+impl LowerTier for Evictions {
+    fn evicted(&self, v: &Victim<'_>) {
+        let id = u32::from_le_bytes(v.key.try_into().unwrap());
+        assert_eq!(v.value, value_of(id), "the victim's bytes, still in memory");
+        assert_eq!(v.checksum, checksum(v.value));
+        self.0
+            .lock()
+            .unwrap()
+            .push((v.ns, v.key.to_vec(), v.accessed));
+    }
+
+    fn committed(&self, _: u32, _: &[u8], _: u64) {}
+
+    fn removed(&self, _: u32, _: &[u8]) -> bool {
+        false
+    }
+
+    fn holds(&self, _: u32, _: &[u8]) -> bool {
+        false
     }
 }
 
@@ -296,8 +309,8 @@ fn value_of(id: u32) -> Vec<u8> {
 fn evictions_are_shown_with_their_bytes_before_they_are_freed() {
     let p = pool(2 << 20);
     let seen = Arc::new(Evictions::default());
-    assert!(p.observe_evictions(seen.clone()));
-    assert!(!p.observe_evictions(seen.clone()), "set once");
+    assert!(p.set_lower_tier(seen.clone()));
+    assert!(!p.set_lower_tier(seen.clone()), "set once");
     for i in 0..100u32 {
         p.put(0, &i.to_le_bytes(), &value_of(i), false, 0).unwrap();
         if i % 2 == 0 {

@@ -391,6 +391,8 @@ pub enum Op {
         /// The sender's view.
         view: ClusterView,
     },
+    /// Protocol 9 on: the node's disk tier, per tier beside `Stats`. Reply: `DiskStats`.
+    DiskStats,
 }
 
 /// One value of a `CommitStaged`.
@@ -533,6 +535,66 @@ pub enum Reply {
     /// answered `Error` with `NotFound` instead. (New variants go last: a variant's tag is its
     /// position.)
     Miss,
+    /// Protocol 9 on: the disk tier's statistics (none when the node has no disk tier).
+    DiskStats(Option<Box<DiskTierStats>>),
+}
+
+/// A node's disk tier: its occupancy, its reads and writes, and what moved objects between it
+/// and DRAM, since start.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Archive, Serialize, Deserialize, serde::Serialize,
+)]
+pub struct DiskTierStats {
+    /// The most bytes the tier's files may hold.
+    pub capacity: u64,
+    /// Objects on disk.
+    pub objects: u64,
+    /// Bytes on disk of those (whole records).
+    pub bytes: u64,
+    /// Reads that returned a verified value.
+    pub hits: u64,
+    /// Reads that did not (absent, or dropped).
+    pub misses: u64,
+    /// Value bytes read.
+    pub bytes_read: u64,
+    /// Bytes written (records and tombstones).
+    pub bytes_written: u64,
+    /// Copies dropped because what was read did not check out.
+    pub checksum_failures: u64,
+    /// Reads, writes, syncs and truncations that failed (`EIO`, `ENOSPC`).
+    pub io_errors: u64,
+    /// Regions dropped whole to make room.
+    pub regions_dropped: u64,
+    /// Objects that left with a dropped region.
+    pub evicted: u64,
+    /// Regions found cut short at start (a write a crash interrupted), cut there.
+    pub torn: u64,
+    /// Objects DRAM evicted that were written to disk.
+    pub demoted: u64,
+    /// Value bytes of those.
+    pub demoted_bytes: u64,
+    /// Evictions of objects whose value was already on disk (not written again).
+    pub already_on_disk: u64,
+    /// Evictions the admission filter declined.
+    pub not_admitted: u64,
+    /// Evictions refused because their namespace had its share of the disk.
+    pub share_refused: u64,
+    /// Evictions dropped because the demotion queue was full.
+    pub queue_drops: u64,
+    /// Demotions the store refused (too large, or the write failed).
+    pub write_failures: u64,
+    /// Demotions not indexed because their key was written or removed meanwhile.
+    pub withdrawn: u64,
+    /// Disk copies or queued demotions forgotten because their key was written anew or removed.
+    pub forgotten: u64,
+    /// Objects read up from disk into DRAM.
+    pub promoted: u64,
+    /// Value bytes of those.
+    pub promoted_bytes: u64,
+    /// Disk hits that could not be brought into DRAM (quota or memory refused).
+    pub promotion_failures: u64,
+    /// Value bytes waiting in the demotion queue or being written now.
+    pub queued_bytes: u64,
 }
 
 /// Size and checksum of one value of a batch get.

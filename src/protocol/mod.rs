@@ -37,8 +37,8 @@ pub use rkyv::util::AlignedVec;
 /// peers ask for it in their `Hello`.
 ///
 /// 6 added `Heartbeat` and 7 added `Move`, both node to node only; 8 answers a `Get` of an
-/// absent key with `Miss` instead of an error. Nothing a client sends changed since 5.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// absent key with `Miss` instead of an error; 9 added `DiskStats`.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
 pub const HEARTBEAT_VERSION: u32 = 6;
@@ -49,6 +49,9 @@ pub const MOVE_VERSION: u32 = 7;
 /// The first version answered `Miss`: a connection of an older one is answered `Error` with
 /// `NotFound` for an absent key.
 pub const MISS_VERSION: u32 = 8;
+
+/// The first version with `DiskStats`: a node of an older one is not asked.
+pub const DISK_STATS_VERSION: u32 = 9;
 
 /// The oldest version a node of this build accepts in a `Hello` (older ones get
 /// `UnsupportedVersion`). A connection that asked for an older version than the node's is

@@ -90,4 +90,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.reply(id, Reply::Stats(stats), &[]).await?;
         Ok(true)
     }
+
+    /// `DiskStats`: the disk tier's, node-wide like `Stats`' totals (none without a tier).
+    pub(super) async fn disk_stats(&mut self, id: u64) -> Next {
+        let stats = self.s.disk.as_ref().map(|d| Box::new(d.stats()));
+        self.reply(id, Reply::DiskStats(stats), &[]).await?;
+        Ok(true)
+    }
 }

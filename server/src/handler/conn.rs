@@ -581,6 +581,7 @@ pub(super) fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Pin { .. } => OpKind::Pin,
         ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
+        | ArchivedOp::DiskStats
         | ArchivedOp::View
         | ArchivedOp::MapInfo
         | ArchivedOp::Staging

@@ -18,6 +18,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 client,
             } => self.hello(id, version.to_native(), token, client).await,
             ArchivedOp::Stats => self.stats(id).await,
+            ArchivedOp::DiskStats => self.disk_stats(id).await,
             ArchivedOp::Put {
                 ns,
                 key,

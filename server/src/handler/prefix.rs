@@ -40,6 +40,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     if !self.s.fresh_key(ns, k.as_slice(), self.routing()) {
                         return Ok(None);
                     }
+                    self.s.bring_up(ns, k.as_slice(), now, self.routing());
                     pool.lookup(ns, k.as_slice(), lease_ms, now).map(|l| {
                         l.map(|l| LocatedWire {
                             addr: l.addr,
@@ -117,7 +118,10 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         for k in keys.iter() {
             let key = k.as_slice();
             let held = match self.s.fresh_key(ns, key, self.routing()) {
-                true => pool.hold(ns, key),
+                true => {
+                    self.s.bring_up(ns, key, self.s.now(), self.routing());
+                    pool.hold(ns, key)
+                }
                 false => Ok(None),
             };
             let refused = match held {

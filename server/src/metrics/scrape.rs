@@ -4,8 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use kvpool::disk::DiskStats;
 use kvpool::pool::PoolStats;
+use kvpool::protocol::DiskTierStats;
 use kvpool::Pool;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text;
@@ -16,7 +16,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::series::{Daemon, Metrics, BUCKETS, OPS, REAP_CAUSES, RESP_COMMANDS, TRANSPORTS};
-use crate::disk_tier::{DemoteStats, DiskTier};
+use crate::disk_tier::DiskTier;
 use crate::ledger::{Ledger, Limit, RESOURCES};
 
 impl Metrics {
@@ -37,7 +37,7 @@ impl Metrics {
             long_keys: pool.long_keys_refused(),
             huge_regions: pool.segments().map(|s| s.huge_regions()).collect(),
             journal: pool.journal_stats(),
-            disk: disk.map_or_else(Default::default, |d| (d.store.stats(), d.demote_stats())),
+            disk: disk.map_or_else(Default::default, DiskTier::stats),
             namespaces,
         }));
         let mut out = String::with_capacity(16 << 10);
@@ -61,8 +61,8 @@ struct Scrape {
     journal: Option<kvpool::journal::JournalStats>,
     /// What peers make the node hold, by resource (the ledger's totals).
     resources: [(&'static str, u64); RESOURCES.len()],
-    /// The disk tier's store and demotion (all zero when the tier is off).
-    disk: (DiskStats, DemoteStats),
+    /// The disk tier's (all zero when the tier is off).
+    disk: DiskTierStats,
     namespaces: bool,
 }
 
@@ -278,7 +278,7 @@ impl Scrape {
 
     /// The disk tier: its occupancy, then its counters.
     fn encode_disk(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
-        let (s, d) = &self.disk;
+        let (s, d) = (&self.disk, &self.disk);
         let labels = [("node", node)];
         let bytes = Some(&Unit::Bytes);
         for (name, help, unit, v) in [
@@ -309,7 +309,7 @@ impl Scrape {
 
     /// The disk tier's counters: demotion's, then the store's.
     fn encode_disk_counters(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
-        let d = &self.disk.1;
+        let d = &self.disk;
         let labels = [("node", node)];
         let bytes = Some(&Unit::Bytes);
         for (name, help, unit, v) in [
@@ -343,6 +343,42 @@ impl Scrape {
                 None,
                 d.write_failures,
             ),
+            (
+                "kvpool_disk_already_on_disk",
+                "Evicted objects whose value was already on disk (not written again).",
+                None,
+                d.already_on_disk,
+            ),
+            (
+                "kvpool_disk_share_refused",
+                "Evicted objects refused because their namespace had its share of the disk.",
+                None,
+                d.share_refused,
+            ),
+            (
+                "kvpool_disk_withdrawn",
+                "Demotions not kept because their key was written or removed meanwhile.",
+                None,
+                d.withdrawn,
+            ),
+            (
+                "kvpool_disk_promotions",
+                "Objects read up from disk into DRAM.",
+                None,
+                d.promoted,
+            ),
+            (
+                "kvpool_disk_promoted",
+                "Value bytes read up from disk into DRAM.",
+                bytes,
+                d.promoted_bytes,
+            ),
+            (
+                "kvpool_disk_promotion_failures",
+                "Disk hits DRAM could not take (quota or memory refused).",
+                None,
+                d.promotion_failures,
+            ),
         ] {
             family(
                 e,
@@ -358,9 +394,15 @@ impl Scrape {
 
     /// The disk store's counters: bytes written, reads, failures and regions dropped.
     fn encode_disk_store(&self, e: &mut DescriptorEncoder, node: &str) -> std::fmt::Result {
-        let s = &self.disk.0;
+        let s = &self.disk;
         let labels = [("node", node)];
         for (name, help, unit, v) in [
+            (
+                "kvpool_disk_read",
+                "Value bytes read from the disk tier's files.",
+                Some(&Unit::Bytes),
+                s.bytes_read,
+            ),
             (
                 "kvpool_disk_written",
                 "Bytes written to the disk tier's files (records, tombstones included).",

@@ -1,0 +1,167 @@
+//! The demotion queue and the one thread that writes it to the store: demotions oldest first,
+//! tombstones ahead of them, and a demotion of a key forgotten meanwhile never indexed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+
+use kvpool::disk::{Insert, Object};
+
+use super::DiskTier;
+
+/// An evicted object on its way to disk: a copy, since its block is freed once the pool has
+/// shown it.
+pub(super) struct Demotion {
+    pub(super) ns: u32,
+    pub(super) key: Box<[u8]>,
+    pub(super) value: Vec<u8>,
+    pub(super) checksum: u64,
+    pub(super) generation: u64,
+    /// Which demotion of its key this is ([`Queue::push`] numbers them).
+    pub(super) ticket: u64,
+}
+
+/// What the writer does next.
+pub(super) enum Job {
+    Demote(Demotion),
+    /// Keeps a forgotten key's older records from coming back at a restart.
+    Tombstone {
+        ns: u32,
+        key: Box<[u8]>,
+    },
+}
+
+/// Per key of one namespace: the ticket and the value's checksum of its latest demotion.
+pub(super) type Pending = HashMap<Box<[u8]>, (u64, u64)>;
+
+#[derive(Default)]
+pub(super) struct Queue {
+    pub(super) jobs: VecDeque<Job>,
+    /// Per namespace and key, the ticket and checksum of the latest demotion queued or being
+    /// written: an older one of the key is skipped, and one whose entry is gone (forgotten)
+    /// is not indexed.
+    pub(super) pending: HashMap<u32, Pending>,
+    /// Per namespace, value bytes of its demotions queued or being written.
+    pub(super) ns_queued: HashMap<u32, u64>,
+    next_ticket: u64,
+    /// No more demotions are taken; the writer exits once the queue is empty.
+    pub(super) closed: bool,
+}
+
+impl Queue {
+    /// Queues `d` as its key's latest demotion.
+    pub(super) fn push(&mut self, mut d: Demotion) {
+        self.next_ticket += 1;
+        d.ticket = self.next_ticket;
+        self.pending
+            .entry(d.ns)
+            .or_default()
+            .insert(d.key.clone(), (d.ticket, d.checksum));
+        *self.ns_queued.entry(d.ns).or_default() += d.value.len() as u64;
+        self.jobs.push_back(Job::Demote(d));
+    }
+
+    /// Cancels the demotion of `(ns, key)` queued or being written, unless its value's xxh3-64
+    /// is `keep`; whether there was one.
+    pub(super) fn cancel(&mut self, ns: u32, key: &[u8], keep: Option<u64>) -> bool {
+        let Some(keys) = self.pending.get_mut(&ns) else {
+            return false;
+        };
+        if keys.get(key).is_none_or(|&(_, sum)| Some(sum) == keep) {
+            return false;
+        }
+        keys.remove(key);
+        if keys.is_empty() {
+            self.pending.remove(&ns);
+        }
+        true
+    }
+
+    /// Whether demotion `ticket` of `(ns, key)` is still its key's latest, not cancelled.
+    fn current(&self, ns: u32, key: &[u8], ticket: u64) -> bool {
+        self.pending
+            .get(&ns)
+            .and_then(|keys| keys.get(key))
+            .is_some_and(|&(t, _)| t == ticket)
+    }
+
+    /// Ends demotion `ticket` of `(ns, key)` (written, or failed): its key has none pending
+    /// unless a later one was queued.
+    fn settle(&mut self, ns: u32, key: &[u8], ticket: u64) {
+        if self.current(ns, key, ticket) {
+            self.cancel(ns, key, None);
+        }
+    }
+}
+
+impl DiskTier {
+    /// The writer thread: runs queued jobs, oldest first (tombstones are queued at the front),
+    /// until the queue is closed and empty.
+    pub(super) fn write_jobs(&self) {
+        loop {
+            let job = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(job) = q.jobs.pop_front() {
+                        break job;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            match job {
+                Job::Tombstone { ns, key } => {
+                    self.store.tombstone(ns, &key);
+                }
+                Job::Demote(d) => {
+                    self.demote(&d);
+                    let len = d.value.len() as u64;
+                    if let Some(n) = self.lock().ns_queued.get_mut(&d.ns) {
+                        *n = n.saturating_sub(len);
+                    }
+                    self.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Writes one demotion, unless its key was forgotten or demoted again since it was queued;
+    /// indexed only if neither happened while it was written.
+    fn demote(&self, d: &Demotion) {
+        let c = &self.counters;
+        if !self.lock().current(d.ns, &d.key, d.ticket) {
+            c.withdrawn.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let object = Object {
+            ns: d.ns,
+            key: &d.key,
+            value: &d.value,
+            checksum: d.checksum,
+            generation: d.generation,
+        };
+        // Asked with the index locked: a commit or removal of the key either forgot the
+        // demotion before (it is withdrawn) or finds the copy indexed after (and forgets it).
+        let still = || {
+            let mut q = self.lock();
+            let current = q.current(d.ns, &d.key, d.ticket);
+            q.settle(d.ns, &d.key, d.ticket);
+            current
+        };
+        match self.store.write(&object, still) {
+            Insert::Written => {
+                c.demoted.fetch_add(1, Ordering::Relaxed);
+                c.demoted_bytes
+                    .fetch_add(d.value.len() as u64, Ordering::Relaxed);
+            }
+            Insert::Withdrawn => {
+                c.withdrawn.fetch_add(1, Ordering::Relaxed);
+            }
+            Insert::TooLarge | Insert::IoError => {
+                self.lock().settle(d.ns, &d.key, d.ticket);
+                c.write_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
