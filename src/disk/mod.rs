@@ -91,6 +91,11 @@ impl DiskConfig {
     pub fn regions(&self) -> u64 {
         self.capacity.checked_div(self.region_size).unwrap_or(0)
     }
+
+    /// The number of regions, if the configuration is one a store can be opened with.
+    pub fn checked_regions(&self) -> Result<u32, DiskError> {
+        check(self)
+    }
 }
 
 /// Why a store could not be opened.
@@ -250,6 +255,29 @@ pub struct DiskStore<I: RegionIo = FileRegions> {
     log: Mutex<Log>,
     index: Mutex<Index>,
     counters: Counters,
+}
+
+/// An engine chosen at run time (or one that fails on purpose, in tests) behind a box.
+impl RegionIo for Box<dyn RegionIo> {
+    fn read_at(&self, region: u32, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        (**self).read_at(region, offset, buf)
+    }
+
+    fn write_at(&self, region: u32, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        (**self).write_at(region, offset, buf)
+    }
+
+    fn sync(&self, region: u32) -> std::io::Result<()> {
+        (**self).sync(region)
+    }
+
+    fn truncate(&self, region: u32, len: u64) -> std::io::Result<()> {
+        (**self).truncate(region, len)
+    }
+
+    fn len(&self, region: u32) -> std::io::Result<u64> {
+        (**self).len(region)
+    }
 }
 
 impl DiskStore<FileRegions> {

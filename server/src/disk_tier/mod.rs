@@ -31,6 +31,8 @@ mod writer;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_faults;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +40,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kvpool::disk::DiskStore;
+use kvpool::disk::{DiskStore, FileRegions, RegionIo};
 use kvpool::protocol::DiskTierStats;
 use kvpool::{LowerTier, Pool, Victim};
 
@@ -48,19 +50,27 @@ use writer::{Demotion, Job, Queue};
 /// The node's disk tier: its store, what it admits, and the queue of objects on their way.
 pub(crate) struct DiskTier {
     /// The store of region files.
-    pub(crate) store: DiskStore,
+    pub(crate) store: DiskStore<Box<dyn RegionIo>>,
     /// Which evicted objects are worth a disk write.
     admit: DiskAdmit,
     /// Most bytes of values waiting in `queue`.
     bound: u64,
-    /// Per namespace id, the most disk bytes its objects may take (None: the whole tier).
-    shares: OnceLock<Vec<Option<u64>>>,
+    /// Per namespace id, the most disk bytes its objects may take and the most bytes of its
+    /// demotions the queue may hold (None: the whole tier and the whole queue).
+    shares: OnceLock<Vec<Option<Share>>>,
     /// Bytes of values waiting in `queue` or being written, reserved before they are copied.
     queued_bytes: AtomicU64,
     queue: Mutex<Queue>,
     /// Signalled when the queue gains a job or closes.
     ready: Condvar,
     counters: Counters,
+}
+
+/// A namespace's share of the tier: its quota's share of DRAM.
+#[derive(Clone, Copy, Debug)]
+struct Share {
+    disk: u64,
+    queue: u64,
 }
 
 #[derive(Default)]
@@ -84,9 +94,25 @@ impl DiskTier {
     /// record's header back to rebuild its index, logs what it found, and starts the writer
     /// thread that drains the demotion queue. The caller makes it the pool's lower tier.
     pub(crate) fn open(settings: &DiskSettings) -> anyhow::Result<Arc<DiskTier>> {
+        let dir = &settings.store.dir;
+        // Checked before the files are opened: opening deletes region files past the count.
+        let regions = settings
+            .store
+            .checked_regions()
+            .with_context(|| format!("opening the disk tier in {}", dir.display()))?;
+        let io = FileRegions::open(dir, regions)
+            .with_context(|| format!("opening the disk tier's files in {}", dir.display()))?;
+        DiskTier::open_with(settings, Box::new(io))
+    }
+
+    /// [`DiskTier::open`] over the regions of `io`.
+    pub(crate) fn open_with(
+        settings: &DiskSettings,
+        io: Box<dyn RegionIo>,
+    ) -> anyhow::Result<Arc<DiskTier>> {
         let started = Instant::now();
         let dir = &settings.store.dir;
-        let store = DiskStore::open(&settings.store)
+        let store = DiskStore::open_with(&settings.store, io)
             .with_context(|| format!("opening the disk tier in {}", dir.display()))?;
         let s = store.stats();
         tracing::info!(
@@ -118,11 +144,13 @@ impl DiskTier {
     }
 
     /// Makes the tier `pool`'s lower tier, and gives each namespace with a quota the same
-    /// share of the disk as its quota is of DRAM (a namespace without one may fill the tier).
+    /// share of the disk and of the demotion queue as its quota is of DRAM (a namespace
+    /// without one may fill the tier and the queue).
     pub(crate) fn attach(self: &Arc<Self>, pool: &Pool) -> anyhow::Result<()> {
         let stats = pool.stats();
         let dram = stats.capacity().max(1);
         let disk = self.store.stats().capacity;
+        let part = |of: u64, q: u64| (u128::from(of) * u128::from(q) / u128::from(dram)) as u64;
         let mut shares = Vec::new();
         for n in &stats.namespaces {
             let id = n.id as usize;
@@ -130,8 +158,10 @@ impl DiskTier {
                 shares.resize(id + 1, None);
             }
             let q = n.quota_bytes;
-            shares[id] = (q != u64::MAX && q < dram)
-                .then(|| (u128::from(disk) * u128::from(q) / u128::from(dram)) as u64);
+            shares[id] = (q != u64::MAX && q < dram).then(|| Share {
+                disk: part(disk, q),
+                queue: part(self.bound, q),
+            });
         }
         let _ = self.shares.set(shares);
         anyhow::ensure!(
@@ -238,8 +268,8 @@ impl DiskTier {
         forgot
     }
 
-    /// The most disk bytes namespace `ns` may take (None: the whole tier).
-    fn share(&self, ns: u32) -> Option<u64> {
+    /// Namespace `ns`'s share of the tier (None: the whole of it).
+    fn share(&self, ns: u32) -> Option<Share> {
         self.shares
             .get()
             .and_then(|s| s.get(ns as usize).copied().flatten())
@@ -287,14 +317,16 @@ impl LowerTier for DiskTier {
         };
         let mut q = self.lock();
         let queued = q.ns_queued.get(&v.ns).copied().unwrap_or(0);
-        let refused = match self.share(v.ns) {
-            Some(share) => on_disk.saturating_add(queued).saturating_add(len) > share,
-            None => false,
-        };
-        if q.closed || refused {
+        // A namespace's demotions stay within its share of the disk, and of the queue, so one
+        // that evicts without end never crowds another's out.
+        let share = self.share(v.ns);
+        let over_disk =
+            share.is_some_and(|s| on_disk.saturating_add(queued).saturating_add(len) > s.disk);
+        let over_queue = share.is_some_and(|s| queued.saturating_add(len) > s.queue);
+        if q.closed || over_disk || over_queue {
             drop(q);
             self.queued_bytes.fetch_sub(len, Ordering::Relaxed);
-            let counter = if refused {
+            let counter = if over_disk {
                 &c.share_refused
             } else {
                 &c.queue_drops

@@ -10,14 +10,14 @@ use crate::cluster::Continuity;
 use crate::config::Config;
 
 /// A fresh directory for one test's store.
-fn dir(name: &str) -> PathBuf {
+pub(super) fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kvpool-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
 
 /// A tier of 8 MiB in regions of 1 MiB in `dir`.
-fn settings(dir: &Path, queue: &str, admit: &str) -> DiskSettings {
+pub(super) fn settings(dir: &Path, queue: &str, admit: &str) -> DiskSettings {
     let toml = format!(
         "[disk]\npath = \"{}\"\ncapacity = \"8MiB\"\nregion_size = \"1MiB\"\n\
          queue = \"{queue}\"\nadmit = \"{admit}\"",
@@ -46,7 +46,7 @@ fn small_pool() -> Pool {
     Pool::new(&cfg, [3; 16]).unwrap()
 }
 
-fn value(id: u32) -> Vec<u8> {
+pub(super) fn value(id: u32) -> Vec<u8> {
     (0..64 << 10)
         .map(|i| (i as u32 ^ id.wrapping_mul(31)) as u8)
         .collect()
@@ -65,7 +65,7 @@ fn victim<'a>(key: &'a [u8], value: &'a [u8], accessed: bool) -> Victim<'a> {
 }
 
 /// Waits until the writer has done everything queued.
-fn settle(tier: &DiskTier) {
+pub(super) fn settle(tier: &DiskTier) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !tier.lock().drained() || tier.stats().queued_bytes > 0 {
         assert!(Instant::now() < deadline, "the writer is stuck");
@@ -343,13 +343,88 @@ fn a_namespace_with_a_quota_takes_only_its_share_of_the_disk() {
     settle(&tier);
     let s = tier.stats();
     assert!(s.share_refused > 0, "{s:?}");
-    let share = tier.share(1).unwrap();
+    let share = tier.share(1).unwrap().disk;
     assert!(
         tier.store.namespace_bytes(1) <= share,
         "{} {share}",
         tier.store.namespace_bytes(1)
     );
     assert!(tier.store.namespace_bytes(1) > 1 << 20);
+    tier.close();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tenant_evicting_without_end_never_crowds_another_off_the_disk() {
+    let dir = dir("disk-tier-crowd");
+    let tier = DiskTier::open(&settings(&dir, "1MiB", "all")).unwrap();
+    let quota = |name: &str| NamespaceConfig {
+        quota_bytes: Some(512 << 10),
+        eviction: kvpool::eviction::PolicyKind::Lru,
+        ..NamespaceConfig::unlimited(name)
+    };
+    let cfg = PoolConfig {
+        segment_size: 2 << 20,
+        backing: Backing::Anonymous,
+        huge_pages: HugePages::Off,
+        namespaces: vec![
+            NamespaceConfig::unlimited(DEFAULT_NAMESPACE),
+            quota("a"),
+            quota("b"),
+        ],
+        ..PoolConfig::default()
+    };
+    let pool = Arc::new(Pool::new(&cfg, [3; 16]).unwrap());
+    tier.attach(&pool).unwrap();
+    // Tenant A evicts as fast as it can put, the whole time.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                pool.put(1, &i.to_le_bytes(), &value(i), false, 0).unwrap();
+                i += 1;
+            }
+        })
+    };
+    // Tenant B puts at its own pace, within its share of the queue (each put after its last
+    // demotion landed): every one of its evictions reaches the disk.
+    let b_keys = 24u32;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0..b_keys {
+        pool.put(2, &i.to_le_bytes(), &value(i + 1000), false, 0)
+            .unwrap();
+        while tier.lock().ns_queued.get(&2).is_some_and(|&n| n > 0) {
+            assert!(Instant::now() < deadline, "the writer is stuck");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // A, meanwhile, ran into its shares.
+    while tier.stats().queue_drops + tier.stats().share_refused == 0 {
+        assert!(Instant::now() < deadline, "A was never held back");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    settle(&tier);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut on_disk = 0;
+    for i in 0..b_keys {
+        let key = i.to_le_bytes();
+        if pool.provenance(2, &key).unwrap().is_some() {
+            continue;
+        }
+        assert_eq!(
+            tier.store.get(2, &key, &mut buf),
+            Get::Hit { len: 64 << 10 },
+            "B's {i} {:?}",
+            tier.stats(),
+        );
+        assert_eq!(buf, value(i + 1000));
+        on_disk += 1;
+    }
+    assert!(on_disk > 10, "{on_disk}");
     tier.close();
     let _ = std::fs::remove_dir_all(&dir);
 }
