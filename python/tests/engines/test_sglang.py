@@ -840,3 +840,43 @@ def test_malformed_calls_are_misses_not_exceptions(kvpoold):
     pool.get_page_buffer_meta = lambda _idx: (_ for _ in ()).throw(RuntimeError("boom"))
     assert backend.batch_set_v1(keys, idx) == [False, False]
     assert backend.kvpool_stats()["guarded_errors"] >= 1
+
+
+def test_pages_pushed_out_to_the_disk_tier_are_hits_and_load_back(
+    start_kvpoold, tmp_path
+):
+    """The connector unchanged over a node with a disk tier: pages DRAM evicted still count as
+    hits, and prefetch loads them back from disk, byte for byte."""
+    d = start_kvpoold(
+        memory="16MiB",
+        extra=[
+            "--disk-path",
+            str(tmp_path / "disk"),
+            "--disk-capacity",
+            "256MiB",
+            "--disk-region-size",
+            "4MiB",
+            "--disk-admit",
+            "all",
+        ],
+    )
+    page = 16
+    pool = mha_pool("page_first", page, pages=6)
+    backend = attach(storage_config(d.url, page_first=True), pool)
+    keys = page_hashes(3, "disk-")
+    src = pool.alloc(3 * page)
+    assert backup(backend, keys, src, page)
+    # Another tenant of the node fills DRAM twice over: the pages go down to disk.
+    with kvpool.Client(d.url, timeout=20.0) as kv:
+        filler = bytes(1 << 20)
+        for i in range(32):
+            kv.write(f"filler-{i}", filler)
+        disk = kv.stats()["disk"]
+    assert disk["demoted"] > 0, disk
+    assert hit_pages(backend, keys) == 3
+    dst = pool.alloc(3 * page)
+    assert prefetch(backend, keys, dst, page) == 3
+    assert same_pages(pool, src, pool, dst, 3, page)
+    with kvpool.Client(d.url) as kv:
+        assert kv.stats()["disk"]["promoted"] >= 3
+    backend.close()
