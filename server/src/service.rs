@@ -452,10 +452,19 @@ impl Shared {
 
     /// [`DiskTier::promote`](crate::disk_tier::DiskTier::promote) of `key`, judged by `routing`.
     fn promote(&self, ns: u32, key: &[u8], now: Millis, routing: Routing) -> bool {
-        self.disk.as_ref().is_some_and(|d| {
+        let Some(d) = &self.disk else {
+            return false;
+        };
+        let promote = || {
             let judge = |generation| self.continuity(ns, key, generation, false, routing);
             d.promote(&self.pool, (ns, key), now, judge)
-        })
+        };
+        // The disk read blocks this thread: on the daemon's multi-threaded runtime its other
+        // tasks move to another worker meanwhile.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(promote),
+            _ => promote(),
+        }
     }
 
     /// Length of the leading run of `keys` present here (what prefix lookups need; one key
