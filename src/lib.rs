@@ -87,4 +87,4 @@ pub use checksum::checksum;
 #[cfg(not(loom))]
 pub use error::{AddrFault, PoolError, MAX_KEY_LEN};
 #[cfg(not(loom))]
-pub use pool::{Commit, CommitObserver, LowerTier, Millis, Pool, PoolConfig, Victim};
+pub use pool::{Claim, Commit, CommitObserver, LowerTier, Millis, Pool, PoolConfig, Victim};

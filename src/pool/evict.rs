@@ -3,10 +3,12 @@
 
 use std::sync::atomic::Ordering;
 
+use std::sync::MutexGuard;
+
 use crate::sync::lock;
 
 use super::index::{Entry, Shard};
-use super::{Millis, Pool, Victim};
+use super::{Claim, Millis, Pool, Victim};
 
 /// Shards whose next victims an eviction compares.
 const EVICTION_SAMPLES: usize = 8;
@@ -62,9 +64,10 @@ impl Pool {
                 first.get_or_insert(s);
                 let mut shard = lock(&self.shards[s]);
                 let tick = self.tick();
-                let seen = &mut |key: &[u8], e: &Entry| self.show_victim(ns, key, e);
+                let mut claim = None;
+                let seen = &mut |key: &[u8], e: &Entry| claim = self.show_victim(ns, key, e);
                 if let Some(e) = shard.ns[ns].victim_below(now, tick, bound, seen) {
-                    self.retire_victim(&mut shard, ns, e);
+                    self.retire_victim(shard, ns, e, claim);
                     return true;
                 }
             }
@@ -75,9 +78,10 @@ impl Pool {
             for s in order {
                 let mut shard = lock(&self.shards[s]);
                 let tick = self.tick();
-                let seen = &mut |key: &[u8], e: &Entry| self.show_victim(ns, key, e);
+                let mut claim = None;
+                let seen = &mut |key: &[u8], e: &Entry| claim = self.show_victim(ns, key, e);
                 if let Some(e) = shard.ns[ns].victim(now, tick, seen) {
-                    self.retire_victim(&mut shard, ns, e);
+                    self.retire_victim(shard, ns, e, claim);
                     return true;
                 }
             }
@@ -105,31 +109,47 @@ impl Pool {
     }
 
     /// Shows a victim, its key still indexed and its block still allocated, to the tier under
-    /// DRAM, if there is one.
-    fn show_victim(&self, ns: usize, key: &[u8], e: &Entry) {
-        let Some(o) = self.lower.get() else {
-            return;
-        };
-        let seg = &self.segments[e.segment as usize].segment;
-        // SAFETY: the range was bounds-checked when allocated. The block stays allocated until
-        // the caller frees it after this returns (`retire_victim`, under the shard lock held
-        // here), no reader holds it (a victim is evictable: `readers == 0`, and the lock keeps
-        // new ones out), and nothing in this process writes a committed object (it has no
-        // pending entry, so `begin_write_range` refuses it). The slice does not outlive the call.
-        let value = unsafe { seg.data(e.offset, e.len) };
-        o.evicted(&Victim {
+    /// DRAM, if there is one: its claim on the bytes, if it wants them.
+    fn show_victim(&self, ns: usize, key: &[u8], e: &Entry) -> Option<Claim> {
+        self.lower.get()?.evicting(&Victim {
             ns: ns as u32,
             key,
-            value,
+            len: e.len,
             checksum: e.checksum,
             generation: e.generation,
             accessed: e.accessed,
-        });
+        })
     }
 
-    fn retire_victim(&self, shard: &mut Shard, ns: usize, e: Entry) {
+    /// Takes victim `e` out of the pool: out of the index and the journal under its shard's
+    /// lock (`shard`, released here), then, with no lock held, its bytes handed to the tier
+    /// under DRAM if it claimed them (`claim`), then its block freed.
+    fn retire_victim(
+        &self,
+        mut shard: MutexGuard<'_, Shard>,
+        ns: usize,
+        e: Entry,
+        claim: Option<Claim>,
+    ) {
         self.namespaces[ns].objects.fetch_sub(1, Ordering::Relaxed);
-        self.retire_entry(shard, ns as u32, e);
         self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        let Some(claim) = claim else {
+            self.retire_entry(&mut shard, ns as u32, e);
+            return;
+        };
+        // A victim is evictable: no reader holds it (`readers == 0`), so nothing parks it.
+        self.journal(|j| j.gone(e.generation));
+        drop(shard);
+        let seg = &self.segments[e.segment as usize].segment;
+        // SAFETY: the range was bounds-checked when allocated. The block stays allocated until
+        // `free_block` below, after this slice's last use. Nothing reads it as an object any
+        // more (it left the index under the shard lock, with no reader: `readers == 0`) and
+        // nothing in this process writes it (a committed object has no pending entry, so
+        // `begin_write_range` refuses it, and the block is not free to be allocated again).
+        let value = unsafe { seg.data(e.offset, e.len) };
+        if let Some(t) = self.lower.get() {
+            t.demote(claim, value);
+        }
+        self.free_block(ns as u32, e.segment, e.offset, e.generation, e.pinned);
     }
 }

@@ -114,15 +114,19 @@ pub trait CommitObserver: Send + Sync {
     fn committed(&self, ns: u32, key: &[u8]);
 }
 
-/// A tier under DRAM (see [`Pool::set_lower_tier`]): shown every object the pool evicts while
-/// its bytes are still in memory, told of every commit and removal so that it never keeps a
-/// copy that DRAM has replaced, and asked whether it holds a key so that lookups see both
-/// tiers. Every call is made with the key's index shard locked: each must be quick (copy or
-/// decline, index updates) and must never call into the pool.
+/// A tier under DRAM (see [`Pool::set_lower_tier`]): shown every object the pool evicts, told
+/// of every commit and removal so that it never keeps a copy that DRAM has replaced, and asked
+/// whether it holds a key so that lookups see both tiers. Every call but
+/// [`LowerTier::demote`] is made with the key's index shard locked: each must be quick (a
+/// decision, index updates) and must never call into the pool.
 pub trait LowerTier: Send + Sync {
-    /// Unpinned `victim` is being evicted. Its bytes are freed once this returns, so a tier
-    /// that keeps them copies them.
-    fn evicted(&self, victim: &Victim<'_>);
+    /// Unpinned `victim` is being evicted (still indexed, under its shard lock): the tier's
+    /// claim on its bytes, if it wants them. Everything the pool tells the tier of the key
+    /// after this call (a commit, a removal) comes after the claim.
+    fn evicting(&self, victim: &Victim<'_>) -> Option<Claim>;
+    /// The bytes of a victim `claim` was given for, once it left the index, with no lock
+    /// held; its block is freed once this returns, so a tier that keeps them copies them.
+    fn demote(&self, claim: Claim, value: &[u8]);
     /// `key` of namespace `ns` was just committed with a value whose xxh3-64 is `checksum`:
     /// a copy of another value is stale from now on.
     fn committed(&self, ns: u32, key: &[u8], checksum: u64);
@@ -133,6 +137,11 @@ pub trait LowerTier: Send + Sync {
     fn holds(&self, ns: u32, key: &[u8]) -> bool;
 }
 
+/// A tier's claim on an evicted object's bytes (see [`LowerTier::evicting`]): whatever the
+/// tier needs to find its own record of the claim again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim(pub u64);
+
 /// An object being evicted, as a [`LowerTier`] is shown it.
 #[derive(Clone, Copy, Debug)]
 pub struct Victim<'a> {
@@ -140,9 +149,9 @@ pub struct Victim<'a> {
     pub ns: u32,
     /// Key.
     pub key: &'a [u8],
-    /// Its bytes.
-    pub value: &'a [u8],
-    /// Their xxh3-64, as checked at commit.
+    /// Value length.
+    pub len: u64,
+    /// The value's xxh3-64, as checked at commit.
     pub checksum: u64,
     /// The object's generation.
     pub generation: u64,

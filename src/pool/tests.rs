@@ -277,17 +277,28 @@ fn eviction_makes_room_lru_first() {
 
 /// Records what the pool shows it of its evictions.
 #[derive(Default)]
-struct Evictions(std::sync::Mutex<Vec<(u32, Vec<u8>, bool)>>);
+struct Evictions(
+    std::sync::Mutex<Vec<(u32, Vec<u8>, bool)>>,
+    /// Victims whose bytes were handed over.
+    std::sync::atomic::AtomicU64,
+);
 
 impl LowerTier for Evictions {
-    fn evicted(&self, v: &Victim<'_>) {
+    fn evicting(&self, v: &Victim<'_>) -> Option<Claim> {
         let id = u32::from_le_bytes(v.key.try_into().unwrap());
-        assert_eq!(v.value, value_of(id), "the victim's bytes, still in memory");
-        assert_eq!(v.checksum, checksum(v.value));
+        assert_eq!(v.len, 64 << 10);
+        assert_eq!(v.checksum, checksum(&value_of(id)));
         self.0
             .lock()
             .unwrap()
             .push((v.ns, v.key.to_vec(), v.accessed));
+        Some(Claim(u64::from(id)))
+    }
+
+    fn demote(&self, claim: Claim, value: &[u8]) {
+        let id = u32::try_from(claim.0).unwrap();
+        assert_eq!(value, value_of(id), "the victim's bytes, still in memory");
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn committed(&self, _: u32, _: &[u8], _: u64) {}
@@ -318,6 +329,7 @@ fn evictions_are_shown_with_their_bytes_before_they_are_freed() {
         }
     }
     p.remove(0, &99u32.to_le_bytes()).unwrap();
+    let seen_all = seen.clone();
     let seen = seen.0.lock().unwrap();
     assert_eq!(
         seen.len() as u64,
@@ -325,6 +337,11 @@ fn evictions_are_shown_with_their_bytes_before_they_are_freed() {
         "every eviction, and no removal"
     );
     assert!(seen.len() >= 60);
+    let handed = p.stats().evictions;
+    assert_eq!(
+        seen_all.1.load(std::sync::atomic::Ordering::Relaxed),
+        handed
+    );
     for (ns, key, accessed) in seen.iter() {
         let id = u32::from_le_bytes(key[..].try_into().unwrap());
         assert_eq!((*ns, *accessed), (0, id % 2 == 0), "key {id}");

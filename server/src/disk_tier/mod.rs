@@ -4,10 +4,12 @@
 //! between it and DRAM.
 //!
 //! **Demotion.** The tier is the pool's [`LowerTier`]: the pool shows it each evicted object
-//! under the object's index shard lock, just before freeing its block. An object the
-//! admission filter (`disk.admit`) and its namespace's share of the disk take is copied into a
-//! queue bounded in bytes (`disk.queue`), and one writer thread (`writer.rs`) drains the queue
-//! into the store, with the checksum the pool verified at commit. The bytes are copied rather
+//! under the object's index shard lock. An object the admission filter (`disk.admit`) and its
+//! namespace's shares of the disk and the queue take is reserved a place in a queue bounded in
+//! bytes (`disk.queue`) there and then; once the object has left the index, the pool hands its
+//! bytes over with no lock held, they are copied into the queue, and the block is freed. One
+//! writer thread (`writer.rs`) drains the queue into the store, with the checksum the pool
+//! verified at commit. The bytes are copied rather
 //! than the block held until written: the eviction is making room for an allocation that
 //! needs the block now, and a held block would also be memory outside every quota. A full
 //! queue drops the write and counts it, so an eviction (and the put or get behind it) never
@@ -42,7 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kvpool::disk::{DiskStore, FileRegions, RegionIo};
 use kvpool::protocol::DiskTierStats;
-use kvpool::{LowerTier, Pool, Victim};
+use kvpool::{Claim, LowerTier, Pool, Victim};
 
 use crate::config::{DiskAdmit, DiskSettings};
 use writer::{Demotion, Job, Queue};
@@ -282,12 +284,12 @@ impl DiskTier {
 }
 
 impl LowerTier for DiskTier {
-    fn evicted(&self, v: &Victim<'_>) {
+    fn evicting(&self, v: &Victim<'_>) -> Option<Claim> {
         let c = &self.counters;
         let on_disk = self.store.lookup(v.ns, v.key);
         if on_disk.is_some_and(|f| f.checksum == v.checksum) {
             c.already_on_disk.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         if on_disk.is_some() {
             // Another value's copy, left by a tombstone a crash lost: never served over this one.
@@ -295,9 +297,9 @@ impl LowerTier for DiskTier {
         }
         if self.admit == DiskAdmit::ReadOnce && !v.accessed {
             c.not_admitted.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
-        let len = v.value.len() as u64;
+        let len = v.len;
         // Read before the queue is locked: the writer takes the index, then the queue.
         let on_disk = self.store.namespace_bytes(v.ns);
         // Reserve the bytes first: a full queue costs no copy.
@@ -305,16 +307,8 @@ impl LowerTier for DiskTier {
         if before.saturating_add(len) > self.bound {
             self.queued_bytes.fetch_sub(len, Ordering::Relaxed);
             c.queue_drops.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
-        let d = Demotion {
-            ns: v.ns,
-            key: v.key.into(),
-            value: v.value.to_vec(),
-            checksum: v.checksum,
-            generation: v.generation,
-            ticket: 0,
-        };
         let mut q = self.lock();
         let queued = q.ns_queued.get(&v.ns).copied().unwrap_or(0);
         // A namespace's demotions stay within its share of the disk, and of the queue, so one
@@ -332,10 +326,26 @@ impl LowerTier for DiskTier {
                 &c.queue_drops
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
-        q.push(d);
-        drop(q);
+        // Reserved now, under the key's shard lock, so a commit or removal of the key that
+        // follows finds it (and withdraws it) even before its bytes are copied.
+        let ticket = q.reserve(Demotion {
+            ns: v.ns,
+            key: v.key.into(),
+            value: Vec::new(),
+            len,
+            checksum: v.checksum,
+            generation: v.generation,
+            ticket: 0,
+        });
+        Some(Claim(ticket))
+    }
+
+    fn demote(&self, claim: Claim, value: &[u8]) {
+        // Copied with no lock held: the pool's index is free meanwhile.
+        let value = value.to_vec();
+        self.lock().fill(claim.0, value);
         self.ready.notify_one();
     }
 

@@ -52,15 +52,19 @@ pub(super) fn value(id: u32) -> Vec<u8> {
         .collect()
 }
 
-/// An eviction of `key` of the default namespace as the pool shows it.
-fn victim<'a>(key: &'a [u8], value: &'a [u8], accessed: bool) -> Victim<'a> {
-    Victim {
+/// An eviction of `key` of the default namespace as the pool makes one: shown to the tier,
+/// then, if it claimed them, its bytes handed over.
+fn evict(tier: &DiskTier, key: &[u8], value: &[u8], accessed: bool) {
+    let victim = Victim {
         ns: 0,
         key,
-        value,
+        len: value.len() as u64,
         checksum: kvpool::checksum::checksum(value),
         generation: 1,
         accessed,
+    };
+    if let Some(claim) = tier.evicting(&victim) {
+        tier.demote(claim, value);
     }
 }
 
@@ -172,15 +176,15 @@ fn read_once_admits_only_what_was_read_and_a_full_queue_drops() {
     // A queue smaller than one value takes nothing, and says so; the eviction goes on.
     let small = dir.join("small");
     let full = DiskTier::open(&settings(&small, "1KiB", "all")).unwrap();
-    full.evicted(&victim(b"k", &value(1), true));
-    full.evicted(&victim(b"k", b"tiny", false));
+    evict(&full, b"k", &value(1), true);
+    evict(&full, b"k", b"tiny", false);
     settle(&full);
     let s = full.stats();
     assert_eq!((s.queue_drops, s.demoted), (1, 1), "{s:?}");
     let mut buf = [0u8; 8];
     assert_eq!(full.store.get(0, b"k", &mut buf), Get::Hit { len: 4 });
     full.close();
-    full.evicted(&victim(b"late", b"tiny", true));
+    evict(&full, b"late", b"tiny", true);
     assert_eq!(full.stats().queue_drops, 2, "a closed tier takes nothing");
     tier.close();
     let _ = std::fs::remove_dir_all(&dir);
@@ -290,7 +294,7 @@ fn a_demotion_of_a_key_written_meanwhile_is_never_indexed() {
     // Queued, and the key committed anew while the writer may be taking it: whichever comes
     // first, the old value is not on disk afterwards, nor after a restart.
     let old = value(1);
-    tier.evicted(&victim(b"k", &old, true));
+    evict(&tier, b"k", &old, true);
     tier.committed(0, b"k", kvpool::checksum::checksum(&value(2)));
     settle(&tier);
     assert!(!tier.holds(0, b"k"));
@@ -299,8 +303,8 @@ fn a_demotion_of_a_key_written_meanwhile_is_never_indexed() {
     assert_eq!(s.forgotten, 1, "{s:?}");
     assert_eq!(s.withdrawn + s.demoted, 1, "{s:?}");
     // Two demotions of one key: only the later one is written.
-    tier.evicted(&victim(b"twice", &value(3), true));
-    tier.evicted(&victim(b"twice", &value(4), true));
+    evict(&tier, b"twice", &value(3), true);
+    evict(&tier, b"twice", &value(4), true);
     settle(&tier);
     let mut buf = vec![0u8; 64 << 10];
     assert_eq!(

@@ -9,11 +9,14 @@ use kvpool::disk::{Insert, Object};
 use super::DiskTier;
 
 /// An evicted object on its way to disk: a copy, since its block is freed once the pool has
-/// shown it.
+/// handed its bytes over.
 pub(super) struct Demotion {
     pub(super) ns: u32,
     pub(super) key: Box<[u8]>,
+    /// Empty until the pool hands the bytes over ([`Queue::fill`]).
     pub(super) value: Vec<u8>,
+    /// The value's length.
+    pub(super) len: u64,
     pub(super) checksum: u64,
     pub(super) generation: u64,
     /// Which demotion of its key this is ([`Queue::push`] numbers them).
@@ -40,7 +43,9 @@ pub(super) struct Queue {
     /// written: an older one of the key is skipped, and one whose entry is gone (forgotten)
     /// is not indexed.
     pub(super) pending: HashMap<u32, Pending>,
-    /// Per namespace, value bytes of its demotions queued or being written.
+    /// Demotions reserved while their object was evicted, waiting for its bytes.
+    pub(super) reserved: HashMap<u64, Demotion>,
+    /// Per namespace, value bytes of its demotions reserved, queued or being written.
     pub(super) ns_queued: HashMap<u32, u64>,
     next_ticket: u64,
     /// No more demotions are taken; the writer exits once the queue is empty.
@@ -48,16 +53,26 @@ pub(super) struct Queue {
 }
 
 impl Queue {
-    /// Queues `d` as its key's latest demotion.
-    pub(super) fn push(&mut self, mut d: Demotion) {
+    /// Reserves a demotion of `d`'s key (its value not yet copied) as the key's latest: its
+    /// ticket, under which [`Queue::fill`] queues it.
+    pub(super) fn reserve(&mut self, d: Demotion) -> u64 {
         self.next_ticket += 1;
-        d.ticket = self.next_ticket;
+        let ticket = self.next_ticket;
         self.pending
             .entry(d.ns)
             .or_default()
-            .insert(d.key.clone(), (d.ticket, d.checksum));
-        *self.ns_queued.entry(d.ns).or_default() += d.value.len() as u64;
-        self.jobs.push_back(Job::Demote(d));
+            .insert(d.key.clone(), (ticket, d.checksum));
+        *self.ns_queued.entry(d.ns).or_default() += d.len;
+        self.reserved.insert(ticket, Demotion { ticket, ..d });
+        ticket
+    }
+
+    /// Queues reserved demotion `ticket` with its value (a miss if it was never reserved).
+    pub(super) fn fill(&mut self, ticket: u64, value: Vec<u8>) {
+        if let Some(mut d) = self.reserved.remove(&ticket) {
+            d.value = value;
+            self.jobs.push_back(Job::Demote(d));
+        }
     }
 
     /// Cancels the demotion of `(ns, key)` queued or being written, unless its value's xxh3-64
@@ -115,8 +130,8 @@ impl DiskTier {
                     self.store.tombstone(ns, &key);
                 }
                 Job::Demote(d) => {
-                    self.demote(&d);
-                    let len = d.value.len() as u64;
+                    self.write_demotion(&d);
+                    let len = d.len;
                     if let Some(n) = self.lock().ns_queued.get_mut(&d.ns) {
                         *n = n.saturating_sub(len);
                     }
@@ -128,7 +143,7 @@ impl DiskTier {
 
     /// Writes one demotion, unless its key was forgotten or demoted again since it was queued;
     /// indexed only if neither happened while it was written.
-    fn demote(&self, d: &Demotion) {
+    fn write_demotion(&self, d: &Demotion) {
         let c = &self.counters;
         if !self.lock().current(d.ns, &d.key, d.ticket) {
             c.withdrawn.fetch_add(1, Ordering::Relaxed);
