@@ -63,11 +63,12 @@ fn put_get_exists_rm_stats() {
     let json = String::from_utf8(out).unwrap();
     assert_eq!(code, 0);
     assert!(json.contains("\"objects\":1"), "{json}");
+    assert!(json.contains("\"disk\":null"), "{json}");
     let (code, out, _) = kvpool(&ep, &["stats"], b"");
     assert_eq!(code, 0);
-    assert!(String::from_utf8(out)
-        .unwrap()
-        .contains("namespace \"default\": 1 objects"));
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("namespace \"default\": 1 objects"), "{text}");
+    assert!(text.contains("disk tier: off"), "{text}");
     let (code, out, _) = kvpool(&ep, &["rm", "--all"], b"");
     assert_eq!((code, String::from_utf8(out).unwrap().trim()), (0, "1"));
     let (code, _, _) = kvpool(&ep, &["get", "b"], b"");
@@ -217,4 +218,27 @@ fn keys_lists_a_prefix_one_per_line() {
     assert_eq!((code, out), (0, Vec::new()));
     let (_, out, _) = kvpool(&ep, &["keys"], b"");
     assert_eq!(String::from_utf8(out).unwrap().lines().count(), 4);
+}
+
+#[test]
+fn stats_show_the_disk_tier() {
+    let disk = temp_dir("cli-disk");
+    let (_node, ep) = start_with(&[
+        "--disk-path",
+        disk.to_str().unwrap(),
+        "--disk-capacity",
+        "64MiB",
+        "--disk-region-size",
+        "4MiB",
+    ]);
+    let (code, out, _) = kvpool(&ep, &["stats", "--json"], b"");
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(json["disk"]["capacity"], 64 << 20, "{json}");
+    assert_eq!(json["disk"]["objects"], 0, "{json}");
+    let (code, out, _) = kvpool(&ep, &["stats"], b"");
+    assert_eq!(code, 0);
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("disk tier: 0 objects"), "{text}");
+    assert!(text.contains("promoted 0"), "{text}");
 }
