@@ -100,6 +100,13 @@ impl Index {
         dropped
     }
 
+    /// Every object indexed: namespace, key and entry.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u32, &[u8], &Entry)> {
+        self.namespaces
+            .iter()
+            .flat_map(|(&ns, s)| s.entries.iter().map(move |(k, e)| (ns, &k[..], e)))
+    }
+
     /// The keys of namespace `ns`'s objects.
     pub(super) fn keys(&self, ns: u32) -> Vec<Box<[u8]>> {
         self.namespaces

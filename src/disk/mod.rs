@@ -31,6 +31,7 @@
 //! bytes. Every read and write goes through [`RegionIo`], so failures (`ENOSPC`, `EIO`) become
 //! refusals, misses and counters, and the store goes on working.
 
+mod checkpoint;
 mod format;
 mod index;
 mod io;
@@ -250,6 +251,10 @@ struct Log {
 #[derive(Debug)]
 pub struct DiskStore<I: RegionIo = FileRegions> {
     io: I,
+    /// Where the checkpoint is kept.
+    dir: PathBuf,
+    /// The index was loaded from a checkpoint rather than read back from the records.
+    from_checkpoint: bool,
     region_size: u64,
     regions: u32,
     log: Mutex<Log>,
@@ -305,7 +310,10 @@ impl<I: RegionIo> DiskStore<I> {
                 bump(&counters.io_errors, 1);
             }
         }
-        let found = recover::recover(&io, regions, config.region_size);
+        let layout = (regions, config.region_size);
+        let loaded = checkpoint::load(&config.dir, &io, layout);
+        let from_checkpoint = loaded.is_some();
+        let found = loaded.unwrap_or_else(|| recover::recover(&io, regions, config.region_size));
         bump(&counters.io_errors, found.io_errors);
         bump(&counters.torn, found.torn);
         let mut log = Log {
@@ -332,6 +340,8 @@ impl<I: RegionIo> DiskStore<I> {
         }
         Ok(DiskStore {
             io,
+            dir: config.dir.clone(),
+            from_checkpoint,
             region_size: config.region_size,
             regions,
             log: Mutex::new(log),
@@ -508,6 +518,35 @@ impl<I: RegionIo> DiskStore<I> {
         }
         self.append(&mut log, Header::tombstone(ns, key), key, &[]);
         true
+    }
+
+    /// Makes every record written so far durable, then saves the index beside the region
+    /// files, so that the next open loads it instead of reading every record back (for a clean
+    /// close: see `checkpoint.rs`). False (counted in `io_errors`) if either failed.
+    pub fn checkpoint(&self) -> bool {
+        if !self.sync() {
+            return false;
+        }
+        let log = lock(&self.log);
+        let index = lock(&self.index);
+        let fifo: Vec<u32> = log.fifo.iter().copied().collect();
+        let state = checkpoint::LogState {
+            fifo: &fifo,
+            free: &log.free,
+            head_len: log.head_len,
+            next_seq: log.next_seq,
+        };
+        let layout = (self.regions, self.region_size);
+        let saved = checkpoint::save(&self.dir, &self.io, layout, &state, &index).is_ok();
+        if !saved {
+            bump(&self.counters.io_errors, 1);
+        }
+        saved
+    }
+
+    /// Whether this store's index was loaded from a checkpoint at open.
+    pub fn opened_from_checkpoint(&self) -> bool {
+        self.from_checkpoint
     }
 
     /// Makes every record written so far durable; false (counted) if the sync failed.

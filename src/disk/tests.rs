@@ -515,3 +515,49 @@ fn a_write_withdrawn_under_the_index_lock_is_never_indexed_nor_brought_back() {
     assert!(!store.contains(0, b"kept"));
     assert_eq!(store.stats().objects, 0);
 }
+
+#[test]
+fn a_checkpoint_is_loaded_once_and_only_while_it_matches_the_files() {
+    let dir = TempDir::new("checkpoint");
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    for i in 0..20u8 {
+        store.insert(u32::from(i % 3), &[i], &value(i, 5000));
+    }
+    assert!(store.remove(1, &[1]));
+    assert!(store.checkpoint());
+    let before = store.stats();
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert!(store.opened_from_checkpoint());
+    assert!(
+        !dir.0.join("index.ckpt").exists(),
+        "deleted as it is loaded"
+    );
+    assert_eq!(store.stats().objects, before.objects);
+    assert_eq!(store.stats().bytes, before.bytes);
+    assert_eq!(read(&store, 1, &[1]), None);
+    for i in (0..20u8).filter(|&i| i != 1) {
+        assert_eq!(
+            read(&store, u32::from(i % 3), &[i]),
+            Some(value(i, 5000))
+        );
+    }
+    // Written to since the checkpoint: a checkpoint of the files before is not used.
+    assert!(store.checkpoint());
+    store.insert(0, b"later", &value(99, 100));
+    drop(store);
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert!(!store.opened_from_checkpoint());
+    assert_eq!(read(&store, 0, b"later"), Some(value(99, 100)));
+    assert_eq!(store.stats().objects, before.objects + 1);
+    // A damaged checkpoint is not used either.
+    assert!(store.checkpoint());
+    drop(store);
+    let ckpt = dir.0.join("index.ckpt");
+    let mut bytes = fs::read(&ckpt).unwrap();
+    bytes[40] ^= 1;
+    fs::write(&ckpt, bytes).unwrap();
+    let store = DiskStore::open(&config(&dir.0, 4)).unwrap();
+    assert!(!store.opened_from_checkpoint());
+    assert_eq!(store.stats().objects, before.objects + 1);
+}

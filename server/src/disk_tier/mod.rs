@@ -123,6 +123,7 @@ impl DiskTier {
             objects = s.objects,
             bytes = s.bytes,
             torn_regions = s.torn,
+            from_checkpoint = store.opened_from_checkpoint(),
             io_errors = s.io_errors,
             millis = started.elapsed().as_millis() as u64,
             "disk tier ready"
@@ -179,9 +180,10 @@ impl DiskTier {
         self.ready.notify_all();
     }
 
-    /// [`DiskTier::close`], then waits at most `within` for the writer to write what is queued
-    /// and makes it durable: whether all of it was. For a shutdown, so that a restart finds
-    /// what was on its way.
+    /// [`DiskTier::close`], then waits at most `within` for the writer to write what is queued,
+    /// makes it durable and saves the store's index beside it: whether all of that was done.
+    /// For a shutdown, so that a restart finds what was on its way, and loads the index
+    /// instead of reading every record back.
     pub(crate) fn finish(&self, within: Duration) -> bool {
         self.close();
         let deadline = Instant::now() + within;
@@ -191,7 +193,7 @@ impl DiskTier {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.store.sync()
+        self.store.checkpoint()
     }
 
     /// The store's counters and occupancy, and what moved objects in and out of it.
