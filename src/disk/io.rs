@@ -3,14 +3,21 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+
+mod direct;
+#[cfg(test)]
+mod tests;
+
+pub use direct::DirectRegions;
 
 /// Reads, writes, syncs and truncates the store's regions, each addressed by its number.
 ///
 /// A read fills the whole buffer or fails (a short read is `UnexpectedEof`); a write writes the
 /// whole buffer or fails. The store never assumes more than that, so an engine may be `pread`
-/// and `pwrite` ([`FileRegions`]), io_uring, or a thread pool doing `O_DIRECT`.
+/// and `pwrite` through the page cache ([`FileRegions`]), the same with `O_DIRECT`
+/// ([`DirectRegions`]), or io_uring.
 pub trait RegionIo: Send + Sync {
     /// Reads `buf.len()` bytes of region `region` from `offset`.
     fn read_at(&self, region: u32, offset: u64, buf: &mut [u8]) -> io::Result<()>;
@@ -36,26 +43,7 @@ impl FileRegions {
     /// files numbered `count` or above, left by a configuration with more regions: the store
     /// never holds more than its capacity.
     pub fn open(dir: &Path, count: u32) -> io::Result<FileRegions> {
-        fs::create_dir_all(dir)?;
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            if let Some(n) = region_number(&name.to_string_lossy()) {
-                if n >= count {
-                    fs::remove_file(entry.path())?;
-                }
-            }
-        }
-        let files = (0..count)
-            .map(|r| {
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(dir.join(region_file_name(r)))
-            })
-            .collect::<io::Result<Vec<File>>>()?;
+        let files = open_regions(dir, count, 0)?;
         Ok(FileRegions { files })
     }
 
@@ -86,6 +74,32 @@ impl RegionIo for FileRegions {
     fn len(&self, region: u32) -> io::Result<u64> {
         Ok(self.file(region)?.metadata()?.len())
     }
+}
+
+/// Opens (creating what is missing) `count` region files in `dir` with the extra `open(2)`
+/// flags `flags`, and deletes region files numbered `count` or above.
+fn open_regions(dir: &Path, count: u32, flags: i32) -> io::Result<Vec<File>> {
+    fs::create_dir_all(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some(n) = region_number(&name.to_string_lossy()) {
+            if n >= count {
+                fs::remove_file(entry.path())?;
+            }
+        }
+    }
+    (0..count)
+        .map(|r| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(flags)
+                .open(dir.join(region_file_name(r)))
+        })
+        .collect()
 }
 
 /// The file name of region `region`.
