@@ -17,10 +17,13 @@
 //!   flatness after the warm-up, and every read checked.
 //! - `elastic`: the hit rate in the minutes around a node joining or draining, real
 //!   daemons replaying a trace in real time, against a control run without the event.
+//! - `disk`: the disk tier's reads and writes of large blocks through the store, over the
+//!   buffered and the `O_DIRECT` engine, against `fio` on the same file system in the same run.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
 
+mod disk;
 mod handoff;
 mod heap;
 mod perf;
@@ -67,6 +70,9 @@ enum Command {
     /// Restart time: a node's objects recovered from the segment files and journal
     /// its previous life left, every one checked by its checksum.
     Restart(restart::RestartArgs),
+    /// The disk tier: large blocks written and read through the disk store over the buffered
+    /// and the O_DIRECT engine, against fio on the same file system, all in the same run.
+    Disk(disk::DiskArgs),
     /// Soak: a mixed load at saturation for minutes against a pool that runs full;
     /// the daemon's RSS, open descriptors and pending allocations sampled and judged for
     /// flatness, every read checked.
@@ -83,5 +89,6 @@ fn main() -> anyhow::Result<()> {
         Command::Handoff(args) => handoff::run(args),
         Command::Restart(args) => restart::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Disk(args) => disk::run(args),
     }
 }
