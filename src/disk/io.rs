@@ -1,10 +1,16 @@
 //! The store's only contact with the disk: positional reads and writes of numbered region
 //! files, behind a trait so that the engine can change (and tests can fail on purpose).
+//!
+//! Two engines open the same files: [`FileRegions`] through the page cache and
+//! [`DirectRegions`] with `O_DIRECT` (`io/direct.rs`). [`Regions`] holds the one an
+//! [`IoEngine`] names, for a store whose engine is configured.
 
+use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::str::FromStr;
 
 mod direct;
 #[cfg(test)]
@@ -73,6 +79,98 @@ impl RegionIo for FileRegions {
 
     fn len(&self, region: u32) -> io::Result<u64> {
         Ok(self.file(region)?.metadata()?.len())
+    }
+}
+
+/// The engines a store's regions can be opened with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoEngine {
+    /// [`FileRegions`]: `pread` and `pwrite` through the page cache.
+    #[default]
+    Buffered,
+    /// [`DirectRegions`]: `O_DIRECT`, around the page cache.
+    Direct,
+}
+
+impl FromStr for IoEngine {
+    type Err = String;
+
+    /// `buffered` or `direct`.
+    fn from_str(s: &str) -> Result<IoEngine, String> {
+        match s {
+            "buffered" => Ok(IoEngine::Buffered),
+            "direct" => Ok(IoEngine::Direct),
+            _ => Err(format!(
+                "{s:?}: the disk I/O engine is `buffered` or `direct`"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for IoEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IoEngine::Buffered => "buffered",
+            IoEngine::Direct => "direct",
+        })
+    }
+}
+
+/// Regions opened with the engine a configuration names, so that a store has one type
+/// whichever it is.
+#[derive(Debug)]
+pub enum Regions {
+    /// Through the page cache.
+    Buffered(FileRegions),
+    /// With `O_DIRECT`.
+    Direct(DirectRegions),
+}
+
+impl Regions {
+    /// Opens `count` region files in `dir` with `engine` (see [`FileRegions::open`] and
+    /// [`DirectRegions::open`]).
+    pub fn open(engine: IoEngine, dir: &Path, count: u32) -> io::Result<Regions> {
+        Ok(match engine {
+            IoEngine::Buffered => Regions::Buffered(FileRegions::open(dir, count)?),
+            IoEngine::Direct => Regions::Direct(DirectRegions::open(dir, count)?),
+        })
+    }
+
+    /// The engine these regions were opened with.
+    pub fn engine(&self) -> IoEngine {
+        match self {
+            Regions::Buffered(_) => IoEngine::Buffered,
+            Regions::Direct(_) => IoEngine::Direct,
+        }
+    }
+
+    fn io(&self) -> &dyn RegionIo {
+        match self {
+            Regions::Buffered(r) => r,
+            Regions::Direct(r) => r,
+        }
+    }
+}
+
+impl RegionIo for Regions {
+    fn read_at(&self, region: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.io().read_at(region, offset, buf)
+    }
+
+    fn write_at(&self, region: u32, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.io().write_at(region, offset, buf)
+    }
+
+    fn sync(&self, region: u32) -> io::Result<()> {
+        self.io().sync(region)
+    }
+
+    fn truncate(&self, region: u32, len: u64) -> io::Result<()> {
+        self.io().truncate(region, len)
+    }
+
+    fn len(&self, region: u32) -> io::Result<u64> {
+        self.io().len(region)
     }
 }
 

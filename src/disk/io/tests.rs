@@ -219,3 +219,26 @@ fn the_store_works_over_direct_io_and_reopens_with_either_engine() {
     assert!(get(&buffered, b"key-19") == Some(bytes(119, 10_500)));
     assert_eq!(buffered.stats().checksum_failures, 0);
 }
+
+#[test]
+fn an_engine_is_named_in_configuration_and_opens_the_same_files() {
+    for engine in [IoEngine::Buffered, IoEngine::Direct] {
+        assert_eq!(engine.to_string().parse::<IoEngine>(), Ok(engine));
+    }
+    assert_eq!(IoEngine::default(), IoEngine::Buffered);
+    assert!("uring".parse::<IoEngine>().is_err());
+    let dir = direct_dir("engines");
+    let regions = Regions::open(IoEngine::Direct, &dir.0, 2).unwrap();
+    assert_eq!(regions.engine(), IoEngine::Direct);
+    regions.write_at(1, 5, b"either").unwrap();
+    regions.sync(1).unwrap();
+    drop(regions);
+    let regions = Regions::open(IoEngine::Buffered, &dir.0, 2).unwrap();
+    assert_eq!(regions.engine(), IoEngine::Buffered);
+    let mut got = [0u8; 6];
+    regions.read_at(1, 5, &mut got).unwrap();
+    assert_eq!(&got, b"either");
+    assert_eq!(regions.len(1).unwrap(), 11);
+    regions.truncate(1, 0).unwrap();
+    assert_eq!(regions.len(1).unwrap(), 0);
+}
