@@ -38,12 +38,15 @@ use kvpool_bench::units::{self, fmt_size};
 
 mod fio;
 mod read;
+#[cfg(test)]
+mod tests;
 
 /// Flags of `kvpool-bench disk`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct DiskArgs {
     /// Directory on the disk to measure; a fresh subdirectory is made in it and removed after
-    /// [default: the system's temp dir]. It needs about three times the data set free.
+    /// [default: the system's temp dir]. It needs about one and a half times the data set
+    /// free.
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Objects written and read: the data set is this many values.
