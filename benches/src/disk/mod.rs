@@ -22,7 +22,8 @@
 //! The kinds run `--rounds` times each, their order rotated from round to round (so that none
 //! always reads right after another, whatever caches the disk has below the page cache); each
 //! is reported as its median with its lowest and highest, and the ratio of medians to fio's.
-//! Last, `fio` with io_uring and 16 reads in flight shows what a deep queue gets. Figures are
+//! Opening the store (every record read and checked, as at a restart) is timed over each
+//! engine in between. Last, `fio` with io_uring and 16 reads in flight shows what a deep queue gets. Figures are
 //! bytes of values over wall time, GB/s (10^9); every read is checked. Nothing here asserts on
 //! time.
 
@@ -167,13 +168,17 @@ fn measure(args: &DiskArgs, dir: &Path) -> anyhow::Result<()> {
     let direct = writes(&w, dir, fio.as_ref())?;
     // The buffered store reads the same files as the others, so that every reader meets the
     // same disk (and whatever caches sit below it).
+    // Opening reads and checks every record: a restart's cost, over each engine.
+    println!();
+    let t = Instant::now();
+    let io = DirectRegions::open(&data_dir, w.regions)?;
+    let reopened = DiskStore::open_with(&w.config, io).context("reopening the O_DIRECT store")?;
+    ensure!(reopened.stats().objects == w.objects, "reopened short");
+    drop(reopened);
+    opened("O_DIRECT", &w, t.elapsed().as_secs_f64());
     let t = Instant::now();
     let buffered = DiskStore::open(&w.config).context("opening the buffered store")?;
-    let secs = t.elapsed().as_secs_f64();
-    println!(
-        "\nopen over the buffered engine (every record read and checked): {secs:.2} s, {:.2} GB/s",
-        w.bytes() as f64 / secs / 1e9
-    );
+    opened("buffered", &w, t.elapsed().as_secs_f64());
     let engine = DirectRegions::open(&data_dir, w.regions)?;
     let records = read::locate(&engine, w.regions)?;
     ensure!(
@@ -279,6 +284,13 @@ fn engine_fill(w: &Workload, dir: &Path) -> anyhow::Result<f64> {
     drop(engine);
     std::fs::remove_dir_all(dir)?;
     Ok((count * value.len() as u64) as f64 / secs / 1e9)
+}
+
+fn opened(engine: &str, w: &Workload, secs: f64) {
+    println!(
+        "open over the {engine} engine (every record read and checked): {secs:.2} s, {:.2} GB/s",
+        w.bytes() as f64 / secs / 1e9
+    );
 }
 
 /// Inserts every object, then syncs; the seconds it took.
