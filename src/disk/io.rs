@@ -2,8 +2,8 @@
 //! files, behind a trait so that the engine can change (and tests can fail on purpose).
 //!
 //! Two engines open the same files: [`FileRegions`] through the page cache and
-//! [`DirectRegions`] with `O_DIRECT` (`io/direct.rs`). [`Regions`] holds the one an
-//! [`IoEngine`] names, for a store whose engine is configured.
+//! [`DirectRegions`] with `O_DIRECT` (`io/direct.rs`); [`IoEngine`] names one, as a
+//! configuration does, and opens it.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -107,70 +107,23 @@ impl FromStr for IoEngine {
     }
 }
 
+impl IoEngine {
+    /// Opens `count` region files in `dir` with this engine (see [`FileRegions::open`] and
+    /// [`DirectRegions::open`]), as the engine a store chosen at run time holds.
+    pub fn open(self, dir: &Path, count: u32) -> io::Result<Box<dyn RegionIo>> {
+        Ok(match self {
+            IoEngine::Buffered => Box::new(FileRegions::open(dir, count)?),
+            IoEngine::Direct => Box::new(DirectRegions::open(dir, count)?),
+        })
+    }
+}
+
 impl fmt::Display for IoEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             IoEngine::Buffered => "buffered",
             IoEngine::Direct => "direct",
         })
-    }
-}
-
-/// Regions opened with the engine a configuration names, so that a store has one type
-/// whichever it is.
-#[derive(Debug)]
-pub enum Regions {
-    /// Through the page cache.
-    Buffered(FileRegions),
-    /// With `O_DIRECT`.
-    Direct(DirectRegions),
-}
-
-impl Regions {
-    /// Opens `count` region files in `dir` with `engine` (see [`FileRegions::open`] and
-    /// [`DirectRegions::open`]).
-    pub fn open(engine: IoEngine, dir: &Path, count: u32) -> io::Result<Regions> {
-        Ok(match engine {
-            IoEngine::Buffered => Regions::Buffered(FileRegions::open(dir, count)?),
-            IoEngine::Direct => Regions::Direct(DirectRegions::open(dir, count)?),
-        })
-    }
-
-    /// The engine these regions were opened with.
-    pub fn engine(&self) -> IoEngine {
-        match self {
-            Regions::Buffered(_) => IoEngine::Buffered,
-            Regions::Direct(_) => IoEngine::Direct,
-        }
-    }
-
-    fn io(&self) -> &dyn RegionIo {
-        match self {
-            Regions::Buffered(r) => r,
-            Regions::Direct(r) => r,
-        }
-    }
-}
-
-impl RegionIo for Regions {
-    fn read_at(&self, region: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.io().read_at(region, offset, buf)
-    }
-
-    fn write_at(&self, region: u32, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.io().write_at(region, offset, buf)
-    }
-
-    fn sync(&self, region: u32) -> io::Result<()> {
-        self.io().sync(region)
-    }
-
-    fn truncate(&self, region: u32, len: u64) -> io::Result<()> {
-        self.io().truncate(region, len)
-    }
-
-    fn len(&self, region: u32) -> io::Result<u64> {
-        self.io().len(region)
     }
 }
 

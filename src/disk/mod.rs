@@ -53,7 +53,7 @@ use crate::error::MAX_KEY_LEN;
 use crate::sync::{lock, AtomicU64, Ordering};
 
 pub use format::{ALIGN, FORMAT_VERSION, HEADER_LEN, RECORD_MAGIC};
-pub use io::{region_file_name, DirectRegions, FileRegions, IoEngine, RegionIo, Regions};
+pub use io::{region_file_name, DirectRegions, FileRegions, IoEngine, RegionIo};
 
 use format::Header;
 use index::{Entry, Index};

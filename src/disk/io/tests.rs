@@ -228,13 +228,11 @@ fn an_engine_is_named_in_configuration_and_opens_the_same_files() {
     assert_eq!(IoEngine::default(), IoEngine::Buffered);
     assert!("uring".parse::<IoEngine>().is_err());
     let dir = direct_dir("engines");
-    let regions = Regions::open(IoEngine::Direct, &dir.0, 2).unwrap();
-    assert_eq!(regions.engine(), IoEngine::Direct);
+    let regions = IoEngine::Direct.open(&dir.0, 2).unwrap();
     regions.write_at(1, 5, b"either").unwrap();
     regions.sync(1).unwrap();
     drop(regions);
-    let regions = Regions::open(IoEngine::Buffered, &dir.0, 2).unwrap();
-    assert_eq!(regions.engine(), IoEngine::Buffered);
+    let regions = IoEngine::Buffered.open(&dir.0, 2).unwrap();
     let mut got = [0u8; 6];
     regions.read_at(1, 5, &mut got).unwrap();
     assert_eq!(&got, b"either");
