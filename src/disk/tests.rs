@@ -537,10 +537,7 @@ fn a_checkpoint_is_loaded_once_and_only_while_it_matches_the_files() {
     assert_eq!(store.stats().bytes, before.bytes);
     assert_eq!(read(&store, 1, &[1]), None);
     for i in (0..20u8).filter(|&i| i != 1) {
-        assert_eq!(
-            read(&store, u32::from(i % 3), &[i]),
-            Some(value(i, 5000))
-        );
+        assert_eq!(read(&store, u32::from(i % 3), &[i]), Some(value(i, 5000)));
     }
     // Written to since the checkpoint: a checkpoint of the files before is not used.
     assert!(store.checkpoint());
