@@ -130,6 +130,10 @@ struct Cli {
     /// Which evicted objects go to disk: all or read-once [default: read-once].
     #[arg(long, env = "KVPOOL_DISK_ADMIT")]
     disk_admit: Option<String>,
+    /// How the disk tier's files are read and written: direct (O_DIRECT; buffered where the
+    /// file system refuses it) or buffered [default: direct].
+    #[arg(long, env = "KVPOOL_DISK_IO")]
+    disk_io: Option<String>,
     /// Print the effective configuration and exit.
     #[arg(long)]
     print_config: bool,
@@ -233,6 +237,9 @@ fn apply_disk(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.disk_admit {
         c.disk.admit = DiskAdmit::parse(v).context("--disk-admit")?;
+    }
+    if let Some(v) = &cli.disk_io {
+        c.disk.io = v.parse().map_err(anyhow::Error::msg).context("--disk-io")?;
     }
     Ok(())
 }

@@ -428,6 +428,18 @@ pub struct DiskConfig {
     /// at least once while in DRAM, sparing the disk's endurance the blocks nobody came back
     /// for). Default `"read-once"`.
     pub admit: DiskAdmit,
+    /// How the tier's files are read and written: `"direct"` (`O_DIRECT`, around the page
+    /// cache; a file system that refuses it falls back to `"buffered"`, with a warning) or
+    /// `"buffered"` (`pread`/`pwrite` through the page cache). Default `"direct"`.
+    #[serde(deserialize_with = "de_io_engine")]
+    pub io: kvpool::disk::IoEngine,
+}
+
+fn de_io_engine<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<kvpool::disk::IoEngine, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map_err(serde::de::Error::custom)
 }
 
 /// Which evicted objects the disk tier takes (`[disk] admit`).
@@ -460,6 +472,7 @@ impl Default for DiskConfig {
             region_size: kvpool::disk::DEFAULT_REGION_SIZE,
             queue: 256 << 20,
             admit: DiskAdmit::ReadOnce,
+            io: kvpool::disk::IoEngine::Direct,
         }
     }
 }

@@ -331,6 +331,7 @@ impl Config {
             store: kvpool::disk::DiskConfig::new(path.clone(), capacity).region_size(d.region_size),
             queue: d.queue,
             admit: d.admit,
+            io: d.io,
         }))
     }
 }
@@ -344,6 +345,8 @@ pub struct DiskSettings {
     pub queue: u64,
     /// Which evicted objects are written.
     pub admit: DiskAdmit,
+    /// How the files are read and written.
+    pub io: kvpool::disk::IoEngine,
 }
 
 /// How a node learns the cluster.

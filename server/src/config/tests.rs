@@ -294,11 +294,12 @@ fn the_disk_tier_is_off_by_default_and_checked_when_on() {
     assert_eq!(c.disk.region_size, 64 << 20);
     assert_eq!(c.disk.queue, 256 << 20);
     assert_eq!(c.disk.admit, DiskAdmit::ReadOnce);
+    assert_eq!(c.disk.io, kvpool::disk::IoEngine::Direct);
     assert_eq!(c.disk_tier().unwrap(), None);
 
     let on = Config::from_toml(
         "[disk]\npath = \"/var/lib/kvpool\"\ncapacity = \"64GiB\"\nregion_size = \"16MiB\"\n\
-         queue = \"32MiB\"\nadmit = \"all\"",
+         queue = \"32MiB\"\nadmit = \"all\"\nio = \"buffered\"",
     )
     .unwrap();
     let tier = on.disk_tier().unwrap().unwrap();
@@ -307,6 +308,7 @@ fn the_disk_tier_is_off_by_default_and_checked_when_on() {
     assert_eq!(tier.store.region_size, 16 << 20);
     assert_eq!(tier.store.regions(), 4096);
     assert_eq!((tier.queue, tier.admit), (32 << 20, DiskAdmit::All));
+    assert_eq!(tier.io, kvpool::disk::IoEngine::Buffered);
 
     let err = |toml: &str| {
         let c = Config::from_toml(toml).unwrap();
@@ -322,6 +324,7 @@ fn the_disk_tier_is_off_by_default_and_checked_when_on() {
     assert!(err("[disk]\npath = \"/d\"\ncapacity = \"100MiB\"").contains("two regions"));
     assert!(err("[disk]\npath = \"/d\"\ncapacity = \"1GiB\"\nqueue = 0").contains("disk.queue"));
     assert!(Config::from_toml("[disk]\nadmit = \"sometimes\"").is_err());
+    assert!(Config::from_toml("[disk]\nio = \"mmap\"").is_err());
     assert!(
         Config::from_toml("[disk]\nsize = \"1GiB\"").is_err(),
         "unknown key"

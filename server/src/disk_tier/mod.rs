@@ -42,7 +42,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kvpool::disk::{DiskStore, FileRegions, RegionIo};
+use kvpool::disk::{DiskStore, IoEngine, RegionIo};
 use kvpool::protocol::DiskTierStats;
 use kvpool::{Claim, LowerTier, Pool, Victim};
 
@@ -102,9 +102,21 @@ impl DiskTier {
             .store
             .checked_regions()
             .with_context(|| format!("opening the disk tier in {}", dir.display()))?;
-        let io = FileRegions::open(dir, regions)
-            .with_context(|| format!("opening the disk tier's files in {}", dir.display()))?;
-        DiskTier::open_with(settings, Box::new(io))
+        let io = match settings.io.open(dir, regions) {
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    error = %e,
+                    "the disk tier's file system refuses O_DIRECT: reading and writing it \
+                     through the page cache instead (disk.io = \"buffered\")"
+                );
+                IoEngine::Buffered.open(dir, regions)
+            }
+            opened => opened,
+        };
+        let io =
+            io.with_context(|| format!("opening the disk tier's files in {}", dir.display()))?;
+        DiskTier::open_with(settings, io)
     }
 
     /// [`DiskTier::open`] over the regions of `io`.
@@ -120,6 +132,7 @@ impl DiskTier {
         tracing::info!(
             dir = %dir.display(),
             capacity = s.capacity,
+            io = %settings.io,
             objects = s.objects,
             bytes = s.bytes,
             torn_regions = s.torn,
