@@ -35,6 +35,7 @@ mod checkpoint;
 mod format;
 mod index;
 mod io;
+mod read;
 mod recover;
 
 #[cfg(test)]
@@ -243,7 +244,7 @@ struct Log {
     head_len: u64,
     next_seq: u64,
     /// The record being written, reused.
-    scratch: Vec<u8>,
+    scratch: read::AlignedBuf,
 }
 
 /// An on-disk store of objects by `(namespace, key)`, with a capacity it never exceeds (see
@@ -321,7 +322,7 @@ impl<I: RegionIo> DiskStore<I> {
             free: found.free,
             head_len: found.head_len,
             next_seq: found.next_seq,
-            scratch: Vec::new(),
+            scratch: read::AlignedBuf::default(),
         };
         // Appends go on after the head's last valid record: what lies beyond (a record cut
         // short) goes first, so that no stale bytes ever follow a new record.
@@ -599,12 +600,19 @@ impl<I: RegionIo> DiskStore<I> {
         let head = *log.fifo.back().expect("a head region");
         header.seq = log.next_seq;
         log.next_seq = log.next_seq.saturating_add(1);
-        let scratch = &mut log.scratch;
-        scratch.clear();
-        scratch.extend_from_slice(&header.encode(key));
-        scratch.extend_from_slice(key);
-        scratch.extend_from_slice(value);
-        scratch.resize(record_len as usize, 0);
+        // Page-aligned, so an `O_DIRECT` engine writes it straight.
+        let Some(scratch) = log.scratch.get(record_len as usize) else {
+            bump(&self.counters.io_errors, 1);
+            return None;
+        };
+        let (head_bytes, rest) = scratch.split_at_mut(HEADER_LEN);
+        head_bytes.copy_from_slice(&header.encode(key));
+        let (key_bytes, rest) = rest.split_at_mut(key.len());
+        key_bytes.copy_from_slice(key);
+        let (value_bytes, padding) = rest.split_at_mut(value.len());
+        value_bytes.copy_from_slice(value);
+        padding.fill(0);
+        let scratch = &*scratch;
         let offset = log.head_len;
         if self.io.write_at(head, offset, scratch).is_err() {
             bump(&self.counters.io_errors, 1);
@@ -669,44 +677,11 @@ impl<I: RegionIo> DiskStore<I> {
         }
         ok
     }
-
-    /// Reads `(ns, key)`'s record at `entry` into `value` (exactly its length) and checks it.
-    fn read(&self, ns: u32, key: &[u8], entry: &Entry, value: &mut [u8]) -> Result<(), Fault> {
-        let mut head = [0u8; HEADER_LEN];
-        self.io
-            .read_at(entry.region, entry.offset, &mut head)
-            .map_err(|_| Fault::Io)?;
-        let h = Header::decode(&head, entry.record_len).ok_or(Fault::Mismatch)?;
-        let same = h.ns == ns
-            && h.key_len == entry.key_len
-            && h.value_len == entry.value_len
-            && h.seq == entry.seq
-            && h.checksum == entry.checksum
-            && !h.tombstone;
-        if !same {
-            return Err(Fault::Mismatch);
-        }
-        let mut stored = [0u8; MAX_KEY_LEN];
-        let stored = &mut stored[..key.len()];
-        self.io
-            .read_at(entry.region, entry.offset + HEADER_LEN as u64, stored)
-            .map_err(|_| Fault::Io)?;
-        if stored != key || !Header::verify_key(&head, stored) {
-            return Err(Fault::Mismatch);
-        }
-        self.io
-            .read_at(entry.region, entry.offset + h.value_offset(), value)
-            .map_err(|_| Fault::Io)?;
-        if checksum(value) != entry.checksum {
-            return Err(Fault::Mismatch);
-        }
-        Ok(())
-    }
 }
 
 /// Why a read of a copy failed.
 #[derive(Clone, Copy, Debug)]
-enum Fault {
+pub(super) enum Fault {
     Io,
     Mismatch,
 }
