@@ -135,6 +135,17 @@ pub trait LowerTier: Send + Sync {
     fn removed(&self, ns: u32, key: &[u8]) -> bool;
     /// Whether the tier holds `key` of namespace `ns` (not read: a read of it may still miss).
     fn holds(&self, ns: u32, key: &[u8]) -> bool;
+    /// `key` of namespace `ns` is being removed only as the object of `generation` (a TTL or
+    /// a hand-over, not a newer write): the tier forgets its copy of that generation, and says
+    /// whether DRAM's object, of generation `in_dram`, is the one it brought up from that copy
+    /// (so the pool removes it too: the same object, moved between tiers).
+    fn removed_generation(
+        &self,
+        ns: u32,
+        key: &[u8],
+        generation: u64,
+        in_dram: Option<u64>,
+    ) -> bool;
 }
 
 /// A tier's claim on an evicted object's bytes (see [`LowerTier::evicting`]): whatever the

@@ -39,7 +39,9 @@ impl Pool {
     }
 
     /// Removes the object under `key` only while it is generation `generation` (a newer write
-    /// of the key is left alone). Returns whether it removed it.
+    /// of the key is left alone), in DRAM and in the tier under it (where an object keeps the
+    /// generation it was written with, and one brought back up from it counts as that object).
+    /// Returns whether it removed it from DRAM.
     pub fn remove_generation(
         &self,
         ns: u32,
@@ -49,7 +51,12 @@ impl Pool {
         let space = self.ns(ns)?;
         self.check_key(key)?;
         let mut shard = self.shard_lock(key);
-        if shard.ns[ns as usize].peek(key).map(|e| e.generation) != Some(generation) {
+        let in_dram = shard.ns[ns as usize].peek(key).map(|e| e.generation);
+        let promoted = self
+            .lower
+            .get()
+            .is_some_and(|t| t.removed_generation(ns, key, generation, in_dram));
+        if in_dram != Some(generation) && !promoted {
             return Ok(false);
         }
         let Some(e) = shard.ns[ns as usize].remove(key) else {

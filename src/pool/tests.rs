@@ -310,6 +310,10 @@ impl LowerTier for Evictions {
     fn holds(&self, _: u32, _: &[u8]) -> bool {
         false
     }
+
+    fn removed_generation(&self, _: u32, _: &[u8], _: u64, _: Option<u64>) -> bool {
+        false
+    }
 }
 
 fn value_of(id: u32) -> Vec<u8> {

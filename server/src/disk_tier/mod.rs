@@ -268,6 +268,9 @@ impl DiskTier {
     fn forget(&self, ns: u32, key: &[u8], keep: Option<u64>) -> bool {
         let mut forgot = {
             let mut q = self.lock();
+            if keep.is_none() {
+                q.unpromote(ns, key);
+            }
             q.cancel(ns, key, keep)
         };
         // Not under the queue's lock: the writer takes the index before the queue.
@@ -301,6 +304,14 @@ impl DiskTier {
 impl LowerTier for DiskTier {
     fn evicting(&self, v: &Victim<'_>) -> Option<Claim> {
         let c = &self.counters;
+        let origin = {
+            let mut q = self.lock();
+            let from = q.promoted.get(&v.ns).and_then(|k| k.get(v.key)).copied();
+            q.unpromote(v.ns, v.key);
+            from.and_then(|(dram, origin)| (dram == v.generation).then_some(origin))
+        };
+        // An object brought up from disk goes back down as the object it was.
+        let generation = origin.unwrap_or(v.generation);
         let on_disk = self.store.lookup(v.ns, v.key);
         if on_disk.is_some_and(|f| f.checksum == v.checksum) {
             c.already_on_disk.fetch_add(1, Ordering::Relaxed);
@@ -351,7 +362,7 @@ impl LowerTier for DiskTier {
             value: Vec::new(),
             len,
             checksum: v.checksum,
-            generation: v.generation,
+            generation,
             ticket: 0,
         });
         Some(Claim(ticket))
@@ -375,9 +386,46 @@ impl LowerTier for DiskTier {
     fn holds(&self, ns: u32, key: &[u8]) -> bool {
         self.store.lookup(ns, key).is_some()
     }
+
+    fn removed_generation(
+        &self,
+        ns: u32,
+        key: &[u8],
+        generation: u64,
+        in_dram: Option<u64>,
+    ) -> bool {
+        let promoted = {
+            let mut q = self.lock();
+            let from = q.promoted.get(&ns).and_then(|k| k.get(key)).copied();
+            let same =
+                from.is_some_and(|(dram, origin)| Some(dram) == in_dram && origin == generation);
+            if same {
+                q.unpromote(ns, key);
+            }
+            same
+        };
+        if self
+            .store
+            .lookup(ns, key)
+            .is_some_and(|f| f.generation == generation)
+        {
+            self.forget(ns, key, None);
+        }
+        promoted
+    }
 }
 
 impl Queue {
+    /// Forgets that DRAM's object of `(ns, key)` was brought up from disk.
+    pub(super) fn unpromote(&mut self, ns: u32, key: &[u8]) {
+        if let Some(keys) = self.promoted.get_mut(&ns) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.promoted.remove(&ns);
+            }
+        }
+    }
+
     /// No job left, and nothing being written.
     fn drained(&self) -> bool {
         self.jobs.is_empty() && self.pending.values().all(HashMap::is_empty)

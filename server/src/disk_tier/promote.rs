@@ -64,7 +64,25 @@ impl DiskTier {
         let commit = Commit::claimed(w, found.checksum, found.checksum)
             .when_present(Some(false))
             .when(&still);
-        match pool.commit(commit) {
+        // Noted before the commit, so that an eviction right after it finds the note: still the
+        // object it was on disk, which a removal of that generation (a TTL) finds in DRAM.
+        self.lock()
+            .promoted
+            .entry(ns)
+            .or_default()
+            .insert(key.into(), (addr.generation, found.generation));
+        let committed = pool.commit(commit);
+        if !matches!(committed, Ok(true)) {
+            let mut q = self.lock();
+            if q.promoted
+                .get(&ns)
+                .and_then(|k| k.get(key))
+                .is_some_and(|&(d, _)| d == addr.generation)
+            {
+                q.unpromote(ns, key);
+            }
+        }
+        match committed {
             Ok(true) => {
                 c.promoted.fetch_add(1, Ordering::Relaxed);
                 c.promoted_bytes

@@ -432,3 +432,30 @@ fn a_tenant_evicting_without_end_never_crowds_another_off_the_disk() {
     tier.close();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_removal_of_a_generation_reaches_its_copy_on_disk_and_the_copy_brought_up() {
+    let (dir, tier, pool) = tier_under_pool("disk-tier-generation");
+    pool.put(0, b"ttl", &value(5), false, 0).unwrap();
+    pool.put(0, b"up", &value(6), false, 0).unwrap();
+    let gen = |key: &[u8]| pool.provenance(0, key).unwrap().unwrap().0;
+    let (ttl, up) = (gen(b"ttl"), gen(b"up"));
+    push_out(&pool, &tier, b"up", 100);
+    assert!(tier.holds(0, b"ttl") && tier.holds(0, b"up"));
+    // A TTL set on the object lapses while it is on disk: the copy goes.
+    assert!(!pool.remove_generation(0, b"ttl", ttl).unwrap());
+    assert!(!tier.holds(0, b"ttl"));
+    // Brought up, it is a new allocation but the same object: a removal of the generation
+    // it was written with removes it from DRAM and from disk.
+    assert!(tier.promote(&pool, (0, b"up"), 0, continuous));
+    assert_ne!(gen(b"up"), up);
+    assert!(pool.remove_generation(0, b"up", up).unwrap());
+    assert!(pool.provenance(0, b"up").unwrap().is_none());
+    assert!(!tier.holds(0, b"up"));
+    // A newer write of the key is left alone by an older generation's removal.
+    pool.put(0, b"up", &value(7), false, 0).unwrap();
+    assert!(!pool.remove_generation(0, b"up", up).unwrap());
+    assert_eq!(pool.get(0, b"up", 0).unwrap(), value(7));
+    tier.close();
+    let _ = std::fs::remove_dir_all(&dir);
+}

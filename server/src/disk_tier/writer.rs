@@ -33,7 +33,8 @@ pub(super) enum Job {
     },
 }
 
-/// Per key of one namespace: the ticket and the value's checksum of its latest demotion.
+/// Per key of one namespace, two numbers: the ticket and the value's checksum of its latest
+/// demotion ([`Queue::pending`]), or the generations of an object brought up ([`Queue::promoted`]).
 pub(super) type Pending = HashMap<Box<[u8]>, (u64, u64)>;
 
 #[derive(Default)]
@@ -43,6 +44,9 @@ pub(super) struct Queue {
     /// written: an older one of the key is skipped, and one whose entry is gone (forgotten)
     /// is not indexed.
     pub(super) pending: HashMap<u32, Pending>,
+    /// Per namespace and key, DRAM's object brought up from disk: its generation in DRAM and
+    /// the generation of the disk copy it came from (the object's own).
+    pub(super) promoted: HashMap<u32, Pending>,
     /// Demotions reserved while their object was evicted, waiting for its bytes.
     pub(super) reserved: HashMap<u64, Demotion>,
     /// Per namespace, value bytes of its demotions reserved, queued or being written.
