@@ -12,10 +12,11 @@
 //!
 //! - the store over the buffered engine, the files' pages dropped from the page cache first
 //!   (`posix_fadvise(DONTNEED)`, which needs no privilege), so that the disk is read;
-//! - the store over the `O_DIRECT` engine, as a get does it today: three reads (header, key,
-//!   value at its unaligned offset, through a bounce buffer) and the checksum;
-//! - the `O_DIRECT` engine alone, as a get could do it: one aligned read of the whole record
-//!   into an aligned buffer, then the key and checksum checked and the value copied out;
+//! - the store over the `O_DIRECT` engine, as a get does it: one aligned read of the whole
+//!   record into the thread's aligned buffer, header, key and checksum checked, the value
+//!   copied out;
+//! - the `O_DIRECT` engine alone doing the same without the store (no index, no header
+//!   checks): the engine's own rate;
 //! - `fio --direct=1 --rw=randread --bs=<value size>` over the same files, with as many jobs
 //!   as readers: the file system's limit on this machine.
 //!

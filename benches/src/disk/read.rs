@@ -43,7 +43,7 @@ impl Kind {
     fn label(self, w: &Workload) -> String {
         match self {
             Kind::Buffered => "store get, buffered (page cache dropped)".into(),
-            Kind::Direct => "store get, O_DIRECT (3 reads)".into(),
+            Kind::Direct => "store get, O_DIRECT".into(),
             Kind::Engine => "O_DIRECT engine, one aligned read per record".into(),
             Kind::Fio => format!(
                 "fio randread --direct=1 --bs={}",
