@@ -116,6 +116,7 @@ impl DiskTier {
     /// The writer thread: runs queued jobs, oldest first (tombstones are queued at the front),
     /// until the queue is closed and empty.
     pub(super) fn write_jobs(&self) {
+        background_priority();
         loop {
             let job = {
                 let mut q = self.lock();
@@ -183,4 +184,14 @@ impl DiskTier {
             }
         }
     }
+}
+
+/// Lowers the calling thread's scheduling priority (nice 10): demotion is background work, and
+/// on a node with no core to spare the gets and puts it shares the cores with go first. A
+/// refusal leaves the priority as it was.
+fn background_priority() {
+    // SAFETY: setpriority takes plain integers and changes no memory; on Linux,
+    // PRIO_PROCESS with id 0 names the calling thread alone (each thread has its own nice
+    // value), and its result is only a status.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
 }
