@@ -75,6 +75,9 @@ pub(crate) struct InterferenceArgs {
     /// The disk tier's capacity in the runs that have one.
     #[arg(long, default_value = "1GiB", value_parser = units::parse_size)]
     disk_capacity: u64,
+    /// Bytes of one disk region [default: the daemon's].
+    #[arg(long, value_parser = units::parse_size)]
+    disk_region_size: Option<u64>,
     /// The demotion queue's bound [default: the daemon's].
     #[arg(long, value_parser = units::parse_size)]
     disk_queue: Option<u64>,
@@ -204,6 +207,9 @@ fn one_run(
         ]);
         if let Some(q) = args.disk_queue {
             extra.extend(["--disk-queue".into(), format!("{q}")]);
+        }
+        if let Some(r) = args.disk_region_size {
+            extra.extend(["--disk-region-size".into(), format!("{r}")]);
         }
     }
     let d = Daemon::start_with(bin, args.memory, &extra)?;

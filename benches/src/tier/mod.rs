@@ -8,9 +8,8 @@
 //!   the first value served from disk, with the page cache of the tier's files dropped and not.
 //!
 //! Both put the tier's directory on a real file system (`--disk-dir`; tmpfs and ramfs are
-//! refused unless `interference --any-fs`: a tier in memory measures no disk, only the
-//! demotion path's own cost). Every run is bounded and stops by itself; nothing here asserts on
-//! time.
+//! refused unless `--any-fs`: a tier in memory measures no disk, only the demotion path's own
+//! cost). Every run is bounded and stops by itself; nothing here asserts on time.
 
 use std::path::{Path, PathBuf};
 

@@ -62,6 +62,9 @@ pub(crate) struct RestartArgs {
     /// Where the tier's directory goes: a real disk, not tmpfs.
     #[arg(long, default_value = "/var/tmp")]
     disk_dir: PathBuf,
+    /// Accept a tmpfs or ramfs --disk-dir (the figures are then no disk's).
+    #[arg(long)]
+    any_fs: bool,
     /// Refuse to start when the fill would leave less than this free on that file system.
     #[arg(long, default_value = "2GiB", value_parser = units::parse_size)]
     keep_free: u64,
@@ -93,7 +96,7 @@ pub(crate) fn run(args: RestartArgs) -> anyhow::Result<()> {
             fmt_size(args.keep_free)
         );
     }
-    let dir = super::disk_dir(&args.disk_dir, "restart", false)?;
+    let dir = super::disk_dir(&args.disk_dir, "restart", args.any_fs)?;
     println!(
         "  disk tier in {} ({}), capacity {} in regions of {}; {:.2} GiB free before the fill",
         dir.display(),
