@@ -2,10 +2,12 @@
 //!
 //! A daemon with little DRAM and a tier that takes every eviction is filled through the client
 //! with `--objects` small values (batched puts, paced so the demotion queue never drops one)
-//! until that many are on disk; it is stopped cleanly (the queue drained, the files synced)
-//! and started again on the same disk directory with a fresh, empty DRAM, twice: first with
-//! the tier's files dropped from the page cache (`posix_fadvise(DONTNEED)`, so recovery reads
-//! the disk), then with them cached as the first restart left them. Each restart is timed from
+//! until that many are on disk; it is stopped cleanly (the queue drained, the files synced, the
+//! index saved), or with `--crash` killed once the queue is empty (so that the restart reads
+//! every record's header back, as after a crash), and started again on the same disk directory
+//! with a fresh, empty DRAM, twice: first with the tier's files dropped from the page cache
+//! (`posix_fadvise(DONTNEED)`, so recovery reads the disk), then with them cached as the first
+//! restart left them; each restart ends as the fill's daemon did. Each restart is timed from
 //! the spawn to the daemon's ready line and to the first value served from disk (a get of the
 //! first object put, read up from disk and checked), and the daemon's own "disk tier ready"
 //! log gives the time recovery took inside it. A sample of objects spread over the whole fill
@@ -65,6 +67,10 @@ pub(crate) struct RestartArgs {
     /// Accept a tmpfs or ramfs --disk-dir (the figures are then no disk's).
     #[arg(long)]
     any_fs: bool,
+    /// Kill the filled daemon (SIGKILL) instead of stopping it: its shutdown does not run, so
+    /// the restart recovers from the records alone, as after a crash.
+    #[arg(long)]
+    crash: bool,
     /// Refuse to start when the fill would leave less than this free on that file system.
     #[arg(long, default_value = "2GiB", value_parser = units::parse_size)]
     keep_free: u64,
@@ -143,8 +149,13 @@ fn measure(
         fmt_size(on_disk.bytes),
         on_disk.queue_drops
     );
-    let stop_secs = first.stop()?;
-    println!("  clean stop: {stop_secs:.2} s");
+    if args.crash {
+        first.kill();
+        println!("  killed (SIGKILL) once the demotion queue was empty");
+    } else {
+        let stop_secs = first.stop()?;
+        println!("  clean stop: {stop_secs:.2} s");
+    }
     for cold in [true, false] {
         if cold {
             drop_cache(dir)?;
@@ -171,7 +182,11 @@ fn measure(
             "the restart recovered {recovered} of the {} objects on disk",
             on_disk.objects
         );
-        n.stop()?;
+        if args.crash {
+            n.kill();
+        } else {
+            n.stop()?;
+        }
     }
     Ok(())
 }
@@ -293,7 +308,7 @@ async fn sample(n: &Node, args: &RestartArgs, on_disk: u64) -> anyhow::Result<(u
     Ok((found, recovered))
 }
 
-/// Drops the page cache of every file in `dir` (they were synced at the clean stop).
+/// Drops the page cache of every file in `dir` (synced here first, for a killed daemon's).
 fn drop_cache(dir: &Path) -> anyhow::Result<()> {
     use std::os::fd::AsRawFd;
     for entry in std::fs::read_dir(dir)? {
@@ -383,6 +398,14 @@ impl Node {
                 ),
             }
         }
+    }
+
+    /// Kills the daemon (SIGKILL): nothing of its shutdown runs.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        // Reaps it (the SIGTERM this sends first finds it dead, and its pid still ours).
+        daemon::stop(&mut self.child, Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&self.data);
     }
 
     /// Stops the daemon cleanly (SIGTERM) and returns the seconds it took; an error if it had
