@@ -19,6 +19,9 @@
 //!   daemons replaying a trace in real time, against a control run without the event.
 //! - `disk`: the disk tier's reads and writes of large blocks through the store, over the
 //!   buffered and the `O_DIRECT` engine, against `fio` on the same file system in the same run.
+//! - `tier`: the disk tier on real daemons: DRAM gets while it demotes at full rate against
+//!   the same gets without it, and the time to serve again after a restart with many objects
+//!   on disk.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
@@ -29,6 +32,7 @@ mod heap;
 mod perf;
 mod restart;
 mod soak;
+mod tier;
 mod weights;
 
 use clap::{Parser, Subcommand};
@@ -77,6 +81,9 @@ enum Command {
     /// the daemon's RSS, open descriptors and pending allocations sampled and judged for
     /// flatness, every read checked.
     Soak(soak::SoakArgs),
+    /// The disk tier on real daemons: DRAM gets while it demotes at full rate against the same
+    /// gets without it, and the time to serve again after a restart with many objects on disk.
+    Tier(tier::TierArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -90,5 +97,6 @@ fn main() -> anyhow::Result<()> {
         Command::Restart(args) => restart::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Disk(args) => disk::run(args),
+        Command::Tier(args) => tier::run(args),
     }
 }

@@ -25,9 +25,18 @@ heads of 128, RoPE theta 500 000; the vocabulary stays 32 000, which only the em
 and the last token's logits touch): about 0.9 GB of weights per layer, and attention a smaller
 share of the prefill, as in the real model.
 
+With ``--disk-dir DIR`` (a directory on a real disk, not tmpfs) the daemon gets a disk tier
+there (``--disk-admit all``) and a third cache, ``disk``, on the same-host path: before each of
+its prefills the bench writes more filler than the daemon's ``--memory`` holds, so that DRAM
+evicts the prefix to disk, waits for the demotion queue to empty and drops the tier's files from
+the page cache (``posix_fadvise(DONTNEED)``); the prefill then loads the prefix from the disk (the daemon reads each block up into DRAM, a promotion), checked by the
+daemon's ``kvpool_disk_promotions_total`` rising by the prefix's blocks. The DRAM caches run
+after it in the same round and find the prefix back in DRAM. Use a small ``--memory`` (the
+filler is written, and demoted, once per disk prefill).
+
 Usage: python python/bench/prefill_reuse.py --kvpoold target/release/kvpoold [--tokens 4096]
 [--repeats 3] [--layers 2] [--hidden 2048 | --shape llama3-8b] [--threads 1]
-[--out bench-out/prefill-reuse.json]
+[--disk-dir /var/tmp --memory 128MiB] [--out bench-out/prefill-reuse.json]
 
 The model is a random-weight LlamaForCausalLM built from a config (seed 0, fp32, nothing
 downloaded). It starts its own kvpoold (free loopback ports, data under /dev/shm), stopped at
@@ -40,9 +49,13 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +64,7 @@ from _daemons import Kvpoold
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch
+from kvpool import Client
 from kvpool.engine import EngineStore
 from kvpool.hf import PrefixCache
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -120,20 +134,105 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     ap.add_argument("--memory", default="1GiB")
+    ap.add_argument(
+        "--disk-dir",
+        help="serve the prefix from a disk tier in a directory under this one, too",
+    )
+    ap.add_argument("--disk-capacity", default="4GiB")
     ap.add_argument("--out", default="bench-out/prefill-reuse.json")
     a = ap.parse_args()
 
-    daemon = Kvpoold(a.kvpoold, a.memory)
+    tier = disk_tier_dir(a.disk_dir) if a.disk_dir else None
+    extra = []
+    if tier:
+        extra = ["--disk-path", tier, "--disk-capacity", a.disk_capacity]
+        extra += ["--disk-admit", "all", "--disk-queue", "1GiB"]
+    daemon = Kvpoold(a.kvpoold, a.memory, extra)
     try:
-        result = run(a, f"tcp://{daemon.tcp}")
+        flush = DiskFlush(daemon, a.memory, tier) if tier else None
+        result = run(a, f"tcp://{daemon.tcp}", flush)
     finally:
         daemon.stop()
+        if tier:
+            shutil.rmtree(tier, ignore_errors=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwritten to {a.out}")
 
 
-def run(a: argparse.Namespace, url: str) -> dict:
+def disk_tier_dir(base: str) -> str:
+    """A fresh directory under ``base``, which must be on a real disk."""
+    kind = subprocess.run(
+        ["stat", "-f", "-c", "%T", base], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if kind in ("tmpfs", "ramfs"):
+        sys.exit(f"--disk-dir {base} is on {kind}: the disk tier needs a real disk")
+    return tempfile.mkdtemp(prefix="kvpool-prefill-disk-", dir=base)
+
+
+def parse_size(s: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if s.endswith(u):
+            return int(s[: -len(u)]) * m
+    return int(s)
+
+
+class DiskFlush:
+    """Pushes everything in the daemon's DRAM out to its disk tier in ``tier`` (filler of more
+    than its memory, through a client of its own), drops the tier's files from the page cache,
+    and counts the blocks read back up from disk."""
+
+    FILLER = 4 << 20
+
+    def __init__(self, daemon: Kvpoold, memory: str, tier: str):
+        self.tier = tier
+        self.metrics = daemon.addrs["metrics"]
+        self.client = Client(f"tcp://{daemon.tcp}", same_host=True, timeout=60.0)
+        self.count = parse_size(memory) * 5 // 4 // self.FILLER + 1
+        self.rounds = 0
+        self.promoted: list[int] = []
+
+    def counter(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith((name + "{", name + " ")):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def push_out(self) -> None:
+        """Fills DRAM with new filler, then waits until every demotion reached the disk."""
+        self.rounds += 1
+        value = bytes(self.FILLER)
+        keys = [f"filler/{self.rounds}/{i}".encode() for i in range(self.count)]
+        for k in keys:
+            self.client.write(k, value)
+        deadline = time.monotonic() + 120
+        while self.counter("kvpool_disk_queued_bytes") > 0:
+            if time.monotonic() > deadline:
+                sys.exit("the demotion queue did not empty within 120 s")
+            time.sleep(0.05)
+        if self.counter("kvpool_disk_queue_drops_total") > 0:
+            sys.exit("the demotion queue dropped writes: the prefix may not be on disk")
+        # So that the prefix is read from the device, not from pages its writes left cached.
+        for name in os.listdir(self.tier):
+            fd = os.open(os.path.join(self.tier, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        self.before = self.counter("kvpool_disk_promotions_total")
+
+    def check(self, blocks: int) -> None:
+        """After a disk prefill: at least the prefix's ``blocks`` came up from disk."""
+        n = int(self.counter("kvpool_disk_promotions_total") - self.before)
+        if n < blocks:
+            sys.exit(f"disk: {n} blocks read up from disk, not the prefix's {blocks}")
+        self.promoted.append(n)
+
+
+def run(a: argparse.Namespace, url: str, flush: DiskFlush | None) -> dict:
     torch.set_num_threads(a.threads)
     model = build_model(a.layers, a.hidden, a.shape)
     params = sum(p.numel() for p in model.parameters())
@@ -142,7 +241,7 @@ def run(a: argparse.Namespace, url: str) -> dict:
     def fresh(n: int) -> list[int]:
         return torch.randint(0, 32000, (n,), generator=gen).tolist()
 
-    caches = open_caches(url, model)
+    caches = open_caches(url, model, flush is not None)
     kv_per_token = caches["tcp"].block_bytes // BLOCK
     print(
         f"model: {a.layers} layers ({a.shape} shape), hidden {model.config.hidden_size}, "
@@ -153,7 +252,7 @@ def run(a: argparse.Namespace, url: str) -> dict:
     )
     no_cache(model, fresh(256))  # warm up the kernels
     levels = seed_prefixes(a, caches, fresh)
-    base = measure_rounds(a, model, caches, levels, fresh)
+    base = measure_rounds(a, model, caches, levels, fresh, flush)
     base_wall, base_cpu = med([b["wall"] for b in base]), med([b["cpu"] for b in base])
     print(
         f"no cache: {base_wall:.3f} s wall, {base_cpu:.3f} s CPU "
@@ -191,14 +290,21 @@ def run(a: argparse.Namespace, url: str) -> dict:
         "kv_bytes_per_token": kv_per_token,
         "no_cache_runs": base,
         "rows": rows,
+        "disk_promotions_per_prefill": flush.promoted if flush else None,
     }
 
 
-def open_caches(url: str, model: LlamaForCausalLM) -> dict[str, PrefixCache]:
+def open_caches(
+    url: str, model: LlamaForCausalLM, disk: bool
+) -> dict[str, PrefixCache]:
     """A prefix cache of ``model`` per transport, each on its own EngineStore: same host,
-    and TCP with the same-host path off."""
+    and TCP with the same-host path off; with ``disk``, first a same-host one whose prefix is
+    pushed out to disk before each of its prefills."""
     caches = {}
-    for transport, same_host in (("same-host", True), ("tcp", False)):
+    transports = [("same-host", True), ("tcp", False)]
+    if disk:
+        transports.insert(0, ("disk", True))
+    for transport, same_host in transports:
         st = EngineStore(url, lookup_timeout=1.0, io_timeout=30.0, same_host=same_host)
         if st.is_local != same_host:
             sys.exit(f"{transport}: is_local is {st.is_local}")
@@ -231,10 +337,11 @@ def measure_rounds(
     caches: dict[str, PrefixCache],
     levels: list[tuple],
     fresh: Callable,
+    flush: DiskFlush | None,
 ) -> list[dict[str, float]]:
     """``--repeats`` rounds, each of a prefill without cache, then per level the suffix
     alone and a prefill through each transport's cache (into the level's lists); returns
-    the prefills without cache."""
+    the prefills without cache. The disk cache's prefill follows a push of DRAM to disk."""
     # Rounds interleave every configuration, so that the other load on a shared machine falls
     # on all of them alike; each figure is the median over the rounds.
     base: list[dict[str, float]] = []
@@ -243,9 +350,13 @@ def measure_rounds(
         for prefix_len, prefix, alone, runs in levels:
             alone.append(no_cache(model, fresh(a.tokens - prefix_len)))
             for transport, pc in caches.items():
+                if transport == "disk" and flush:
+                    flush.push_out()
                 r = pc.prefill(prefix + fresh(a.tokens - prefix_len), logits_to_keep=1)
                 if r.tokens_loaded != prefix_len:
                     sys.exit(f"{transport}: loaded {r.tokens_loaded}, not {prefix_len}")
+                if transport == "disk" and flush:
+                    flush.check(prefix_len // BLOCK)
                 runs[transport].append((r.seconds, r.cpu_seconds))
     return base
 
