@@ -1,5 +1,6 @@
 //! Rebuilding the index at open: every region read from its start, every record's header,
-//! lengths and key checked before it is indexed, one read each. A region's first record whose
+//! lengths and key checked before it is indexed; small records' headers come a 1 MiB window at
+//! a time, a large record's in a read of their own. A region's first record whose
 //! header or key does not check out ends it, which is how a write cut short by a crash is cut
 //! off (a record whose bytes run past the file's end is such a record). Values are not read:
 //! every get verifies its value's checksum before serving it, and drops a copy that fails, so
@@ -8,6 +9,10 @@
 use super::format::{Header, ALIGN, HEADER_LEN};
 use super::index::{Entry, Index};
 use super::io::RegionIo;
+use super::read::AlignedBuf;
+
+/// Bytes a scan reads at once while the records it meets are small.
+const WINDOW: u64 = 1 << 20;
 
 /// The log as the regions on disk describe it.
 #[derive(Debug)]
@@ -103,12 +108,27 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
     let len = io.len(region)?.min(region_size);
     let mut records: Vec<Found> = Vec::new();
     let mut at = 0;
-    // A header and the longest key fit in the first block of a record.
-    let mut block = vec![0u8; ALIGN as usize];
+    // Records are read a window at a time (page-aligned, so `O_DIRECT` reads it straight): one
+    // read brings the headers of many small records; after a large record, the next read is
+    // one block, so a region of large values is not read whole.
+    let mut window = AlignedBuf::default();
+    let (mut start, mut filled) = (0u64, 0usize);
+    let mut next_read = WINDOW;
     let mut last_seq = None;
     while at + HEADER_LEN as u64 <= len {
-        let first = &mut block[..(len - at).min(ALIGN) as usize];
-        io.read_at(region, at, first)?;
+        // A header and the longest key fit in the first block of a record.
+        let want = (len - at).min(ALIGN) as usize;
+        if at < start || at + want as u64 > start + filled as u64 {
+            filled = (len - at).min(next_read.max(ALIGN)) as usize;
+            let buf = window.get(filled).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::OutOfMemory, "a read window")
+            })?;
+            io.read_at(region, at, buf)?;
+            start = at;
+        }
+        let bytes = window.get(filled).expect("filled above");
+        let from = (at - start) as usize;
+        let first = &bytes[from..from + want];
         let head: &[u8; HEADER_LEN] = first[..HEADER_LEN].try_into().expect("a header");
         let Some(h) = Header::decode(head, len - at) else {
             break;
@@ -138,6 +158,11 @@ fn scan<I: RegionIo>(io: &I, region: u32, region_size: u64) -> std::io::Result<S
             entry,
             tombstone: h.tombstone,
         });
+        next_read = if h.record_len() <= WINDOW / 16 {
+            WINDOW
+        } else {
+            ALIGN
+        };
         at += h.record_len();
     }
     Ok(Scan {
