@@ -369,9 +369,10 @@ impl LowerTier for DiskTier {
     }
 
     fn demote(&self, claim: Claim, value: &[u8]) {
-        // Copied with no lock held: the pool's index is free meanwhile.
-        let value = value.to_vec();
-        self.lock().fill(claim.0, value);
+        let mut buf = self.lock().buffer(value.len());
+        // Copied with no lock held: the pool's index and the queue are free meanwhile.
+        buf.extend_from_slice(value);
+        self.lock().fill(claim.0, buf);
         self.ready.notify_one();
     }
 

@@ -49,6 +49,10 @@ pub(super) struct Queue {
     pub(super) promoted: HashMap<u32, Pending>,
     /// Demotions reserved while their object was evicted, waiting for its bytes.
     pub(super) reserved: HashMap<u64, Demotion>,
+    /// Buffers demotions' values were copied into, written and kept for the next ones, so that
+    /// demotion does not make the heap grow and shrink by a value per eviction (at most the
+    /// queue's bound of them, by capacity).
+    pub(super) spare: Vec<Vec<u8>>,
     /// Per namespace, value bytes of its demotions reserved, queued or being written.
     pub(super) ns_queued: HashMap<u32, u64>,
     next_ticket: u64,
@@ -69,6 +73,23 @@ impl Queue {
         *self.ns_queued.entry(d.ns).or_default() += d.len;
         self.reserved.insert(ticket, Demotion { ticket, ..d });
         ticket
+    }
+
+    /// A buffer for a value of `len` bytes: a spare one that can hold it, or a new one.
+    pub(super) fn buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.spare.iter().position(|b| b.capacity() >= len) {
+            Some(i) => self.spare.swap_remove(i),
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Keeps `buf` for a later demotion while the spares stay within `bound` bytes.
+    fn keep(&mut self, mut buf: Vec<u8>, bound: u64) {
+        let kept: usize = self.spare.iter().map(Vec::capacity).sum();
+        if (kept + buf.capacity()) as u64 <= bound {
+            buf.clear();
+            self.spare.push(buf);
+        }
     }
 
     /// Queues reserved demotion `ticket` with its value (a miss if it was never reserved).
@@ -137,9 +158,12 @@ impl DiskTier {
                 Job::Demote(d) => {
                     self.write_demotion(&d);
                     let len = d.len;
-                    if let Some(n) = self.lock().ns_queued.get_mut(&d.ns) {
+                    let mut q = self.lock();
+                    if let Some(n) = q.ns_queued.get_mut(&d.ns) {
                         *n = n.saturating_sub(len);
                     }
+                    q.keep(d.value, self.bound);
+                    drop(q);
                     self.queued_bytes.fetch_sub(len, Ordering::Relaxed);
                 }
             }
