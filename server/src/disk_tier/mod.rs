@@ -306,7 +306,7 @@ impl LowerTier for DiskTier {
         let c = &self.counters;
         let origin = {
             let mut q = self.lock();
-            let from = q.promoted.get(&v.ns).and_then(|k| k.get(v.key)).copied();
+            let from = q.promotion(v.ns, v.key);
             q.unpromote(v.ns, v.key);
             from.and_then(|(dram, origin)| (dram == v.generation).then_some(origin))
         };
@@ -397,7 +397,7 @@ impl LowerTier for DiskTier {
     ) -> bool {
         let promoted = {
             let mut q = self.lock();
-            let from = q.promoted.get(&ns).and_then(|k| k.get(key)).copied();
+            let from = q.promotion(ns, key);
             let same =
                 from.is_some_and(|(dram, origin)| Some(dram) == in_dram && origin == generation);
             if same {
@@ -418,6 +418,11 @@ impl LowerTier for DiskTier {
 
 impl Queue {
     /// Forgets that DRAM's object of `(ns, key)` was brought up from disk.
+    /// DRAM's object of `(ns, key)` brought up from disk: its generation there and its own.
+    pub(super) fn promotion(&self, ns: u32, key: &[u8]) -> Option<(u64, u64)> {
+        self.promoted.get(&ns).and_then(|k| k.get(key)).copied()
+    }
+
     pub(super) fn unpromote(&mut self, ns: u32, key: &[u8]) {
         if let Some(keys) = self.promoted.get_mut(&ns) {
             keys.remove(key);
