@@ -36,8 +36,8 @@ pub(crate) struct SeedArgs {
     /// Tenant.
     #[arg(long, default_value = "")]
     tenant: String,
-    /// KV dtype.
-    #[arg(long, default_value = "bf16")]
+    /// KV dtype (`bf16`, `fp8_e4m3`, …); empty unless given, as in every other client.
+    #[arg(long, default_value = "")]
     dtype: String,
     /// Tensor-parallel rank.
     #[arg(long, default_value_t = 0)]

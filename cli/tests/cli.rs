@@ -91,6 +91,8 @@ fn prefix_hash_match_and_stats() {
     let seed = [
         "--model",
         "meta-llama/Llama-3.1-8B-Instruct",
+        "--dtype",
+        "bf16",
         "--layers",
         "0:32",
     ];

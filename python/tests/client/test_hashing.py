@@ -81,3 +81,36 @@ def test_bad_arguments():
     with pytest.raises(OverflowError):
         kvpool.block_hashes([-1] * 16, 16)
     assert kvpool.block_hashes([], 16) == []
+
+
+def test_readme_example_gives_the_same_keys_from_the_cli_and_python():
+    """README's `prefix hash` line, run through the CLI and through `kvpool.block_hashes`
+    with the same arguments (every unstated seed field at its default on both sides)."""
+    import os
+    import shlex
+    import subprocess
+
+    from conftest import require
+
+    cli = os.environ.get("KVPOOL_CLI", str(REPO / "target" / "debug" / "kvpool"))
+    require(os.path.exists(cli), f"the kvpool CLI ({cli})", "cargo build -p kvpool-cli")
+    line = next(
+        ln
+        for ln in (REPO / "README.md").read_text().splitlines()
+        if " prefix hash " in ln
+    )
+    args = shlex.split(line.split("#", 1)[0])[1:]  # drop `$K`
+    assert args[:2] == ["prefix", "hash"], line
+    opts, tokens = {}, []
+    it = iter(args[2:])
+    for a in it:
+        if a.startswith("--"):
+            opts[a[2:].replace("-", "_")] = next(it)
+        else:
+            tokens.append(int(a))
+    out = subprocess.run(
+        [cli, *args], check=True, capture_output=True, text=True
+    ).stdout.split()
+    block_tokens = int(opts.pop("block_tokens", 16))
+    keys = kvpool.block_hashes(tokens, block_tokens, **opts)
+    assert out and out == [k.hex() for k in keys]
