@@ -94,6 +94,23 @@ class Client:
     ) -> list[int]:
         """``get_into`` for many keys in one round trip per node: per key its length or a
         negative status (overlapping destination ranges are refused with -600)."""
+    def get_size(self, key: Key) -> int:
+        """The length of ``key``'s value, or -704 (not found), -400 (bad key), -600 (closed),
+        -900 (node unreachable). Mooncake's ``get_size``."""
+    def get_into_ranges(
+        self,
+        buffer_ptrs: Sequence[int],
+        all_keys: Sequence[Sequence[Key]],
+        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+        all_sizes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[list[list[int]]]:
+        """Mooncake's ``get_into_ranges``: per buffer ``i``, key ``j`` and fragment ``k``,
+        ``all_sizes[i][j][k]`` bytes at ``all_src_offsets[i][j][k]`` of ``all_keys[i][j]``'s
+        value into registered memory at ``buffer_ptrs[i] + all_dst_offsets[i][j][k]``. The
+        same nesting back: per fragment the bytes copied, or -704 (key missing), -600 (a range
+        outside the value or a registration, or lists of different lengths), -400 (bad key).
+        Each distinct key's whole value is fetched once and verified before it is cut."""
     def batch_get_scatter(
         self, keys: Sequence[Key], pieces: Sequence[Sequence[tuple[int, int]]]
     ) -> list[int]:

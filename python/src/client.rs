@@ -260,6 +260,42 @@ impl NativeClient {
         Ok(self.get_into_batch(py, &keys, buffer_ptrs, sizes))
     }
 
+    /// The length of `key`'s value, or a negative status: -704 not found, -400 bad key, -600
+    /// client closed, -900 node unreachable (Mooncake's `get_size`).
+    fn get_size(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        Ok(self.size_of(py, &key_of(key)?))
+    }
+
+    /// Mooncake's `get_into_ranges`: for buffer `i`, key `j` and fragment `k`, copies
+    /// `all_sizes[i][j][k]` bytes at `all_src_offsets[i][j][k]` of `all_keys[i][j]`'s value
+    /// into registered memory at `buffer_ptrs[i] + all_dst_offsets[i][j][k]`. Returns the same
+    /// nesting: per fragment the bytes copied or a negative status (-704 key missing, -600 a
+    /// range outside the value or outside a registered buffer, or lists whose lengths differ;
+    /// -400 bad key). Each distinct key's whole value is fetched once and verified against its
+    /// checksum before any of its fragments is copied.
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<usize>,
+        all_keys: Vec<Vec<Bound<'_, PyAny>>>,
+        all_dst_offsets: Vec<Vec<Vec<usize>>>,
+        all_src_offsets: Vec<Vec<Vec<usize>>>,
+        all_sizes: Vec<Vec<Vec<usize>>>,
+    ) -> PyResult<Vec<Vec<Vec<i64>>>> {
+        let keys = all_keys
+            .iter()
+            .map(|ks| keys_of(ks))
+            .collect::<PyResult<Vec<_>>>()?;
+        let plan = crate::ranges::RangePlan {
+            buffer_ptrs,
+            keys,
+            dst_offsets: all_dst_offsets,
+            src_offsets: all_src_offsets,
+            sizes: all_sizes,
+        };
+        Ok(self.get_ranges(py, &plan))
+    }
+
     /// `batch_get_into` with each value scattered over several registered buffers:
     /// `pieces[i]` is a list of `(pointer, length)` that `keys[i]`'s value fills in order (the
     /// lengths summing to the value's). Returns one entry per key: the value's length, or a

@@ -24,6 +24,7 @@ mod client;
 mod errors;
 mod fetch;
 mod memory;
+mod ranges;
 mod registry;
 mod scatter;
 mod subscription;
