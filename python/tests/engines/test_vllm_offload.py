@@ -429,3 +429,22 @@ def test_another_model_or_layout_never_matches(kvpoold, tmp_path):
     assert len(salts) == 3 and a.tier.salt in salts
     a.close()
     b.close()
+
+
+def test_random_per_process_hashes_are_neither_looked_up_nor_stored(
+    kvpoold, tmp_path, monkeypatch
+):
+    """vLLM seeds its block hashes at random per process (a non-cryptographic hash without
+    PYTHONHASHSEED): no other process could reuse them, so the tier stays idle."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.setattr(
+        "kvpool.vllm_offload.get_none_hash_seed", lambda: "a random per-process seed"
+    )
+    e = Engine(model_dir(tmp_path, "llama3-8b"), kvpoold.url)
+    assert not e.tier.enabled
+    prompt = tokens(3 * BLOCK + 1, seed=8)
+    written_through(e, prompt)
+    assert Client(kvpoold.url).batch_exists(keys_of(e, prompt)) == [False] * 3
+    s = e.tier.stats()
+    assert s["lookups"] == 0 and s["stores"] == 0
+    e.close()
