@@ -266,6 +266,22 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(1, 999, (n,), generator=g).tolist()
 
 
+@pytest.fixture
+def engine():
+    """A factory of :class:`Engine` (same arguments); every engine made is closed when the test
+    ends, passed or failed, so its CPU tier's shared-memory file goes too."""
+    made: list[Engine] = []
+
+    def make(*args, **kwargs) -> Engine:
+        e = Engine(*args, **kwargs)
+        made.append(e)
+        return e
+
+    yield make
+    for e in reversed(made):
+        e.close()
+
+
 def written_through(engine: Engine, prompt: list[int], rid: str = "r1") -> list[int]:
     """Runs one request over ``prompt`` (KV filled with random values) and steps until its
     full blocks are in the CPU tier and in kvpool; returns their block ids."""
@@ -287,11 +303,13 @@ def keys_of(engine: Engine, req_tokens: list[int]) -> list[str]:
     return [engine.tier.key(make_offload_key(h, 0)) for h in req.block_hashes]
 
 
-def test_the_launch_line_loads_the_tier_through_vllms_factory(kvpoold, tmp_path):
+def test_the_launch_line_loads_the_tier_through_vllms_factory(
+    kvpoold, tmp_path, engine
+):
     """The documented --kv-transfer-config gives vLLM's OffloadingConnector with kvpool as its
     secondary tier, built by vLLM's own factories; bad tier settings fail at start."""
     path = model_dir(tmp_path, "llama3-8b")
-    e = Engine(
+    e = engine(
         path, kvpoold.url, backpressure={"backpressure_cls": "EMABackpressureDetector"}
     )
     assert type(e.conn).__name__ == "OffloadingConnector"
@@ -299,21 +317,22 @@ def test_the_launch_line_loads_the_tier_through_vllms_factory(kvpoold, tmp_path)
     assert e.tier.block_size_bytes == CHUNK  # one row: one block of all 32 layers
     assert e.tier.store.is_local and e.tier.bp_detector is not None
     assert e.manager.config_info()[1]["kvpool_url"] == kvpoold.url
-    e.close()
     with pytest.raises(ValueError, match="unknown settings"):
-        Engine(path, kvpoold.url, kvpool_urll="tcp://x")
+        engine(path, kvpoold.url, kvpool_urll="tcp://x")
     with pytest.raises(ValueError, match="positive"):
-        Engine(path, kvpoold.url, io_timeout=0)
+        engine(path, kvpoold.url, io_timeout=0)
 
 
 @pytest.mark.parametrize("same_host", [True, False])
-def test_written_through_chunks_load_into_another_engine(kvpoold, tmp_path, same_host):
+def test_written_through_chunks_load_into_another_engine(
+    kvpoold, tmp_path, engine, same_host
+):
     """Engine A's chunks reach kvpool through its CPU tier, byte for byte; engine B finds them
     through vLLM's real offloading manager (lookup, promotion into its CPU tier, load into its
     KV cache) and loads them into other block ids: from kvpoold's memory on its host, from
     the socket over TCP."""
     path = model_dir(tmp_path, "llama3-8b")
-    a = Engine(path, kvpoold.url, same_host=same_host)
+    a = engine(path, kvpoold.url, same_host=same_host)
     prompt = tokens(5 * BLOCK + 8, seed=1)
     saved = written_through(a, prompt)
     keys = keys_of(a, prompt)
@@ -322,7 +341,7 @@ def test_written_through_chunks_load_into_another_engine(kvpoold, tmp_path, same
     s = a.tier.stats()
     assert s["stores"] == 5 and s["bytes_written"] == 5 * CHUNK and s["errors"] == 0
 
-    b = Engine(path, kvpoold.url, cpu_chunks=16, same_host=same_host)
+    b = engine(path, kvpoold.url, cpu_chunks=16, same_host=same_host)
     assert b.tier.store.is_local is same_host
     b.add("filler", tokens(5 * BLOCK, seed=9), max_tokens=8)
     b.run_until_scheduled("filler")
@@ -338,15 +357,13 @@ def test_written_through_chunks_load_into_another_engine(kvpoold, tmp_path, same
     b.settle()
     # r2's one new full block went through; the five it loaded were not sent again.
     assert b.tier.stats()["stores"] == 1 + 5  # r2's block 5 + the filler's 5
-    a.close()
-    b.close()
 
 
-def test_chunks_the_cpu_tier_evicted_come_back_from_kvpool(kvpoold, tmp_path):
+def test_chunks_the_cpu_tier_evicted_come_back_from_kvpool(kvpoold, tmp_path, engine):
     """A CPU tier of 4 chunks: the chunks of a second request evict the first request's from
     it; kvpool still holds them, and the same engine loads them back from there."""
     path = model_dir(tmp_path, "llama3-8b")
-    e = Engine(path, kvpoold.url, cpu_chunks=4)
+    e = engine(path, kvpoold.url, cpu_chunks=4)
     first = tokens(4 * BLOCK + 1, seed=3)
     saved = written_through(e, first, "r1")
     ref = e.pages(saved)
@@ -363,19 +380,18 @@ def test_chunks_the_cpu_tier_evicted_come_back_from_kvpool(kvpoold, tmp_path):
     for pa, pb in zip(ref, e.pages(nr.block_ids[0][:4])):
         assert torch.equal(pa, pb)
     assert e.tier.stats()["hits"] == 4
-    e.close()
 
 
-def test_a_killed_kvpoold_gives_misses_not_exceptions(start_kvpoold, tmp_path):
+def test_a_killed_kvpoold_gives_misses_not_exceptions(start_kvpoold, tmp_path, engine):
     """kvpoold killed during a promotion, then down for lookups and stores: the request is
     recomputed, stores fail as jobs (which vLLM's back-pressure detector counts), nothing
     raises into vLLM."""
     d = start_kvpoold()
     path = model_dir(tmp_path, "llama3-8b")
-    a = Engine(path, d.url)
+    a = engine(path, d.url)
     prompt = tokens(3 * BLOCK + 1, seed=5)
     written_through(a, prompt)
-    b = Engine(
+    b = engine(
         path,
         d.url,
         failure_threshold=1,
@@ -405,17 +421,15 @@ def test_a_killed_kvpoold_gives_misses_not_exceptions(start_kvpoold, tmp_path):
     assert nr.num_computed_tokens == 0
     b.settle()
     assert not b.tier.stats()["available"]  # the breaker answers at once
-    a.close()
-    b.close()
 
 
-def test_another_model_or_layout_never_matches(kvpoold, tmp_path):
+def test_another_model_or_layout_never_matches(kvpoold, tmp_path, engine):
     """Another model (another name, same shapes) finds nothing of the first one's chunks; the
     salt changes with the model id, the dtype and the row layout."""
-    a = Engine(model_dir(tmp_path, "llama3-8b"), kvpoold.url)
+    a = engine(model_dir(tmp_path, "llama3-8b"), kvpoold.url)
     prompt = tokens(3 * BLOCK + 1, seed=7)
     written_through(a, prompt)
-    b = Engine(model_dir(tmp_path, "other-model"), kvpoold.url)
+    b = engine(model_dir(tmp_path, "other-model"), kvpoold.url)
     assert b.tier.salt != a.tier.salt
     b.add("r2", prompt)
     nr = b.run_until_scheduled("r2")
@@ -427,12 +441,10 @@ def test_another_model_or_layout_never_matches(kvpoold, tmp_path):
         offload_salt(spec, CHUNK + 4096, None),
     }
     assert len(salts) == 3 and a.tier.salt in salts
-    a.close()
-    b.close()
 
 
 def test_random_per_process_hashes_are_neither_looked_up_nor_stored(
-    kvpoold, tmp_path, monkeypatch
+    kvpoold, tmp_path, monkeypatch, engine
 ):
     """vLLM seeds its block hashes at random per process (a non-cryptographic hash without
     PYTHONHASHSEED): no other process could reuse them, so the tier stays idle."""
@@ -440,11 +452,10 @@ def test_random_per_process_hashes_are_neither_looked_up_nor_stored(
     monkeypatch.setattr(
         "kvpool.vllm_offload.get_none_hash_seed", lambda: "a random per-process seed"
     )
-    e = Engine(model_dir(tmp_path, "llama3-8b"), kvpoold.url)
+    e = engine(model_dir(tmp_path, "llama3-8b"), kvpoold.url)
     assert not e.tier.enabled
     prompt = tokens(3 * BLOCK + 1, seed=8)
     written_through(e, prompt)
     assert Client(kvpoold.url).batch_exists(keys_of(e, prompt)) == [False] * 3
     s = e.tier.stats()
     assert s["lookups"] == 0 and s["stores"] == 0
-    e.close()
