@@ -129,14 +129,17 @@ def offload_salt(spec: OffloadingSpec, row_bytes: int, model_id: str | None) -> 
     )
 
 
-def _hashes_are_shareable() -> bool:
+def _hashes_are_shareable() -> bool | None:
     """False when vLLM seeds its block hashes at random in this process (a non-cryptographic
-    prefix hash without ``PYTHONHASHSEED``): no other process could ever reuse them."""
-    from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED
+    prefix hash without ``PYTHONHASHSEED``): no other process could ever reuse them. None
+    until vLLM's engine core has seeded them (it does so after building its scheduler)."""
+    from vllm.v1.core import kv_cache_utils
 
+    if getattr(kv_cache_utils, "NONE_HASH", None) is None:
+        return None
     return (
         os.getenv("PYTHONHASHSEED") is not None
-        or get_none_hash_seed() == DEFAULT_NONE_HASH_SEED
+        or get_none_hash_seed() == kv_cache_utils.DEFAULT_NONE_HASH_SEED
     )
 
 
@@ -179,14 +182,7 @@ class KvpoolTier(SecondaryTierManager):
                 raise ValueError(f"kvpool tier: {k} must be positive")
         self.settings = cfg
         self.locality = Locality(cfg["locality"]) if cfg["locality"] else None
-        self.enabled = _hashes_are_shareable()
-        if not self.enabled:
-            log.warning(
-                "kvpool tier: vLLM's block hashes are seeded at random in this process "
-                "(a non-cryptographic prefix hash without PYTHONHASHSEED), so no other "
-                "process could reuse them; the tier will neither look up nor store chunks "
-                "(set PYTHONHASHSEED or use sha256)"
-            )
+        self._shareable: bool | None = None
         self.salt = offload_salt(
             offloading_spec, self.block_size_bytes, cfg["model_id"]
         )
@@ -219,6 +215,25 @@ class KvpoolTier(SecondaryTierManager):
             self.salt,
             self.store.endpoint,
         )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether chunks are looked up and stored: False (one warning) when vLLM's block hashes
+        are seeded at random in this process. Decided at the first lookup or store, once vLLM
+        has seeded them."""
+        if self._shareable is None:
+            shareable = _hashes_are_shareable()
+            if shareable is None:
+                return False  # no block hash exists yet
+            self._shareable = shareable
+            if not shareable:
+                log.warning(
+                    "kvpool tier: vLLM's block hashes are seeded at random in this process "
+                    "(a non-cryptographic prefix hash without PYTHONHASHSEED), so no other "
+                    "process could reuse them; the tier will neither look up nor store "
+                    "chunks (set PYTHONHASHSEED or use sha256)"
+                )
+        return self._shareable
 
     # ----- keys -----
 

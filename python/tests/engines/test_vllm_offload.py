@@ -40,6 +40,7 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
@@ -447,13 +448,19 @@ def test_random_per_process_hashes_are_neither_looked_up_nor_stored(
     kvpoold, tmp_path, monkeypatch, engine
 ):
     """vLLM seeds its block hashes at random per process (a non-cryptographic hash without
-    PYTHONHASHSEED): no other process could reuse them, so the tier stays idle."""
+    PYTHONHASHSEED): no other process could reuse them, so the tier stays idle. It decides
+    once vLLM has seeded them, which vLLM's engine core does after building the scheduler."""
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     monkeypatch.setattr(
         "kvpool.vllm_offload.get_none_hash_seed", lambda: "a random per-process seed"
     )
     e = engine(model_dir(tmp_path, "llama3-8b"), kvpoold.url)
-    assert not e.tier.enabled
+    with (
+        monkeypatch.context() as m
+    ):  # vLLM seeds its hashes after building the scheduler
+        m.delattr(kv_cache_utils, "NONE_HASH")
+        assert not e.tier.enabled and e.tier._shareable is None  # not decided yet
+    assert not e.tier.enabled and e.tier._shareable is False
     prompt = tokens(3 * BLOCK + 1, seed=8)
     written_through(e, prompt)
     assert Client(kvpoold.url).batch_exists(keys_of(e, prompt)) == [False] * 3
