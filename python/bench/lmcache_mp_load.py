@@ -170,6 +170,8 @@ class Tier:
         self.sm.finish_write(KEYS)
         deadline = time.monotonic() + 300
         while self.adapter.get_usage().total_bytes_used < self.nbytes:
+            if self.adapter.report_status().get("store_failures"):
+                sys.exit(f"storing the KV failed: {self.adapter.report_status()}")
             if time.monotonic() > deadline:
                 sys.exit(f"{type(self.adapter).__name__} did not store the KV")
             time.sleep(0.05)

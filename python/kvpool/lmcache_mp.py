@@ -72,7 +72,7 @@ _DEFAULTS: dict[str, Any] = {
     "namespace": None,
     "token": None,
     "lookup_timeout_ms": 20,
-    "io_timeout_ms": 2000,
+    "io_timeout_ms": 10000,
     "failure_threshold": 3,
     "probe_interval_s": 5.0,
     "same_host": True,
@@ -87,7 +87,8 @@ class KvpoolL2AdapterConfig(L2AdapterConfigBase):
     ``url`` (required): ``kvpool://host:port`` or ``kvpool:///path/kvpoold.sock`` (``?namespace=``
     optional), or a kvpool endpoint (``tcp://``, ``unix://``, ``quic://``). ``namespace`` (the
     URL's, else kvpoold's ``default``), ``token`` (none), ``lookup_timeout_ms`` (20),
-    ``io_timeout_ms`` (2000), ``failure_threshold`` (3), ``probe_interval_s`` (5), ``same_host``
+    ``io_timeout_ms`` (10000: one call carries a whole store or load task, which can be every
+    chunk of a request), ``failure_threshold`` (3), ``probe_interval_s`` (5), ``same_host``
     (true; false sends every byte over the socket), ``num_workers`` (2 threads per kind of
     task), ``tag`` (empty; any string, part of the key salt: separate tenants)."""
 
@@ -140,7 +141,7 @@ class KvpoolL2AdapterConfig(L2AdapterConfigBase):
             "- url (str): kvpool://host:port, kvpool:///path.sock or tcp://host:port "
             "(required)\n"
             "- namespace, token (str): kvpool namespace and its token (optional)\n"
-            "- lookup_timeout_ms (20), io_timeout_ms (2000), failure_threshold (3), "
+            "- lookup_timeout_ms (20), io_timeout_ms (10000), failure_threshold (3), "
             "probe_interval_s (5)\n"
             "- same_host (bool, true): use the same-host path when kvpoold is local\n"
             "- num_workers (int, 2): threads per kind of task\n"
