@@ -338,7 +338,11 @@ class KvpoolL2Adapter(L2AdapterInterface):
         return f"{KEY_PREFIX}:{salt}:sha256:{hashlib.sha256(s.encode()).hexdigest()}"
 
     def _object_key(self, key: ObjectKey, obj: MemoryObj) -> str:
-        return self.kvpool_key(key, layout_tag(obj.get_shapes(), obj.get_dtypes()))
+        # An object made with one shape carries ``shape``/``dtype`` only, not the lists.
+        meta = obj.metadata
+        shapes = meta.shapes if meta.shapes is not None else [meta.shape]
+        dtypes = meta.dtypes if meta.dtypes is not None else [meta.dtype]
+        return self.kvpool_key(key, layout_tag(shapes, dtypes))
 
     def _task_id(self) -> L2TaskId:
         with self._lock:
@@ -354,15 +358,25 @@ class KvpoolL2Adapter(L2AdapterInterface):
     def _lookup(
         self, keys: list[ObjectKey], layouts: dict[int, MemoryLayoutDesc]
     ) -> Bitmap:
+        """One presence call. A key whose object group comes without a layout (LMCache's
+        prefetch controller always passes them; its adapter check and bench do not) is looked
+        up under every layout this adapter has stored or loaded."""
         bitmap = Bitmap(len(keys))
         asked: list[int] = []
         names: list[str] = []
+        seen: list[str] | None = None
         for i, key in enumerate(keys):
             desc = layouts.get(key.object_group_id)
-            if desc is None:  # no layout, no key: a miss
+            if desc is not None:
+                asked.append(i)
+                names.append(self.kvpool_key(key, layout_tag(desc.shapes, desc.dtypes)))
                 continue
-            asked.append(i)
-            names.append(self.kvpool_key(key, layout_tag(desc.shapes, desc.dtypes)))
+            if seen is None:
+                with self._lock:
+                    seen = list(self._salts.values())
+            for salt in seen:
+                asked.append(i)
+                names.append(self._name(salt, key))
         for i, present in zip(asked, self.store.presence(names)):
             if present:
                 bitmap.set(i)

@@ -11,6 +11,7 @@ second manager's L1. Bytes are compared exactly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import select
 import time
@@ -22,6 +23,9 @@ from conftest import in_ci
 try:
     import torch
     from kvpool.lmcache_mp import KvpoolL2Adapter, KvpoolL2AdapterConfig, layout_tag
+    from lmcache.v1.check.check_mode_test_l2_adapter import (
+        run_test_mode as lmcache_adapter_check,
+    )
     from lmcache.v1.distributed.api import (
         GroupedObjectKeys,
         MemoryLayoutDesc,
@@ -275,6 +279,21 @@ def test_another_model_layout_or_tag_never_matches(kvpoold, servers):
     assert tagged.adapter.report_status()["hits"] == 0
     reader = servers(kvpoold.tcp)
     assert reader.prefetch(keys)[0].hit_cells[0].popcount() == 2
+
+
+def test_lmcaches_own_adapter_check_passes(kvpoold, capsys):
+    """LMCache's check mode for L2 adapters (``test_l2_adapter``): it builds the adapter from
+    the ``--l2-adapter`` JSON with an L1 descriptor of its own buffer, looks up absent keys,
+    stores, looks up (without layouts), loads into other buffers and compares the tensors."""
+    flag = plugin_flag(kvpoold.tcp, lookup_timeout_ms=2000, io_timeout_ms=30000)
+    asyncio.run(lmcache_adapter_check(model=LLAMA, l2_adapter=[flag], num_keys=5))
+    out = capsys.readouterr().out
+    assert "Testing L2 adapter #0 (KvpoolL2Adapter)" in out
+    assert "Test Failed" not in out and "FAIL" not in out
+    assert "Validation: 5/5 correctly absent" in out
+    assert "Batch store OK" in out
+    assert "Validation: 5/5 found" in out
+    assert "Validation (content): 5/5" in out
 
 
 def test_keys_name_every_field_and_long_ones_are_hashed(kvpoold):
