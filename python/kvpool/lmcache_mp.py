@@ -358,16 +358,16 @@ class KvpoolL2Adapter(L2AdapterInterface):
     def _lookup(
         self, keys: list[ObjectKey], layouts: dict[int, MemoryLayoutDesc]
     ) -> Bitmap:
-        """One presence call. A key whose object group comes without a layout (LMCache's
-        prefetch controller always passes them; its adapter check and bench do not) is looked
-        up under every layout this adapter has stored or loaded."""
+        """One presence call. A key whose object group comes without a layout, or with an
+        empty one (LMCache's prefetch controller always passes them; its adapter check and
+        bench do not), is looked up under every layout this adapter has stored or loaded."""
         bitmap = Bitmap(len(keys))
         asked: list[int] = []
         names: list[str] = []
         seen: list[str] | None = None
         for i, key in enumerate(keys):
             desc = layouts.get(key.object_group_id)
-            if desc is not None:
+            if desc is not None and desc.shapes:
                 asked.append(i)
                 names.append(self.kvpool_key(key, layout_tag(desc.shapes, desc.dtypes)))
                 continue

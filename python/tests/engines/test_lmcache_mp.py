@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import select
+import subprocess
+import sys
 import time
 import uuid
 
@@ -294,6 +298,32 @@ def test_lmcaches_own_adapter_check_passes(kvpoold, capsys):
     assert "Batch store OK" in out
     assert "Validation: 5/5 found" in out
     assert "Validation (content): 5/5" in out
+
+
+def test_lmcaches_l2_bench_verifies_the_round_trip(kvpoold):
+    """``lmcache bench l2``, LMCache's own L2 adapter benchmark, run as a user runs it, with
+    its round-trip verification on: stores, lookups at the hit rate it asks for, loads, and
+    the loaded bytes compared with the stored ones."""
+    flag = plugin_flag(kvpoold.tcp, lookup_timeout_ms=2000, io_timeout_ms=30000)
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmcache.cli.main",
+        "bench",
+        "l2",
+        "--l2-adapter",
+        flag,
+    ]
+    cmd += ["--num-keys", "8", "--data-size-kb", "1024", "--rounds", "2"]
+    cmd += ["--lookup-max-hit-rate", "0.5", "--no-skip-verify"]
+    env = dict(os.environ, LMCACHE_DISABLE_BANNER="1")
+    r = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Adapter created successfully (KvpoolL2Adapter)" in r.stdout
+    assert "All 8 keys data verified OK" in r.stdout
+    assert re.search(r"Actual hit rate:\s+0\.50", r.stdout)
 
 
 def test_keys_name_every_field_and_long_ones_are_hashed(kvpoold):
