@@ -17,8 +17,10 @@ the engine recompute. :class:`EngineStore` wraps :class:`kvpool.Client` so that:
   probe and registers the engine's buffers then.
 
 :func:`layout_salt` gives the key prefix that keeps two models, or two layouts of one model,
-from ever sharing a key. The connectors are :mod:`kvpool.sglang`, :mod:`kvpool.vllm` and
-:mod:`kvpool.lmcache`; docs/ENGINES.md says how each engine loads them.
+from ever sharing a key. The connectors are :mod:`kvpool.sglang`, :mod:`kvpool.vllm`,
+:mod:`kvpool.vllm_offload` (a tier of vLLM's own OffloadingConnector), :mod:`kvpool.lmcache`
+(LMCache's remote plugin) and :mod:`kvpool.lmcache_mp` (the L2 adapter of LMCache's
+multiprocess server); docs/ENGINES.md says how each engine loads them.
 """
 
 from __future__ import annotations
