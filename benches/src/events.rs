@@ -214,7 +214,12 @@ fn render(windows: &[Window]) -> String {
         }
     }
     ratios.sort_by(f64::total_cmp);
-    let median = ratios.get(ratios.len() / 2).copied().unwrap_or(0.0);
+    let n = ratios.len();
+    let median = match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => ratios[n / 2],
+        _ => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+    };
     let list: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
     s += &format!(
         "\n  put throughput with a subscriber / without: {} (median {median:.3}, goal ≥ {GOAL}: {})\n",
