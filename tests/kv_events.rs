@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::raw::{hello_with, recv, send};
 use common::{metric, value, Node};
-use kvpool::protocol::{ErrorCode, Op, Reply, EVENT_ID};
+use kvpool::protocol::{ErrorCode, Op, Reply, EVENT_ID, KV_EVENTS_VERSION};
 use kvpool_client::{Client, ClientConfig, KvEventKind, KvEvents, KvTier, SameHost};
 use tokio::net::TcpStream;
 
@@ -320,4 +320,30 @@ async fn another_namespace_is_never_seen() {
         .next_within(Duration::from_millis(300))
         .await
         .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_of_an_older_version_is_refused_and_kept() {
+    let n = Node::start("16MiB", &[]);
+    let mut s = TcpStream::connect(n.tcp_url().trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let hello = Op::Hello {
+        version: KV_EVENTS_VERSION - 1,
+        token: String::new(),
+        client: "older".into(),
+    };
+    send(&mut s, 1, hello, &[]).await;
+    assert!(matches!(recv(&mut s).await.unwrap().reply, Reply::Hello(_)));
+    let op = Op::KvEvents {
+        ns: 0,
+        prefix: Vec::new(),
+    };
+    send(&mut s, 2, op, &[]).await;
+    let Reply::Error { code, .. } = recv(&mut s).await.unwrap().reply else {
+        panic!("not refused")
+    };
+    assert_eq!(ErrorCode::from_u16(code), ErrorCode::UnsupportedVersion);
+    send(&mut s, 3, Op::Stats, &[]).await;
+    assert!(matches!(recv(&mut s).await.unwrap().reply, Reply::Stats(_)));
 }
