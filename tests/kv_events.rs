@@ -116,9 +116,14 @@ async fn commits_removals_evictions_and_clears_are_published() {
     let page = n.scrape();
     assert!(metric(&page, "kvpool_kv_events_published_total").unwrap() >= 26);
     assert_eq!(metric(&page, "kvpool_kv_event_subscribers"), Some(1));
+    let charged = "kvpool_resources{resource=\"kv_event_subscriptions\"}";
+    assert_eq!(metric(&page, charged), Some(1), "charged in the ledger");
     drop(sub);
     let t = Instant::now();
-    while metric(&n.scrape(), "kvpool_kv_event_subscribers") != Some(0) {
+    let released = |page: &str| {
+        metric(page, "kvpool_kv_event_subscribers") == Some(0) && metric(page, charged) == Some(0)
+    };
+    while !released(&n.scrape()) {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "the subscription ends with its connection"
