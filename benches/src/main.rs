@@ -22,11 +22,14 @@
 //! - `tier`: the disk tier on real daemons: DRAM gets while it demotes at full rate against
 //!   the same gets without it, and the time to serve again after a restart with many objects
 //!   on disk.
+//! - `events`: put throughput with a KV event subscriber reading everything against none, in
+//!   alternating pairs of windows, and the events per second it is sent.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
 
 mod disk;
+mod events;
 mod handoff;
 mod heap;
 mod perf;
@@ -84,6 +87,9 @@ enum Command {
     /// The disk tier on real daemons: DRAM gets while it demotes at full rate against the same
     /// gets without it, and the time to serve again after a restart with many objects on disk.
     Tier(tier::TierArgs),
+    /// KV events: 64 KiB puts at full rate with a subscriber reading every event against none,
+    /// in alternating pairs of windows; events per second sent and the put throughput ratio.
+    Events(events::EventsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -98,5 +104,6 @@ fn main() -> anyhow::Result<()> {
         Command::Soak(args) => soak::run(args),
         Command::Disk(args) => disk::run(args),
         Command::Tier(args) => tier::run(args),
+        Command::Events(args) => events::run(args),
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! This file holds the global options, the table of subcommands and their dispatch; each family
 //! of subcommands lives in a module of its own: `objects` (put, get, exists, rm, keys),
-//! `handoff` (wait, fail, cancel, expire), `prefix`, `stats`, `cluster` and `weights_cli`, with
+//! `handoff` (wait, fail, cancel, expire), `events`, `prefix`, `stats`, `cluster` and
+//! `weights_cli`, with
 //! `text` for keys and values as the command line gives and prints them.
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use kvpool_client::blocking::Client;
 use kvpool_client::{ClientConfig, Priority, SameHost};
 
 mod cluster;
+mod events;
 mod handoff;
 mod objects;
 mod prefix;
@@ -170,6 +172,22 @@ enum Cmd {
         #[arg(long)]
         ttl_ms: u64,
     },
+    /// KV events for cache-aware routers: every key of the namespace under PREFIX stored in or
+    /// removed from a tier (dram, disk) of each node serving now, one line each ("stored dram
+    /// KEY", "removed disk KEY", "cleared dram"; with --json, JSON lines with node and
+    /// sequence number), until interrupted or --count events. A "lagged" line says the node
+    /// dropped events for this reader: list the keys again.
+    Events {
+        /// Key prefix (empty: every key).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Context caching: block keys of token prefixes (docs/HASHING.md).
     #[command(subcommand)]
     Prefix(PrefixCmd),
@@ -219,6 +237,17 @@ fn run() -> anyhow::Result<i32> {
         Cmd::Expire { keys, ttl_ms } => handoff::expire(&client, &cli.keys(keys)?, *ttl_ms),
         Cmd::Fail { keys, reason } => handoff::fail(&client, &cli.keys(keys)?, reason),
         Cmd::Cancel { keys, reason } => handoff::cancel(&client, &cli.keys(keys)?, reason),
+        Cmd::Events {
+            prefix,
+            json,
+            count,
+        } => {
+            let fmt = events::Format {
+                json: *json,
+                hex: cli.hex,
+            };
+            events::run(&client, &cli.key(prefix)?, *count, fmt)
+        }
         Cmd::Prefix(cmd) => prefix::run(&client, cmd),
         Cmd::Cluster(cmd) => cluster::run(&cli.endpoint, cfg, &client, cmd),
         Cmd::Weights(args) => weights_cli::run(&client, args),

@@ -244,3 +244,88 @@ fn stats_show_the_disk_tier() {
     assert!(text.contains("disk tier: 0 objects"), "{text}");
     assert!(text.contains("promoted 0"), "{text}");
 }
+
+/// `kvpool events ARGS` running, its lines as they come; a key under `ev/` is put again and
+/// again until the first line shows the subscription is in place.
+fn events_running(
+    ep: &str,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvpool"))
+        .args(["--endpoint", ep, "events"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The next line of `rx`, putting `ev/warm` meanwhile (until a line comes, for at most 30 s).
+fn next_line(ep: &str, rx: &std::sync::mpsc::Receiver<String>) -> String {
+    let t = std::time::Instant::now();
+    loop {
+        if let Ok(line) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            return line;
+        }
+        assert!(t.elapsed().as_secs() < 30, "no event line");
+        assert_eq!(kvpool(ep, &["put", "ev/warm"], b"w").0, 0);
+    }
+}
+
+#[test]
+fn events_prints_one_line_per_event() {
+    let (_d, ep) = start();
+    let (mut child, rx) = events_running(&ep, &["--prefix", "ev/"]);
+    assert_eq!(next_line(&ep, &rx), "stored dram ev/warm");
+    assert_eq!(kvpool(&ep, &["put", "other"], b"x").0, 0);
+    assert_eq!(kvpool(&ep, &["put", "ev/a"], b"x").0, 0);
+    assert_eq!(kvpool(&ep, &["rm", "ev/a"], b"").0, 0);
+    assert_eq!(kvpool(&ep, &["rm", "--all"], b"").0, 0);
+    let mut lines = Vec::new();
+    while lines.last().map(String::as_str) != Some("cleared dram ") {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the clear's line");
+        if line != "stored dram ev/warm" {
+            lines.push(line);
+        }
+    }
+    assert_eq!(
+        lines,
+        [
+            "stored dram ev/a",
+            "removed dram ev/a",
+            "removed dram ev/warm",
+            "cleared dram "
+        ]
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn events_json_lines_stop_after_count() {
+    let (_d, ep) = start();
+    let (mut child, rx) = events_running(&ep, &["--json", "--count", "2", "--prefix", "ev/"]);
+    let first: serde_json::Value = serde_json::from_str(&next_line(&ep, &rx)).unwrap();
+    assert_eq!(first["kind"], "stored");
+    assert_eq!(first["tier"], "dram");
+    assert_eq!(first["key"], "ev/warm");
+    assert_eq!(first["node"], 0);
+    let second: serde_json::Value = serde_json::from_str(&next_line(&ep, &rx)).unwrap();
+    assert_eq!(second["seq"], first["seq"].as_u64().unwrap() + 1);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "--count ends it");
+}

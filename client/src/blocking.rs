@@ -11,6 +11,25 @@ use kvpool::protocol::DiskTierStats;
 
 use crate::{ClientConfig, ClientError, ErrorCode, GlobalAddr, Located};
 
+/// A subscription to KV events read by blocking calls (see [`crate::Client::kv_events`]);
+/// dropping it ends it.
+pub struct KvEvents {
+    // Field order is drop order: the subscription before the runtime it runs on.
+    inner: crate::KvEvents,
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl KvEvents {
+    /// The next batch of any node, waiting at most `timeout`: None when nothing came in time
+    /// (see [`crate::KvEvents::next_within`]).
+    pub fn next_within(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Option<Result<crate::KvEventBatch, ClientError>> {
+        self.rt.block_on(self.inner.next_within(timeout))
+    }
+}
+
 /// A blocking client. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -50,6 +69,14 @@ impl Client {
     /// [`crate::weights::Weights`]'s) on this client's runtime.
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
+    }
+
+    /// See [`crate::Client::kv_events`].
+    pub fn kv_events(&self, prefix: &[u8]) -> Result<KvEvents, ClientError> {
+        Ok(KvEvents {
+            inner: self.rt.block_on(self.inner.kv_events(prefix))?,
+            rt: self.rt.clone(),
+        })
     }
 
     /// True when the same-host fast path is in use (see [`crate::Client::is_local`]).

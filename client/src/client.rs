@@ -14,7 +14,8 @@
 //! failures, the `WrongView` retry), `client::fanout` (the one fan-out: keys cut into per-node
 //! batches sent at once), `client::batch_ops` (the operations over many keys built on it) and
 //! `client::scan` (listing keys by prefix across the nodes), `client::prefix` (the KV blocks of
-//! a prompt's prefix) and `client::one_sided` (two-phase puts, access by global address).
+//! a prompt's prefix), `client::one_sided` (two-phase puts, access by global address) and
+//! `client::kv_events` (KV events for routers).
 //! Uses `link` for everything that goes to one node, and `local`, `config`, `endpoint` and
 //! `error`; nothing in the crate uses `client` but `lib`, `blocking` and `weights`.
 
@@ -41,6 +42,7 @@ mod batch_ops;
 mod fanout;
 mod handoff;
 mod hold;
+mod kv_events;
 mod one_sided;
 mod prefix;
 mod scan;
@@ -48,6 +50,7 @@ mod scan;
 use fanout::{add_key, pick};
 pub use handoff::{KeyEvent, Subscription, WaitOutcome};
 pub use hold::LocalHold;
+pub use kv_events::{KvEventBatch, KvEvents};
 pub use prefix::Prefix;
 use routing::{Routing, Scheme};
 

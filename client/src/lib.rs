@@ -53,13 +53,16 @@ mod seen;
 mod staging;
 pub mod weights;
 
-pub use client::{Client, KeyEvent, LocalHold, Prefix, Subscription, WaitOutcome};
+pub use client::{
+    Client, KeyEvent, KvEventBatch, KvEvents, LocalHold, Prefix, Subscription, WaitOutcome,
+};
 pub use config::{ClientConfig, SameHost};
 pub use connector::{BoxStream, ByteStream, Connecting, Connector};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use kvpool::prefix::PrefixSeed;
 pub use kvpool::protocol::{ErrorCode, Priority};
+pub use kvpool::protocol::{KvEvent, KvEventKind, KvTier};
 pub use kvpool::GlobalAddr;
 pub use local::{ReadView, ViewError};
 pub use located::Located;

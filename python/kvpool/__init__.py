@@ -37,7 +37,7 @@ from ._errors import (
     TooLargeError,
     UnsupportedError,
 )
-from ._native import MAX_KEY_LEN, block_hashes
+from ._native import MAX_KEY_LEN, KvEvents, block_hashes
 from ._native import Client as _NativeClient
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Error",
     "InvalidArgumentError",
     "InvalidKeyError",
+    "KvEvents",
     "NotFoundError",
     "PoolFullError",
     "TimeoutError",

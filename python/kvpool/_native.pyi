@@ -169,6 +169,10 @@ class Client:
         :meth:`commit_reserved` fails), its lease dropped, and every :meth:`wait` for it returns
         at once with ``reason`` (at most 1 KiB). Returns how many objects and reservations were
         freed."""
+    def events(self, prefix: Key | None = None) -> KvEvents:
+        """KV events for routers: batches of the keys of the namespace under ``prefix`` (at
+        most 256 bytes; None or empty: every key) stored in or removed from a tier of every
+        node serving now (see ``KvEvents.next``)."""
     def delete(self, key: Key) -> bool:
         """Removes ``key``; True when an object was removed. Raises ``kvpool.Error``
         subclasses."""
@@ -206,6 +210,24 @@ class Subscription:
         """The next event within ``timeout`` seconds: ``("written", key)``,
         ``("failed", key, reason)``, ``("lagged",)`` (events were dropped: look the keys up
         again), or None."""
+    def close(self) -> None:
+        """Ends the subscription."""
+
+class KvEvents:
+    """A subscription to the pool's KV events (``Client.events``); iterating it waits for
+    each batch (Ctrl-C interrupts)."""
+
+    def next(
+        self, timeout: float
+    ) -> tuple[int, int, int, list[tuple[str, str, bytes]]] | None:
+        """The next batch within ``timeout`` seconds, the GIL released:
+        ``(node, seq, dropped, events)``, each event ``(kind, tier, key)`` with kind
+        ``"stored"``, ``"removed"`` or ``"cleared"`` and tier ``"dram"`` or ``"disk"``.
+        ``seq`` numbers the node's events for this subscription (dropped ones too);
+        ``dropped`` > 0 is the lag marker: events were lost, resynchronise. None when nothing
+        came in time or the subscription is closed."""
+    def __iter__(self) -> KvEvents: ...
+    def __next__(self) -> tuple[int, int, int, list[tuple[str, str, bytes]]]: ...
     def close(self) -> None:
         """Ends the subscription."""
 

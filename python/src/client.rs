@@ -635,6 +635,25 @@ impl NativeClient {
         Ok(Subscription::new(sub, c))
     }
 
+    /// KV events for routers: batches of the keys of the namespace under `prefix` stored in
+    /// or removed from a tier of every node serving now (see `KvEvents.next`).
+    #[pyo3(signature = (prefix = None))]
+    fn events(
+        &self,
+        py: Python<'_>,
+        prefix: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<crate::kv_events::KvEvents> {
+        let prefix = prefix.map(key_of).transpose()?.unwrap_or_default();
+        if prefix.len() > 256 {
+            return Err(InvalidArgumentError::new_err(
+                "a prefix is at most 256 bytes",
+            ));
+        }
+        let c = self.client()?;
+        let sub = py.detach(|| c.kv_events(&prefix)).map_err(Failure::from)?;
+        Ok(crate::kv_events::KvEvents::new(sub, c))
+    }
+
     /// Removes `key`; True when an object was removed.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let key = checked_key(key)?;

@@ -23,6 +23,7 @@ mod batch;
 mod client;
 mod errors;
 mod fetch;
+mod kv_events;
 mod memory;
 mod ranges;
 mod registry;
@@ -82,6 +83,7 @@ fn block_hashes<'py>(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
     m.add_class::<subscription::Subscription>()?;
+    m.add_class::<kv_events::KvEvents>()?;
     m.add_function(wrap_pyfunction!(block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(memory::_checksum_unchecked, m)?)?;
     m.add("MAX_KEY_LEN", kvpool::MAX_KEY_LEN)?;

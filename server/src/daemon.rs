@@ -463,6 +463,19 @@ pub(crate) fn shared(
     let ledger = crate::ledger::Ledger::new(&bounds, &capacities);
     let trim: Arc<crate::trim::Trim> = Default::default();
     let hello = hello_info(config, pool, bound, &conn.limits);
+    let watches = Arc::new(crate::watch::Watches::new(
+        config.limits.tombstone_ms,
+        ledger.clone(),
+        trim.clone(),
+    ));
+    let events = crate::events::EventHub::new(namespaces.len(), metrics.event_series());
+    pool.observe(Arc::new(crate::events::Observers {
+        watches: watches.clone(),
+        events: events.clone(),
+    }));
+    if let Some(d) = &disk {
+        d.publish_to(events.clone());
+    }
     Shared {
         pool: pool.clone(),
         metrics: metrics.clone(),
@@ -470,15 +483,8 @@ pub(crate) fn shared(
         hello,
         cluster: membership.clone(),
         conn,
-        watches: {
-            let w = Arc::new(crate::watch::Watches::new(
-                config.limits.tombstone_ms,
-                ledger.clone(),
-                trim.clone(),
-            ));
-            pool.observe(w.clone());
-            w
-        },
+        watches,
+        events,
         bulk: Arc::new(crate::bulk::Bulk::new(bulk_config(config, &namespaces))),
         trim,
         stagings: crate::staging::Stagings::new(

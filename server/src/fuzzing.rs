@@ -66,6 +66,7 @@ impl Harness {
                 ledger.clone(),
                 Default::default(),
             )),
+            events: crate::events::EventHub::new(2, Default::default()),
             bulk: Arc::new(crate::bulk::Bulk::new(crate::bulk::BulkConfig::default())),
             trim: Default::default(),
             stagings: crate::staging::Stagings::new(

@@ -39,10 +39,13 @@ pub(crate) enum Resource {
     Leases,
     /// Tombstones (`Fail`, `Cancel`).
     Tombstones,
+    /// KV event subscriptions (`KvEvents`); each subscribed connection also has one queue of
+    /// events, of bounded size.
+    KvEvents,
 }
 
 /// Every resource, in the order of the arrays below.
-pub(crate) const RESOURCES: [Resource; 7] = [
+pub(crate) const RESOURCES: [Resource; 8] = [
     Resource::Pending,
     Resource::Holds,
     Resource::HeldBytes,
@@ -50,6 +53,7 @@ pub(crate) const RESOURCES: [Resource; 7] = [
     Resource::Subscriptions,
     Resource::Leases,
     Resource::Tombstones,
+    Resource::KvEvents,
 ];
 
 impl Resource {
@@ -67,6 +71,7 @@ impl Resource {
             Resource::Subscriptions => "subscriptions",
             Resource::Leases => "leases",
             Resource::Tombstones => "tombstones",
+            Resource::KvEvents => "kv_event_subscriptions",
         }
     }
 
@@ -80,6 +85,7 @@ impl Resource {
             Resource::Subscriptions => "subscribed prefixes",
             Resource::Leases => "handoff leases",
             Resource::Tombstones => "tombstones",
+            Resource::KvEvents => "KV event subscriptions",
         }
     }
 }
@@ -114,6 +120,10 @@ pub(crate) enum Limit {
     LeasesPerNamespace,
     /// `limits.max_tombstones_per_namespace`: a `Fail` or `Cancel` refused.
     TombstonesPerNamespace,
+    /// `limits.max_event_subscriptions_per_connection`: a `KvEvents` refused.
+    EventSubscriptionsPerConnection,
+    /// `limits.max_event_subscriptions_per_namespace`: a `KvEvents` refused.
+    EventSubscriptionsPerNamespace,
     /// `limits.max_staging_per_token`: a `Staging` refused.
     StagingPerToken,
     /// `limits.max_batch`: a batch refused whole.
@@ -124,7 +134,7 @@ pub(crate) enum Limit {
 
 impl Limit {
     /// Every limit, in the order of its discriminant.
-    pub(crate) const ALL: [Limit; 16] = [
+    pub(crate) const ALL: [Limit; 18] = [
         Limit::ConnectionsPerPeer,
         Limit::ConnectionsPerToken,
         Limit::PendingPerConnection,
@@ -138,6 +148,8 @@ impl Limit {
         Limit::SubscriptionsPerNamespace,
         Limit::LeasesPerNamespace,
         Limit::TombstonesPerNamespace,
+        Limit::EventSubscriptionsPerConnection,
+        Limit::EventSubscriptionsPerNamespace,
         Limit::StagingPerToken,
         Limit::Batch,
         Limit::KeyLength,
@@ -186,6 +198,14 @@ impl Limit {
                 "tombstones_per_namespace",
                 "limits.max_tombstones_per_namespace",
             ),
+            Limit::EventSubscriptionsPerConnection => (
+                "event_subscriptions_per_connection",
+                "limits.max_event_subscriptions_per_connection",
+            ),
+            Limit::EventSubscriptionsPerNamespace => (
+                "event_subscriptions_per_namespace",
+                "limits.max_event_subscriptions_per_namespace",
+            ),
             Limit::StagingPerToken => ("staging_per_token", "limits.max_staging_per_token"),
             Limit::Batch => ("batch", "limits.max_batch"),
             Limit::KeyLength => ("key_length", "limits.max_key_len"),
@@ -206,6 +226,8 @@ impl Limit {
             (Resource::Subscriptions, false) => Limit::SubscriptionsPerNamespace,
             (Resource::Leases, _) => Limit::LeasesPerNamespace,
             (Resource::Tombstones, _) => Limit::TombstonesPerNamespace,
+            (Resource::KvEvents, true) => Limit::EventSubscriptionsPerConnection,
+            (Resource::KvEvents, false) => Limit::EventSubscriptionsPerNamespace,
         }
     }
 }

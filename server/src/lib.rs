@@ -13,6 +13,8 @@
 //!   `data`, `one_sided`, `prefix`, `cluster`);
 //! - `service`: what every connection shares (`Shared`) and the data operations apart from any
 //!   wire protocol (authenticate a token, put, get, exists, remove), for every front door;
+//! - `events`: KV events for cache-aware routers (`KvEvents`): keys stored in and removed
+//!   from each tier, per namespace, in bounded per-subscriber queues;
 //! - `ledger`: everything a peer can make the node hold (pending allocations, holds, watches,
 //!   leases, tombstones, staging areas), counted per connection and per namespace against
 //!   `[limits]`, and released when its connection closes;
@@ -46,6 +48,7 @@ mod daemon;
 mod deadline;
 mod disk_tier;
 mod etcd_gateway;
+mod events;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod handler;

@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     pub(crate) conn: ConnPolicy,
     /// Handoff watches and tombstones (told of every commit by the pool).
     pub(crate) watches: Arc<crate::watch::Watches>,
+    /// KV events for routers (told of every commit, removal and eviction by the pool, and of
+    /// the disk tier's changes).
+    pub(crate) events: Arc<crate::events::EventHub>,
     /// Turns of the bulk transfers (docs/ARCHITECTURE.md, "Scheduling").
     pub(crate) bulk: Arc<crate::bulk::Bulk>,
     /// Heap buffers released by closed connections, given back to the OS in batches.
@@ -600,6 +603,7 @@ impl Shared {
             }
             if page.cursor == 0 {
                 let below = self.disk.as_ref().map_or(0, |d| d.clear(ns));
+                self.events.cleared(ns);
                 return Ok(removed + below);
             }
             cursor = page.cursor;

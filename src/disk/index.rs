@@ -87,13 +87,15 @@ impl Index {
         false
     }
 
-    /// Forgets every object whose record is in `region`; how many there were.
-    pub(super) fn drop_region(&mut self, region: u32) -> u64 {
+    /// Forgets every object whose record is in `region`, showing each to `gone`; how many
+    /// there were.
+    pub(super) fn drop_region(&mut self, region: u32, gone: &dyn Fn(u32, &[u8])) -> u64 {
         let keys = std::mem::take(&mut self.regions[region as usize]);
         let mut dropped = 0;
         for (ns, key) in keys {
             if self.get(ns, &key).is_some_and(|e| e.region == region) {
                 self.remove(ns, &key);
+                gone(ns, &key);
                 dropped += 1;
             }
         }

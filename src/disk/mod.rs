@@ -261,6 +261,26 @@ pub struct DiskStore<I: RegionIo = FileRegions> {
     log: Mutex<Log>,
     index: Mutex<Index>,
     counters: Counters,
+    /// Told of each object that leaves with a dropped region ([`DiskStore::on_dropped`]).
+    dropped: DroppedHook,
+}
+
+/// What a store tells of each object that leaves with a region dropped to make room: its
+/// namespace and key. Called with the store's index locked: it must be quick and must not
+/// call into the store.
+pub type OnDropped = Box<dyn Fn(u32, &[u8]) + Send + Sync>;
+
+#[derive(Default)]
+struct DroppedHook(std::sync::OnceLock<OnDropped>);
+
+impl std::fmt::Debug for DroppedHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "set"
+        } else {
+            "unset"
+        })
+    }
 }
 
 /// An engine chosen at run time (or one that fails on purpose, in tests) behind a box.
@@ -348,7 +368,14 @@ impl<I: RegionIo> DiskStore<I> {
             log: Mutex::new(log),
             index: Mutex::new(found.index),
             counters,
+            dropped: DroppedHook::default(),
         })
+    }
+
+    /// Sets what is told of each object that leaves with a dropped region (once; a second
+    /// call is ignored).
+    pub fn on_dropped(&self, hook: OnDropped) {
+        let _ = self.dropped.0.set(hook);
     }
 
     /// Writes `value` as `(ns, key)`'s object, replacing an older copy. May drop the oldest
@@ -648,7 +675,12 @@ impl<I: RegionIo> DiskStore<I> {
             Some(r) => r,
             None => {
                 let oldest = log.fifo.pop_front().expect("a full store has regions");
-                let evicted = lock(&self.index).drop_region(oldest);
+                let gone = |ns: u32, key: &[u8]| {
+                    if let Some(hook) = self.dropped.0.get() {
+                        hook(ns, key);
+                    }
+                };
+                let evicted = lock(&self.index).drop_region(oldest, &gone);
                 bump(&self.counters.regions_dropped, 1);
                 bump(&self.counters.evicted, evicted);
                 oldest

@@ -89,6 +89,7 @@ impl Pool {
             n += u64::from(below);
             if let Some(e) = shard.ns[ns as usize].remove(key) {
                 space.objects.fetch_sub(1, Ordering::Relaxed);
+                self.observe_removed(ns, key);
                 self.retire_entry(shard, ns, e);
                 n += u64::from(!below);
             }

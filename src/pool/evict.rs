@@ -109,8 +109,15 @@ impl Pool {
     }
 
     /// Shows a victim, its key still indexed and its block still allocated, to the tier under
-    /// DRAM, if there is one: its claim on the bytes, if it wants them.
+    /// DRAM, if there is one (its claim on the bytes, if it wants them), then to the observer.
     fn show_victim(&self, ns: usize, key: &[u8], e: &Entry) -> Option<Claim> {
+        let claim = self.claim_victim(ns, key, e);
+        self.observe_removed(ns as u32, key);
+        claim
+    }
+
+    /// The tier under DRAM's claim on a victim's bytes, if it wants them.
+    fn claim_victim(&self, ns: usize, key: &[u8], e: &Entry) -> Option<Claim> {
         self.lower.get()?.evicting(&Victim {
             ns: ns as u32,
             key,

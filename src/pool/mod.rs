@@ -112,6 +112,13 @@ pub trait CommitObserver: Send + Sync {
     /// so any reader that looks the key up after this call returns finds the object; it must
     /// be quick and must never call into the pool.
     fn committed(&self, ns: u32, key: &[u8]);
+
+    /// `key` of namespace `ns` just left the index: removed, cancelled, expired or evicted
+    /// (not replaced: a newer commit of the key is [`CommitObserver::committed`]). Called
+    /// with the key's index shard locked, under the same rules; the default does nothing.
+    fn removed(&self, ns: u32, key: &[u8]) {
+        let _ = (ns, key);
+    }
 }
 
 /// A tier under DRAM (see [`Pool::set_lower_tier`]): shown every object the pool evicts, told
@@ -336,6 +343,13 @@ impl Pool {
 
     fn alloc_lock(&self, segment: usize) -> MutexGuard<'_, Allocator> {
         lock(&self.segments[segment].alloc)
+    }
+
+    /// Tells the observer, if any, that `key` of `ns` left the index (under its shard lock).
+    fn observe_removed(&self, ns: u32, key: &[u8]) {
+        if let Some(o) = self.observer.get() {
+            o.removed(ns, key);
+        }
     }
 
     /// The signed address of this life's object at `offset` of `segment`.

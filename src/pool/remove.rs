@@ -22,6 +22,7 @@ impl Pool {
             return Ok(below);
         };
         space.objects.fetch_sub(1, Ordering::Relaxed);
+        self.observe_removed(ns, key);
         self.retire_entry(&mut shard, ns, e);
         Ok(true)
     }
@@ -63,6 +64,7 @@ impl Pool {
             return Ok(false);
         };
         space.objects.fetch_sub(1, Ordering::Relaxed);
+        self.observe_removed(ns, key);
         self.retire_entry(&mut shard, ns, e);
         Ok(true)
     }

@@ -393,6 +393,17 @@ pub enum Op {
     },
     /// Protocol 9 on: the node's disk tier, per tier beside `Stats`. Reply: `DiskStats`.
     DiskStats,
+    /// Protocol 10 on: KV events for cache-aware routers. From the `Done` reply on, the
+    /// connection is sent `KvEvents` frames (request id [`crate::protocol::EVENT_ID`]): every
+    /// key of the namespace starting with `prefix` (at most 256 bytes; empty: every key) that
+    /// is stored in or removed from a tier of this node. Another `KvEvents` adds its namespace
+    /// and prefix to the same stream; the subscription ends with the connection.
+    KvEvents {
+        /// Namespace id.
+        ns: u32,
+        /// Key prefix.
+        prefix: Vec<u8>,
+    },
 }
 
 /// One value of a `CommitStaged`.
@@ -537,6 +548,79 @@ pub enum Reply {
     Miss,
     /// Protocol 9 on: the disk tier's statistics (none when the node has no disk tier).
     DiskStats(Option<Box<DiskTierStats>>),
+    /// Protocol 10 on: KV events, sent unasked with request id
+    /// [`crate::protocol::EVENT_ID`] on a connection that sent `KvEvents`.
+    KvEvents(KvEventBatch),
+}
+
+/// Several KV events in one frame, in the order the node published them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct KvEventBatch {
+    /// The subscriber's sequence number of the first event of `events`: it counts every event
+    /// published to this subscriber, those dropped too, so a gap is visible.
+    pub seq: u64,
+    /// Events dropped since the previous batch because the subscriber did not read them fast
+    /// enough (0: none). Nonzero is the lag marker: the receiver's picture is incomplete, and
+    /// it resynchronises (lists the keys again).
+    pub dropped: u64,
+    /// The events.
+    pub events: Vec<KvEvent>,
+}
+
+/// One key stored in or removed from a tier of the node, or a namespace cleared.
+#[derive(Clone, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct KvEvent {
+    /// Namespace id.
+    pub ns: u32,
+    /// What happened.
+    pub kind: KvEventKind,
+    /// Where.
+    pub tier: KvTier,
+    /// The key (empty for `Cleared`).
+    pub key: Key,
+}
+
+/// What a [`KvEvent`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Archive, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum KvEventKind {
+    /// The key's value is now held in the tier (a commit, a promotion, a demotion written).
+    Stored = 0,
+    /// The key left the tier (removed, evicted, expired, replaced on disk, its region dropped).
+    Removed = 1,
+    /// Every key of the namespace left every tier (`Clear`).
+    Cleared = 2,
+}
+
+/// The tier of a [`KvEvent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Archive, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum KvTier {
+    /// The node's memory.
+    Dram = 0,
+    /// The disk tier under it (`[disk]`).
+    Disk = 1,
+}
+
+impl KvEventKind {
+    /// Its name in the CLI's and the Python client's output.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvEventKind::Stored => "stored",
+            KvEventKind::Removed => "removed",
+            KvEventKind::Cleared => "cleared",
+        }
+    }
+}
+
+impl KvTier {
+    /// Its name in the CLI's and the Python client's output.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvTier::Dram => "dram",
+            KvTier::Disk => "disk",
+        }
+    }
 }
 
 /// A node's disk tier: its occupancy, its reads and writes, and what moved objects between it

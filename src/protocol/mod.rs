@@ -37,8 +37,8 @@ pub use rkyv::util::AlignedVec;
 /// peers ask for it in their `Hello`.
 ///
 /// 6 added `Heartbeat` and 7 added `Move`, both node to node only; 8 answers a `Get` of an
-/// absent key with `Miss` instead of an error; 9 added `DiskStats`.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// absent key with `Miss` instead of an error; 9 added `DiskStats`; 10 added `KvEvents`.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
 pub const HEARTBEAT_VERSION: u32 = 6;
@@ -53,6 +53,10 @@ pub const MISS_VERSION: u32 = 8;
 /// The first version with `DiskStats`: a node of an older one is not asked.
 pub const DISK_STATS_VERSION: u32 = 9;
 
+/// The first version with `KvEvents`: a connection of an older one is refused it
+/// (`UnsupportedVersion`).
+pub const KV_EVENTS_VERSION: u32 = 10;
+
 /// The oldest version a node of this build accepts in a `Hello` (older ones get
 /// `UnsupportedVersion`). A connection that asked for an older version than the node's is
 /// answered in it; a node that gets `UnsupportedVersion` from a peer (an older node, in a
@@ -60,6 +64,6 @@ pub const DISK_STATS_VERSION: u32 = 9;
 /// as the version it was answered in did.
 pub const MIN_PROTOCOL_VERSION: u32 = 5;
 
-/// The request id of an `Event` (sent unasked on a connection that watches keys); never the
-/// id of a request.
+/// The request id of an `Event` (sent unasked on a connection that watches keys) and of a
+/// `KvEvents` frame; never the id of a request.
 pub const EVENT_ID: u64 = u64::MAX;

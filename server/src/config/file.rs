@@ -257,6 +257,12 @@ pub struct LimitsConfig {
     pub max_subscriptions_per_connection: u32,
     /// Prefixes subscribed to in one namespace at once, over every connection. Default 4 096.
     pub max_subscriptions_per_namespace: u32,
+    /// KV event subscriptions (`KvEvents`, `kvpool events`) one connection may hold at once;
+    /// beyond it a `KvEvents` is refused with `LimitExceeded`. Default 8.
+    pub max_event_subscriptions_per_connection: u32,
+    /// KV event subscriptions in one namespace at once, over every connection (each
+    /// subscribed connection has a queue of 128 KiB, twice). Default 64.
+    pub max_event_subscriptions_per_namespace: u32,
     /// Allocations one connection may have pending at once (`Alloc` without its `Commit` or
     /// `Abort`; those reaped or committed elsewhere no longer count); an `Alloc` beyond it is
     /// refused whole with `LimitExceeded`. Default 65 536 (four of the largest batch).
@@ -600,6 +606,8 @@ impl Default for LimitsConfig {
             max_watches_per_namespace: 262_144,
             max_subscriptions_per_connection: 64,
             max_subscriptions_per_namespace: 4_096,
+            max_event_subscriptions_per_connection: 8,
+            max_event_subscriptions_per_namespace: 64,
             max_pending_per_connection: 65_536,
             max_pending_per_namespace: 262_144,
             max_leases_per_namespace: 262_144,

@@ -156,6 +156,10 @@ impl Config {
                 "max_subscriptions_per_namespace",
                 l.max_subscriptions_per_namespace,
             ),
+            (
+                "max_event_subscriptions_per_namespace",
+                l.max_event_subscriptions_per_namespace,
+            ),
             ("max_leases_per_namespace", l.max_leases_per_namespace),
             (
                 "max_tombstones_per_namespace",
@@ -197,6 +201,11 @@ impl Config {
             Resource::Subscriptions,
             l.max_subscriptions_per_connection,
             l.max_subscriptions_per_namespace,
+        );
+        set(
+            Resource::KvEvents,
+            l.max_event_subscriptions_per_connection,
+            l.max_event_subscriptions_per_namespace,
         );
         set(Resource::Leases, 0, l.max_leases_per_namespace);
         set(Resource::Tombstones, 0, l.max_tombstones_per_namespace);

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvpool::disk::{DiskStore, IoEngine, RegionIo};
-use kvpool::protocol::DiskTierStats;
+use kvpool::protocol::{DiskTierStats, KvEventKind, KvTier};
 use kvpool::{Claim, LowerTier, Pool, Victim};
 
 use crate::config::{DiskAdmit, DiskSettings};
@@ -66,6 +66,8 @@ pub(crate) struct DiskTier {
     /// Signalled when the queue gains a job or closes.
     ready: Condvar,
     counters: Counters,
+    /// Told of every copy indexed and forgotten (KV events), once set.
+    events: OnceLock<Arc<crate::events::EventHub>>,
 }
 
 /// A namespace's share of the tier: its quota's share of DRAM.
@@ -150,6 +152,7 @@ impl DiskTier {
             queue: Mutex::default(),
             ready: Condvar::new(),
             counters: Counters::default(),
+            events: OnceLock::new(),
         });
         let writer = tier.clone();
         std::thread::Builder::new()
@@ -185,6 +188,23 @@ impl DiskTier {
             "the pool already has a tier under it"
         );
         Ok(())
+    }
+
+    /// Publishes the tier's KV events to `events` from now on: a copy indexed (a demotion
+    /// written) is stored on disk; a copy forgotten, or gone with its region, removed.
+    pub(crate) fn publish_to(&self, events: Arc<crate::events::EventHub>) {
+        let hub = events.clone();
+        self.store.on_dropped(Box::new(move |ns, key| {
+            hub.publish(ns, KvEventKind::Removed, KvTier::Disk, key);
+        }));
+        let _ = self.events.set(events);
+    }
+
+    /// Publishes a KV event of the disk tier, if anyone listens.
+    fn publish(&self, ns: u32, kind: KvEventKind, key: &[u8]) {
+        if let Some(e) = self.events.get() {
+            e.publish(ns, kind, KvTier::Disk, key);
+        }
     }
 
     /// Takes no more demotions; the writer finishes what is queued, then exits.
@@ -276,6 +296,7 @@ impl DiskTier {
         // Not under the queue's lock: the writer takes the index before the queue.
         if self.store.forget(ns, key, keep) {
             forgot = true;
+            self.publish(ns, KvEventKind::Removed, key);
             self.lock().jobs.push_front(Job::Tombstone {
                 ns,
                 key: key.into(),

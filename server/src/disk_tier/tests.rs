@@ -459,3 +459,42 @@ fn a_removal_of_a_generation_reaches_its_copy_on_disk_and_the_copy_brought_up() 
     tier.close();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_tier_publishes_copies_indexed_and_those_its_dropped_regions_took() {
+    let dir = dir("disk-tier-events");
+    let tier = DiskTier::open(&settings(&dir, "64MiB", "all")).unwrap();
+    let hub = crate::events::EventHub::new(1, Default::default());
+    tier.publish_to(hub.clone());
+    let mut sub = hub.subscriber();
+    sub.add(0, b"");
+    // 8 MiB of 1 MiB regions: 200 values of 64 KiB make it drop its oldest regions.
+    let (mut stored, mut removed) = (std::collections::HashSet::new(), Vec::new());
+    for i in 0..200u32 {
+        evict(&tier, &i.to_le_bytes(), &value(i), true);
+        settle(&tier);
+        while let Some(b) = sub.take() {
+            assert_eq!(b.dropped, 0);
+            for e in b.events {
+                assert_eq!(e.tier, kvpool::protocol::KvTier::Disk);
+                match e.kind {
+                    kvpool::protocol::KvEventKind::Stored => assert!(stored.insert(e.key)),
+                    _ => removed.push(e.key),
+                }
+            }
+        }
+    }
+    let s = tier.stats();
+    assert_eq!(stored.len() as u64, s.demoted, "{s:?}");
+    assert!(s.regions_dropped > 0 && s.evicted > 0, "{s:?}");
+    assert_eq!(
+        removed.len() as u64,
+        s.evicted,
+        "one removal per object a region took"
+    );
+    for key in &removed {
+        assert!(stored.contains(key) && tier.store.lookup(0, key).is_none());
+    }
+    assert!(tier.finish(Duration::from_secs(20)));
+    let _ = std::fs::remove_dir_all(&dir);
+}

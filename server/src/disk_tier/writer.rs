@@ -195,6 +195,7 @@ impl DiskTier {
         };
         match self.store.write(&object, still) {
             Insert::Written => {
+                self.publish(d.ns, kvpool::protocol::KvEventKind::Stored, &d.key);
                 c.demoted.fetch_add(1, Ordering::Relaxed);
                 c.demoted_bytes
                     .fetch_add(d.value.len() as u64, Ordering::Relaxed);

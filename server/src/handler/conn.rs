@@ -572,9 +572,10 @@ pub(super) fn op_kind(op: &ArchivedOp) -> OpKind {
             OpKind::Lookup
         }
         ArchivedOp::Release { .. } => OpKind::Release,
-        ArchivedOp::Watch { .. } | ArchivedOp::Unwatch { .. } | ArchivedOp::Subscribe { .. } => {
-            OpKind::Exists
-        }
+        ArchivedOp::Watch { .. }
+        | ArchivedOp::Unwatch { .. }
+        | ArchivedOp::Subscribe { .. }
+        | ArchivedOp::KvEvents { .. } => OpKind::Exists,
         ArchivedOp::Fail { .. } | ArchivedOp::Expire { .. } | ArchivedOp::Cancel { .. } => {
             OpKind::Remove
         }
@@ -627,6 +628,7 @@ pub(super) fn op_namespace(op: &ArchivedOp) -> Option<u32> {
         | ArchivedOp::Watch { ns, .. }
         | ArchivedOp::Unwatch { ns, .. }
         | ArchivedOp::Subscribe { ns, .. }
+        | ArchivedOp::KvEvents { ns, .. }
         | ArchivedOp::Fail { ns, .. }
         | ArchivedOp::Cancel { ns, .. }
         | ArchivedOp::Expire { ns, .. }

@@ -110,6 +110,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                 self.cancel(id, ns.to_native(), keys, reason.as_str(), now)
                     .await
             }
+            ArchivedOp::KvEvents { ns, prefix } => {
+                self.kv_events(id, ns.to_native(), prefix.as_slice()).await
+            }
             ArchivedOp::Move { ns, keys, view } => {
                 self.move_keys(id, ns.to_native(), keys, view).await
             }

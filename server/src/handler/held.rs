@@ -16,6 +16,8 @@ pub(super) struct Holdings<'a> {
     pub(super) account: Account,
     /// What this connection watches (`Watch`, `Subscribe`) and its events; ended on drop.
     pub(super) watching: Option<crate::watch::Registration>,
+    /// This connection's KV event subscriptions (`KvEvents`) and their queue; ended on drop.
+    pub(super) kv_events: Option<crate::events::Subscription>,
     /// The staging area this connection asked for (`Staging`), retired when it closes.
     pub(super) staging: Option<crate::staging::Held>,
     /// The allocations this connection's `Alloc`s made that may still be pending.

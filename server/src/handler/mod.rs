@@ -19,6 +19,7 @@
 //! - `one_sided`: `Alloc`, `Write`, `Commit`, `Abort`, `Read`, `MapInfo` (access by address);
 //! - `prefix`: `Lookup`, `Release`, `Pin` (finding, leasing and pinning objects by key);
 //! - `handoff`: `Watch`, `Unwatch`, `Subscribe`, `Fail`, `Cancel` (docs/HANDOFF.md);
+//! - `kv_events`: `KvEvents` (KV events for routers) and the writing of their batches;
 //! - `cluster`: `ClusterAuth`, `Gossip`, `View`, `Drain`, `Vouch`, `Move` (node to node).
 
 mod admin;
@@ -28,6 +29,7 @@ mod data;
 mod dispatch;
 mod handoff;
 mod held;
+mod kv_events;
 mod one_sided;
 mod prefix;
 mod serve;

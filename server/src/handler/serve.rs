@@ -6,7 +6,8 @@
 //!   payload, and one deadline (`handshake_timeout_ms`) for it all;
 //! - idling: an authenticated connection idle for `idle_timeout_ms` is closed, unless it holds
 //!   objects, watches, or holds a staging area;
-//! - events: between the requests of a watching connection, its events are written.
+//! - events: between the requests of a watching connection, its events are written (handoff
+//!   events, and KV event batches of a connection that sent `KvEvents`).
 
 use std::sync::Arc;
 
@@ -52,7 +53,7 @@ pub(crate) async fn serve<R, W>(
     let hello_by = Instant::now() + shared.conn.handshake;
     loop {
         let bounds = conn.bounds(hello_by);
-        if conn.held.watching.is_some()
+        if (conn.held.watching.is_some() || conn.held.kv_events.is_some())
             && conn.r.buffer().is_empty()
             && conn.write_events(&mut shutdown).await.is_err()
         {
@@ -122,6 +123,7 @@ where
                 },
                 account: s.ledger.account(),
                 watching: None,
+                kv_events: None,
                 staging: None,
                 pending: Default::default(),
             },
@@ -143,6 +145,7 @@ where
         let idle = self.s.conn.idle.filter(|_| {
             self.held.holds.is_empty()
                 && self.held.watching.is_none()
+                && self.held.kv_events.is_none()
                 && self.held.staging.is_none()
         });
         (&self.s.conn.limits, idle.map(|d| Instant::now() + d))
@@ -152,19 +155,33 @@ where
     /// first bytes arrive (filling the read buffer is cancel-safe). Err: close the connection.
     async fn write_events(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), ()> {
         loop {
-            let Some(reg) = self.held.watching.as_mut() else {
-                return Ok(());
-            };
             // (The shutdown's guard is dropped inside: it must not live across an await.)
             let stop = async {
                 let _ = shutdown.wait_for(|stop| *stop).await;
             };
+            let watched = async {
+                match self.held.watching.as_mut() {
+                    Some(reg) => reg.rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let kv = async {
+                match self.held.kv_events.as_ref() {
+                    Some(sub) => sub.ready().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = stop => return Err(()),
-                ev = reg.rx.recv() => {
+                ev = watched => {
                     let Some(ev) = ev else { return Ok(()) };
                     if self.events(ev).await.is_err() {
+                        return Err(());
+                    }
+                }
+                () = kv => {
+                    if self.kv_event_batches().await.is_err() {
                         return Err(());
                     }
                 }

@@ -726,6 +726,7 @@ impl Scrape {
             MetricType::Gauge,
             &d.staging_bytes,
         )?;
+        self.encode_kv_events(e)?;
         family(
             e,
             "kvpool_limit_refusals",
@@ -751,6 +752,35 @@ impl Scrape {
                 .map(|(name, v)| ([("resource", name)], gauge(v))),
         )?;
         Ok(())
+    }
+
+    /// KV events for routers: queued, dropped for lag, subscribed connections.
+    fn encode_kv_events(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        let k = &self.daemon.kv_events;
+        single(
+            e,
+            "kvpool_kv_events_published",
+            "KV events queued for subscribers (one per subscriber that gets it).",
+            None,
+            MetricType::Counter,
+            &k.published,
+        )?;
+        single(
+            e,
+            "kvpool_kv_events_dropped",
+            "KV events a subscriber lost because its queue was full (it is sent a lag marker).",
+            None,
+            MetricType::Counter,
+            &k.dropped,
+        )?;
+        single(
+            e,
+            "kvpool_kv_event_subscribers",
+            "Connections subscribed to KV events (KvEvents).",
+            None,
+            MetricType::Gauge,
+            &k.subscribers,
+        )
     }
 
     /// Operation latency: one histogram per operation.

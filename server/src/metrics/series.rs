@@ -277,6 +277,8 @@ pub(super) struct Daemon {
     pub(super) handover_pending: Gauge,
     /// Bytes of the staging areas handed to same-host writers now.
     pub(super) staging_bytes: Gauge,
+    /// KV events: queued for subscribers, dropped for lag, subscribed connections.
+    pub(super) kv_events: crate::events::EventSeries,
 }
 
 /// The daemon's counters.
@@ -379,6 +381,11 @@ impl Metrics {
     /// The gauge of the bytes of staging areas handed out, for the areas' registry to keep.
     pub(crate) fn staging_gauge(&self) -> Gauge {
         self.daemon.staging_bytes.clone()
+    }
+
+    /// The series of KV events, for the event hub to count into.
+    pub(crate) fn event_series(&self) -> crate::events::EventSeries {
+        self.daemon.kv_events.clone()
     }
 
     /// A request or connection refused by `limit`.
