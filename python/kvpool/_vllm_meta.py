@@ -1,5 +1,6 @@
 """What both sides of the vLLM connector share: the work the scheduler sends the workers, the
-guard that keeps every exception from vLLM, and a spec's page size."""
+guard that keeps every exception from vLLM, a spec's page size, and how each KV cache group's
+blocks are cut into stored objects (one per block and KV head) and which rank writes each."""
 
 from __future__ import annotations
 
@@ -43,6 +44,60 @@ def page_bytes(spec: Any) -> int:
     """Bytes of one block of one layer, without the padding some specs add for alignment (the
     per-layer views vLLM hands over exclude it)."""
     return int(getattr(spec, "unpadded_page_size_bytes", spec.page_size_bytes))
+
+
+#: A KV cache group's spec kinds the connector stores, by the name in the key salt.
+KIND_FULL, KIND_MLA = "full", "mla"
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """How one KV cache group's blocks are stored: one object per (block, KV head), holding
+    that head's slice of the block's page in each of the group's layers (model order). The
+    key names the head by its index in the whole model, so any tensor-parallel layout reads
+    what any other wrote. An MLA latent is one "head" held by every rank."""
+
+    index: int  # the group's index in vLLM's KVCacheConfig
+    kind: str  # KIND_FULL or KIND_MLA
+    spec: Any
+    total_heads: int  # KV heads of the whole model (1 for an MLA latent)
+    heads_per_rank: int
+
+    def rank_heads(self, tp_size: int, tp_rank: int) -> list[int]:
+        """The model-wide indices of the KV heads ``tp_rank`` holds, in its page order. vLLM
+        gives each rank ``total / tp`` heads, or one head shared by ``tp / total`` ranks."""
+        if self.total_heads >= tp_size:
+            first = tp_rank * self.heads_per_rank
+            return list(range(first, first + self.heads_per_rank))
+        return [tp_rank * self.total_heads // tp_size]
+
+    def writer(self, head: int, tp_size: int) -> int:
+        """The one rank that writes ``head``: the lowest that holds it (rank 0 for MLA)."""
+        if self.total_heads >= tp_size:
+            return head // self.heads_per_rank
+        return -(-head * tp_size // self.total_heads)
+
+
+def group_layout(
+    index: int, spec: Any, model_heads: int | None, tp_size: int
+) -> GroupLayout | None:
+    """The layout of a group with ``spec``, or None for a kind the connector does not store
+    (sliding window, Mamba state, chunked local or cross attention...).
+    ``model_heads``: the model's total KV heads, when known."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    per_rank = int(getattr(spec, "num_kv_heads", 0) or 0)
+    if per_rank < 1:
+        return None
+    if isinstance(spec, MLAAttentionSpec):
+        return GroupLayout(index, KIND_MLA, spec, 1, 1)
+    total = per_rank * tp_size
+    if model_heads and per_rank == max(1, model_heads // tp_size):
+        # vLLM's count (with fewer heads than ranks, each is shared by tp / total ranks)
+        total = model_heads
+    if type(spec) is FullAttentionSpec:
+        return GroupLayout(index, KIND_FULL, spec, total, per_rank)
+    return None
 
 
 # ----- what the scheduler sends the workers -----

@@ -22,7 +22,7 @@ class _Tracked:
     """What the scheduler remembers of one request."""
 
     request: Request
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
     stored: int = 0  # leading blocks known to be in kvpool (matched or saved)
     load: BlockJob | None = None
     load_first: int = 0  # index of the load's first block in the request
@@ -53,24 +53,29 @@ class SchedulerSide:
         self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
-        self._rank_salts: list[str] = []
-        if self.enabled:
-            self._rank_salts = [
-                self.salt(tp, pp)
-                for pp in range(self.pp_size)
-                for tp in range(self.tp_size)
-            ]
+        # Per block, the salts of every object a hit needs: every KV head, in every
+        # pipeline stage.
+        self._block_salts: list[str] = [
+            self.object_salt(layout, head, pp)
+            for pp in range(self.pp_size)
+            for layout in self.layouts
+            for head in range(layout.total_heads)
+        ]
 
     def _matched_blocks(self, request: Request, first: int) -> int:
-        """Leading blocks of ``request`` stored for every rank, asking kvpool once (one
+        """Leading blocks of ``request`` whose every object is stored (at most those before
+        the block of the last token, which is always computed), asking kvpool once (one
         ``match_prefix``, one round trip per node) per request and starting block."""
         seen = self._matches.setdefault(request.request_id, {})
         hit = seen.get(first)
         if hit is not None:
             return hit
-        hashes = request.block_hashes[first:]
-        n = len(self._rank_salts)
-        keys = [f"{s}@{h.hex()}" for h in hashes for s in self._rank_salts]
+        # At most the blocks before the prompt's last token: one token is always computed.
+        hashes = request.block_hashes[
+            first : (request.num_tokens - 1) // self.block_size
+        ]
+        n = len(self._block_salts)
+        keys = [f"{s}@{h.hex()}" for h in hashes for s in self._block_salts]
         hit = first + self.store.match_prefix(keys) // n if keys else first
         seen[first] = hit
         return hit
@@ -90,8 +95,6 @@ class SchedulerSide:
         hit = self._matched_blocks(request, first)
         self._asked[request.request_id] = first * self.block_size
         tokens = hit * self.block_size
-        if tokens >= request.num_tokens:
-            tokens = (request.num_tokens - 1) // self.block_size * self.block_size
         n = tokens - num_computed_tokens
         if n <= 0:
             return 0, False
@@ -105,11 +108,11 @@ class SchedulerSide:
         if not self.enabled:
             return
         rid = request.request_id
-        block_ids = list(blocks.get_block_ids()[0])
+        block_ids = [list(ids) for ids in blocks.get_block_ids()]
         tr = self._reqs.get(rid)
         if tr is None:
             tr = self._reqs[rid] = _Tracked(request)
-        if block_ids:
+        if block_ids and block_ids[0]:
             tr.block_ids = block_ids
         if num_external_tokens <= 0:
             return
@@ -118,13 +121,11 @@ class SchedulerSide:
         local = self._asked.get(rid, 0)
         first = local // self.block_size
         last = first + -(-num_external_tokens // self.block_size)
-        ids = tr.block_ids[first:last]
-        hashes = [h.hex() for h in request.block_hashes[first:last]]
-        if len(ids) != last - first or len(hashes) != len(ids):
+        job = self._job(tr, first, last)
+        if job is None:
             log.debug("kvpool: %s: no blocks %d..%d to load into", rid, first, last)
             return
         tr.stored = max(tr.stored, self._matches.get(rid, {}).get(first, last))
-        job = BlockJob(rid, ids, hashes)
         tr.load, tr.load_first = job, first
         self._loading[rid] = tr
         self._pending_loads.append(job)
@@ -144,7 +145,7 @@ class SchedulerSide:
             tr = self._reqs.get(nr.req_id)
             if tr is None:
                 continue
-            tr.block_ids = list(nr.block_ids[0])
+            tr.block_ids = [list(ids) for ids in nr.block_ids]
             self._forget_matches(nr.req_id)  # a preempted request asks afresh
             self._plan_save(meta, tr, nr.num_computed_tokens + sched.get(nr.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
@@ -154,10 +155,11 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
-                tr.block_ids = list(new_ids[0]) if new_ids else []
+                tr.block_ids = [list(ids) for ids in new_ids] if new_ids else []
                 self._forget_matches(rid)
             elif new_ids:
-                tr.block_ids.extend(new_ids[0])
+                for have, new in zip(tr.block_ids, new_ids):
+                    have.extend(new)
             self._plan_save(meta, tr, cached.num_computed_tokens[i] + sched.get(rid, 0))
         return meta
 
@@ -185,16 +187,29 @@ class SchedulerSide:
     def _plan_save(
         self, meta: KvpoolConnectorMetadata, tr: _Tracked, computed: int
     ) -> None:
-        hashes = tr.request.block_hashes
-        full = min(computed // self.block_size, len(hashes), len(tr.block_ids))
+        full = min(
+            computed // self.block_size,
+            len(tr.request.block_hashes),
+            min((len(ids) for ids in tr.block_ids), default=0),
+        )
         if full <= tr.stored:
             return
-        rid = tr.request.request_id
-        ids = tr.block_ids[tr.stored : full]
-        meta.saves.append(
-            BlockJob(rid, ids, [h.hex() for h in hashes[tr.stored : full]])
-        )
+        job = self._job(tr, tr.stored, full)
+        if job is None:
+            return
+        meta.saves.append(job)
         tr.stored = full
+
+    def _job(self, tr: _Tracked, first: int, last: int) -> BlockJob | None:
+        """The job of blocks ``first..last`` of a request, or None when the request has no
+        hash or no block for some of them."""
+        hashes = [h.hex() for h in tr.request.block_hashes[first:last]]
+        groups = [ids[first:last] for ids in tr.block_ids]
+        if not groups or len(hashes) != last - first:
+            return None
+        if any(len(ids) != len(hashes) for ids in groups):
+            return None
+        return BlockJob(tr.request.request_id, groups[0], hashes)
 
     @guarded(lambda: (False, None))
     def request_finished(

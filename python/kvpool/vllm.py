@@ -11,23 +11,28 @@ process (each tensor- and pipeline-parallel rank). They share no memory: the sch
 what to load and save and sends it to the workers in :class:`KvpoolConnectorMetadata`; the
 workers move the bytes and report back through vLLM's connector output.
 
-**Keys.** One object per (block, rank): ``"{salt}@{block_hash.hex()}"``, where ``block_hash`` is
-vLLM's own prefix-caching hash of the block (``request.block_hashes``: full blocks only, chained
-from the first token, including LoRA, multimodal and ``cache_salt`` extra keys) and ``salt`` is
-:func:`kvpool.engine.layout_salt` of the model, the cache dtype, the block size, the parallel
-ranks and sizes, the layer and head geometry and the logical page layout. Two models, dtypes,
-block sizes or ranks therefore never share a key. A partial last block has no hash and is never
-stored. With a non-cryptographic prefix hash (``xxhash``/``xxhash_cbor``) and no
-``PYTHONHASHSEED``, vLLM seeds its hashes at random per process, so no other process could ever
-reuse them: the connector then neither looks up nor stores (one warning).
+**Keys.** One object per (block, KV cache group, KV head): ``"{salt}@{block_hash.hex()}"``,
+where ``block_hash`` is vLLM's own prefix-caching hash of the block (``request.block_hashes``:
+full blocks only, chained from the first token, including LoRA, multimodal and ``cache_salt``
+extra keys) and ``salt`` is :func:`kvpool.engine.layout_salt` of the model, the cache dtype, the
+block size, the pipeline stage, the layer and head geometry, the group (its index and kind:
+full attention, MLA or sliding window) and the head's index in the whole model. It names no
+tensor-parallel size or rank: a reader with another TP layout than the writer's (prefill at TP
+2, decode at TP 1, or the reverse) loads the heads it holds under the same keys, one round trip
+per batch of blocks. Every object is written once: by the lowest rank holding its head, so an
+MLA latent (one "head", equal on every rank) is written by rank 0 alone and loaded by every
+rank. A partial last block has no hash and is never stored. With a non-cryptographic prefix
+hash (``xxhash``/``xxhash_cbor``) and no ``PYTHONHASHSEED``, vLLM seeds its hashes at random per
+process, so no other process could ever reuse them: the connector then neither looks up nor
+stores (one warning).
 
-**Values.** The concatenation, over the worker's layers in model order, of each layer's page
-for that block in vLLM's logical ``[heads, tokens, content]`` order (K and V of the block). It
-is gathered from the paged KV cache into a registered host staging buffer (the copy a GPU
-deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per batch;
-loads go the other way, except into a host-memory cache, whose registered pages each object
-is loaded into directly (``EngineStore.load_scattered``: copied from kvpoold's memory on its
-host, received from the socket elsewhere).
+**Values.** The concatenation, over the group's layers in model order, of the head's slice of
+each layer's page for that block in vLLM's logical ``[heads, tokens, content]`` order (its K
+and V). It is gathered from the paged KV cache into a registered host staging buffer (the copy
+a GPU deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per
+batch; loads go the other way, except into a host-memory cache, whose registered pages each
+object is loaded into directly (``EngineStore.load_scattered``: copied from kvpoold's memory on
+its host, received from the socket elsewhere).
 
 **Asynchrony.** Loads run on a loader thread. By default (``load_async``) the scheduler parks the
 request in ``WAITING_FOR_REMOTE_KVS`` while other requests compute, and the worker reports it in
@@ -60,7 +65,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from ._vllm_meta import BlockJob, KvpoolConnectorMetadata, guarded, log, page_bytes
+from ._vllm_meta import (
+    BlockJob,
+    GroupLayout,
+    KvpoolConnectorMetadata,
+    group_layout,
+    guarded,
+    log,
+    page_bytes,
+)
 from ._vllm_scheduler import SchedulerSide
 from ._vllm_stats import STORE_FIELDS, KvpoolConnectorStats, KvpoolPromMetrics
 from ._vllm_worker import WorkerSide
@@ -73,6 +86,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULTS",
     "BlockJob",
+    "GroupLayout",
     "KvpoolConnector",
     "KvpoolConnectorMetadata",
     "KvpoolConnectorStats",
@@ -120,9 +134,13 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self._lock = threading.Lock()
         self.load_async = bool(extra["load_async"])
         self.block_size = vllm_config.cache_config.block_size
+        par = vllm_config.parallel_config
+        self.tp_size = int(getattr(par, "tensor_parallel_size", 1))
+        self.pp_size = int(getattr(par, "pipeline_parallel_size", 1))
         self.enabled = True
-        spec = self._spec()
-        if spec is None:
+        layouts = self._group_layouts()
+        self.layouts: list[GroupLayout] = layouts or []
+        if layouts is None:
             self.enabled = False
         algo = getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256")
         if algo in _NON_REPRODUCIBLE_HASHES and os.getenv("PYTHONHASHSEED") is None:
@@ -133,9 +151,6 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
                 algo,
             )
             self.enabled = False
-        par = vllm_config.parallel_config
-        self.tp_size = int(getattr(par, "tensor_parallel_size", 1))
-        self.pp_size = int(getattr(par, "pipeline_parallel_size", 1))
         self.store = EngineStore(
             str(extra["kvpool_url"]),
             extra["namespace"],
@@ -155,9 +170,10 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
 
     # ----- shared -----
 
-    def _spec(self) -> Any:
-        """The KV cache spec of the one cache group, or None (logged) when there are several
-        (hybrid KV cache manager on, which this connector does not declare support for)."""
+    def _group_layouts(self) -> list[GroupLayout] | None:
+        """How the KV cache group is stored, or None (logged) when there are several (hybrid
+        KV cache manager on, which this connector does not declare support for) or it holds
+        something the connector does not store: it then stays idle."""
         kcc = self._kv_cache_config
         if kcc is None or len(kcc.kv_cache_groups) != 1:
             log.warning(
@@ -166,18 +182,41 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
                 0 if kcc is None else len(kcc.kv_cache_groups),
             )
             return None
-        return kcc.kv_cache_groups[0].kv_cache_spec
+        mc = self._vllm_config.model_config
+        model_heads = None
+        if mc is not None and hasattr(mc, "get_total_num_kv_heads"):
+            model_heads = int(mc.get_total_num_kv_heads())
+        out = []
+        for i, group in enumerate(kcc.kv_cache_groups):
+            if not getattr(group, "enable_kv_transfer", True):
+                continue  # a replica vLLM rebuilds from its source group after a load
+            spec = group.kv_cache_spec
+            layout = group_layout(i, spec, model_heads, self.tp_size)
+            if layout is None or spec.block_size != self.block_size:
+                log.warning(
+                    "kvpool: KV cache group %d (%s, %d-token blocks) is not one the "
+                    "connector stores; it stays idle",
+                    i,
+                    type(spec).__name__,
+                    spec.block_size,
+                )
+                return None
+            out.append(layout)
+        return out or None
 
-    def salt(self, tp_rank: int, pp_rank: int) -> str:
-        """The key prefix of one rank's objects (see the module docstring)."""
-        spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    def object_salt(self, layout: GroupLayout, head: int, pp_rank: int) -> str:
+        """The key prefix of the objects of KV head ``head`` (model-wide index) of one group
+        in pipeline stage ``pp_rank``. It names no tensor-parallel size or rank: a reader with
+        another TP layout finds the heads it holds under the same keys."""
+        spec = layout.spec
         mc = self._vllm_config.model_config
         par = self._vllm_config.parallel_config
+        group = self._kv_cache_config.kv_cache_groups[layout.index]
         model = self.config["model_id"] or (mc.model if mc is not None else "")
         num_layers = (
             mc.get_total_num_hidden_layers()
             if mc is not None and hasattr(mc, "get_total_num_hidden_layers")
-            else len(self._kv_cache_config.kv_cache_groups[0].layer_names)
+            else len(group.layer_names)
         )
         return layout_salt(
             engine="vllm",
@@ -187,18 +226,29 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
             dtype=str(getattr(spec, "dtype", "")),
             kv_quant=str(getattr(spec, "kv_quant_mode", "")),
             block_size=self.block_size,
-            tp_size=self.tp_size,
-            tp_rank=tp_rank,
             pp_size=self.pp_size,
             pp_rank=pp_rank,
             dcp_size=int(getattr(par, "decode_context_parallel_size", 1) or 1),
             pcp_size=int(getattr(par, "prefill_context_parallel_size", 1) or 1),
             num_layers=num_layers,
-            num_kv_heads=getattr(spec, "num_kv_heads", None),
+            group=layout.index,
+            group_layers=len(group.layer_names),
+            kind=layout.kind,
+            window=getattr(spec, "sliding_window", None),
+            total_kv_heads=layout.total_heads,
+            head=head,
             head_size=getattr(spec, "head_size", None),
             head_size_v=getattr(spec, "head_size_v", None),
-            kv_layout=f"{type(spec).__name__}:page[heads,tokens,content]",
-            page_bytes=page_bytes(spec),
+            head_bytes=page_bytes(spec) // layout.heads_per_rank,
+            kv_layout=f"{type(spec).__name__}:head[tokens,content]",
+        )
+
+    def salt(self, tp_rank: int, pp_rank: int) -> str:
+        """The key prefix of the first object a rank holds of a block (first group, its first
+        KV head); ``object_salt`` gives every object's."""
+        layout = self.layouts[0]
+        return self.object_salt(
+            layout, layout.rank_heads(self.tp_size, tp_rank)[0], pp_rank
         )
 
     def _note_error(self, where: str, e: BaseException) -> None:

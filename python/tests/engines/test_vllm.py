@@ -128,10 +128,13 @@ def vllm_config(path: str, url: str, tp: int = 1, **extra) -> VllmConfig:
     return vc
 
 
-def kv_cache_config(layout: KVCacheLayout = KVCacheLayout.LBHNC) -> KVCacheConfig:
-    """One backing allocation for the 32 layers, layer-outermost (LBHNC) or block-outermost."""
+def kv_cache_config(
+    layout: KVCacheLayout = KVCacheLayout.LBHNC, heads: int = KV_HEADS
+) -> KVCacheConfig:
+    """One backing allocation for the 32 layers, layer-outermost (LBHNC) or block-outermost;
+    ``heads``: the KV heads of one rank."""
     spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=torch.bfloat16
+        block_size=BLOCK, num_kv_heads=heads, head_size=HEAD, dtype=torch.bfloat16
     )
     page = spec.page_size_bytes
     if layout.is_layer_compact:
@@ -161,9 +164,18 @@ class Engine:
         url: str,
         layout: KVCacheLayout = KVCacheLayout.LBHNC,
         tp: int = 1,
+        kcc: KVCacheConfig | None = None,
+        replicated: bool = False,
         **extra,
     ):
-        kcc = kv_cache_config(layout)
+        """``kcc``: the KV cache config (default: Llama-3-8B's, all KV heads on every rank);
+        ``replicated``: every rank's forward writes the same KV (an MLA latent)."""
+        kcc = kcc or kv_cache_config(layout)
+        self.replicated = replicated
+        # Each layer's KV cache group: its blocks are that group's block ids.
+        self.group_of = {
+            n: g for g, grp in enumerate(kcc.kv_cache_groups) for n in grp.layer_names
+        }
         vc = vllm_config(path, url, tp=tp, **extra)
         self.sched = Scheduler(
             vllm_config=vc,
@@ -209,6 +221,7 @@ class Engine:
         if before_worker is not None:
             before_worker(meta)
         finished: set[str] = set()
+        failed: set[str] = set()
         errors: set[int] = set()
         stats = None
         for rank, (w, kv) in enumerate(zip(self.workers, self.kvs)):
@@ -220,13 +233,15 @@ class Engine:
             for name in LAYER_NAMES:
                 w.wait_for_layer_load(name)
                 if fill_seed is not None:
-                    self.forward_layer(out, kv, name, fill_seed + 1000 * rank)
+                    seed = fill_seed + (0 if self.replicated else 1000 * rank)
+                    self.forward_layer(out, kv, name, seed)
                 w.save_kv_layer(name, kv[name], None)
             if not out.has_sync_kv_loads:
                 w.start_load_kv(None)  # async loads start after the forward is launched
             w.wait_for_save()
             assert w.flush(10.0)
             res = w.get_transfer_results(set(out.finished_req_ids))
+            failed |= res.failed_recving
             for rid in res.finished_recving:
                 self.recving[rid] = self.recving.get(rid, 0) + 1
                 if self.recving[rid] == len(self.workers):
@@ -239,6 +254,7 @@ class Engine:
             w.clear_connector_metadata()
         kvo = KVConnectorOutput(
             finished_recving=finished or None,
+            failed_recving=failed & finished,
             invalid_block_ids=errors,
             kv_connector_stats=stats,
         )
@@ -252,7 +268,7 @@ class Engine:
         t = kv[name]
         for nr in out.scheduled_new_reqs:
             first = nr.num_computed_tokens // BLOCK
-            for b in nr.block_ids[0][first:]:
+            for b in nr.block_ids[self.group_of[name]][first:]:
                 t[b] = torch.randn(t.shape[1:], generator=g).to(t.dtype)
 
     def model_output(self, out, kvo: KVConnectorOutput) -> ModelRunnerOutput:
@@ -280,6 +296,14 @@ class Engine:
         idx = torch.tensor(block_ids)
         kv = self.kvs[rank]
         return [kv[n].index_select(0, idx).view(torch.int16) for n in LAYER_NAMES]
+
+    def use_staging(self) -> Engine:
+        """Makes the workers move bytes as they do for a device cache: through the staging
+        buffer with torch's indexed copies, instead of ``memmove`` into host pages."""
+        for w in self.workers:
+            w._direct = []
+            w._host_pages = lambda block_ids: False
+        return self
 
     def close(self) -> None:
         for w in self.workers:
@@ -322,10 +346,14 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
     prompt1 = tokens(5 * BLOCK + 8, seed=1)
     saved_ids = save_request_1(a, prompt1)
     assert len(saved_ids) == 5
-    assert a.worker.object_bytes == LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 2  # 2 MiB
+    # One object per (block, KV head): 256 KiB each, 2 MiB per block.
+    assert a.worker.block_bytes == LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 2
+    assert a.worker.object_bytes == a.worker.block_bytes // KV_HEADS
     assert set(a.worker.block_strides.values()) == {2 * BLOCK * KV_HEADS * HEAD * 2}
     s = a.worker.store.stats()
-    assert s["stores"] == 5 and s["bytes_written"] == 5 * a.worker.object_bytes
+    assert (
+        s["stores"] == 5 * KV_HEADS and s["bytes_written"] == 5 * a.worker.block_bytes
+    )
     assert a.sched.requests.get("r1") is None  # finished and freed, nothing held
 
     # Engine B: another scheduler and worker, same model. A filler request takes blocks first,
@@ -357,10 +385,11 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
     for pa, pb in zip(a.pages(saved_ids), b.pages(load.block_ids)):
         assert torch.equal(pa, pb)
     s = b.worker.store.stats()
-    assert s["hits"] == 5 and s["misses"] == 0 and s["errors"] == 0
-    assert sum(scattered) == 5
+    assert s["hits"] == 5 * KV_HEADS and s["misses"] == 0 and s["errors"] == 0
+    assert sum(scattered) == 5 * KV_HEADS
     # r2's one new full block (index 5) was saved after its prefill; the loaded ones were not.
-    assert b.worker.store.stats()["stores"] == 1 + 5  # r2's block 5 + the filler's 5
+    stores = b.worker.store.stats()["stores"]
+    assert stores == (1 + 5) * KV_HEADS  # r2's block 5 + the filler's 5
     a.close()
     b.close()
 
@@ -502,8 +531,16 @@ def test_another_model_never_matches(kvpoold, models):
         other_vc, KVConnectorRole.SCHEDULER, kv_cache_config()
     )
     assert other.get_num_new_matched_tokens(req, 0) == (0, False)
-    # Same model, other TP layout: other keys too.
-    assert other.salt(0, 0) != a.conn.salt(0, 0) != a.conn.salt(1, 0)
+    assert other.salt(0, 0) != a.conn.salt(0, 0)
+    # Same model, another TP layout: the same key for the same KV head (rank 0 holds head 0
+    # either way), another for another head (rank 1 of two holds heads 4..7).
+    tp2 = KVConnectorFactory.create_connector(
+        vllm_config(model_dir(models, "llama3-8b"), kvpoold.url, tp=2),
+        KVConnectorRole.SCHEDULER,
+        kv_cache_config(heads=KV_HEADS // 2),
+    )
+    assert tp2.salt(0, 0) == a.conn.salt(0, 0) != tp2.salt(1, 0)
+    tp2.shutdown()
     other.shutdown()
     a.close()
 
@@ -592,15 +629,16 @@ def test_stats_aggregate_and_reduce_through_vllms_logger(kvpoold, models):
     sa = kvo_a.kv_connector_stats
     assert isinstance(sa, KvpoolConnectorStats)
     assert pickle.loads(pickle.dumps(sa)) == sa
-    assert (
-        sa.data["stores"] == 3 and sa.data["bytes_written"] == 3 * a.worker.object_bytes
-    )
+    assert sa.data["stores"] == 3 * KV_HEADS
+    assert sa.data["bytes_written"] == 3 * a.worker.block_bytes
     total = KvpoolConnector.build_kv_connector_stats(dict(sa.data))
     for s in stats:
         total = total.aggregate(s)
     r = total.reduce()
-    assert r["stores"] == 3 and r["hits"] == 3 and r["misses"] == 0
-    assert r["bytes_read"] == 3 * b.worker.object_bytes and r["loads"] == 1
+    # Counted per object (one per block and KV head).
+    assert r["stores"] == 3 * KV_HEADS and r["hits"] == 3 * KV_HEADS
+    assert r["misses"] == 0
+    assert r["bytes_read"] == 3 * b.worker.block_bytes and r["loads"] == 1
     assert r["hit_rate"] == 1.0 and r["avg_load_ms"] > 0
     # The scheduler side counts its lookups.
     b.conn.get_kv_connector_stats()  # what vLLM's scheduler already took
@@ -613,7 +651,7 @@ def test_stats_aggregate_and_reduce_through_vllms_logger(kvpoold, models):
     logging_.observe(dict(total.data))
     lines: list[str] = []
     logging_.log(lambda fmt, s: lines.append(fmt % s))
-    assert lines and "hits=3" in lines[0]
+    assert lines and f"hits={3 * KV_HEADS}" in lines[0]
     assert KvpoolConnector.build_kv_connector_stats({}).is_empty()
     # And vLLM's Prometheus logger, through the connector's build_prom_metrics, exports them.
     from prometheus_client import REGISTRY
@@ -628,9 +666,9 @@ def test_stats_aggregate_and_reduce_through_vllms_logger(kvpoold, models):
     def sample(name: str) -> float | None:
         return REGISTRY.get_sample_value(name, labels)
 
-    assert sample("vllm:kvpool_hit_blocks_total") == 3
-    assert sample("vllm:kvpool_stored_blocks_total") == 3
-    assert sample("vllm:kvpool_read_bytes_total") == 3 * b.worker.object_bytes
+    assert sample("vllm:kvpool_hit_blocks_total") == 3 * KV_HEADS
+    assert sample("vllm:kvpool_stored_blocks_total") == 3 * KV_HEADS
+    assert sample("vllm:kvpool_read_bytes_total") == 3 * b.worker.block_bytes
     assert sample("vllm:kvpool_loads_total") == 1
     assert sample("vllm:kvpool_load_seconds_total") > 0
     a.close()
