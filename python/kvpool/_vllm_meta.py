@@ -47,7 +47,7 @@ def page_bytes(spec: Any) -> int:
 
 
 #: A KV cache group's spec kinds the connector stores, by the name in the key salt.
-KIND_FULL, KIND_MLA = "full", "mla"
+KIND_FULL, KIND_MLA, KIND_SLIDING = "full", "mla", "sliding_window"
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,13 @@ class GroupLayout:
     what any other wrote. An MLA latent is one "head" held by every rank."""
 
     index: int  # the group's index in vLLM's KVCacheConfig
-    kind: str  # KIND_FULL or KIND_MLA
+    kind: str  # KIND_FULL, KIND_MLA or KIND_SLIDING
     spec: Any
     total_heads: int  # KV heads of the whole model (1 for an MLA latent)
     heads_per_rank: int
+    # A sliding-window group: tokens below a boundary that a hit there must hold (the
+    # window less one, plus vLLM's retained tokens); 0 for every other kind.
+    retained_tokens: int = 0
 
     def rank_heads(self, tp_size: int, tp_rank: int) -> list[int]:
         """The model-wide indices of the KV heads ``tp_rank`` holds, in its page order. vLLM
@@ -77,14 +80,25 @@ class GroupLayout:
             return head // self.heads_per_rank
         return -(-head * tp_size // self.total_heads)
 
+    def first_needed(self, boundary: int, block_size: int) -> int:
+        """The first block a hit ending at block ``boundary`` needs from this group: 0, or
+        for a sliding window the first block vLLM keeps (the earlier ones it nulls)."""
+        if not self.retained_tokens:
+            return 0
+        return max(0, boundary * block_size - self.retained_tokens) // block_size
+
 
 def group_layout(
     index: int, spec: Any, model_heads: int | None, tp_size: int
 ) -> GroupLayout | None:
     """The layout of a group with ``spec``, or None for a kind the connector does not store
-    (sliding window, Mamba state, chunked local or cross attention...).
+    (Mamba state, chunked local or cross attention...).
     ``model_heads``: the model's total KV heads, when known."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
 
     per_rank = int(getattr(spec, "num_kv_heads", 0) or 0)
     if per_rank < 1:
@@ -97,20 +111,33 @@ def group_layout(
         total = model_heads
     if type(spec) is FullAttentionSpec:
         return GroupLayout(index, KIND_FULL, spec, total, per_rank)
+    if type(spec) is SlidingWindowSpec:
+        retained = int(getattr(spec, "num_retained_tokens", spec.sliding_window - 1))
+        return GroupLayout(index, KIND_SLIDING, spec, total, per_rank, max(1, retained))
     return None
 
 
 # ----- what the scheduler sends the workers -----
 
+#: A position of ``BlockJob.group_block_ids`` where the group holds no block (a sliding
+#: window's block below the window, which vLLM leaves null).
+NO_BLOCK = -1
+
 
 @dataclass
 class BlockJob:
     """Blocks of one request to move: ``block_ids[i]`` holds the block whose vLLM hash is
-    ``hashes[i]`` (hex)."""
+    ``hashes[i]`` (hex), in the first KV cache group. ``group_block_ids[g][i]`` is that block
+    in group ``g`` (``NO_BLOCK`` where the group holds none); empty with a single group."""
 
     req_id: str
     block_ids: list[int]
     hashes: list[str]
+    group_block_ids: list[list[int]] = field(default_factory=list)
+
+    def groups(self) -> list[list[int]]:
+        """Per KV cache group, the block ids aligned with ``hashes``."""
+        return self.group_block_ids or [self.block_ids]
 
 
 @dataclass

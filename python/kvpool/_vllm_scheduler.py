@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.v1.outputs import KVConnectorOutput
 
-from ._vllm_meta import BlockJob, KvpoolConnectorMetadata, guarded, log
+from ._vllm_meta import NO_BLOCK, BlockJob, KvpoolConnectorMetadata, guarded, log
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -53,19 +53,30 @@ class SchedulerSide:
         self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
-        # Per block, the salts of every object a hit needs: every KV head, in every
-        # pipeline stage.
-        self._block_salts: list[str] = [
-            self.object_salt(layout, head, pp)
-            for pp in range(self.pp_size)
-            for layout in self.layouts
-            for head in range(layout.total_heads)
-        ]
+        # Per block, the salts of every object a hit needs: every group's every KV head, in
+        # every pipeline stage; and for each, its group's index in self.layouts.
+        self._block_salts: list[str] = []
+        self._salt_groups: list[int] = []
+        if self.enabled:
+            for pp in range(self.pp_size):
+                for gi, layout in enumerate(self.layouts):
+                    for head in range(layout.total_heads):
+                        self._block_salts.append(self.object_salt(layout, head, pp))
+                        self._salt_groups.append(gi)
+        self._windowed = any(lay.retained_tokens for lay in self.layouts)
+        self._null_block = 0
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._null_block = kv_cache_manager.block_pool.null_block.block_id
 
     def _matched_blocks(self, request: Request, first: int) -> int:
-        """Leading blocks of ``request`` whose every object is stored (at most those before
-        the block of the last token, which is always computed), asking kvpool once (one
-        ``match_prefix``, one round trip per node) per request and starting block."""
+        """Leading blocks of ``request`` whose every group holds what a hit there needs (at
+        most those before the block of the last token, which is always computed), asking
+        kvpool once (one round trip per node) per request and starting block. Without a
+        sliding-window group that is one ``match_prefix`` over every object of every block.
+        With one, a block below the window need not be held: one ``presence`` of the same
+        keys, and the longest boundary whose every group is whole from where it needs it."""
         seen = self._matches.setdefault(request.request_id, {})
         hit = seen.get(first)
         if hit is not None:
@@ -76,9 +87,38 @@ class SchedulerSide:
         ]
         n = len(self._block_salts)
         keys = [f"{s}@{h.hex()}" for h in hashes for s in self._block_salts]
-        hit = first + self.store.match_prefix(keys) // n if keys else first
+        if not keys:
+            hit = first
+        elif not self._windowed:
+            hit = first + self.store.match_prefix(keys) // n
+        else:
+            hit = first + self._windowed_hit(self.store.presence(keys), first)
         seen[first] = hit
         return hit
+
+    def _windowed_hit(self, present: list[bool], first: int) -> int:
+        """The most blocks after ``first`` a hit can take, given each object's presence: at
+        boundary ``first + m`` every group holds blocks ``max(first, its first needed)`` to
+        the boundary (vLLM holds the blocks before ``first`` itself)."""
+        n = len(self._block_salts)
+        groups = len(self.layouts)
+        whole = [  # whole[g][i]: group g holds every head of block first + i
+            [True] * (len(present) // n) for _ in range(groups)
+        ]
+        for k, ok in enumerate(present):
+            if not ok:
+                whole[self._salt_groups[k % n]][k // n] = False
+        for m in range(len(present) // n, 0, -1):
+            if all(
+                all(
+                    whole[g][
+                        max(0, lay.first_needed(first + m, self.block_size) - first) : m
+                    ]
+                )
+                for g, lay in enumerate(self.layouts)
+            ):
+                return m
+        return 0
 
     @guarded(lambda: (0, False))
     def get_num_new_matched_tokens(
@@ -165,18 +205,22 @@ class SchedulerSide:
 
     @guarded(lambda: None)
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Learns which loads finished and which blocks failed. A request whose load had a
-        failed block is not offered kvpool blocks again (vLLM recomputes it; a daemon that
-        keeps failing must not loop it through loads), and its failed blocks will be saved
-        again once recomputed."""
+        """Learns which loads finished and which blocks failed (with several KV cache groups:
+        which requests' loads failed, which vLLM recomputes from the start). A request whose
+        load had a failed block is not offered kvpool blocks again (vLLM recomputes it; a
+        daemon that keeps failing must not loop it through loads), and its failed blocks will
+        be saved again once recomputed."""
         bad = connector_output.invalid_block_ids or set()
         done = connector_output.finished_recving or set()
+        failed_reqs = getattr(connector_output, "failed_recving", None) or set()
         for rid, tr in list(self._loading.items()):
             job = tr.load
             if job is None:
                 del self._loading[rid]
                 continue
             failed = [i for i, b in enumerate(job.block_ids) if b in bad]
+            if rid in failed_reqs:
+                failed = [0]
             if failed:
                 tr.no_load = True
                 tr.stored = min(tr.stored, tr.load_first + failed[0])
@@ -202,14 +246,19 @@ class SchedulerSide:
 
     def _job(self, tr: _Tracked, first: int, last: int) -> BlockJob | None:
         """The job of blocks ``first..last`` of a request, or None when the request has no
-        hash or no block for some of them."""
+        hash or no block for some of them. A group's null block (a sliding window's block
+        below the window) becomes ``NO_BLOCK``: nothing to move for that group there."""
         hashes = [h.hex() for h in tr.request.block_hashes[first:last]]
         groups = [ids[first:last] for ids in tr.block_ids]
         if not groups or len(hashes) != last - first:
             return None
         if any(len(ids) != len(hashes) for ids in groups):
             return None
-        return BlockJob(tr.request.request_id, groups[0], hashes)
+        if len(groups) == 1:
+            return BlockJob(tr.request.request_id, groups[0], hashes)
+        null = self._null_block
+        groups = [[NO_BLOCK if b == null else b for b in ids] for ids in groups]
+        return BlockJob(tr.request.request_id, groups[0], hashes, groups)
 
     @guarded(lambda: (False, None))
     def request_finished(
@@ -223,6 +272,14 @@ class SchedulerSide:
         self._asked.pop(rid, None)
         self._forget_matches(rid)
         return False, None
+
+    @guarded(lambda: (False, None))
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """``request_finished`` for every KV cache group (vLLM calls this one when the
+        connector declares ``SupportsHMA``): the same, since no block is ever held."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
 
     def _forget_matches(self, rid: str) -> None:
         self._matches.pop(rid, None)

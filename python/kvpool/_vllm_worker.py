@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorTransferResults,
+)
 
 from ._vllm_meta import (
+    NO_BLOCK,
     BlockJob,
     GroupLayout,
     KvpoolConnectorMetadata,
@@ -99,6 +103,7 @@ class WorkerSide:
         )
         self._saves: queue.Queue[tuple[list[_Item], list[int]] | None] = queue.Queue()
         self._failed_blocks: set[int] = set()
+        self._failed_reqs: set[str] = set()  # with several groups: loads that failed
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
         self._done_recving: set[str] = set()
@@ -274,12 +279,15 @@ class WorkerSide:
         self, job: BlockJob, start: int, slots: list[int], writes: bool
     ) -> list[_Item]:
         """The objects of blocks ``start..start + len(slots)`` of a job: every group's head
-        (``writes``: those this rank writes)."""
+        (``writes``: those this rank writes), skipping a group's ``NO_BLOCK``."""
         out: list[_Item] = []
+        groups = job.groups()
         for i, slot in enumerate(slots):
             h = job.hashes[start + i]
-            b = job.block_ids[start + i]
             for g in self._groups:
+                b = groups[g.layout.index][start + i]
+                if b == NO_BLOCK:
+                    continue
                 for j in g.writes if writes else range(len(g.salts)):
                     out.append(_Item(g, j, b, f"{g.salts[j]}@{h}", slot))
         return out
@@ -314,7 +322,7 @@ class WorkerSide:
         if self._device.type != "cpu" or not all(lay.dense for lay in layers):
             return False
         num_blocks = layers[0].view.shape[0]
-        if any(not 0 <= b < num_blocks for b in block_ids):
+        if any(not (0 <= b < num_blocks or b == NO_BLOCK) for b in block_ids):
             raise IndexError(f"a block id outside 0..{num_blocks}")
         return True
 
@@ -436,10 +444,15 @@ class WorkerSide:
             ev.wait()
 
     def _load_failed(self, job: BlockJob, block_ids: list[int], is_async: bool) -> None:
+        """Records failed blocks of a load: their ids (one group), or the request (several
+        groups, whose block ids vLLM cannot map back: it recomputes the request)."""
         with self._lock:
             if not is_async:
                 self._sync_failed.add(job.req_id)
-            self._failed_blocks.update(block_ids)
+            if len(self._kv_cache_config.kv_cache_groups) > 1:
+                self._failed_reqs.add(job.req_id)
+            else:
+                self._failed_blocks.update(block_ids)
             self._failed_total += len(block_ids)
 
     def _load(self, job: BlockJob, is_async: bool) -> None:
@@ -449,7 +462,9 @@ class WorkerSide:
         batch = max(1, int(self.config["batch_blocks"]))
         # Straight into a host-memory cache's pages: copied from kvpoold's memory on its host,
         # received from the socket into them elsewhere; no staging slot, no scatter.
-        direct = bool(self._direct) and self._host_pages(job.block_ids)
+        direct = bool(self._direct) and self._host_pages(
+            b for ids in job.groups() for b in ids
+        )
         n = len(job.hashes)
         i = 0
         while i < n:
@@ -612,6 +627,18 @@ class WorkerSide:
         with self._lock:
             done, self._done_recving = self._done_recving, set()
         return None, done or None
+
+    def get_transfer_results(
+        self, finished_req_ids: set[str]
+    ) -> KVConnectorTransferResults:
+        """``get_finished``'s loads, and among them (with several KV cache groups, whose block
+        ids vLLM cannot map back to requests) those that failed: vLLM recomputes them."""
+        _, done = self.get_finished(finished_req_ids)
+        done = set(done or ())
+        with self._lock:
+            failed = self._failed_reqs & done
+            self._failed_reqs -= failed
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     @guarded(set)
     def get_block_ids_with_load_errors(self) -> set[int]:

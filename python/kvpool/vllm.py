@@ -42,11 +42,15 @@ gather the new full blocks into staging
 inside ``wait_for_save`` (so the source blocks are never read after vLLM may free or reuse them,
 and ``request_finished`` never needs to hold blocks) and a saver thread writes them to kvpool
 while the next steps compute. Any failure is a miss: a block that fails to load is returned by
-``get_block_ids_with_load_errors`` and vLLM recomputes it; a save that fails is a future miss.
+``get_block_ids_with_load_errors`` and vLLM recomputes it (with several KV cache groups, whose
+block ids vLLM cannot map back, its request is reported in ``failed_recving`` and recomputed;
+loads are then always asynchronous); a save that fails is a future miss.
 
-**HMA.** The class does not declare ``SupportsHMA``: vLLM then turns its hybrid KV cache manager
-off, so the cache has exactly one group (sliding-window layers then keep blocks for the whole
-sequence; Mamba/SSM models refuse to start with this connector). See docs/ENGINES.md.
+**HMA.** The class declares ``SupportsHMA``, so vLLM keeps its hybrid KV cache manager on.
+Full-attention, MLA and sliding-window groups are stored per group, each from its own block
+ids; a hit needs every group whole where vLLM reads it (a sliding window only inside the
+window of the hit's boundary). A group the connector does not store (Mamba state, chunked local
+or cross attention) leaves it idle: the model runs, without kvpool. See docs/ENGINES.md.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -113,7 +118,7 @@ DEFAULTS: dict[str, Any] = {
 _NON_REPRODUCIBLE_HASHES = ("xxhash", "xxhash_cbor")
 
 
-class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
+class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA):
     """vLLM's KV connector on kvpool: prefix blocks are looked up, loaded and saved by vLLM's
     block hash. See the module docstring; ``kv_connector_extra_config`` keys: ``DEFAULTS``.
     The scheduler's methods are in ``SchedulerSide``, the workers' in ``WorkerSide``."""
@@ -142,6 +147,14 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self.layouts: list[GroupLayout] = layouts or []
         if layouts is None:
             self.enabled = False
+        elif len(self._kv_cache_config.kv_cache_groups) > 1 and not self.load_async:
+            # With several groups vLLM takes a failed load per request (failed_recving),
+            # which it can only honour for a request that waits for its load.
+            log.warning(
+                "kvpool: %d KV cache groups: load_async is required and turned on",
+                len(self._kv_cache_config.kv_cache_groups),
+            )
+            self.load_async = True
         algo = getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256")
         if algo in _NON_REPRODUCIBLE_HASHES and os.getenv("PYTHONHASHSEED") is None:
             log.warning(
@@ -171,16 +184,13 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
     # ----- shared -----
 
     def _group_layouts(self) -> list[GroupLayout] | None:
-        """How the KV cache group is stored, or None (logged) when there are several (hybrid
-        KV cache manager on, which this connector does not declare support for) or it holds
-        something the connector does not store: it then stays idle."""
+        """How each KV cache group is stored, or None (logged) when a group holds something
+        the connector does not store (Mamba state, chunked local or cross attention, a block
+        size other than the hashes'): it then stays idle, since a hit must restore every
+        group."""
         kcc = self._kv_cache_config
-        if kcc is None or len(kcc.kv_cache_groups) != 1:
-            log.warning(
-                "kvpool: %s KV cache groups; the connector handles exactly one (HMA off) "
-                "and stays idle",
-                0 if kcc is None else len(kcc.kv_cache_groups),
-            )
+        if kcc is None or not kcc.kv_cache_groups:
+            log.warning("kvpool: no KV cache groups; the connector stays idle")
             return None
         mc = self._vllm_config.model_config
         model_heads = None

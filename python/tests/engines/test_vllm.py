@@ -696,34 +696,37 @@ def test_a_random_per_process_hash_is_never_stored(
     conn.shutdown()
 
 
-def test_hma_is_turned_off_and_several_groups_leave_the_connector_idle(
+def test_hma_stays_on_and_a_group_it_cannot_store_leaves_the_connector_idle(
     kvpoold, models, caplog
 ):
-    """vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA, and
-    refuses to build one when HMA is forced on; handed two groups anyway, it stays idle."""
+    """The connector declares SupportsHMA: vLLM keeps its hybrid KV cache manager on, also
+    when it is asked for explicitly. Handed a group whose state it does not store (Mamba),
+    it stays idle: a hit must restore every group."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
     path = model_dir(models, "llama3-8b")
     vc = vllm_config(path, kvpoold.url)
-    assert vc.scheduler_config.disable_hybrid_kv_cache_manager
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
-    with pytest.raises(ValueError, match="does not support HMA"):
-        KVConnectorFactory.create_connector(
-            vc, KVConnectorRole.SCHEDULER, kv_cache_config()
-        )
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
     kcc = kv_cache_config()
     half = len(LAYER_NAMES) // 2
     spec = kcc.kv_cache_groups[0].kv_cache_spec
+    mamba = MambaSpec(
+        block_size=BLOCK, shapes=((4, 64), (8, 16)), dtypes=(torch.bfloat16,) * 2
+    )
     kcc.kv_cache_groups = [
         KVCacheGroupSpec(LAYER_NAMES[:half], spec),
-        KVCacheGroupSpec(LAYER_NAMES[half:], spec),
+        KVCacheGroupSpec(LAYER_NAMES[half:], mamba),
     ]
     caplog.set_level(logging.WARNING, logger="kvpool.vllm")
     conn = KvpoolConnector(vc, KVConnectorRole.SCHEDULER, kcc)
-    assert not conn.enabled and any("groups" in r.getMessage() for r in caplog.records)
+    assert not conn.enabled
+    assert any("MambaSpec" in r.getMessage() for r in caplog.records)
     req = Request(
         "g", tokens(40, 3), SamplingParams(max_tokens=1), None, block_hasher=HASHER
     )
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert conn.request_finished_all_groups(req, ([1], [2])) == (False, None)
     conn.shutdown()
 
 
