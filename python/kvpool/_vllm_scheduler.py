@@ -53,14 +53,14 @@ class SchedulerSide:
         self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
-        # Per block, the salts of every object a hit needs: every group's every KV head, in
+        # Per block, the salts of every object a hit needs: every group's every KV heads, in
         # every pipeline stage; and for each, its group's index in self.layouts.
         self._block_salts: list[str] = []
         self._salt_groups: list[int] = []
         if self.enabled:
             for pp in range(self.pp_size):
                 for gi, layout in enumerate(self.layouts):
-                    for head in range(layout.total_heads):
+                    for head in layout.all_heads():
                         self._block_salts.append(self.object_salt(layout, head, pp))
                         self._salt_groups.append(gi)
         self._windowed = any(lay.retained_tokens for lay in self.layouts)

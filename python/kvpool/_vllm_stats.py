@@ -72,7 +72,7 @@ _PROM_COUNTERS = (
     (
         "hits",
         "hit_blocks",
-        "objects (one per block, group and KV head) loaded from kvpool",
+        "objects (one per block, cache group and head group) loaded from kvpool",
     ),
     ("misses", "missed_blocks", "objects asked of kvpool and not loaded"),
     ("errors", "errors", "failed kvpool calls (each a miss or a dropped save)"),

@@ -4,6 +4,7 @@ and saves of one worker, and the loader and saver threads that run them."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import queue
 import threading
 import time
@@ -36,45 +37,60 @@ _memmove = ctypes.memmove
 @dataclass
 class _Layer:
     name: str
-    view: torch.Tensor  # [num_blocks, kernel blocks, heads, tokens, content]
+    # [num_blocks, kernel blocks, objects, heads per object, tokens, content]
+    view: torch.Tensor
     block_stride: int  # bytes between two blocks
     sub_stride: int  # bytes between two kernel blocks of a block
-    head_stride: int  # bytes between two heads of a kernel block
-    piece: int  # bytes of one head's [tokens, content] in one kernel block
-    dense: bool  # that [tokens, content] is contiguous
+    head_stride: int  # bytes between two objects' heads in a kernel block
+    piece: int  # bytes of one object's [heads, tokens, content] in one kernel block
+    dense: bool  # that [heads, tokens, content] is contiguous
 
     @property
     def head_bytes(self) -> int:
         return self.view.shape[1] * self.piece
 
-    def pieces(self, block: int, head: int) -> list[tuple[int, int]]:
-        """(pointer, length) of head ``head`` of ``block``, one per kernel block."""
-        base = (
-            self.view.data_ptr() + block * self.block_stride + head * self.head_stride
-        )
+    def spans(self, head: int) -> list[tuple[int, int, int]]:
+        """Object ``head`` (its index in the rank's page) in block 0, one (pointer, block
+        stride, length) per kernel block: block ``b``'s run starts ``b`` strides further."""
+        base = self.view.data_ptr() + head * self.head_stride
         return [
-            (base + k * self.sub_stride, self.piece) for k in range(self.view.shape[1])
+            (base + k * self.sub_stride, self.block_stride, self.piece)
+            for k in range(self.view.shape[1])
         ]
 
 
 @dataclass
 class _Group:
-    """One KV cache group as this worker stores it: one object per (block, KV head)."""
+    """One KV cache group as this worker stores it: one object per (block, group of KV
+    heads)."""
 
     layout: GroupLayout
     layers: list[_Layer]
-    salts: list[str]  # per head this rank holds (page order)
-    writes: list[int]  # the heads (page order) whose objects this rank writes
+    salts: list[str]  # per object of a block this rank holds (page order)
+    writes: list[int]  # the objects (page order) this rank writes
     offset: int  # of this group's objects inside a staging slot
 
     @property
     def object_bytes(self) -> int:
         return sum(lay.head_bytes for lay in self.layers)
 
+    @functools.cached_property
+    def spans(self) -> list[list[tuple[int, int, int]]]:
+        """Per object of the rank's page, its runs over the layers (``_Layer.spans``)."""
+        return [
+            [span for lay in self.layers for span in lay.spans(j)]
+            for j in range(len(self.salts))
+        ]
+
+    def pieces(self, block: int, head: int) -> list[tuple[int, int]]:
+        """(pointer, length) of object ``head`` of ``block`` in the cache, in object order."""
+        return [(p + block * stride, n) for p, stride, n in self.spans[head]]
+
 
 @dataclass
 class _Item:
-    """One object of one block: group, head (page order), block id, key, staging slot."""
+    """One object of one block: group, its index in the rank's page, block id, key, staging
+    slot."""
 
     group: _Group
     head: int
@@ -170,8 +186,8 @@ class WorkerSide:
             regions: dict[int, int] = {}
             for lay in layers:
                 v = lay.view
-                end = lay.pieces(v.shape[0] - 1, v.shape[2] - 1)[-1]
-                size = end[0] + end[1] - v.data_ptr()
+                p, stride, n = lay.spans(v.shape[2] - 1)[-1]
+                size = p + (v.shape[0] - 1) * stride + n - v.data_ptr()
                 regions[v.data_ptr()] = max(regions.get(v.data_ptr(), 0), size)
             for ptr, size in regions.items():
                 self.store.register(ptr, size)
@@ -202,8 +218,9 @@ class WorkerSide:
         names: list[str],
         kv_caches: dict[str, torch.Tensor],
     ) -> list[_Layer]:
-        """A group's layers, each viewed ``[num_blocks, kernel blocks, heads, tokens,
-        content]`` (vLLM may split a block into kernel blocks); raises ValueError for a tensor
+        """A group's layers, each viewed ``[num_blocks, kernel blocks, objects, heads per
+        object, tokens, content]`` (vLLM may split a block into kernel blocks; an object's
+        heads are adjacent in vLLM's logical page); raises ValueError for a tensor
         that is not vLLM's paged layout of this group's spec. Groups overlay each other's
         memory (a block id belongs to one group at a time), so only a layer that shares
         another's cache within the group (KV sharing) is left out."""
@@ -219,16 +236,20 @@ class WorkerSide:
                 raise ValueError(f"layer {name}: not a paged KV tensor")
             if t.shape[0] % num_blocks:  # kernel blocks: a whole number per block
                 raise ValueError(f"layer {name}: {t.shape[0]} blocks for {num_blocks}")
-            v = t.unflatten(0, (num_blocks, -1))
+            if t.shape[1] != layout.heads_per_rank:
+                raise ValueError(
+                    f"layer {name}: {t.shape[1]} heads, spec says {layout.heads_per_rank}"
+                )
+            per_object = layout.heads_per_object
+            v = t.unflatten(0, (num_blocks, -1)).unflatten(2, (-1, per_object))
             ident = (v.data_ptr(), tuple(v.shape))
             if ident in seen:  # a layer that shares another's cache (KV sharing)
                 continue
             seen.add(ident)
             es = v.element_size()
-            if v.shape[2] != layout.heads_per_rank or v[0].numel() * es != want:
+            if v[0].numel() * es != want:
                 raise ValueError(
-                    f"layer {name}: {tuple(v.shape[2:])} of {es}-byte elements, "
-                    f"spec says {layout.heads_per_rank} heads in {want} bytes"
+                    f"layer {name}: pages of {v[0].numel() * es} bytes, spec says {want}"
                 )
             layers.append(
                 _Layer(
@@ -237,7 +258,7 @@ class WorkerSide:
                     v.stride(0) * es,
                     v.stride(1) * es,
                     v.stride(2) * es,
-                    v.shape[3] * v.shape[4] * es,
+                    v[0, 0, 0].numel() * es,
                     v[0, 0, 0].is_contiguous(),
                 )
             )
@@ -252,15 +273,15 @@ class WorkerSide:
 
     @property
     def object_bytes(self) -> int:
+        """Bytes this rank holds of one block: its objects of every group and its heads (the
+        staging slot size); what a load of one block reads."""
+        return self._block_bytes
+
+    @property
+    def head_object_bytes(self) -> int:
         """Size of one stored object of the first group: one KV head of one block, in every
         layer of the group."""
         return self._groups[0].object_bytes if self._groups else 0
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes this rank holds of one block: every group, every head it holds (the staging
-        slot size); what a load of one block reads."""
-        return self._block_bytes
 
     def key(self, block_hash_hex: str) -> str:
         """This worker's key of the first object of a block (first group, first head)."""
@@ -338,16 +359,15 @@ class WorkerSide:
     def _gather(self, items: list[_Item]) -> None:
         """Copies the objects' bytes from the cache into their staging slots. It runs on the
         step's stream after the forward, and ``.cpu()`` waits for the device copy. A
-        host-memory cache takes one ``memmove`` per head, layer and kernel block (torch's
+        host-memory cache takes one ``memmove`` per object, layer and kernel block (torch's
         byte-wise indexed assignment into the slots took 2.2 s per 512 MiB on one core, the
         memmoves 0.06 s)."""
         if self._host_pages(it.block for it in items):
             for it in items:
                 dst = self._slot_ptr(it.slot) + it.slot_offset()
-                for lay in it.group.layers:
-                    for src, size in lay.pieces(it.block, it.head):
-                        _memmove(dst, src, size)
-                        dst += size
+                for src, size in it.group.pieces(it.block, it.head):
+                    _memmove(dst, src, size)
+                    dst += size
             return
         for group, its in self._by_group(items):
             target = self._slot_heads(group)
@@ -365,10 +385,9 @@ class WorkerSide:
         if self._host_pages(it.block for it in items):
             for it in items:
                 src = self._slot_ptr(it.slot) + it.slot_offset()
-                for lay in it.group.layers:
-                    for dst, size in lay.pieces(it.block, it.head):
-                        _memmove(dst, src, size)
-                        src += size
+                for dst, size in it.group.pieces(it.block, it.head):
+                    _memmove(dst, src, size)
+                    src += size
             return
         for group, its in self._by_group(items):
             source = self._slot_heads(group)
@@ -499,10 +518,7 @@ class WorkerSide:
         reported, and vLLM recomputes it over those bytes."""
         keys = [it.key for it in items]
         if direct:
-            pieces = [
-                [p for lay in it.group.layers for p in lay.pieces(it.block, it.head)]
-                for it in items
-            ]
+            pieces = [it.group.pieces(it.block, it.head) for it in items]
             return self.store.load_scattered(keys, pieces)
         return self.store.load(
             keys,

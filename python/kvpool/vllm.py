@@ -11,22 +11,24 @@ process (each tensor- and pipeline-parallel rank). They share no memory: the sch
 what to load and save and sends it to the workers in :class:`KvpoolConnectorMetadata`; the
 workers move the bytes and report back through vLLM's connector output.
 
-**Keys.** One object per (block, KV cache group, KV head): ``"{salt}@{block_hash.hex()}"``,
-where ``block_hash`` is vLLM's own prefix-caching hash of the block (``request.block_hashes``:
-full blocks only, chained from the first token, including LoRA, multimodal and ``cache_salt``
-extra keys) and ``salt`` is :func:`kvpool.engine.layout_salt` of the model, the cache dtype, the
-block size, the pipeline stage, the layer and head geometry, the group (its index and kind:
-full attention, MLA or sliding window) and the head's index in the whole model. It names no
-tensor-parallel size or rank: a reader with another TP layout than the writer's (prefill at TP
-2, decode at TP 1, or the reverse) loads the heads it holds under the same keys, one round trip
-per batch of blocks. Every object is written once: by the lowest rank holding its head, so an
-MLA latent (one "head", equal on every rank) is written by rank 0 alone and loaded by every
-rank. A partial last block has no hash and is never stored. With a non-cryptographic prefix
-hash (``xxhash``/``xxhash_cbor``) and no ``PYTHONHASHSEED``, vLLM seeds its hashes at random per
-process, so no other process could ever reuse them: the connector then neither looks up nor
-stores (one warning).
+**Keys.** One object per (block, KV cache group, group of ``heads_per_object`` KV heads):
+``"{salt}@{block_hash.hex()}"``, where ``block_hash`` is vLLM's own prefix-caching hash of the
+block (``request.block_hashes``: full blocks only, chained from the first token, including LoRA,
+multimodal and ``cache_salt`` extra keys) and ``salt`` is :func:`kvpool.engine.layout_salt` of
+the model, the cache dtype, the block size, the pipeline stage, the layer and head geometry, the
+cache group (its index and kind: full attention, MLA or sliding window) and the model-wide index
+of the object's first head with ``heads_per_object``. It names no tensor-parallel size or rank:
+instances that set the same ``heads_per_object`` (default: a rank's heads, one object per block
+and rank) share objects whatever their TP sizes (prefill at TP 2, decode at TP 1, or the
+reverse), each rank loading the objects of its heads, one round trip per batch of blocks. Every
+object is written once: by the lowest rank holding its heads, so an MLA latent (one "head",
+equal on every rank) is written by rank 0 alone and loaded by every rank. A partial last block
+has no hash and is never stored. With a non-cryptographic prefix hash (``xxhash``/
+``xxhash_cbor``) and no ``PYTHONHASHSEED``, vLLM seeds its hashes at random per process, so no
+other process could ever reuse them: the connector then neither looks up nor stores (one
+warning).
 
-**Values.** The concatenation, over the group's layers in model order, of the head's slice of
+**Values.** The concatenation, over the group's layers in model order, of the heads' slice of
 each layer's page for that block in vLLM's logical ``[heads, tokens, content]`` order (its K
 and V). It is gathered from the paged KV cache into a registered host staging buffer (the copy
 a GPU deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per
@@ -113,6 +115,7 @@ DEFAULTS: dict[str, Any] = {
     "batch_blocks": 16,
     "model_id": None,
     "keep_failure_policy": False,
+    "heads_per_object": None,
 }
 
 _NON_REPRODUCIBLE_HASHES = ("xxhash", "xxhash_cbor")
@@ -197,11 +200,20 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
         if mc is not None and hasattr(mc, "get_total_num_kv_heads"):
             model_heads = int(mc.get_total_num_kv_heads())
         out = []
+        per_object = self.config["heads_per_object"]
         for i, group in enumerate(kcc.kv_cache_groups):
             if not getattr(group, "enable_kv_transfer", True):
                 continue  # a replica vLLM rebuilds from its source group after a load
             spec = group.kv_cache_spec
-            layout = group_layout(i, spec, model_heads, self.tp_size)
+            try:
+                layout = group_layout(
+                    i, spec, model_heads, self.tp_size, per_object and int(per_object)
+                )
+            except ValueError as e:
+                log.warning(
+                    "kvpool: KV cache group %d: %s; the connector stays idle", i, e
+                )
+                return None
             if layout is None or spec.block_size != self.block_size:
                 log.warning(
                     "kvpool: KV cache group %d (%s, %d-token blocks) is not one the "
@@ -215,9 +227,10 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
         return out or None
 
     def object_salt(self, layout: GroupLayout, head: int, pp_rank: int) -> str:
-        """The key prefix of the objects of KV head ``head`` (model-wide index) of one group
-        in pipeline stage ``pp_rank``. It names no tensor-parallel size or rank: a reader with
-        another TP layout finds the heads it holds under the same keys."""
+        """The key prefix of the objects of the group's KV heads that start at ``head``
+        (model-wide index) in pipeline stage ``pp_rank``. It names no tensor-parallel size or
+        rank: a reader with another TP layout and the same ``heads_per_object`` finds the
+        heads it holds under the same keys."""
         spec = layout.spec
         mc = self._vllm_config.model_config
         par = self._vllm_config.parallel_config
@@ -247,6 +260,7 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
             window=getattr(spec, "sliding_window", None),
             total_kv_heads=layout.total_heads,
             head=head,
+            heads_per_object=layout.heads_per_object,
             head_size=getattr(spec, "head_size", None),
             head_size_v=getattr(spec, "head_size_v", None),
             head_bytes=page_bytes(spec) // layout.heads_per_rank,
@@ -255,7 +269,7 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
 
     def salt(self, tp_rank: int, pp_rank: int) -> str:
         """The key prefix of the first object a rank holds of a block (first group, its first
-        KV head); ``object_salt`` gives every object's."""
+        KV heads); ``object_salt`` gives every object's."""
         layout = self.layouts[0]
         return self.object_salt(
             layout, layout.rank_heads(self.tp_size, tp_rank)[0], pp_rank

@@ -121,10 +121,10 @@ def test_each_group_is_saved_and_loaded_into_another_engines_blocks(
     full_ids, window_ids = saved_blocks(a, prompt1)
     assert len(full_ids) == len(window_ids) == 5
     w = a.worker
-    assert w.store.stats()["stores"] == 2 * 5 * KV_HEADS  # both groups, every head
+    assert w.store.stats()["stores"] == 2 * 5  # one object per block and group
     h0 = request(prompt1).block_hashes[0].hex()
     keys = w.keys(h0)
-    assert len(keys) == len(set(keys)) == 2 * KV_HEADS  # groups never share a key
+    assert len(keys) == len(set(keys)) == 2  # groups never share a key
 
     b = engine(path, kvpoold.url)
     if staging:
@@ -152,7 +152,7 @@ def test_each_group_is_saved_and_loaded_into_another_engines_blocks(
     want = group_pages(a, SLIDING, window_ids[3:])
     for pa, pb in zip(want, group_pages(b, SLIDING, loaded_window[3:])):
         assert torch.equal(pa, pb)
-    assert b.worker.store.stats()["hits"] == (5 + 2) * KV_HEADS
+    assert b.worker.store.stats()["hits"] == 5 + 2
     a.close()
     b.close()
 
@@ -178,17 +178,14 @@ def test_a_hit_needs_every_group_and_only_the_windows_blocks(kvpoold, models):
     # A hit at boundary n (blocks) needs full attention's blocks 0..n-1 and the window's
     # blocks from (16 n - 31) // 16: tokens 16 n - 31 .. 16 n - 1 are the window of token 16 n.
     assert hit() == 6
-    full_keys = [a.worker.keys(h)[:KV_HEADS] for h in hashes]
-    window_keys = [a.worker.keys(h)[KV_HEADS:] for h in hashes]
-    assert cl.delete(window_keys[1][5])  # below the window of boundary 6 (blocks 4, 5)
+    full_keys, window_keys = zip(*(a.worker.keys(h) for h in hashes))
+    assert cl.delete(window_keys[1])  # below the window of boundary 6 (blocks 4, 5)
     assert hit() == 6
-    assert cl.delete(
-        window_keys[5][2]
-    )  # inside it; boundary 5 needs window blocks 3, 4
+    assert cl.delete(window_keys[5])  # inside it: boundary 5 needs window blocks 3, 4
     assert hit() == 5
-    assert cl.delete(full_keys[4][0])  # boundary 4 needs full blocks 0..3, window 2, 3
+    assert cl.delete(full_keys[4])  # boundary 4 needs full blocks 0..3, window 2, 3
     assert hit() == 4
-    assert cl.delete(window_keys[3][7])  # boundaries 3 and 2 need the window's block 1
+    assert cl.delete(window_keys[3])  # boundaries 3 and 2 need the window's block 1
     assert hit() == 1
     cl.close()
     a.close()

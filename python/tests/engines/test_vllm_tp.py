@@ -1,9 +1,10 @@
 """kvpool.vllm.KvpoolConnector across tensor-parallel layouts, with vllm 0.33.0's real scheduler
 and KV tensors and a real kvpoold (the harness of ``test_vllm.py``).
 
-Objects are keyed per KV head (model-wide index), so a reader whose TP size differs from the
-writer's loads the heads it holds, byte for byte; an MLA latent, equal on every rank, is one
-object per block, written by rank 0 and loaded by every rank.
+Objects are keyed per group of ``heads_per_object`` KV heads (by the model-wide index of the
+first), so a reader whose TP size differs from the writer's, with the same
+``heads_per_object``, loads the heads it holds, byte for byte; an MLA latent, equal on every
+rank, is one object per block, written by rank 0 and loaded by every rank.
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ def models(tmp_path):
     return tmp_path
 
 
-def tp_engine(path: str, url: str, tp: int, **kw) -> base.Engine:
-    """An engine at TP size ``tp``: each rank's KV tensors hold its 8 / tp KV heads."""
+def tp_engine(
+    path: str, url: str, tp: int, per_object: int | None = 4, **kw
+) -> base.Engine:
+    """An engine at TP size ``tp``: each rank's KV tensors hold its 8 / tp KV heads, stored
+    ``per_object`` heads per object (None: the connector's default, all of a rank's)."""
     kcc = base.kv_cache_config(heads=KV_HEADS // tp)
-    return base.Engine(path, url, tp=tp, kcc=kcc, **kw)
+    return base.Engine(path, url, tp=tp, kcc=kcc, heads_per_object=per_object, **kw)
 
 
 def full_heads(e: base.Engine, block_ids: list[int]) -> list[torch.Tensor]:
@@ -56,22 +60,25 @@ def full_heads(e: base.Engine, block_ids: list[int]) -> list[torch.Tensor]:
     return [torch.cat(per_rank, dim=1) for per_rank in zip(*ranks)]
 
 
-@pytest.mark.parametrize("staging", [False, True])
-def test_written_at_tp2_read_at_tp1_gives_every_head(kvpoold, models, staging):
-    """Prefill at TP 2 (two worker instances, 4 heads each), decode at TP 1: the TP-1 reader's
-    8 heads equal the two writers' heads side by side, byte for byte; through host pages,
-    and through staging as a device cache would."""
+@pytest.mark.parametrize(("per_object", "staging"), [(4, False), (4, True), (1, False)])
+def test_written_at_tp2_read_at_tp1_gives_every_head(
+    kvpoold, models, per_object, staging
+):
+    """Prefill at TP 2 (two worker instances, 4 heads each), decode at TP 1, both storing
+    ``per_object`` heads per object: the TP-1 reader's 8 heads equal the two writers' heads
+    side by side, byte for byte; through host pages, and through staging as a device cache
+    would."""
     path = base.model_dir(models, "llama3-8b")
-    a = tp_engine(path, kvpoold.url, tp=2)
+    a = tp_engine(path, kvpoold.url, tp=2, per_object=per_object)
     if staging:
         a.use_staging()
     prompt = base.tokens(3 * BLOCK + 5, seed=21)
     saved = base.save_request_1(a, prompt)
-    # One object per block and head, each written once: 4 heads per rank.
+    # Each object written once, by the rank that holds its heads.
     for w in a.workers:
-        assert w.store.stats()["stores"] == 3 * KV_HEADS // 2
+        assert w.store.stats()["stores"] == 3 * (KV_HEADS // 2 // per_object)
     assert not torch.equal(a.pages(saved, 0)[0], a.pages(saved, 1)[0])
-    b = tp_engine(path, kvpoold.url, tp=1)
+    b = tp_engine(path, kvpoold.url, tp=1, per_object=per_object)
     if staging:
         b.use_staging()
     b.add("r2", prompt)
@@ -80,7 +87,32 @@ def test_written_at_tp2_read_at_tp1_gives_every_head(kvpoold, models, staging):
     got = b.pages(nr.block_ids[0][:3])
     for want, have in zip(full_heads(a, saved), got):
         assert want.shape == have.shape and torch.equal(want, have)
-    assert b.worker.store.stats()["hits"] == 3 * KV_HEADS
+    assert b.worker.store.stats()["hits"] == 3 * (KV_HEADS // per_object)
+    a.close()
+    b.close()
+
+
+def test_without_the_same_heads_per_object_another_tp_size_misses(kvpoold, models):
+    """By default an object holds all of a rank's heads, so a reader at another TP size names
+    other keys: a miss, never another layout's bytes, until it sets the writer's
+    ``heads_per_object``."""
+    path = base.model_dir(models, "llama3-8b")
+    a = tp_engine(path, kvpoold.url, tp=2, per_object=None)
+    prompt = base.tokens(3 * BLOCK + 5, seed=24)
+    base.save_request_1(a, prompt)
+    assert a.workers[0].store.stats()["stores"] == 3  # one object per block and rank
+    req = base.Request(
+        "q", prompt, base.SamplingParams(max_tokens=1), None, block_hasher=base.HASHER
+    )
+    b = tp_engine(path, kvpoold.url, tp=2, per_object=None)
+    assert b.conn.get_num_new_matched_tokens(req, 0) == (3 * BLOCK, True)
+    c = tp_engine(path, kvpoold.url, tp=1, per_object=None)  # 8 heads per object
+    assert c.conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    c.close()
+    # The TP-2 writer's objects hold 4 heads: a TP-1 reader that says so reads them.
+    c = tp_engine(path, kvpoold.url, tp=1, per_object=4)
+    assert c.conn.get_num_new_matched_tokens(req, 0) == (3 * BLOCK, True)
+    c.close()
     a.close()
     b.close()
 
@@ -103,13 +135,13 @@ def test_written_at_tp1_read_at_tp2_gives_each_rank_its_heads(kvpoold, models, s
     for rank in (0, 1):
         for want, have in zip(a.pages(saved), b.pages(ids, rank)):
             assert torch.equal(want[:, rank * half : (rank + 1) * half], have)
-        assert b.workers[rank].store.stats()["hits"] == 4 * half
+        assert b.workers[rank].store.stats()["hits"] == 4  # one object of 4 heads
     # A head missing from the pool is a miss for the whole block, on every reader.
     req = base.Request(
         "q", prompt, base.SamplingParams(max_tokens=1), None, block_hasher=base.HASHER
     )
     cl = Client(kvpoold.url)
-    assert cl.delete(b.workers[1].keys(req.block_hashes[2].hex())[-1])  # head 7
+    assert cl.delete(b.workers[1].keys(req.block_hashes[2].hex())[0])  # heads 4..7
     cl.close()
     for tp in (1, 2):
         c = tp_engine(path, kvpoold.url, tp=tp)
@@ -147,7 +179,7 @@ def test_an_mla_latent_is_stored_once_and_every_rank_loads_it(kvpoold, models):
     prompt = base.tokens(3 * BLOCK + 9, seed=23)
     saved = base.save_request_1(a, prompt)
     w0, w1 = a.workers
-    assert w0.block_bytes == LAYERS * BLOCK * MLA_HEAD * 2 == w1.block_bytes
+    assert w0.object_bytes == LAYERS * BLOCK * MLA_HEAD * 2 == w1.object_bytes
     assert w0.store.stats()["stores"] == 3 and w1.store.stats()["stores"] == 0
     req = base.Request(
         "q", prompt, base.SamplingParams(max_tokens=1), None, block_hasher=base.HASHER
