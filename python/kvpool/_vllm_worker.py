@@ -41,18 +41,19 @@ class _Layer:
     view: torch.Tensor
     block_stride: int  # bytes between two blocks
     sub_stride: int  # bytes between two kernel blocks of a block
-    head_stride: int  # bytes between two objects' heads in a kernel block
+    object_stride: int  # bytes between two objects' heads in a kernel block
     piece: int  # bytes of one object's [heads, tokens, content] in one kernel block
     dense: bool  # that [heads, tokens, content] is contiguous
 
     @property
-    def head_bytes(self) -> int:
+    def run_bytes(self) -> int:
+        """Bytes of one object in this layer (its runs in every kernel block)."""
         return self.view.shape[1] * self.piece
 
-    def spans(self, head: int) -> list[tuple[int, int, int]]:
-        """Object ``head`` (its index in the rank's page) in block 0, one (pointer, block
+    def spans(self, obj: int) -> list[tuple[int, int, int]]:
+        """Object ``obj`` (its index in the rank's page) in block 0, one (pointer, block
         stride, length) per kernel block: block ``b``'s run starts ``b`` strides further."""
-        base = self.view.data_ptr() + head * self.head_stride
+        base = self.view.data_ptr() + obj * self.object_stride
         return [
             (base + k * self.sub_stride, self.block_stride, self.piece)
             for k in range(self.view.shape[1])
@@ -72,7 +73,7 @@ class _Group:
 
     @property
     def object_bytes(self) -> int:
-        return sum(lay.head_bytes for lay in self.layers)
+        return sum(lay.run_bytes for lay in self.layers)
 
     @functools.cached_property
     def spans(self) -> list[list[tuple[int, int, int]]]:
@@ -82,9 +83,9 @@ class _Group:
             for j in range(len(self.salts))
         ]
 
-    def pieces(self, block: int, head: int) -> list[tuple[int, int]]:
-        """(pointer, length) of object ``head`` of ``block`` in the cache, in object order."""
-        return [(p + block * stride, n) for p, stride, n in self.spans[head]]
+    def pieces(self, block: int, obj: int) -> list[tuple[int, int]]:
+        """(pointer, length) of object ``obj`` of ``block`` in the cache, in object order."""
+        return [(p + block * stride, n) for p, stride, n in self.spans[obj]]
 
 
 @dataclass
@@ -93,13 +94,13 @@ class _Item:
     slot."""
 
     group: _Group
-    head: int
+    obj: int
     block: int
     key: str
     slot: int
 
     def slot_offset(self) -> int:
-        return self.group.offset + self.head * self.group.object_bytes
+        return self.group.offset + self.obj * self.group.object_bytes
 
 
 class WorkerSide:
@@ -147,7 +148,7 @@ class WorkerSide:
     @guarded(lambda: None)
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Takes vLLM's per-layer KV tensors (each a view ``[num_blocks, heads, tokens,
-        content]`` of its cache allocation), finds each layer's block and head strides,
+        content]`` of its cache allocation), finds each layer's block and object strides,
         allocates and registers the host staging buffer and starts the loader and saver."""
         if not self.enabled:
             return
@@ -273,22 +274,22 @@ class WorkerSide:
 
     @property
     def object_bytes(self) -> int:
-        """Bytes this rank holds of one block: its objects of every group and its heads (the
+        """Bytes this rank holds of one block: its objects of every group (the
         staging slot size); what a load of one block reads."""
         return self._block_bytes
 
     @property
-    def head_object_bytes(self) -> int:
-        """Size of one stored object of the first group: one KV head of one block, in every
+    def stored_object_bytes(self) -> int:
+        """Size of one stored object of the first group: its KV heads of one block, in every
         layer of the group."""
         return self._groups[0].object_bytes if self._groups else 0
 
     def key(self, block_hash_hex: str) -> str:
-        """This worker's key of the first object of a block (first group, first head)."""
+        """This worker's key of the first object of a block (first group, first heads)."""
         return f"{self._groups[0].salts[0]}@{block_hash_hex}"
 
     def keys(self, block_hash_hex: str, writes: bool = False) -> list[str]:
-        """This worker's keys of a block: every group's every head it holds, or (``writes``)
+        """This worker's keys of a block: every group's every object it holds, or (``writes``)
         only those it writes."""
         return [
             f"{g.salts[j]}@{block_hash_hex}"
@@ -299,7 +300,7 @@ class WorkerSide:
     def _items(
         self, job: BlockJob, start: int, slots: list[int], writes: bool
     ) -> list[_Item]:
-        """The objects of blocks ``start..start + len(slots)`` of a job: every group's head
+        """The objects of blocks ``start..start + len(slots)`` of a job: every group's object
         (``writes``: those this rank writes), skipping a group's ``NO_BLOCK``."""
         out: list[_Item] = []
         groups = job.groups()
@@ -337,7 +338,7 @@ class WorkerSide:
         return self._staging.data_ptr() + slot * self._block_bytes
 
     def _host_pages(self, block_ids: Iterable[int]) -> bool:
-        """Whether the cache is in host memory with each head's run of a page contiguous, so
+        """Whether the cache is in host memory with each object's run of a page contiguous, so
         that it is one ``memmove``; raises IndexError for a block id out of range."""
         layers = [lay for g in self._groups for lay in g.layers]
         if self._device.type != "cpu" or not all(lay.dense for lay in layers):
@@ -347,12 +348,12 @@ class WorkerSide:
             raise IndexError(f"a block id outside 0..{num_blocks}")
         return True
 
-    def _slot_heads(self, group: _Group) -> torch.Tensor:
-        """The staging buffer's bytes of ``group`` as ``[slots, heads, layers, head bytes]``
-        (every layer of a group has the same head size)."""
+    def _slot_objects(self, group: _Group) -> torch.Tensor:
+        """The staging buffer's bytes of ``group`` as ``[slots, objects, layers, run bytes]``
+        (every layer of a group has the same run size)."""
         assert self._staging is not None
         n = len(group.salts) * group.object_bytes
-        hb = group.layers[0].head_bytes
+        hb = group.layers[0].run_bytes
         region = self._staging[:, group.offset : group.offset + n]
         return region.view(-1, len(group.salts), len(group.layers), hb)
 
@@ -365,37 +366,37 @@ class WorkerSide:
         if self._host_pages(it.block for it in items):
             for it in items:
                 dst = self._slot_ptr(it.slot) + it.slot_offset()
-                for src, size in it.group.pieces(it.block, it.head):
+                for src, size in it.group.pieces(it.block, it.obj):
                     _memmove(dst, src, size)
                     dst += size
             return
         for group, its in self._by_group(items):
-            target = self._slot_heads(group)
-            bt, ht, st = self._indices(its, self._device)
-            st, hc = st.cpu(), ht.cpu()
+            target = self._slot_objects(group)
+            bt, ot, st = self._indices(its, self._device)
+            st, oc = st.cpu(), ot.cpu()
             for li, lay in enumerate(group.layers):
-                vals = lay.view[bt, :, ht].contiguous().view(torch.uint8)
-                target[st, hc, li] = vals.reshape(len(its), -1).cpu()
+                vals = lay.view[bt, :, ot].contiguous().view(torch.uint8)
+                target[st, oc, li] = vals.reshape(len(its), -1).cpu()
 
     def _scatter(self, items: list[_Item]) -> None:
         """Copies the objects' bytes from their staging slots into the cache. A cache in host
-        memory whose head runs are contiguous takes one ``memmove`` each: torch's byte-wise
+        memory whose object runs are contiguous takes one ``memmove`` each: torch's byte-wise
         gather of the slots and ``index_copy_`` move 512 MiB in about 0.6 s on one core, the
         memmoves in 0.06-0.09 s."""
         if self._host_pages(it.block for it in items):
             for it in items:
                 src = self._slot_ptr(it.slot) + it.slot_offset()
-                for dst, size in it.group.pieces(it.block, it.head):
+                for dst, size in it.group.pieces(it.block, it.obj):
                     _memmove(dst, src, size)
                     src += size
             return
         for group, its in self._by_group(items):
-            source = self._slot_heads(group)
-            bt, ht, _ = self._indices(its, self._device)
-            _, hc, st = self._indices(its, torch.device("cpu"))
+            source = self._slot_objects(group)
+            bt, ot, _ = self._indices(its, self._device)
+            _, oc, st = self._indices(its, torch.device("cpu"))
             for li, lay in enumerate(group.layers):
-                raw = source[st, hc, li].to(self._device).view(lay.view.dtype)
-                lay.view[bt, :, ht] = raw.reshape(
+                raw = source[st, oc, li].to(self._device).view(lay.view.dtype)
+                lay.view[bt, :, ot] = raw.reshape(
                     len(its), *lay.view.shape[1:2], *lay.view.shape[3:]
                 )
         if self._device.type == "cuda":
@@ -414,14 +415,14 @@ class WorkerSide:
     def _indices(
         items: list[_Item], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Block ids, heads and slots of the items, as index tensors on ``device``."""
+        """Block ids, objects and slots of the items, as index tensors on ``device``."""
 
         def idx(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
         return (
             idx([it.block for it in items]),
-            idx([it.head for it in items]),
+            idx([it.obj for it in items]),
             idx([it.slot for it in items]),
         )
 
@@ -476,7 +477,7 @@ class WorkerSide:
 
     def _load(self, job: BlockJob, is_async: bool) -> None:
         """Loads a job's blocks in batches of ``batch_blocks``: each block's objects (every
-        group, every head this rank holds) in one call per batch. A block is good only when
+        group, every object this rank holds) in one call per batch. A block is good only when
         every object of it loaded."""
         batch = max(1, int(self.config["batch_blocks"]))
         # Straight into a host-memory cache's pages: copied from kvpoold's memory on its host,
@@ -513,12 +514,12 @@ class WorkerSide:
 
     def _load_items(self, items: list[_Item], direct: bool) -> list[bool]:
         """One batched load of the objects: into their staging slots, or (``direct``)
-        straight into a host-memory cache's pages (each object into its head's run of every
+        straight into a host-memory cache's pages (each object into its run of every
         layer, verified in the same pass). A block that fails may be left half-written; it is
         reported, and vLLM recomputes it over those bytes."""
         keys = [it.key for it in items]
         if direct:
-            pieces = [it.group.pieces(it.block, it.head) for it in items]
+            pieces = [it.group.pieces(it.block, it.obj) for it in items]
             return self.store.load_scattered(keys, pieces)
         return self.store.load(
             keys,

@@ -348,7 +348,7 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
     assert len(saved_ids) == 5
     # One object per block (all the rank's KV heads by default): 2 MiB.
     assert a.worker.object_bytes == LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 2
-    assert a.worker.head_object_bytes == a.worker.object_bytes
+    assert a.worker.stored_object_bytes == a.worker.object_bytes
     assert set(a.worker.block_strides.values()) == {2 * BLOCK * KV_HEADS * HEAD * 2}
     s = a.worker.store.stats()
     assert s["stores"] == 5 and s["bytes_written"] == 5 * a.worker.object_bytes
