@@ -195,6 +195,20 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
         if kcc is None or not kcc.kv_cache_groups:
             log.warning("kvpool: no KV cache groups; the connector stays idle")
             return None
+        par = self._vllm_config.parallel_config
+        cp = [
+            int(getattr(par, f"{kind}_context_parallel_size", 1) or 1)
+            for kind in ("decode", "prefill")
+        ]
+        if max(cp) > 1:
+            # Its ranks hold other tokens of the blocks (under one TP rank, or as one of
+            # the ranks vLLM takes for a shared head), and its blocks span more tokens.
+            log.warning(
+                "kvpool: context parallelism (DCP %d, PCP %d) is not supported; the "
+                "connector stays idle",
+                *cp,
+            )
+            return None
         mc = self._vllm_config.model_config
         model_heads = None
         if mc is not None and hasattr(mc, "get_total_num_kv_heads"):

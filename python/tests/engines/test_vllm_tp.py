@@ -9,6 +9,7 @@ rank, is one object per block, written by rank 0 and loaded by every rank.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -201,3 +202,34 @@ def test_an_mla_latent_is_stored_once_and_every_rank_loads_it(kvpoold, models):
                 assert torch.equal(want, have)
         b.close()
     a.close()
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_context_parallelism_leaves_the_connector_idle(kvpoold, models, caplog, kind):
+    """Under decode or prefill context parallelism a rank holds only some tokens of each
+    block (and ranks sharing an MLA latent hold different ones), which the keys do not say:
+    the connector neither looks up nor stores rather than mix them up."""
+    path = base.model_dir(models, "mla")
+    vc = base.vllm_config(path, kvpoold.url, tp=2)
+    setattr(vc.parallel_config, f"{kind}_context_parallel_size", 2)
+    caplog.set_level(logging.WARNING, logger="kvpool.vllm")
+    conn = base.KvpoolConnector(vc, base.KVConnectorRole.SCHEDULER, mla_config())
+    assert not conn.enabled
+    assert any("context parallelism" in r.getMessage() for r in caplog.records)
+    req = base.Request(
+        "q",
+        base.tokens(40, 26),
+        base.SamplingParams(max_tokens=1),
+        None,
+        block_hasher=base.HASHER,
+    )
+    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    w = base.KvpoolConnector(vc, base.KVConnectorRole.WORKER, mla_config())
+    w.register_kv_caches(
+        base.allocate_kv_cache(
+            mla_config(), torch.device("cpu"), base.KVCacheLayout.LBHNC
+        )
+    )
+    assert w.object_bytes == 0 and w._staging is None
+    w.shutdown()
+    conn.shutdown()
