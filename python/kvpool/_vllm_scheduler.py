@@ -99,23 +99,26 @@ class SchedulerSide:
     def _windowed_hit(self, present: list[bool], first: int) -> int:
         """The most blocks after ``first`` a hit can take, given each object's presence: at
         boundary ``first + m`` every group holds blocks ``max(first, its first needed)`` to
-        the boundary (vLLM holds the blocks before ``first`` itself)."""
+        the boundary (vLLM holds the blocks before ``first`` itself). Linear in the blocks:
+        per group, the run of whole blocks that ends at each block."""
         n = len(self._block_salts)
-        groups = len(self.layouts)
-        whole = [  # whole[g][i]: group g holds every head of block first + i
-            [True] * (len(present) // n) for _ in range(groups)
-        ]
+        blocks = len(present) // n
+        whole = [[True] * blocks for _ in self.layouts]  # every object of the block
         for k, ok in enumerate(present):
             if not ok:
                 whole[self._salt_groups[k % n]][k // n] = False
-        for m in range(len(present) // n, 0, -1):
+        runs = []  # runs[g][i]: whole blocks of group g ending at block i
+        for w in whole:
+            run, count = [], 0
+            for ok in w:
+                count = count + 1 if ok else 0
+                run.append(count)
+            runs.append(run)
+        for m in range(blocks, 0, -1):
             if all(
-                all(
-                    whole[g][
-                        max(0, lay.first_needed(first + m, self.block_size) - first) : m
-                    ]
-                )
-                for g, lay in enumerate(self.layouts)
+                m - max(0, lay.first_needed(first + m, self.block_size) - first)
+                <= run[m - 1]
+                for lay, run in zip(self.layouts, runs)
             ):
                 return m
         return 0

@@ -224,3 +224,35 @@ def test_a_failed_load_is_reported_per_request_and_recomputed(kvpoold, models):
     assert nr is not None and nr.num_computed_tokens == 0
     a.close()
     b.close()
+
+
+def test_the_hit_rule_matches_vllms_window_on_random_presence(kvpoold, models):
+    """The scheduler's longest hit, checked against vLLM's own window arithmetic
+    (``SlidingWindowManager.get_num_skipped_tokens``: tokens before ``n - window + 1`` are
+    skipped) on random presence of each group's objects, from several starting blocks."""
+    path = base.model_dir(models, "hybrid")
+    e = engine(path, kvpoold.url)
+    conn = e.conn
+    assert len(conn._block_salts) == 2  # one object per block: full, then window
+    g = torch.Generator().manual_seed(35)
+    for trial in range(300):
+        first = trial % 4
+        blocks = int(torch.randint(1, 12, (1,), generator=g))
+        present = (torch.rand(2 * blocks, generator=g) < 0.85).tolist()
+        full, window = present[0::2], present[1::2]
+
+        want = max(
+            (m for m in range(1, blocks + 1) if hit_ok(first, m, full, window)),
+            default=0,
+        )
+        assert conn._windowed_hit(present, first) == want, (first, full, window)
+    e.close()
+
+
+def hit_ok(first: int, m: int, full: list[bool], window: list[bool]) -> bool:
+    """vLLM's rule for a hit of ``m`` blocks after ``first``: every full-attention block, and
+    the window's blocks from the first one vLLM does not skip for the token at the boundary."""
+    end = first + m  # the boundary, in blocks of the request
+    skipped = max(0, end * BLOCK - WINDOW + 1) // BLOCK
+    lo = max(first, skipped)
+    return all(full[:m]) and all(window[lo - first : m])
