@@ -53,8 +53,8 @@ class SchedulerSide:
         self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
-        # Per block, the salts of every object a hit needs: every group's every KV heads, in
-        # every pipeline stage; and for each, its group's index in self.layouts.
+        # Per block, the salts of every object a hit needs (every object of every group, in
+        # every pipeline stage), and for each, its group's index in self.layouts.
         self._block_salts: list[str] = []
         self._salt_groups: list[int] = []
         if self.enabled:
