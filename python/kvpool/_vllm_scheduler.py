@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.v1.outputs import KVConnectorOutput
 
-from ._vllm_meta import BlockJob, KvpoolConnectorMetadata, guarded, log
+from ._vllm_meta import NO_BLOCK, BlockJob, KvpoolConnectorMetadata, guarded, log
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -22,7 +22,7 @@ class _Tracked:
     """What the scheduler remembers of one request."""
 
     request: Request
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
     stored: int = 0  # leading blocks known to be in kvpool (matched or saved)
     load: BlockJob | None = None
     load_first: int = 0  # index of the load's first block in the request
@@ -53,27 +53,75 @@ class SchedulerSide:
         self._loading: dict[str, _Tracked] = {}  # requests with a load not yet reported
         self._failed_total = self._failed_reported = 0
         self._dropped_total = self._dropped_reported = 0
-        self._rank_salts: list[str] = []
+        # Per block, the salts of every object a hit needs (every object of every group, in
+        # every pipeline stage), and for each, its group's index in self.layouts.
+        self._block_salts: list[str] = []
+        self._salt_groups: list[int] = []
         if self.enabled:
-            self._rank_salts = [
-                self.salt(tp, pp)
-                for pp in range(self.pp_size)
-                for tp in range(self.tp_size)
-            ]
+            for pp in range(self.pp_size):
+                for gi, layout in enumerate(self.layouts):
+                    for head in layout.all_heads():
+                        self._block_salts.append(self.object_salt(layout, head, pp))
+                        self._salt_groups.append(gi)
+        self._windowed = any(lay.retained_tokens for lay in self.layouts)
+        self._null_block = 0
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._null_block = kv_cache_manager.block_pool.null_block.block_id
 
     def _matched_blocks(self, request: Request, first: int) -> int:
-        """Leading blocks of ``request`` stored for every rank, asking kvpool once (one
-        ``match_prefix``, one round trip per node) per request and starting block."""
+        """Leading blocks of ``request`` whose every group holds what a hit there needs (at
+        most those before the block of the last token, which is always computed), asking
+        kvpool once (one round trip per node) per request and starting block. Without a
+        sliding-window group that is one ``match_prefix`` over every object of every block.
+        With one, a block below the window need not be held: one ``presence`` of the same
+        keys, and the longest boundary whose every group is whole from where it needs it."""
         seen = self._matches.setdefault(request.request_id, {})
         hit = seen.get(first)
         if hit is not None:
             return hit
-        hashes = request.block_hashes[first:]
-        n = len(self._rank_salts)
-        keys = [f"{s}@{h.hex()}" for h in hashes for s in self._rank_salts]
-        hit = first + self.store.match_prefix(keys) // n if keys else first
+        # At most the blocks before the prompt's last token: one token is always computed.
+        hashes = request.block_hashes[
+            first : (request.num_tokens - 1) // self.block_size
+        ]
+        n = len(self._block_salts)
+        keys = [f"{s}@{h.hex()}" for h in hashes for s in self._block_salts]
+        if not keys:
+            hit = first
+        elif not self._windowed:
+            hit = first + self.store.match_prefix(keys) // n
+        else:
+            hit = first + self._windowed_hit(self.store.presence(keys), first)
         seen[first] = hit
         return hit
+
+    def _windowed_hit(self, present: list[bool], first: int) -> int:
+        """The most blocks after ``first`` a hit can take, given each object's presence: at
+        boundary ``first + m`` every group holds blocks ``max(first, its first needed)`` to
+        the boundary (vLLM holds the blocks before ``first`` itself). Linear in the blocks:
+        per group, the run of whole blocks that ends at each block."""
+        n = len(self._block_salts)
+        blocks = len(present) // n
+        whole = [[True] * blocks for _ in self.layouts]  # every object of the block
+        for k, ok in enumerate(present):
+            if not ok:
+                whole[self._salt_groups[k % n]][k // n] = False
+        runs = []  # runs[g][i]: whole blocks of group g ending at block i
+        for w in whole:
+            run, count = [], 0
+            for ok in w:
+                count = count + 1 if ok else 0
+                run.append(count)
+            runs.append(run)
+        for m in range(blocks, 0, -1):
+            if all(
+                m - max(0, lay.first_needed(first + m, self.block_size) - first)
+                <= run[m - 1]
+                for lay, run in zip(self.layouts, runs)
+            ):
+                return m
+        return 0
 
     @guarded(lambda: (0, False))
     def get_num_new_matched_tokens(
@@ -90,8 +138,6 @@ class SchedulerSide:
         hit = self._matched_blocks(request, first)
         self._asked[request.request_id] = first * self.block_size
         tokens = hit * self.block_size
-        if tokens >= request.num_tokens:
-            tokens = (request.num_tokens - 1) // self.block_size * self.block_size
         n = tokens - num_computed_tokens
         if n <= 0:
             return 0, False
@@ -105,11 +151,11 @@ class SchedulerSide:
         if not self.enabled:
             return
         rid = request.request_id
-        block_ids = list(blocks.get_block_ids()[0])
+        block_ids = [list(ids) for ids in blocks.get_block_ids()]
         tr = self._reqs.get(rid)
         if tr is None:
             tr = self._reqs[rid] = _Tracked(request)
-        if block_ids:
+        if block_ids and block_ids[0]:
             tr.block_ids = block_ids
         if num_external_tokens <= 0:
             return
@@ -118,13 +164,11 @@ class SchedulerSide:
         local = self._asked.get(rid, 0)
         first = local // self.block_size
         last = first + -(-num_external_tokens // self.block_size)
-        ids = tr.block_ids[first:last]
-        hashes = [h.hex() for h in request.block_hashes[first:last]]
-        if len(ids) != last - first or len(hashes) != len(ids):
+        job = self._job(tr, first, last)
+        if job is None:
             log.debug("kvpool: %s: no blocks %d..%d to load into", rid, first, last)
             return
         tr.stored = max(tr.stored, self._matches.get(rid, {}).get(first, last))
-        job = BlockJob(rid, ids, hashes)
         tr.load, tr.load_first = job, first
         self._loading[rid] = tr
         self._pending_loads.append(job)
@@ -144,7 +188,7 @@ class SchedulerSide:
             tr = self._reqs.get(nr.req_id)
             if tr is None:
                 continue
-            tr.block_ids = list(nr.block_ids[0])
+            tr.block_ids = [list(ids) for ids in nr.block_ids]
             self._forget_matches(nr.req_id)  # a preempted request asks afresh
             self._plan_save(meta, tr, nr.num_computed_tokens + sched.get(nr.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
@@ -154,27 +198,32 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
-                tr.block_ids = list(new_ids[0]) if new_ids else []
+                tr.block_ids = [list(ids) for ids in new_ids] if new_ids else []
                 self._forget_matches(rid)
             elif new_ids:
-                tr.block_ids.extend(new_ids[0])
+                for have, new in zip(tr.block_ids, new_ids):
+                    have.extend(new)
             self._plan_save(meta, tr, cached.num_computed_tokens[i] + sched.get(rid, 0))
         return meta
 
     @guarded(lambda: None)
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Learns which loads finished and which blocks failed. A request whose load had a
-        failed block is not offered kvpool blocks again (vLLM recomputes it; a daemon that
-        keeps failing must not loop it through loads), and its failed blocks will be saved
-        again once recomputed."""
+        """Learns which loads finished and which blocks failed (with several KV cache groups:
+        which requests' loads failed, which vLLM recomputes from the start). A request whose
+        load had a failed block is not offered kvpool blocks again (vLLM recomputes it; a
+        daemon that keeps failing must not loop it through loads), and its failed blocks will
+        be saved again once recomputed."""
         bad = connector_output.invalid_block_ids or set()
         done = connector_output.finished_recving or set()
+        failed_reqs = getattr(connector_output, "failed_recving", None) or set()
         for rid, tr in list(self._loading.items()):
             job = tr.load
             if job is None:
                 del self._loading[rid]
                 continue
             failed = [i for i, b in enumerate(job.block_ids) if b in bad]
+            if rid in failed_reqs:
+                failed = [0]
             if failed:
                 tr.no_load = True
                 tr.stored = min(tr.stored, tr.load_first + failed[0])
@@ -185,16 +234,34 @@ class SchedulerSide:
     def _plan_save(
         self, meta: KvpoolConnectorMetadata, tr: _Tracked, computed: int
     ) -> None:
-        hashes = tr.request.block_hashes
-        full = min(computed // self.block_size, len(hashes), len(tr.block_ids))
+        full = min(
+            computed // self.block_size,
+            len(tr.request.block_hashes),
+            min((len(ids) for ids in tr.block_ids), default=0),
+        )
         if full <= tr.stored:
             return
-        rid = tr.request.request_id
-        ids = tr.block_ids[tr.stored : full]
-        meta.saves.append(
-            BlockJob(rid, ids, [h.hex() for h in hashes[tr.stored : full]])
-        )
+        job = self._job(tr, tr.stored, full)
+        if job is None:
+            return
+        meta.saves.append(job)
         tr.stored = full
+
+    def _job(self, tr: _Tracked, first: int, last: int) -> BlockJob | None:
+        """The job of blocks ``first..last`` of a request, or None when the request has no
+        hash or no block for some of them. A group's null block (a sliding window's block
+        below the window) becomes ``NO_BLOCK``: nothing to move for that group there."""
+        hashes = [h.hex() for h in tr.request.block_hashes[first:last]]
+        groups = [ids[first:last] for ids in tr.block_ids]
+        if not groups or len(hashes) != last - first:
+            return None
+        if any(len(ids) != len(hashes) for ids in groups):
+            return None
+        if len(groups) == 1:
+            return BlockJob(tr.request.request_id, groups[0], hashes)
+        null = self._null_block
+        groups = [[NO_BLOCK if b == null else b for b in ids] for ids in groups]
+        return BlockJob(tr.request.request_id, groups[0], hashes, groups)
 
     @guarded(lambda: (False, None))
     def request_finished(
@@ -208,6 +275,14 @@ class SchedulerSide:
         self._asked.pop(rid, None)
         self._forget_matches(rid)
         return False, None
+
+    @guarded(lambda: (False, None))
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """``request_finished`` for every KV cache group (vLLM calls this one when the
+        connector declares ``SupportsHMA``): the same, since no block is ever held."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
 
     def _forget_matches(self, rid: str) -> None:
         self._matches.pop(rid, None)

@@ -68,13 +68,17 @@ class KvpoolConnectorStats(KVConnectorStats):
 #: The Prometheus counters the connector adds to vLLM's ``/metrics`` (``vllm:kvpool_<field>``),
 #: from the fields of ``STAT_FIELDS``: (field, name suffix, help).
 _PROM_COUNTERS = (
-    ("lookups", "lookups", "kvpool prefix lookups (one match_prefix call each)"),
-    ("hits", "hit_blocks", "blocks (objects) loaded from kvpool"),
-    ("misses", "missed_blocks", "blocks asked of kvpool and not loaded"),
+    ("lookups", "lookups", "kvpool prefix lookups (one round trip each)"),
+    (
+        "hits",
+        "hit_blocks",
+        "objects (one per block, cache group and head group) loaded from kvpool",
+    ),
+    ("misses", "missed_blocks", "objects asked of kvpool and not loaded"),
     ("errors", "errors", "failed kvpool calls (each a miss or a dropped save)"),
     ("skipped", "skipped_calls", "calls answered as misses while the breaker was open"),
-    ("stores", "stored_blocks", "blocks stored in kvpool"),
-    ("store_failures", "store_failed_blocks", "blocks kvpool did not store"),
+    ("stores", "stored_blocks", "objects stored in kvpool"),
+    ("store_failures", "store_failed_blocks", "objects kvpool did not store"),
     ("bytes_read", "read_bytes", "bytes loaded from kvpool"),
     ("bytes_written", "written_bytes", "bytes stored in kvpool"),
     (

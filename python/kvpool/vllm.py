@@ -11,23 +11,30 @@ process (each tensor- and pipeline-parallel rank). They share no memory: the sch
 what to load and save and sends it to the workers in :class:`KvpoolConnectorMetadata`; the
 workers move the bytes and report back through vLLM's connector output.
 
-**Keys.** One object per (block, rank): ``"{salt}@{block_hash.hex()}"``, where ``block_hash`` is
-vLLM's own prefix-caching hash of the block (``request.block_hashes``: full blocks only, chained
-from the first token, including LoRA, multimodal and ``cache_salt`` extra keys) and ``salt`` is
-:func:`kvpool.engine.layout_salt` of the model, the cache dtype, the block size, the parallel
-ranks and sizes, the layer and head geometry and the logical page layout. Two models, dtypes,
-block sizes or ranks therefore never share a key. A partial last block has no hash and is never
-stored. With a non-cryptographic prefix hash (``xxhash``/``xxhash_cbor``) and no
-``PYTHONHASHSEED``, vLLM seeds its hashes at random per process, so no other process could ever
-reuse them: the connector then neither looks up nor stores (one warning).
+**Keys.** One object per (block, KV cache group, group of ``heads_per_object`` KV heads):
+``"{salt}@{block_hash.hex()}"``, where ``block_hash`` is vLLM's own prefix-caching hash of the
+block (``request.block_hashes``: full blocks only, chained from the first token, including LoRA,
+multimodal and ``cache_salt`` extra keys) and ``salt`` is :func:`kvpool.engine.layout_salt` of
+the model, the cache dtype, the block size, the pipeline stage, the layer and head geometry, the
+cache group (its index and kind: full attention, MLA or sliding window) and the model-wide index
+of the object's first head with ``heads_per_object``. It names no tensor-parallel size or rank:
+instances that set the same ``heads_per_object`` (default: a rank's heads, one object per block
+and rank) share objects whatever their TP sizes (prefill at TP 2, decode at TP 1, or the
+reverse), each rank loading the objects of its heads, one round trip per batch of blocks. Every
+object is written once: by the lowest rank holding its heads, so an MLA latent (one "head",
+equal on every rank) is written by rank 0 alone and loaded by every rank. A partial last block
+has no hash and is never stored. With a non-cryptographic prefix hash (``xxhash``/
+``xxhash_cbor``) and no ``PYTHONHASHSEED``, vLLM seeds its hashes at random per process, so no
+other process could ever reuse them: the connector then neither looks up nor stores (one
+warning).
 
-**Values.** The concatenation, over the worker's layers in model order, of each layer's page
-for that block in vLLM's logical ``[heads, tokens, content]`` order (K and V of the block). It
-is gathered from the paged KV cache into a registered host staging buffer (the copy a GPU
-deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per batch;
-loads go the other way, except into a host-memory cache, whose registered pages each object
-is loaded into directly (``EngineStore.load_scattered``: copied from kvpoold's memory on its
-host, received from the socket elsewhere).
+**Values.** The concatenation, over the group's layers in model order, of the heads' slice of
+each layer's page for that block in vLLM's logical ``[heads, tokens, content]`` order (its K
+and V). It is gathered from the paged KV cache into a registered host staging buffer (the copy
+a GPU deployment makes into pinned memory anyway) and written with one ``EngineStore.save`` per
+batch; loads go the other way, except into a host-memory cache, whose registered pages each
+object is loaded into directly (``EngineStore.load_scattered``: copied from kvpoold's memory on
+its host, received from the socket elsewhere).
 
 **Asynchrony.** Loads run on a loader thread. By default (``load_async``) the scheduler parks the
 request in ``WAITING_FOR_REMOTE_KVS`` while other requests compute, and the worker reports it in
@@ -37,11 +44,15 @@ gather the new full blocks into staging
 inside ``wait_for_save`` (so the source blocks are never read after vLLM may free or reuse them,
 and ``request_finished`` never needs to hold blocks) and a saver thread writes them to kvpool
 while the next steps compute. Any failure is a miss: a block that fails to load is returned by
-``get_block_ids_with_load_errors`` and vLLM recomputes it; a save that fails is a future miss.
+``get_block_ids_with_load_errors`` and vLLM recomputes it (with several KV cache groups, whose
+block ids vLLM cannot map back, its request is reported in ``failed_recving`` and recomputed;
+loads are then always asynchronous); a save that fails is a future miss.
 
-**HMA.** The class does not declare ``SupportsHMA``: vLLM then turns its hybrid KV cache manager
-off, so the cache has exactly one group (sliding-window layers then keep blocks for the whole
-sequence; Mamba/SSM models refuse to start with this connector). See docs/ENGINES.md.
+**HMA.** The class declares ``SupportsHMA``, so vLLM keeps its hybrid KV cache manager on.
+Full-attention, MLA and sliding-window groups are stored per group, each from its own block
+ids; a hit needs every group whole where vLLM reads it (a sliding window only inside the
+window of the hit's boundary). A group the connector does not store (Mamba state, chunked local
+or cross attention) leaves it idle: the model runs, without kvpool. See docs/ENGINES.md.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -60,7 +72,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from ._vllm_meta import BlockJob, KvpoolConnectorMetadata, guarded, log, page_bytes
+from ._vllm_meta import (
+    BlockJob,
+    GroupLayout,
+    KvpoolConnectorMetadata,
+    group_layout,
+    guarded,
+    log,
+    page_bytes,
+)
 from ._vllm_scheduler import SchedulerSide
 from ._vllm_stats import STORE_FIELDS, KvpoolConnectorStats, KvpoolPromMetrics
 from ._vllm_worker import WorkerSide
@@ -73,6 +93,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULTS",
     "BlockJob",
+    "GroupLayout",
     "KvpoolConnector",
     "KvpoolConnectorMetadata",
     "KvpoolConnectorStats",
@@ -94,12 +115,13 @@ DEFAULTS: dict[str, Any] = {
     "batch_blocks": 16,
     "model_id": None,
     "keep_failure_policy": False,
+    "heads_per_object": None,
 }
 
 _NON_REPRODUCIBLE_HASHES = ("xxhash", "xxhash_cbor")
 
 
-class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
+class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA):
     """vLLM's KV connector on kvpool: prefix blocks are looked up, loaded and saved by vLLM's
     block hash. See the module docstring; ``kv_connector_extra_config`` keys: ``DEFAULTS``.
     The scheduler's methods are in ``SchedulerSide``, the workers' in ``WorkerSide``."""
@@ -120,10 +142,22 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self._lock = threading.Lock()
         self.load_async = bool(extra["load_async"])
         self.block_size = vllm_config.cache_config.block_size
+        par = vllm_config.parallel_config
+        self.tp_size = int(getattr(par, "tensor_parallel_size", 1))
+        self.pp_size = int(getattr(par, "pipeline_parallel_size", 1))
         self.enabled = True
-        spec = self._spec()
-        if spec is None:
+        layouts = self._group_layouts()
+        self.layouts: list[GroupLayout] = layouts or []
+        if layouts is None:
             self.enabled = False
+        elif len(self._kv_cache_config.kv_cache_groups) > 1 and not self.load_async:
+            # With several groups vLLM takes a failed load per request (failed_recving),
+            # which it can only honour for a request that waits for its load.
+            log.warning(
+                "kvpool: %d KV cache groups: load_async is required and turned on",
+                len(self._kv_cache_config.kv_cache_groups),
+            )
+            self.load_async = True
         algo = getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256")
         if algo in _NON_REPRODUCIBLE_HASHES and os.getenv("PYTHONHASHSEED") is None:
             log.warning(
@@ -133,9 +167,6 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
                 algo,
             )
             self.enabled = False
-        par = vllm_config.parallel_config
-        self.tp_size = int(getattr(par, "tensor_parallel_size", 1))
-        self.pp_size = int(getattr(par, "pipeline_parallel_size", 1))
         self.store = EngineStore(
             str(extra["kvpool_url"]),
             extra["namespace"],
@@ -155,29 +186,74 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
 
     # ----- shared -----
 
-    def _spec(self) -> Any:
-        """The KV cache spec of the one cache group, or None (logged) when there are several
-        (hybrid KV cache manager on, which this connector does not declare support for)."""
+    def _group_layouts(self) -> list[GroupLayout] | None:
+        """How each KV cache group is stored, or None (logged) when a group holds something
+        the connector does not store (Mamba state, chunked local or cross attention, a block
+        size other than the hashes'): it then stays idle, since a hit must restore every
+        group."""
         kcc = self._kv_cache_config
-        if kcc is None or len(kcc.kv_cache_groups) != 1:
+        if kcc is None or not kcc.kv_cache_groups:
+            log.warning("kvpool: no KV cache groups; the connector stays idle")
+            return None
+        par = self._vllm_config.parallel_config
+        cp = [
+            int(getattr(par, f"{kind}_context_parallel_size", 1) or 1)
+            for kind in ("decode", "prefill")
+        ]
+        if max(cp) > 1:
+            # Its ranks hold other tokens of the blocks (under one TP rank, or as one of
+            # the ranks vLLM takes for a shared head), and its blocks span more tokens.
             log.warning(
-                "kvpool: %s KV cache groups; the connector handles exactly one (HMA off) "
-                "and stays idle",
-                0 if kcc is None else len(kcc.kv_cache_groups),
+                "kvpool: context parallelism (DCP %d, PCP %d) is not supported; the "
+                "connector stays idle",
+                *cp,
             )
             return None
-        return kcc.kv_cache_groups[0].kv_cache_spec
+        mc = self._vllm_config.model_config
+        model_heads = None
+        if mc is not None and hasattr(mc, "get_total_num_kv_heads"):
+            model_heads = int(mc.get_total_num_kv_heads())
+        out = []
+        per_object = self.config["heads_per_object"]
+        for i, group in enumerate(kcc.kv_cache_groups):
+            if not getattr(group, "enable_kv_transfer", True):
+                continue  # a replica vLLM rebuilds from its source group after a load
+            spec = group.kv_cache_spec
+            try:
+                layout = group_layout(
+                    i, spec, model_heads, self.tp_size, per_object and int(per_object)
+                )
+            except ValueError as e:
+                log.warning(
+                    "kvpool: KV cache group %d: %s; the connector stays idle", i, e
+                )
+                return None
+            if layout is None or spec.block_size != self.block_size:
+                log.warning(
+                    "kvpool: KV cache group %d (%s, %d-token blocks) is not one the "
+                    "connector stores; it stays idle",
+                    i,
+                    type(spec).__name__,
+                    spec.block_size,
+                )
+                return None
+            out.append(layout)
+        return out or None
 
-    def salt(self, tp_rank: int, pp_rank: int) -> str:
-        """The key prefix of one rank's objects (see the module docstring)."""
-        spec = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    def object_salt(self, layout: GroupLayout, head: int, pp_rank: int) -> str:
+        """The key prefix of the objects of the group's KV heads that start at ``head``
+        (model-wide index) in pipeline stage ``pp_rank``. It names no tensor-parallel size or
+        rank: a reader with another TP layout and the same ``heads_per_object`` finds the
+        heads it holds under the same keys."""
+        spec = layout.spec
         mc = self._vllm_config.model_config
         par = self._vllm_config.parallel_config
+        group = self._kv_cache_config.kv_cache_groups[layout.index]
         model = self.config["model_id"] or (mc.model if mc is not None else "")
         num_layers = (
             mc.get_total_num_hidden_layers()
             if mc is not None and hasattr(mc, "get_total_num_hidden_layers")
-            else len(self._kv_cache_config.kv_cache_groups[0].layer_names)
+            else len(group.layer_names)
         )
         return layout_salt(
             engine="vllm",
@@ -187,18 +263,30 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
             dtype=str(getattr(spec, "dtype", "")),
             kv_quant=str(getattr(spec, "kv_quant_mode", "")),
             block_size=self.block_size,
-            tp_size=self.tp_size,
-            tp_rank=tp_rank,
             pp_size=self.pp_size,
             pp_rank=pp_rank,
             dcp_size=int(getattr(par, "decode_context_parallel_size", 1) or 1),
             pcp_size=int(getattr(par, "prefill_context_parallel_size", 1) or 1),
             num_layers=num_layers,
-            num_kv_heads=getattr(spec, "num_kv_heads", None),
+            group=layout.index,
+            group_layers=len(group.layer_names),
+            kind=layout.kind,
+            window=getattr(spec, "sliding_window", None),
+            total_kv_heads=layout.total_heads,
+            head=head,
+            heads_per_object=layout.heads_per_object,
             head_size=getattr(spec, "head_size", None),
             head_size_v=getattr(spec, "head_size_v", None),
-            kv_layout=f"{type(spec).__name__}:page[heads,tokens,content]",
-            page_bytes=page_bytes(spec),
+            head_bytes=page_bytes(spec) // layout.heads_per_rank,
+            kv_layout=f"{type(spec).__name__}:head[tokens,content]",
+        )
+
+    def salt(self, tp_rank: int, pp_rank: int) -> str:
+        """The key prefix of the first object a rank holds of a block (first group, its first
+        KV heads); ``object_salt`` gives every object's."""
+        layout = self.layouts[0]
+        return self.object_salt(
+            layout, layout.rank_heads(self.tp_size, tp_rank)[0], pp_rank
         )
 
     def _note_error(self, where: str, e: BaseException) -> None:

@@ -128,10 +128,13 @@ def vllm_config(path: str, url: str, tp: int = 1, **extra) -> VllmConfig:
     return vc
 
 
-def kv_cache_config(layout: KVCacheLayout = KVCacheLayout.LBHNC) -> KVCacheConfig:
-    """One backing allocation for the 32 layers, layer-outermost (LBHNC) or block-outermost."""
+def kv_cache_config(
+    layout: KVCacheLayout = KVCacheLayout.LBHNC, heads: int = KV_HEADS
+) -> KVCacheConfig:
+    """One backing allocation for the 32 layers, layer-outermost (LBHNC) or block-outermost;
+    ``heads``: the KV heads of one rank."""
     spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=torch.bfloat16
+        block_size=BLOCK, num_kv_heads=heads, head_size=HEAD, dtype=torch.bfloat16
     )
     page = spec.page_size_bytes
     if layout.is_layer_compact:
@@ -161,9 +164,18 @@ class Engine:
         url: str,
         layout: KVCacheLayout = KVCacheLayout.LBHNC,
         tp: int = 1,
+        kcc: KVCacheConfig | None = None,
+        replicated: bool = False,
         **extra,
     ):
-        kcc = kv_cache_config(layout)
+        """``kcc``: the KV cache config (default: Llama-3-8B's, all KV heads on every rank);
+        ``replicated``: every rank's forward writes the same KV (an MLA latent)."""
+        kcc = kcc or kv_cache_config(layout)
+        self.replicated = replicated
+        # Each layer's KV cache group: its blocks are that group's block ids.
+        self.group_of = {
+            n: g for g, grp in enumerate(kcc.kv_cache_groups) for n in grp.layer_names
+        }
         vc = vllm_config(path, url, tp=tp, **extra)
         self.sched = Scheduler(
             vllm_config=vc,
@@ -209,6 +221,7 @@ class Engine:
         if before_worker is not None:
             before_worker(meta)
         finished: set[str] = set()
+        failed: set[str] = set()
         errors: set[int] = set()
         stats = None
         for rank, (w, kv) in enumerate(zip(self.workers, self.kvs)):
@@ -220,13 +233,15 @@ class Engine:
             for name in LAYER_NAMES:
                 w.wait_for_layer_load(name)
                 if fill_seed is not None:
-                    self.forward_layer(out, kv, name, fill_seed + 1000 * rank)
+                    seed = fill_seed + (0 if self.replicated else 1000 * rank)
+                    self.forward_layer(out, kv, name, seed)
                 w.save_kv_layer(name, kv[name], None)
             if not out.has_sync_kv_loads:
                 w.start_load_kv(None)  # async loads start after the forward is launched
             w.wait_for_save()
             assert w.flush(10.0)
             res = w.get_transfer_results(set(out.finished_req_ids))
+            failed |= res.failed_recving
             for rid in res.finished_recving:
                 self.recving[rid] = self.recving.get(rid, 0) + 1
                 if self.recving[rid] == len(self.workers):
@@ -239,6 +254,7 @@ class Engine:
             w.clear_connector_metadata()
         kvo = KVConnectorOutput(
             finished_recving=finished or None,
+            failed_recving=failed & finished,
             invalid_block_ids=errors,
             kv_connector_stats=stats,
         )
@@ -252,7 +268,7 @@ class Engine:
         t = kv[name]
         for nr in out.scheduled_new_reqs:
             first = nr.num_computed_tokens // BLOCK
-            for b in nr.block_ids[0][first:]:
+            for b in nr.block_ids[self.group_of[name]][first:]:
                 t[b] = torch.randn(t.shape[1:], generator=g).to(t.dtype)
 
     def model_output(self, out, kvo: KVConnectorOutput) -> ModelRunnerOutput:
@@ -280,6 +296,14 @@ class Engine:
         idx = torch.tensor(block_ids)
         kv = self.kvs[rank]
         return [kv[n].index_select(0, idx).view(torch.int16) for n in LAYER_NAMES]
+
+    def use_staging(self) -> Engine:
+        """Makes the workers move bytes as they do for a device cache: through the staging
+        buffer with torch's indexed copies, instead of ``memmove`` into host pages."""
+        for w in self.workers:
+            w._direct = []
+            w._host_pages = lambda block_ids: False
+        return self
 
     def close(self) -> None:
         for w in self.workers:
@@ -322,7 +346,9 @@ def test_scheduler_saves_then_another_engine_loads_the_prefix_into_other_blocks(
     prompt1 = tokens(5 * BLOCK + 8, seed=1)
     saved_ids = save_request_1(a, prompt1)
     assert len(saved_ids) == 5
-    assert a.worker.object_bytes == LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 2  # 2 MiB
+    # One object per block (all the rank's KV heads by default): 2 MiB.
+    assert a.worker.object_bytes == LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 2
+    assert a.worker.stored_object_bytes == a.worker.object_bytes
     assert set(a.worker.block_strides.values()) == {2 * BLOCK * KV_HEADS * HEAD * 2}
     s = a.worker.store.stats()
     assert s["stores"] == 5 and s["bytes_written"] == 5 * a.worker.object_bytes
@@ -502,7 +528,7 @@ def test_another_model_never_matches(kvpoold, models):
         other_vc, KVConnectorRole.SCHEDULER, kv_cache_config()
     )
     assert other.get_num_new_matched_tokens(req, 0) == (0, False)
-    # Same model, other TP layout: other keys too.
+    # Same model, other TP layout: other keys too (unless both set heads_per_object).
     assert other.salt(0, 0) != a.conn.salt(0, 0) != a.conn.salt(1, 0)
     other.shutdown()
     a.close()
@@ -658,34 +684,37 @@ def test_a_random_per_process_hash_is_never_stored(
     conn.shutdown()
 
 
-def test_hma_is_turned_off_and_several_groups_leave_the_connector_idle(
+def test_hma_stays_on_and_a_group_it_cannot_store_leaves_the_connector_idle(
     kvpoold, models, caplog
 ):
-    """vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA, and
-    refuses to build one when HMA is forced on; handed two groups anyway, it stays idle."""
+    """The connector declares SupportsHMA: vLLM keeps its hybrid KV cache manager on, also
+    when it is asked for explicitly. Handed a group whose state it does not store (Mamba),
+    it stays idle: a hit must restore every group."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
     path = model_dir(models, "llama3-8b")
     vc = vllm_config(path, kvpoold.url)
-    assert vc.scheduler_config.disable_hybrid_kv_cache_manager
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
-    with pytest.raises(ValueError, match="does not support HMA"):
-        KVConnectorFactory.create_connector(
-            vc, KVConnectorRole.SCHEDULER, kv_cache_config()
-        )
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
     kcc = kv_cache_config()
     half = len(LAYER_NAMES) // 2
     spec = kcc.kv_cache_groups[0].kv_cache_spec
+    mamba = MambaSpec(
+        block_size=BLOCK, shapes=((4, 64), (8, 16)), dtypes=(torch.bfloat16,) * 2
+    )
     kcc.kv_cache_groups = [
         KVCacheGroupSpec(LAYER_NAMES[:half], spec),
-        KVCacheGroupSpec(LAYER_NAMES[half:], spec),
+        KVCacheGroupSpec(LAYER_NAMES[half:], mamba),
     ]
     caplog.set_level(logging.WARNING, logger="kvpool.vllm")
     conn = KvpoolConnector(vc, KVConnectorRole.SCHEDULER, kcc)
-    assert not conn.enabled and any("groups" in r.getMessage() for r in caplog.records)
+    assert not conn.enabled
+    assert any("MambaSpec" in r.getMessage() for r in caplog.records)
     req = Request(
         "g", tokens(40, 3), SamplingParams(max_tokens=1), None, block_hasher=HASHER
     )
     assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert conn.request_finished_all_groups(req, ([1], [2])) == (False, None)
     conn.shutdown()
 
 
