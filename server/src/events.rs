@@ -35,6 +35,11 @@ use crate::watch::Watches;
 /// from while publishers fill the first.
 pub(crate) const QUEUE_BYTES: usize = 128 << 10;
 
+/// How long a subscribed connection lets events gather once its queue stops being empty,
+/// before it writes them: at a high event rate a frame (and a write) per event would cost the
+/// node more than the events themselves; a router hears of a store within this much more.
+pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Bytes an event takes in a queue besides its key: namespace (4), kind (1), tier (1), key
 /// length (2).
 const EVENT_OVERHEAD: usize = 8;

@@ -167,7 +167,11 @@ where
             };
             let kv = async {
                 match self.held.kv_events.as_ref() {
-                    Some(sub) => sub.ready().await,
+                    Some(sub) => {
+                        sub.ready().await;
+                        // Cancel-safe: a request arriving meanwhile is served first.
+                        tokio::time::sleep(crate::events::LINGER).await;
+                    }
                     None => std::future::pending().await,
                 }
             };
