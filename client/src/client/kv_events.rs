@@ -100,7 +100,10 @@ impl Client {
                 prefix: prefix.to_vec(),
             };
             let id = w.send(op).await?;
-            subscribed(&mut rd, id).await?;
+            // A node that never answers (one too old to know the request) is a timeout.
+            tokio::time::timeout(self.cfg.timeout, subscribed(&mut rd, id))
+                .await
+                .map_err(|_| ClientError::Timeout)??;
             sub.readers
                 .push(tokio::spawn(forward(node, rd, w, tx.clone())));
         }
