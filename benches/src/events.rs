@@ -4,7 +4,8 @@
 //! on, then on then off, so that a drift of the shared machine's load biases neither side) a
 //! subscriber reads every event of the namespace, or there is none. The figures: the puts per
 //! second of each window, the events per second the subscriber was sent and those dropped for
-//! lag, and each pair's ratio of put throughput, on over off (goal: at least 0.95). Every run
+//! lag, the CPU time the daemon and this process spent per put (which side the events cost),
+//! and each pair's ratio of put throughput, on over off (goal: at least 0.95). Every run
 //! is bounded and stops by itself; nothing here asserts on time.
 
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use kvpool_bench::units::{self, fmt_rate, fmt_size};
 use kvpool_client::{Client, ClientConfig, SameHost};
 
 use crate::perf::daemon::{self, Daemon};
-use crate::perf::machine::Machine;
+use crate::perf::machine::{process_ticks, ticks_per_s, Machine};
 
 /// The goal: put throughput with a subscriber at least this share of it without one.
 const GOAL: f64 = 0.95;
@@ -59,6 +60,10 @@ struct Window {
     puts_per_s: f64,
     events_per_s: f64,
     dropped: u64,
+    /// CPU time the daemon spent per put, microseconds (its events' cost shows here).
+    daemon_us_per_put: f64,
+    /// CPU time this process (writers, and the subscriber when there is one) spent per put.
+    bench_us_per_put: f64,
 }
 
 /// Runs the windows and prints each, then the ratios.
@@ -177,14 +182,19 @@ async fn window(
         dropped.load(Ordering::Relaxed),
         Instant::now(),
     );
+    let (daemon0, bench0) = (process_ticks(d.pid()), process_ticks(std::process::id()));
     tokio::time::sleep(Duration::from_millis(args.window_ms)).await;
     let secs = t0.elapsed().as_secs_f64();
+    let n = (puts.load(Ordering::Relaxed) - p0).max(1) as f64;
+    let us_per_put = |ticks: u64| ticks as f64 / ticks_per_s() * 1e6 / n;
     let w = Window {
         pair,
         subscribed,
         puts_per_s: (puts.load(Ordering::Relaxed) - p0) as f64 / secs,
         events_per_s: (events.load(Ordering::Relaxed) - e0) as f64 / secs,
         dropped: dropped.load(Ordering::Relaxed) - d0,
+        daemon_us_per_put: us_per_put(process_ticks(d.pid()) - daemon0),
+        bench_us_per_put: us_per_put(process_ticks(std::process::id()) - bench0),
     };
     if let Some(r) = reader {
         r.abort();
@@ -194,15 +204,19 @@ async fn window(
 
 /// The windows and, per pair, the ratio of put throughput (on over off) against the goal.
 fn render(windows: &[Window]) -> String {
-    let mut s = String::from("\n  pair  subscriber  puts/s      events/s    dropped\n");
+    let mut s = String::from(
+        "\n  pair  subscriber  puts/s      events/s    dropped  daemon CPU/put  bench CPU/put\n",
+    );
     for w in windows {
         s += &format!(
-            "  {:<4}  {:<10}  {:<10}  {:<10}  {}\n",
+            "  {:<4}  {:<10}  {:<10}  {:<10}  {:<7}  {:<14}  {:.1} µs\n",
             w.pair,
             if w.subscribed { "on" } else { "off" },
             fmt_rate(w.puts_per_s),
             fmt_rate(w.events_per_s),
-            w.dropped
+            w.dropped,
+            format!("{:.1} µs", w.daemon_us_per_put),
+            w.bench_us_per_put
         );
     }
     let mut ratios = Vec::new();

@@ -25,6 +25,7 @@ use kvpool_client::{Client, ClientConfig, ErrorCode, SameHost};
 use crate::perf::daemon::{self, Daemon};
 use crate::perf::driver::{run_tasks, Measured, Worker};
 use crate::perf::machine::Machine;
+use crate::perf::machine::{process_ticks, ticks_per_s};
 use crate::perf::render::table;
 use crate::perf::workloads;
 
@@ -249,19 +250,6 @@ async fn snapshot(c: &Client, puts: &AtomicU64, pid: u32) -> anyhow::Result<Snap
     })
 }
 
-/// utime + stime of process `pid` (/proc/PID/stat), in clock ticks.
-fn process_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
-}
-
 /// Busy (all but idle and iowait) and total ticks of all CPUs (/proc/stat).
 fn machine_ticks() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -276,17 +264,6 @@ fn machine_ticks() -> (u64, u64) {
     let total: u64 = f.iter().take(8).sum();
     let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
     (total - idle, total)
-}
-
-/// Clock ticks per second.
-fn ticks_per_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
 }
 
 async fn measure(
