@@ -21,7 +21,8 @@ them the same way, so the blocks that left a GPU for the pool stay routable:
 **Block hashes.** kvpool keys are opaque to the pool; this module turns each key into the block
 hash the engine published, by the connectors' key schemes. ``kvpool.vllm``'s keys are
 ``"{salt}@{block_hash.hex()}"`` (one per block and rank): the hash is the bytes after the last
-``@``. As vLLM does by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``), a hash is sent as
+``@``; ``kvpool.vllm_offload``'s are ``"{salt}@{block_hash.hex()}:{group}"``, announced with
+that ``group_idx``. As vLLM does by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``), a hash is sent as
 the integer of its bytes read big-endian, cut to 64 bits (``hash_format="bytes"`` sends the
 bytes). A key of another shape is skipped (``unparsed="skip"``, the default, counted in
 ``skipped``) or sent as its own bytes (``unparsed="raw"``). Every rank's key of a block gives
@@ -83,16 +84,35 @@ class _Stored(msgspec.Struct, tag="BlockStored", omit_defaults=True, gc=False):
     medium: str | None
     lora_name: str | None
     ownership: str | None = None
+    group_idx: int | None = None
 
 
 class _Removed(msgspec.Struct, tag="BlockRemoved", omit_defaults=True, gc=False):
     block_hashes: list[bytes | int]
     medium: str | None
     ownership: str | None = None
+    group_idx: int | None = None
 
 
 class _Cleared(msgspec.Struct, tag="AllBlocksCleared", omit_defaults=True, gc=False):
     pass
+
+
+def _parsed(key: bytes) -> tuple[bytes | None, int | None]:
+    """The block hash's bytes a key names and its KV cache group, if it gives one: the hex after
+    the last ``@``, and after a ``:`` the group (``kvpool.vllm_offload``'s keys)."""
+    _, at, tail = key.rpartition(b"@")
+    if not at:
+        return None, None
+    hexed, colon, group = tail.partition(b":")
+    try:
+        digest = bytes.fromhex(hexed.decode("ascii"))
+        idx = int(group) if colon else None
+    except (UnicodeDecodeError, ValueError):
+        return None, None
+    if idx is not None and idx < 0:
+        return None, None
+    return digest or None, idx
 
 
 def block_hash(
@@ -100,13 +120,7 @@ def block_hash(
 ) -> bytes | int | None:
     """The vLLM block hash a kvpool key stands for (see the module docstring); None for a key
     of another shape when ``unparsed`` is ``"skip"``."""
-    _, at, tail = key.rpartition(b"@")
-    digest: bytes | None = None
-    if at:
-        try:
-            digest = bytes.fromhex(tail.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            digest = None
+    digest, _ = _parsed(key)
     if not digest:
         if unparsed != "raw":
             return None
@@ -138,6 +152,7 @@ def to_vllm_events(
             skipped += 1
             continue
         medium = _MEDIUM.get(tier, MEDIUM_CPU)
+        group = _parsed(key)[1]
         if kind == "stored":
             out.append(
                 _Stored(
@@ -149,12 +164,24 @@ def to_vllm_events(
                     medium=medium,
                     lora_name=None,
                     ownership=OWNERSHIP,
+                    group_idx=group,
                 )
             )
-        elif out and isinstance(out[-1], _Removed) and out[-1].medium == medium:
+        elif (
+            out
+            and isinstance(out[-1], _Removed)
+            and (out[-1].medium, out[-1].group_idx) == (medium, group)
+        ):
             out[-1].block_hashes.append(h)
         else:
-            out.append(_Removed(block_hashes=[h], medium=medium, ownership=OWNERSHIP))
+            out.append(
+                _Removed(
+                    block_hashes=[h],
+                    medium=medium,
+                    ownership=OWNERSHIP,
+                    group_idx=group,
+                )
+            )
     return out, skipped
 
 

@@ -17,8 +17,9 @@ slot of a chunk, one row per chunk). That memory is registered with kvpool once,
 sends a row straight from it and a promotion loads straight into it: copied from kvpoold's
 memory on its host, received from the socket into the row elsewhere.
 
-**Keys.** One object per chunk: ``"{salt}@{offload_key.hex()}"``, where the offload key is
-vLLM's block hash of the chunk followed by its KV cache group index, and ``salt`` is
+**Keys.** One object per chunk: ``"{salt}@{block_hash.hex()}:{group}"``, the block hash and
+the KV cache group index of vLLM's offload key (the hash in the shape of ``kvpool.vllm``'s keys,
+so that ``kvpool.events`` announces the chunk by it), and ``salt`` is
 :func:`kvpool.engine.layout_salt` of the model, the KV dtype, the hash and chunk sizes, the
 cache groups, the parallel sizes, the CPU tier's row layout and ``model_id`` (see
 :func:`offload_salt`). Two models or two layouts never share a key.
@@ -53,6 +54,8 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
 )
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import (
@@ -69,7 +72,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
-__all__ = ["DEFAULTS", "KvpoolTier", "offload_salt"]
+__all__ = ["DEFAULTS", "KvpoolTier", "chunk_key", "offload_salt"]
 
 log = logging.getLogger("kvpool.vllm_offload")
 
@@ -88,6 +91,13 @@ DEFAULTS: dict[str, Any] = {
     "model_id": None,
     "locality": None,
 }
+
+
+def chunk_key(salt: str, offload_key: OffloadKey) -> str:
+    """kvpool's key of the chunk vLLM's ``offload_key`` names, under ``salt``: the block hash
+    in hex after an ``@``, as in ``kvpool.vllm``'s keys, then ``:`` and the KV cache group."""
+    block_hash = get_offload_block_hash(offload_key)
+    return f"{salt}@{block_hash.hex()}:{get_offload_group_idx(offload_key)}"
 
 
 def offload_salt(spec: OffloadingSpec, row_bytes: int, model_id: str | None) -> str:
@@ -239,7 +249,7 @@ class KvpoolTier(SecondaryTierManager):
 
     def key(self, offload_key: OffloadKey) -> str:
         """kvpool's key of one chunk (vLLM's block hash and group index, salted)."""
-        return f"{self.salt}@{offload_key.hex()}"
+        return chunk_key(self.salt, offload_key)
 
     def _ptrs(self, chunk_ids: Iterable[int]) -> list[int]:
         stride = self.block_size_bytes

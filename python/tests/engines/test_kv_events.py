@@ -188,3 +188,29 @@ def test_a_batch_with_dropped_events_starts_with_a_resync(vllm_events):
     assert isinstance(batch.events[1], vllm_events.BlockRemoved)
     assert batch.events[1].medium == vllm_events.MEDIUM_STORAGE
     assert len(batch.events[1].block_hashes) == 2
+
+
+def test_offloading_tier_keys_give_the_block_hash_and_group(vllm_events):
+    """A key of kvpool.vllm_offload (vLLM's offload key: block hash and group) is announced by
+    the block hash alone, with its group, as vLLM's own classes decode it."""
+    import msgspec
+    from kvpool.events import block_hash, to_vllm_events
+    from kvpool.vllm_offload import chunk_key
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    digest = bytes(range(32))
+    key = chunk_key("0123456789abcdef", make_offload_key(digest, 3)).encode()
+    assert block_hash(key, hash_format="bytes") == digest
+    events, skipped = to_vllm_events(
+        [("stored", "dram", key), ("removed", "disk", key)], hash_format="bytes"
+    )
+    assert skipped == 0
+    payload = msgspec.msgpack.encode([0.0, events, None])
+    batch = msgspec.msgpack.Decoder(type=vllm_events.KVEventBatch).decode(payload)
+    stored, removed = batch.events
+    assert (stored.block_hashes, stored.group_idx) == ([digest], 3)
+    assert (removed.block_hashes, removed.group_idx, removed.medium) == (
+        [digest],
+        3,
+        "STORAGE",
+    )
