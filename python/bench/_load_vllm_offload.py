@@ -12,26 +12,13 @@ import time
 
 import torch
 from _load_common import HEAD_DIM, HEADS, LAYERS, TOKENS
+from _load_vllm import LLAMA3_8B
 
 BLOCK = 16
 CHUNK = LAYERS * 2 * BLOCK * HEADS * HEAD_DIM * 2  # one block of every layer: 2 MiB
 # The GPU cache and the CPU tier each hold the 4096-token prompt and a little more.
 NUM_BLOCKS = TOKENS // BLOCK + 16
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": HEADS,
-    "num_hidden_layers": LAYERS,
-    "head_dim": HEAD_DIM,
-    "vocab_size": 1000,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 
 
 def model_dir(tmp: str) -> str:
