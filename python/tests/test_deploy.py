@@ -1,7 +1,8 @@
 """The deployment files under ``deploy/`` against the daemon they deploy.
 
 - Every Kubernetes overlay renders with ``kubectl kustomize``, passes yamllint, and validates
-  against the Kubernetes API schemas (``kubernetes-validate``, strict: no unknown field) and the
+  against the Kubernetes API schemas (``kubernetes-validate``, strict: no unknown field; kubectl's
+  ``--dry-run=client`` asks an API server for them, so it can't check offline) and the
   ServiceMonitor against the Prometheus operator's own models.
 - Every ``--flag`` and ``KVPOOL_*`` variable the manifests and the systemd unit give kvpoold is
   one of ``kvpoold --help``'s, and kvpoold started with a container's environment and its
