@@ -1064,3 +1064,88 @@ async fn a_static_peer_that_starts_late_is_not_marked_down_for_its_silence_befor
         "joining, then serving, and no refutation: {n:?}"
     );
 }
+
+/// `GET /ready` on `node`'s metrics listener: the status code and the body, or None once
+/// nothing listens there (the node has exited).
+fn ready(node: &Node) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&node.metrics).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// `/ready` answers 200 only while the node is `serving`: a node alone at once, a node that
+/// cannot reach its etcd stays `joining` (503), and a node drained by SIGTERM turns 503
+/// (`draining`, then `down`) while it still runs, never 200 again. Node 0 is stopped
+/// (SIGSTOP) during the drain, so that node 1's announcements to it wait out their timeout
+/// and each state lasts that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_answers_200_only_while_the_node_is_serving() {
+    let n0 = start(0, "64MiB", None, &[]);
+    assert_eq!(ready(&n0), Some((200, "serving\n".into())), "a node alone");
+    let mut n1 = start(1, "64MiB", Some(&n0), &[]);
+    let c = Client::connect(&n0.tcp_url(), cfg(SameHost::Off))
+        .await
+        .unwrap();
+    wait_view(&c, "2 serving", |v| serving(v) == 2).await;
+    assert_eq!(ready(&n1), Some((200, "serving\n".into())), "joined");
+
+    // etcd on a port where nothing listens: the node registers nowhere and owns nothing.
+    let unreachable = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let etcd = format!("http://{}", unreachable.local_addr().unwrap());
+    drop(unreachable);
+    let secret = n0.secret_file();
+    let n2 = Node::start(
+        "16MiB",
+        &[
+            "--node-id",
+            "2",
+            "--etcd",
+            &etcd,
+            "--cluster-secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(ready(&n2), Some((503, "joining\n".into())));
+
+    signal(&n0, "STOP");
+    let resumed = scopeguard_cont(&n0);
+    signal(&n1, "TERM");
+    let mut child = n1.child.take().unwrap();
+    let mut seen = Vec::new();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if let Some(answer) = ready(&n1) {
+            if seen.last() != Some(&answer) {
+                seen.push(answer);
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "drained node did not exit: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(resumed);
+    assert!(status.success(), "{status:?}");
+    let draining = seen
+        .iter()
+        .position(|a| *a == (503, "draining\n".to_string()));
+    let first_503 = seen.iter().position(|(code, _)| *code == 503);
+    assert!(draining.is_some(), "never draining: {seen:?}");
+    assert!(
+        seen[first_503.unwrap()..]
+            .iter()
+            .all(|(code, _)| *code == 503),
+        "ready again after the drain began: {seen:?}"
+    );
+}

@@ -627,6 +627,7 @@ fn serve(
         ctx.shared.pool.clone(),
         ctx.shared.ledger.clone(),
         ctx.shared.disk.clone(),
+        ctx.shared.cluster.clone(),
     );
     tasks.push(tokio::spawn(listeners::unix(sockets.unix, ctx)));
     if let Some(l) = sockets.metrics {

@@ -1,6 +1,8 @@
 //! The metrics listener (`listen.metrics`): `GET /metrics` answers the page that
-//! [`Metrics::render`](super::series::Metrics) encodes, `GET /health` answers `ok`, anything
-//! else 404. HTTP/1.1 served by hyper, one request per connection, the request head read within
+//! [`Metrics::render`](super::series::Metrics) encodes, `GET /health` answers `ok` while the
+//! process serves HTTP (a liveness probe), `GET /ready` answers 200 only while this node is
+//! `serving` and 503 with its state otherwise (a readiness probe: a joining, draining or
+//! departed node is taken out of its load balancer), anything else 404. HTTP/1.1 served by hyper, one request per connection, the request head read within
 //! 5 s into a bounded buffer, at most [`MAX_SCRAPES`] connections at once.
 
 use std::convert::Infallible;
@@ -12,12 +14,14 @@ use hyper::body::Bytes;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use kvpool::placement::NodeState;
 use kvpool::Pool;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::series::Metrics;
 use crate::admission::AcceptErrors;
+use crate::cluster::Cluster;
 use crate::config::NamespaceMetrics;
 use crate::disk_tier::DiskTier;
 use crate::ledger::Ledger;
@@ -34,14 +38,14 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// The read buffer of a connection, and so the largest request head (hyper's smallest).
 const MAX_HEAD: usize = 8 << 10;
 
-/// Serves `GET /metrics` until `shutdown` resolves. Anything else gets 404; connections are
-/// closed after one response. Per-namespace series are shown as `namespaces` says (`Token`: to
+/// Serves `GET /metrics`, `/health` and `/ready` (by `cluster`'s state of this node) until
+/// `shutdown` resolves. Anything else gets 404; connections are closed after one response. Per-namespace series are shown as `namespaces` says (`Token`: to
 /// a request bearing `token`, or to all when the node has none). A failed accept pauses the
 /// loop rather than spinning.
 pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    (pool, ledger, disk): (Arc<Pool>, Arc<Ledger>, Option<Arc<DiskTier>>),
+    (pool, ledger, disk, cluster): Observed,
     namespaces: NamespaceMetrics,
     token: String,
     shutdown: impl std::future::Future<Output = ()>,
@@ -53,6 +57,7 @@ pub(crate) async fn serve(
         pool,
         ledger,
         disk,
+        cluster,
         namespaces,
         token: token.into(),
     });
@@ -102,6 +107,10 @@ pub(crate) async fn serve(
     }
 }
 
+/// What the listener reports on: the pool, its ledger, the disk tier when it is on, and this
+/// node's place in the cluster.
+pub(crate) type Observed = (Arc<Pool>, Arc<Ledger>, Option<Arc<DiskTier>>, Arc<Cluster>);
+
 /// What the metrics listener serves, shared by its connections.
 struct Page {
     metrics: Arc<Metrics>,
@@ -109,6 +118,8 @@ struct Page {
     ledger: Arc<Ledger>,
     /// The disk tier, when it is on.
     disk: Option<Arc<DiskTier>>,
+    /// This node's membership, whose own state `/ready` reports.
+    cluster: Arc<Cluster>,
     namespaces: NamespaceMetrics,
     token: Arc<str>,
 }
@@ -138,6 +149,14 @@ impl Page {
                 }
             }
             (&Method::GET, "/health") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            (&Method::GET, "/ready") => {
+                let state = self.cluster.my_state();
+                (
+                    readiness(state),
+                    "text/plain",
+                    format!("{}\n", state.name()),
+                )
+            }
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",
@@ -149,6 +168,18 @@ impl Page {
         r.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
         r
+    }
+}
+
+/// The status `/ready` answers for this node's state: 200 only while it is `serving` (a node
+/// alone serves from its start; one in a cluster once it has joined), 503 while it is joining,
+/// draining or down.
+fn readiness(state: NodeState) -> StatusCode {
+    match state {
+        NodeState::Serving => StatusCode::OK,
+        NodeState::Joining | NodeState::Draining | NodeState::Down => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
     }
 }
 
@@ -197,22 +228,30 @@ mod tests {
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
-    #[test]
-    fn the_page_answers_metrics_health_and_nothing_else() {
+    /// A page over a small pool, for a node whose own record is in `state`.
+    fn page(state: NodeState) -> Page {
         let cfg = kvpool::PoolConfig {
             segment_size: 4 << 20,
             backing: kvpool::segment::Backing::Anonymous,
             huge_pages: kvpool::segment::HugePages::Off,
             ..kvpool::PoolConfig::default()
         };
-        let page = Page {
+        let mut me = kvpool::placement::NodeInfo::serving(3, 4 << 20);
+        me.state = state;
+        Page {
             metrics: Arc::default(),
             pool: Arc::new(Pool::new(&cfg, [1; 16]).unwrap()),
             ledger: Ledger::new(&crate::ledger::Bounds::none(), &[1 << 20]),
             disk: None,
+            cluster: Arc::new(Cluster::new(me, crate::cluster::Source::Gossip)),
             namespaces: NamespaceMetrics::Token,
             token: "s3cret".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_page_answers_metrics_health_ready_and_nothing_else() {
+        let page = page(NodeState::Serving);
         let (status, ctype, body) = answer(&page, &get("/metrics", &[]));
         assert_eq!((status, ctype.as_str()), (StatusCode::OK, OPENMETRICS));
         assert!(body.contains("kvpool_objects") && body.ends_with("# EOF\n"));
@@ -227,9 +266,44 @@ mod tests {
             health,
             (StatusCode::OK, "text/plain".to_string(), "ok\n".to_string())
         );
+        let ready = answer(&page, &get("/ready", &[]));
+        assert_eq!(
+            ready,
+            (
+                StatusCode::OK,
+                "text/plain".to_string(),
+                "serving\n".to_string()
+            )
+        );
         assert_eq!(answer(&page, &get("/other", &[])).0, StatusCode::NOT_FOUND);
         let head = Request::head("/metrics").body(()).unwrap();
         assert_eq!(answer(&page, &head).0, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn ready_follows_the_nodes_own_state() {
+        for (state, status) in [
+            (NodeState::Joining, StatusCode::SERVICE_UNAVAILABLE),
+            (NodeState::Serving, StatusCode::OK),
+            (NodeState::Draining, StatusCode::SERVICE_UNAVAILABLE),
+            (NodeState::Down, StatusCode::SERVICE_UNAVAILABLE),
+        ] {
+            let page = page(state);
+            let (got, _, body) = answer(&page, &get("/ready", &[]));
+            assert_eq!((got, body), (status, format!("{}\n", state.name())));
+            // Liveness does not depend on the state: a draining node is alive.
+            assert_eq!(answer(&page, &get("/health", &[])).0, StatusCode::OK);
+        }
+        // The state as it changes, read at each request.
+        let page = page(NodeState::Serving);
+        page.cluster.set_state(NodeState::Draining);
+        let (got, _, body) = answer(&page, &get("/ready", &[]));
+        assert_eq!(
+            (got, body.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        );
+        let post = Request::post("/ready").body(()).unwrap();
+        assert_eq!(answer(&page, &post).0, StatusCode::NOT_FOUND);
     }
 
     #[test]
