@@ -433,9 +433,10 @@ async fn prometheus_scrapes_a_three_node_cluster_and_every_panel_has_data() {
     let targets: Vec<String> = nodes.iter().map(|n| n.metrics.clone()).collect();
     let prom = start_prometheus(&targets);
     let t = Instant::now();
-    // Load for a few scrapes, so that every rate over the panels' window is measured.
+    // Load for a few scrapes, so that every rate over the panels' window is measured, and
+    // twice what the nodes hold at least, so that they evict.
     let mut round = 0;
-    while t.elapsed() < Duration::from_secs(6) {
+    while round < 3 || t.elapsed() < Duration::from_secs(6) {
         load(&c, round).await;
         round += 1;
     }

@@ -61,7 +61,7 @@ ROWS = [
             ("stat", "Nodes up", "none", [(f'sum(up{{job="kvpool", {NODES}}})', "up")]),
             (
                 "timeseries",
-                "Nodes in the cluster view, by state (most any node sees)",
+                "Cluster view: nodes by state (the most any node counts)",
                 "none",
                 [(f"max by (state) (kvpool_cluster_nodes{{{NODES}}})", "{{state}}")],
             ),
