@@ -355,3 +355,34 @@ async fn handoff_failures_are_counted_by_cause() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(failures(&page(), "lapsed"), 1.0);
 }
+
+/// `kvpool_cluster_nodes` follows the view: two serving nodes, then one serving and one down
+/// once the other is killed.
+#[test]
+fn the_cluster_view_is_counted_by_state() {
+    let timing = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
+    let n0 = common::cluster::start_node(0, "16MiB", None, &timing);
+    let mut n1 = common::cluster::start_node(1, "16MiB", Some(&n0), &timing);
+    let nodes = |state: &str| {
+        let response = n0.scrape();
+        let body = response.split_once("\r\n\r\n").unwrap().1.to_string();
+        let page = parse(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+        get(&page, "kvpool_cluster_nodes", &[("state", state)])
+    };
+    let until = |want: [(&str, f64); 2]| {
+        let t = std::time::Instant::now();
+        while want.iter().any(|&(s, n)| nodes(s) != n) {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(20),
+                "never {want:?}: serving {}, down {}",
+                nodes("serving"),
+                nodes("down")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    until([("serving", 2.0), ("down", 0.0)]);
+    n1.kill();
+    until([("serving", 1.0), ("down", 1.0)]);
+    assert_eq!(nodes("joining") + nodes("draining"), 0.0);
+}
