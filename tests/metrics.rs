@@ -292,3 +292,97 @@ async fn the_page_parses_and_escapes_label_values() {
         assert!(docs.contains(&sample), "{sample} is not in the docs table");
     }
 }
+
+/// The handoff keys given up are counted by how: failed by their producer, cancelled, or left
+/// to a lease that lapsed; and a lone node's view holds one serving node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_failures_are_counted_by_cause() {
+    let n = Node::start("16MiB", &[]);
+    let cfg = ClientConfig {
+        same_host: SameHost::Off,
+        ..Default::default()
+    };
+    let c = Client::connect(&n.tcp_url(), cfg).await.unwrap();
+    let page = || {
+        let response = n.scrape();
+        let body = response.split_once("\r\n\r\n").unwrap().1.to_string();
+        parse(&body).unwrap_or_else(|e| panic!("{e}\n{body}"))
+    };
+    let failures =
+        |p: &Page, cause: &str| get(p, "kvpool_handoff_failures_total", &[("cause", cause)]);
+    let before = page();
+    for cause in ["failed", "cancelled", "lapsed"] {
+        assert_eq!(failures(&before, cause), 0.0, "{cause}");
+    }
+    assert_eq!(
+        get(&before, "kvpool_cluster_nodes", &[("state", "serving")]),
+        1.0
+    );
+    assert_eq!(
+        get(&before, "kvpool_cluster_nodes", &[("state", "down")]),
+        0.0
+    );
+
+    c.fail(&[b"f1", b"f2", b"f3"], "prefill failed")
+        .await
+        .unwrap();
+    c.put(b"c1", b"block").await.unwrap();
+    c.cancel(&[b"c1", b"c2"], "aborted").await.unwrap();
+    // A lease that is never renewed lapses (the reaper looks ten times a second).
+    c.put(b"l1", b"block").await.unwrap();
+    c.expire(&[b"l1"], std::time::Duration::from_millis(50))
+        .await
+        .unwrap();
+    let mut lapsed = 0.0;
+    for _ in 0..100 {
+        lapsed = failures(&page(), "lapsed");
+        if lapsed > 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(lapsed, 1.0, "the lease's key lapsed once");
+    assert_eq!(c.get(b"l1").await.unwrap(), None, "and its object is gone");
+    let after = page();
+    assert_eq!(failures(&after, "failed"), 3.0);
+    assert_eq!(failures(&after, "cancelled"), 2.0);
+    // A renewed lease ended with a ttl of 0 is not a failure.
+    c.put(b"r1", b"block").await.unwrap();
+    c.expire(&[b"r1"], std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    c.expire(&[b"r1"], std::time::Duration::ZERO).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(failures(&page(), "lapsed"), 1.0);
+}
+
+/// `kvpool_cluster_nodes` follows the view: two serving nodes, then one serving and one down
+/// once the other is killed.
+#[test]
+fn the_cluster_view_is_counted_by_state() {
+    let timing = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
+    let n0 = common::cluster::start_node(0, "16MiB", None, &timing);
+    let mut n1 = common::cluster::start_node(1, "16MiB", Some(&n0), &timing);
+    let nodes = |state: &str| {
+        let response = n0.scrape();
+        let body = response.split_once("\r\n\r\n").unwrap().1.to_string();
+        let page = parse(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+        get(&page, "kvpool_cluster_nodes", &[("state", state)])
+    };
+    let until = |want: [(&str, f64); 2]| {
+        let t = std::time::Instant::now();
+        while want.iter().any(|&(s, n)| nodes(s) != n) {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(20),
+                "never {want:?}: serving {}, down {}",
+                nodes("serving"),
+                nodes("down")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    until([("serving", 2.0), ("down", 0.0)]);
+    n1.kill();
+    until([("serving", 1.0), ("down", 1.0)]);
+    assert_eq!(nodes("joining") + nodes("draining"), 0.0);
+}

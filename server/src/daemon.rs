@@ -144,6 +144,7 @@ impl Daemon {
         tasks.push(start_mover(&shared, mover, handover, &shutdown));
         tasks.push(start_reaper(pool.clone(), shared.started, &shutdown));
         tasks.push(start_lease_reaper(shared.clone(), &shutdown));
+        tasks.push(start_view_gauge(&shared, &shutdown));
         Ok(Daemon {
             bound,
             pool,
@@ -753,6 +754,23 @@ pub(crate) fn start_reaper(
     })
 }
 
+/// Keeps the metrics' count of the cluster view's nodes by state (`kvpool_cluster_nodes`) in
+/// step with every change of the view.
+fn start_view_gauge(shared: &Shared, shutdown: &watch::Receiver<bool>) -> JoinHandle<()> {
+    let (cluster, metrics) = (shared.cluster.clone(), shared.metrics.clone());
+    let mut stop_rx = shutdown.clone();
+    let mut changed = cluster.subscribe();
+    tokio::spawn(async move {
+        loop {
+            metrics.cluster_view(&cluster.view());
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return },
+                _ = stop_rx.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
 /// Removes the objects whose handoff lease (`Expire`) lapsed, ten times a second.
 pub(crate) fn start_lease_reaper(
     shared: Arc<Shared>,
@@ -765,7 +783,12 @@ pub(crate) fn start_lease_reaper(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    for (ns, key) in shared.watches.lapsed(shared.now()) {
+                    let lapsed = shared.watches.lapsed(shared.now());
+                    let n = lapsed.len() as u64;
+                    if n > 0 {
+                        shared.metrics.handoff_failed(crate::metrics::HandoffFailure::Lapsed, n);
+                    }
+                    for (ns, key) in lapsed {
                         // Noted as a remove, as every removal is (Shared::remove): a previous
                         // owner's copy must not be vouched for after it.
                         let _ = shared.remove(ns, &key);

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::conn::{Conn, Next};
 use crate::ledger::Resource;
+use crate::metrics::HandoffFailure;
 use crate::watch::{MAX_PREFIX, MAX_REASON};
 
 impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
@@ -156,7 +157,9 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         if let Err(r) = posted {
             return self.refused(id, r).await;
         }
-        self.answer(id, Ok(Reply::Count(keys.len() as u64))).await
+        let n = keys.len() as u64;
+        self.s.metrics.handoff_failed(HandoffFailure::Failed, n);
+        self.answer(id, Ok(Reply::Count(n))).await
     }
 
     /// Aborts a request's keys here, on both sides of its handoff: objects removed (pinned
@@ -184,6 +187,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             Ok(n) => n,
             Err(e) => return self.answer(id, Err(e.into())).await,
         };
+        let n = keys.len() as u64;
+        self.s.metrics.handoff_failed(HandoffFailure::Cancelled, n);
         // Ending leases is never refused.
         let _ = self.s.watches.lease(ns, keys.iter().copied(), None);
         // The objects are gone; the tombstones that wake their waiters may still meet the

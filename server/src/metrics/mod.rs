@@ -13,4 +13,4 @@ mod series;
 
 pub(crate) use crate::ledger::Limit;
 pub(crate) use http::serve;
-pub use series::{Metrics, OpKind, ReapCause, RespCommand, Transport};
+pub use series::{HandoffFailure, Metrics, OpKind, ReapCause, RespCommand, Transport};

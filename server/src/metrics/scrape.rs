@@ -15,7 +15,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::series::{Daemon, Metrics, BUCKETS, OPS, REAP_CAUSES, RESP_COMMANDS, TRANSPORTS};
+use super::series::{
+    Daemon, Metrics, BUCKETS, HANDOFF_FAILURES, NODE_STATES, OPS, REAP_CAUSES, RESP_COMMANDS,
+    TRANSPORTS,
+};
 use crate::disk_tier::DiskTier;
 use crate::ledger::{Ledger, Limit, RESOURCES};
 
@@ -615,6 +618,23 @@ impl Scrape {
             None,
             gauge_t,
             &d.handover_pending,
+        )?;
+        family(
+            e,
+            "kvpool_handoff_failures",
+            "Handoff keys given up, by how: their producer failed them (Fail), the request was \
+             cancelled (Cancel), or their handoff lease lapsed unrenewed (Expire).",
+            None,
+            counter_t,
+            HANDOFF_FAILURES.map(|(h, n)| ([("cause", n)], d.handoff_failures[h as usize].clone())),
+        )?;
+        family(
+            e,
+            "kvpool_cluster_nodes",
+            "Nodes in this node's cluster view, by state.",
+            None,
+            gauge_t,
+            NODE_STATES.map(|s| ([("state", s.name())], d.cluster_nodes[s as usize].clone())),
         )?;
         family(
             e,

@@ -7,6 +7,8 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+use kvpool::placement::{ClusterView, NodeState};
+
 use crate::ledger::Limit;
 
 /// Operation types, as labelled in the metrics.
@@ -236,6 +238,31 @@ pub enum ReapCause {
     Descriptors,
 }
 
+/// How a handoff's keys were given up, as labelled on `kvpool_handoff_failures`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandoffFailure {
+    /// Their producer posted tombstones (`Fail`).
+    Failed,
+    /// The request was aborted on both sides (`Cancel`).
+    Cancelled,
+    /// Their handoff lease (`Expire`) lapsed unrenewed and the object was removed.
+    Lapsed,
+}
+
+pub(super) const HANDOFF_FAILURES: [(HandoffFailure, &str); 3] = [
+    (HandoffFailure::Failed, "failed"),
+    (HandoffFailure::Cancelled, "cancelled"),
+    (HandoffFailure::Lapsed, "lapsed"),
+];
+
+/// The states of a node in the cluster view, in the order `kvpool_cluster_nodes` labels them.
+pub(super) const NODE_STATES: [NodeState; 4] = [
+    NodeState::Joining,
+    NodeState::Serving,
+    NodeState::Draining,
+    NodeState::Down,
+];
+
 pub(super) const REAP_CAUSES: [(ReapCause, &str); 2] = [
     (ReapCause::MaxConnections, "max_connections"),
     (ReapCause::Descriptors, "descriptors"),
@@ -277,6 +304,10 @@ pub(super) struct Daemon {
     pub(super) handover_pending: Gauge,
     /// Bytes of the staging areas handed to same-host writers now.
     pub(super) staging_bytes: Gauge,
+    /// Handoff keys given up, by how.
+    pub(super) handoff_failures: [Counter; HANDOFF_FAILURES.len()],
+    /// Nodes in this node's cluster view, by state.
+    pub(super) cluster_nodes: [Gauge; NODE_STATES.len()],
     /// KV events: queued for subscribers, dropped for lag, subscribed connections.
     pub(super) kv_events: crate::events::EventSeries,
 }
@@ -386,6 +417,19 @@ impl Metrics {
     /// The series of KV events, for the event hub to count into.
     pub(crate) fn event_series(&self) -> crate::events::EventSeries {
         self.daemon.kv_events.clone()
+    }
+
+    /// `keys` keys of a handoff given up (`how`).
+    pub(crate) fn handoff_failed(&self, how: HandoffFailure, keys: u64) {
+        self.daemon.handoff_failures[how as usize].inc_by(keys);
+    }
+
+    /// The cluster view this node holds now: its nodes counted by state.
+    pub(crate) fn cluster_view(&self, view: &ClusterView) {
+        for (gauge, state) in self.daemon.cluster_nodes.iter().zip(NODE_STATES) {
+            let n = view.nodes.iter().filter(|n| n.state == state).count();
+            gauge.set(n as i64);
+        }
     }
 
     /// A request or connection refused by `limit`.
