@@ -188,9 +188,9 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
 
     def _group_layouts(self) -> list[GroupLayout] | None:
         """How each KV cache group is stored, or None (logged) when a group holds something
-        the connector does not store (Mamba state, chunked local or cross attention, a block
-        size other than the hashes'): it then stays idle, since a hit must restore every
-        group."""
+        the connector does not store (a Mamba state outside the ``align`` cache mode,
+        chunked local or cross attention, a block size other than the hashes'): it then
+        stays idle, since a hit must restore every group."""
         kcc = self._kv_cache_config
         if kcc is None or not kcc.kv_cache_groups:
             log.warning("kvpool: no KV cache groups; the connector stays idle")
@@ -255,7 +255,16 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
             if mc is not None and hasattr(mc, "get_total_num_hidden_layers")
             else len(group.layer_names)
         )
+        fields: dict[str, Any] = {}
+        if layout.is_state:
+            # A state's bytes: its tensors' shapes and dtypes, and the kernel family
+            # that writes them.
+            fields["state"] = (
+                f"{tuple(spec.shapes)}:{tuple(str(d) for d in spec.dtypes)}:"
+                f"{getattr(spec, 'mamba_type', '')}"
+            )
         return layout_salt(
+            **fields,
             engine="vllm",
             model=str(model),
             revision=str(getattr(mc, "revision", None)),
