@@ -51,8 +51,12 @@ loads are then always asynchronous); a save that fails is a future miss.
 **HMA.** The class declares ``SupportsHMA``, so vLLM keeps its hybrid KV cache manager on.
 Full-attention, MLA and sliding-window groups are stored per group, each from its own block
 ids; a hit needs every group whole where vLLM reads it (a sliding window only inside the
-window of the hit's boundary). A group the connector does not store (Mamba state, chunked local
-or cross attention) leaves it idle: the model runs, without kvpool. See docs/ENGINES.md.
+window of the hit's boundary). Mamba states (vLLM's ``align`` cache mode, which prefix caching
+turns on) are saved from the boundary states vLLM's KV cache manager offers each step
+(``SchedulerOutput.kv_connector_block_state``), each under the hash of the block ending at its
+boundary; a hit needs the state at its boundary, loaded into the block vLLM allocates there. A
+group the connector does not store (a Mamba state without prefix caching, chunked local or
+cross attention) leaves it idle: the model runs, without kvpool. See docs/ENGINES.md.
 """
 
 from __future__ import annotations
