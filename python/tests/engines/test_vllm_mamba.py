@@ -226,3 +226,79 @@ def test_the_hit_rule_on_random_presence(kvpoold, models):
         )
         assert conn._windowed_hit(present, first) == want, (first, attn, state)
     e.close()
+
+
+def test_a_state_that_fails_to_load_recomputes_the_request(kvpoold, models):
+    """The state vanishes between the lookup and the load: the request is reported in
+    ``failed_recving`` and vLLM recomputes it from its first token; nothing raises."""
+    path = base.model_dir(models, "hybrid")
+    a = engine(path, kvpoold.url)
+    prompt = base.tokens(4 * BLOCK + 5, seed=45)
+    run(a, "r1", prompt, fill_seed=1)
+    b = engine(path, kvpoold.url)
+    b.add("r2", prompt)
+
+    def evict(meta):
+        (load,) = meta.loads
+        assert load.groups()[MAMBA][-1] != NO_BLOCK
+        cl = Client(kvpoold.url)
+        assert cl.delete(b.worker.keys(load.hashes[-1])[MAMBA])
+        cl.close()
+
+    out, kvo = b.step(before_worker=evict)
+    failed: set[str] = set(kvo.failed_recving)
+    nr = None
+    for _ in range(20):
+        out, kvo = b.step(fill_seed=6)
+        failed |= kvo.failed_recving
+        assert not kvo.invalid_block_ids
+        nr = next((r for r in out.scheduled_new_reqs if r.req_id == "r2"), None)
+        if nr:
+            break
+    assert failed == {"r2"}
+    assert nr is not None and nr.num_computed_tokens == 0
+    a.close()
+    b.close()
+
+
+def test_each_tensor_parallel_rank_stores_and_loads_its_own_state(kvpoold, models):
+    """At TP 2 each rank's state shard is its own object, written by that rank (the ranks'
+    bytes differ here), and a TP-2 reader's ranks each load their own; a reader at TP 1 names
+    other keys and misses."""
+    path = base.model_dir(models, "hybrid")
+    kcc = hybrid_config(path, kvpoold.url)
+    a = base.Engine(path, kvpoold.url, tp=2, kcc=kcc, cache=CACHE)
+    prompt = base.tokens(3 * BLOCK + 2, seed=46)
+    a.add("r1", prompt, max_tokens=1)
+    state_block, want = None, []
+    for step in range(20):
+        out, _ = a.step(fill_seed=1 + step)
+        for job in out.kv_connector_metadata.saves:
+            if job.groups()[MAMBA][-1] != NO_BLOCK:
+                state_block = job.groups()[MAMBA][-1]
+                names = kcc.kv_cache_groups[MAMBA].layer_names
+                want = [[kv[n][state_block].clone() for n in names] for kv in a.kvs]
+        if a.sched.requests.get("r1") is None:
+            break
+    assert state_block is not None
+    assert not torch.equal(want[0][0], want[1][0])
+    for w in a.workers:
+        assert len(w.keys(base.request("q", prompt).block_hashes[2].hex())) == 2
+
+    b = base.Engine(path, kvpoold.url, tp=2, kcc=kcc, cache=CACHE)
+    b.add("r2", prompt[: 3 * BLOCK] + base.tokens(9, seed=47))
+    out, _ = b.step()
+    (load,) = out.kv_connector_metadata.loads
+    block = load.groups()[MAMBA][-1]
+    assert len(load.hashes) == 3 and block != NO_BLOCK
+    assert b.wait_loaded("r2").num_computed_tokens == 3 * BLOCK
+    names = kcc.kv_cache_groups[MAMBA].layer_names
+    for rank, kv in enumerate(b.kvs):
+        for n, page in zip(names, want[rank]):
+            assert torch.equal(kv[n][block], page)
+
+    c = engine(path, kvpoold.url)
+    n, _ = c.conn.get_num_new_matched_tokens(base.request("q", prompt), 0)
+    assert n == 0
+    for e in (a, b, c):
+        e.close()
