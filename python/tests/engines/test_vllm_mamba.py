@@ -114,16 +114,20 @@ def run(e: base.Engine, rid: str, prompt: list[int], fill_seed: int):
     raise AssertionError(f"{rid} never finished")
 
 
+@pytest.mark.parametrize("staging", [False, True])
 def test_states_at_block_boundaries_are_saved_and_loaded_into_another_engine(
-    kvpoold, models
+    kvpoold, models, staging
 ):
     """Engine A runs a 5-block-and-8-token prompt: vLLM ends the first chunk at the 5-block
     boundary and offers the state there; the connector saves it under that block's hash,
     apart from the attention blocks. Engine B's request shares the 5 blocks: the scheduler
     takes a 5-block hit, vLLM gives the state the block at position 4, and the load puts
-    A's state bytes there and A's attention pages into B's attention blocks."""
+    A's state bytes there and A's attention pages into B's attention blocks (through host
+    pages, and through staging as for a device cache)."""
     path = base.model_dir(models, "hybrid")
     a = engine(path, kvpoold.url)
+    if staging:
+        a.use_staging()
     assert a.conn.enabled and [lay.kind for lay in a.conn.layouts] == [
         "full",
         "mamba_state",
@@ -152,6 +156,8 @@ def test_states_at_block_boundaries_are_saved_and_loaded_into_another_engine(
     cl.close()
 
     b = engine(path, kvpoold.url)
+    if staging:
+        b.use_staging()
     prompt2 = prompt1[: 5 * BLOCK] + base.tokens(20, seed=42)
     b.add("r2", prompt2)
     out, _ = b.step(fill_seed=4)
