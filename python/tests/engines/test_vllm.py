@@ -24,19 +24,6 @@ from conftest import in_ci
 
 try:
     import torch
-    from kvpool import Client
-    from kvpool.vllm import (
-        KvpoolConnector,
-        KvpoolConnectorMetadata,
-        KvpoolConnectorStats,
-    )
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
-    from vllm.v1.request import Request
-
     from _vllm_setup import (
         BLOCK,
         HASHER,
@@ -52,6 +39,18 @@ try:
         tokens,
         vllm_config,
     )
+    from kvpool import Client
+    from kvpool.vllm import (
+        KvpoolConnector,
+        KvpoolConnectorMetadata,
+        KvpoolConnectorStats,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+    from vllm.v1.request import Request
 except ImportError as e:  # pragma: no cover - the environment decides
     if in_ci():
         raise

@@ -20,6 +20,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from conftest import in_ci
 
 try:
+    import _vllm_setup as base
     import torch
     from kvpool import Client
     from vllm.v1.core.kv_cache_planning import (
@@ -31,8 +32,6 @@ try:
         KVCacheConfig,
         SlidingWindowSpec,
     )
-
-    import _vllm_setup as base
 except ImportError as e:  # pragma: no cover - the environment decides
     if in_ci():
         raise

@@ -22,6 +22,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from conftest import in_ci
 
 try:
+    import _vllm_setup as base
     import torch
     from kvpool import Client
     from kvpool._vllm_meta import NO_BLOCK
@@ -34,8 +35,6 @@ try:
         KVCacheConfig,
         MambaSpec,
     )
-
-    import _vllm_setup as base
 except ImportError as e:  # pragma: no cover - the environment decides
     if in_ci():
         raise

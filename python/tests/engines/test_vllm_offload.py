@@ -26,20 +26,6 @@ from conftest import in_ci
 
 try:
     import torch
-    from kvpool import Client
-    from kvpool._vllm_offload_host import use_host_copies
-    from kvpool.vllm_offload import KvpoolTier, offload_salt
-    from vllm.config import KVTransferConfig, VllmConfig
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.v1.core import kv_cache_utils
-    from vllm.v1.kv_cache_layout import KVCacheLayout
-    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
-    from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
-    from vllm.v1.outputs import KVConnectorOutput
-    from vllm.v1.request import Request
-    from vllm.v1.worker.utils import allocate_kv_cache
-
     from _vllm_setup import (
         BLOCK,
         HEAD,
@@ -54,6 +40,19 @@ try:
         scheduler,
         tokens,
     )
+    from kvpool import Client
+    from kvpool._vllm_offload_host import use_host_copies
+    from kvpool.vllm_offload import KvpoolTier, offload_salt
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+    from vllm.v1.worker.utils import allocate_kv_cache
 except ImportError as e:  # pragma: no cover - the environment decides
     if in_ci():
         raise

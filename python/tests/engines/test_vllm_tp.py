@@ -19,6 +19,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from conftest import in_ci
 
 try:
+    import _vllm_setup as base
     import torch
     from kvpool import Client
     from vllm.v1.kv_cache_interface import (
@@ -27,8 +28,6 @@ try:
         KVCacheTensor,
         MLAAttentionSpec,
     )
-
-    import _vllm_setup as base
 except ImportError as e:  # pragma: no cover - the environment decides
     if in_ci():
         raise
