@@ -154,11 +154,12 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
         self.layouts: list[GroupLayout] = layouts or []
         if layouts is None:
             self.enabled = False
-        elif len(self._kv_cache_config.kv_cache_groups) > 1 and not self.load_async:
+        elif self.per_request_failures and not self.load_async:
             # With several groups vLLM takes a failed load per request (failed_recving),
             # which it can only honour for a request that waits for its load.
             log.warning(
-                "kvpool: %d KV cache groups: load_async is required and turned on",
+                "kvpool: %d KV cache groups (or a Mamba state): load_async is required "
+                "and turned on",
                 len(self._kv_cache_config.kv_cache_groups),
             )
             self.load_async = True
@@ -189,6 +190,16 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
             self._init_worker()
 
     # ----- shared -----
+
+    @property
+    def per_request_failures(self) -> bool:
+        """Whether a failed load is reported per request (``failed_recving``, recomputed
+        from the first token) rather than as block ids: with several KV cache groups, whose
+        block ids vLLM cannot map back to requests, or a Mamba state, which is no block
+        vLLM could recompute on its own."""
+        kcc = self._kv_cache_config
+        groups = len(kcc.kv_cache_groups) if kcc is not None else 0
+        return groups > 1 or any(lay.is_state for lay in self.layouts)
 
     def _group_layouts(self) -> list[GroupLayout] | None:
         """How each KV cache group is stored, or None (logged) when a group holds something
