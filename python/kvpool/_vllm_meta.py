@@ -1,7 +1,7 @@
 """What both sides of the vLLM connector share: the work the scheduler sends the workers, the
 guard that keeps every exception from vLLM, a spec's page size, and how each KV cache group's
-blocks are cut into stored objects (one per block and group of KV heads) and which rank writes
-each."""
+blocks are cut into stored objects (one per block and group of KV heads, or per block boundary
+and rank for a Mamba state) and which rank writes each."""
 
 from __future__ import annotations
 
@@ -43,12 +43,17 @@ def guarded(
 
 def page_bytes(spec: Any) -> int:
     """Bytes of one block of one layer, without the padding some specs add for alignment (the
-    per-layer views vLLM hands over exclude it)."""
-    return int(getattr(spec, "unpadded_page_size_bytes", spec.page_size_bytes))
+    per-layer views vLLM hands over exclude it; a Mamba state's is ``real_page_size_bytes``)."""
+    unpadded = getattr(spec, "unpadded_page_size_bytes", None)
+    if unpadded is None:
+        unpadded = getattr(spec, "real_page_size_bytes", spec.page_size_bytes)
+    return int(unpadded)
 
 
 #: A KV cache group's spec kinds the connector stores, by the name in the key salt.
 KIND_FULL, KIND_MLA, KIND_SLIDING = "full", "mla", "sliding_window"
+#: A Mamba (SSM) state group in vLLM's ``align`` cache mode: one state per block boundary.
+KIND_MAMBA = "mamba_state"
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,22 @@ class GroupLayout:
     # A sliding-window group: tokens below a boundary that a hit there must hold (the
     # window less one, plus vLLM's retained tokens); 0 for every other kind.
     retained_tokens: int = 0
+    # Every rank holds the same bytes (a Mamba state vLLM replicates): rank 0 writes them.
+    replicated: bool = False
+
+    @property
+    def is_state(self) -> bool:
+        """A Mamba state group: its object of block ``i`` is the state after the block's
+        last token, which vLLM hands over at block boundaries (not by position in the
+        request's block table); a hit at a boundary needs that one state only."""
+        return self.kind == KIND_MAMBA
 
     def rank_heads(self, tp_size: int, tp_rank: int) -> list[int]:
         """The model-wide index of the first KV head of each object ``tp_rank`` holds, in its
         page order. vLLM gives each rank ``total / tp`` heads, or one head shared by
         ``tp / total`` ranks."""
+        if self.replicated:
+            return [0]
         if self.total_heads >= tp_size:
             first = tp_rank * self.heads_per_rank
             return list(
@@ -86,7 +102,9 @@ class GroupLayout:
 
     def writer(self, head: int, tp_size: int) -> int:
         """The one rank that writes the object starting at ``head``: the lowest that holds it
-        (rank 0 for MLA)."""
+        (rank 0 for MLA and a replicated state)."""
+        if self.replicated:
+            return 0
         if self.total_heads >= tp_size:
             return head // self.heads_per_rank
         return -(-head * tp_size // self.total_heads)
@@ -107,16 +125,29 @@ def group_layout(
     heads_per_object: int | None = None,
 ) -> GroupLayout | None:
     """The layout of a group with ``spec``, or None for a kind the connector does not store
-    (Mamba state, chunked local or cross attention...).
+    (a Mamba state outside vLLM's ``align`` cache mode, chunked local or cross attention...).
     ``model_heads``: the model's total KV heads, when known; ``heads_per_object``: KV heads
     per stored object (default: all the rank's). Raises ValueError when they do not divide
     the rank's heads."""
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
+        MambaSpec,
         MLAAttentionSpec,
         SlidingWindowSpec,
     )
 
+    if type(spec) is MambaSpec:
+        # Only the align mode keeps a state per block boundary that a later request can
+        # start from; without it vLLM keeps the running state alone.
+        if getattr(spec, "mamba_cache_mode", "none") != "align":
+            return None
+        # The rank's whole page is one object: vLLM shards a state across TP ranks by its
+        # own rules (not by KV heads), so a rank's state is keyed by its rank, or once
+        # when every rank holds the same (``tp_replicated``).
+        heads = max(1, int(getattr(spec, "num_heads", 1) or 1))
+        if getattr(spec, "tp_replicated", False):
+            return GroupLayout(index, KIND_MAMBA, spec, heads, heads, heads, 0, True)
+        return GroupLayout(index, KIND_MAMBA, spec, heads * tp_size, heads, heads)
     per_rank = int(getattr(spec, "num_kv_heads", 0) or 0)
     if per_rank < 1:
         return None

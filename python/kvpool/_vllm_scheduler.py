@@ -1,5 +1,6 @@
 """The scheduler side of the vLLM connector: which of a request's blocks kvpool holds, the loads
-it plans into the request's blocks, and the saves of the blocks that become full."""
+it plans into the request's blocks, and the saves of the blocks that become full and of the
+Mamba states vLLM hands over at block boundaries."""
 
 from __future__ import annotations
 
@@ -63,7 +64,12 @@ class SchedulerSide:
                     for head in layout.all_heads():
                         self._block_salts.append(self.object_salt(layout, head, pp))
                         self._salt_groups.append(gi)
-        self._windowed = any(lay.retained_tokens for lay in self.layouts)
+        # With a sliding window or a Mamba state a hit is not a prefix property: presence.
+        self._windowed = any(
+            lay.retained_tokens or lay.is_state for lay in self.layouts
+        )
+        # Mamba state groups by their index in vLLM's KVCacheConfig.
+        self._state_groups = {lay.index for lay in self.layouts if lay.is_state}
         self._null_block = 0
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
@@ -74,9 +80,10 @@ class SchedulerSide:
         """Leading blocks of ``request`` whose every group holds what a hit there needs (at
         most those before the block of the last token, which is always computed), asking
         kvpool once (one round trip per node) per request and starting block. Without a
-        sliding-window group that is one ``match_prefix`` over every object of every block.
-        With one, a block below the window need not be held: one ``presence`` of the same
-        keys, and the longest boundary whose every group is whole from where it needs it."""
+        sliding-window or Mamba group that is one ``match_prefix`` over every object of every
+        block. With one, a block below the window need not be held, and a Mamba state is
+        needed at the boundary only: one ``presence`` of the same keys, and the longest
+        boundary whose every group holds what it needs there."""
         seen = self._matches.setdefault(request.request_id, {})
         hit = seen.get(first)
         if hit is not None:
@@ -98,9 +105,10 @@ class SchedulerSide:
 
     def _windowed_hit(self, present: list[bool], first: int) -> int:
         """The most blocks after ``first`` a hit can take, given each object's presence: at
-        boundary ``first + m`` every group holds blocks ``max(first, its first needed)`` to
-        the boundary (vLLM holds the blocks before ``first`` itself). Linear in the blocks:
-        per group, the run of whole blocks that ends at each block."""
+        boundary ``first + m`` every attention group holds blocks ``max(first, its first
+        needed)`` to the boundary (vLLM holds the blocks before ``first`` itself), and every
+        Mamba group the state at the boundary (its object of block ``first + m - 1``).
+        Linear in the blocks: per group, the run of whole blocks that ends at each block."""
         n = len(self._block_salts)
         blocks = len(present) // n
         whole = [[True] * blocks for _ in self.layouts]  # every object of the block
@@ -116,7 +124,9 @@ class SchedulerSide:
             runs.append(run)
         for m in range(blocks, 0, -1):
             if all(
-                m - max(0, lay.first_needed(first + m, self.block_size) - first)
+                run[m - 1] >= 1
+                if lay.is_state
+                else m - max(0, lay.first_needed(first + m, self.block_size) - first)
                 <= run[m - 1]
                 for lay, run in zip(self.layouts, runs)
             ):
@@ -164,7 +174,7 @@ class SchedulerSide:
         local = self._asked.get(rid, 0)
         first = local // self.block_size
         last = first + -(-num_external_tokens // self.block_size)
-        job = self._job(tr, first, last)
+        job = self._job(tr, first, last, state=True)
         if job is None:
             log.debug("kvpool: %s: no blocks %d..%d to load into", rid, first, last)
             return
@@ -177,8 +187,9 @@ class SchedulerSide:
     def build_connector_meta(
         self, scheduler_output: SchedulerOutput
     ) -> KVConnectorMetadata:
-        """This step's loads (planned in ``update_state_after_alloc``) and the saves of the
-        blocks that become full in this step and are not stored yet."""
+        """This step's loads (planned in ``update_state_after_alloc``), the saves of the
+        blocks that become full in this step and are not stored yet, and of the Mamba states
+        vLLM hands over in this step."""
         meta = KvpoolConnectorMetadata(load_async=self.load_async)
         meta.loads, self._pending_loads = self._pending_loads, []
         if not self.enabled:
@@ -204,7 +215,38 @@ class SchedulerSide:
                 for have, new in zip(tr.block_ids, new_ids):
                     have.extend(new)
             self._plan_save(meta, tr, cached.num_computed_tokens[i] + sched.get(rid, 0))
+        if self._state_groups:
+            self._plan_state_saves(meta, scheduler_output)
         return meta
+
+    def _plan_state_saves(
+        self, meta: KvpoolConnectorMetadata, scheduler_output: SchedulerOutput
+    ) -> None:
+        """The saves of the Mamba states vLLM's KV cache manager offers in this step
+        (``SchedulerOutput.kv_connector_block_state.boundary_state_offloads``: group, block
+        id, boundary tokens; in ``align`` mode, each state cached at a block boundary, which
+        this step's forward writes). Each is stored under the hash of the block that ends at
+        its boundary. vLLM's table of a Mamba group is not append-only (it nulls interior
+        states and moves speculative blocks), so states are taken from these offers only,
+        never by position. An offer at a sub-block boundary (vLLM's partial-tail hits) has
+        no block hash and is left out."""
+        state = getattr(scheduler_output, "kv_connector_block_state", None)
+        offers = getattr(state, "boundary_state_offloads", None) or {}
+        num_groups = len(self._kv_cache_config.kv_cache_groups)
+        for rid, entries in offers.items():
+            tr = self._reqs.get(rid)
+            if tr is None:
+                continue
+            hashes = tr.request.block_hashes
+            for group, block_id, boundary in entries:
+                if group not in self._state_groups or boundary % self.block_size:
+                    continue
+                i = boundary // self.block_size - 1
+                if not 0 <= i < len(hashes) or block_id == self._null_block:
+                    continue
+                groups = [[NO_BLOCK] for _ in range(num_groups)]
+                groups[group] = [block_id]
+                meta.saves.append(BlockJob(rid, [NO_BLOCK], [hashes[i].hex()], groups))
 
     @guarded(lambda: None)
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -237,7 +279,14 @@ class SchedulerSide:
         full = min(
             computed // self.block_size,
             len(tr.request.block_hashes),
-            min((len(ids) for ids in tr.block_ids), default=0),
+            min(
+                (
+                    len(ids)
+                    for g, ids in enumerate(tr.block_ids)
+                    if g not in self._state_groups
+                ),
+                default=0,
+            ),
         )
         if full <= tr.stored:
             return
@@ -247,17 +296,33 @@ class SchedulerSide:
         meta.saves.append(job)
         tr.stored = full
 
-    def _job(self, tr: _Tracked, first: int, last: int) -> BlockJob | None:
+    def _job(
+        self, tr: _Tracked, first: int, last: int, state: bool = False
+    ) -> BlockJob | None:
         """The job of blocks ``first..last`` of a request, or None when the request has no
         hash or no block for some of them. A group's null block (a sliding window's block
-        below the window) becomes ``NO_BLOCK``: nothing to move for that group there."""
+        below the window) becomes ``NO_BLOCK``: nothing to move for that group there. A
+        Mamba group moves nothing here (its states are saved from vLLM's offers), except
+        with ``state`` (a load): the state at the job's last boundary, into the block vLLM
+        allocated at that position, which the request's first forward starts from."""
         hashes = [h.hex() for h in tr.request.block_hashes[first:last]]
-        groups = [ids[first:last] for ids in tr.block_ids]
-        if not groups or len(hashes) != last - first:
+        n = len(hashes)
+        if not tr.block_ids or n != last - first:
             return None
-        if any(len(ids) != len(hashes) for ids in groups):
+        groups = []
+        for g, ids in enumerate(tr.block_ids):
+            if g not in self._state_groups:
+                groups.append(ids[first:last])
+                continue
+            moved = [NO_BLOCK] * n
+            if state and n:
+                if len(ids) < last or ids[last - 1] == self._null_block:
+                    return None  # vLLM gave the state no block: nothing to load into
+                moved[-1] = ids[last - 1]
+            groups.append(moved)
+        if any(len(ids) != n for ids in groups):
             return None
-        if len(groups) == 1:
+        if len(groups) == 1 and not self._state_groups:
             return BlockJob(tr.request.request_id, groups[0], hashes)
         null = self._null_block
         groups = [[NO_BLOCK if b == null else b for b in ids] for ids in groups]

@@ -465,11 +465,12 @@ class WorkerSide:
 
     def _load_failed(self, job: BlockJob, block_ids: list[int], is_async: bool) -> None:
         """Records failed blocks of a load: their ids (one group), or the request (several
-        groups, whose block ids vLLM cannot map back: it recomputes the request)."""
+        groups, whose block ids vLLM cannot map back, or a Mamba state: it recomputes the
+        request)."""
         with self._lock:
             if not is_async:
                 self._sync_failed.add(job.req_id)
-            if len(self._kv_cache_config.kv_cache_groups) > 1:
+            if self.per_request_failures:
                 self._failed_reqs.add(job.req_id)
             else:
                 self._failed_blocks.update(block_ids)

@@ -51,8 +51,12 @@ loads are then always asynchronous); a save that fails is a future miss.
 **HMA.** The class declares ``SupportsHMA``, so vLLM keeps its hybrid KV cache manager on.
 Full-attention, MLA and sliding-window groups are stored per group, each from its own block
 ids; a hit needs every group whole where vLLM reads it (a sliding window only inside the
-window of the hit's boundary). A group the connector does not store (Mamba state, chunked local
-or cross attention) leaves it idle: the model runs, without kvpool. See docs/ENGINES.md.
+window of the hit's boundary). Mamba states (vLLM's ``align`` cache mode, which prefix caching
+turns on) are saved from the boundary states vLLM's KV cache manager offers each step
+(``SchedulerOutput.kv_connector_block_state``), each under the hash of the block ending at its
+boundary; a hit needs the state at its boundary, loaded into the block vLLM allocates there. A
+group the connector does not store (a Mamba state without prefix caching, chunked local or
+cross attention) leaves it idle: the model runs, without kvpool. See docs/ENGINES.md.
 """
 
 from __future__ import annotations
@@ -150,11 +154,12 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
         self.layouts: list[GroupLayout] = layouts or []
         if layouts is None:
             self.enabled = False
-        elif len(self._kv_cache_config.kv_cache_groups) > 1 and not self.load_async:
+        elif self.per_request_failures and not self.load_async:
             # With several groups vLLM takes a failed load per request (failed_recving),
             # which it can only honour for a request that waits for its load.
             log.warning(
-                "kvpool: %d KV cache groups: load_async is required and turned on",
+                "kvpool: %d KV cache groups (or a Mamba state): load_async is required "
+                "and turned on",
                 len(self._kv_cache_config.kv_cache_groups),
             )
             self.load_async = True
@@ -186,11 +191,21 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
 
     # ----- shared -----
 
+    @property
+    def per_request_failures(self) -> bool:
+        """Whether a failed load is reported per request (``failed_recving``, recomputed
+        from the first token) rather than as block ids: with several KV cache groups, whose
+        block ids vLLM cannot map back to requests, or a Mamba state, which is no block
+        vLLM could recompute on its own."""
+        kcc = self._kv_cache_config
+        groups = len(kcc.kv_cache_groups) if kcc is not None else 0
+        return groups > 1 or any(lay.is_state for lay in self.layouts)
+
     def _group_layouts(self) -> list[GroupLayout] | None:
         """How each KV cache group is stored, or None (logged) when a group holds something
-        the connector does not store (Mamba state, chunked local or cross attention, a block
-        size other than the hashes'): it then stays idle, since a hit must restore every
-        group."""
+        the connector does not store (a Mamba state outside the ``align`` cache mode,
+        chunked local or cross attention, a block size other than the hashes'): it then
+        stays idle, since a hit must restore every group."""
         kcc = self._kv_cache_config
         if kcc is None or not kcc.kv_cache_groups:
             log.warning("kvpool: no KV cache groups; the connector stays idle")
@@ -255,7 +270,16 @@ class KvpoolConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, SupportsHMA
             if mc is not None and hasattr(mc, "get_total_num_hidden_layers")
             else len(group.layer_names)
         )
+        fields: dict[str, Any] = {}
+        if layout.is_state:
+            # A state's bytes: its tensors' shapes and dtypes, and the kernel family
+            # that writes them.
+            fields["state"] = (
+                f"{tuple(spec.shapes)}:{tuple(str(d) for d in spec.dtypes)}:"
+                f"{getattr(spec, 'mamba_type', '')}"
+            )
         return layout_salt(
+            **fields,
             engine="vllm",
             model=str(model),
             revision=str(getattr(mc, "revision", None)),

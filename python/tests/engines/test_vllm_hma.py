@@ -1,6 +1,6 @@
 """kvpool.vllm.KvpoolConnector with vLLM's hybrid KV cache manager (HMA), against vllm 0.33.0's
 real scheduler and KV cache manager on the CPU and a real kvpoold (the harness of
-``test_vllm.py``).
+``_vllm_setup.py``).
 
 The model is Llama-3-8B-shaped with every odd layer a 32-token sliding window (as Gemma
 alternates them). vLLM's own planner (``get_kv_cache_groups``,
@@ -20,7 +20,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from conftest import in_ci
 
 try:
-    import test_vllm as base
+    import _vllm_setup as base
     import torch
     from kvpool import Client
     from vllm.v1.core.kv_cache_planning import (

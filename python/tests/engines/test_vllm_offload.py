@@ -26,35 +26,32 @@ from conftest import in_ci
 
 try:
     import torch
+    from _vllm_setup import (
+        BLOCK,
+        HEAD,
+        KV_HEADS,
+        LAYER_NAMES,
+        LAYERS,
+        engine_config,
+        kv_cache_config,
+        model_dir,
+        model_output,
+        request,
+        scheduler,
+        tokens,
+    )
     from kvpool import Client
     from kvpool._vllm_offload_host import use_host_copies
     from kvpool.vllm_offload import KvpoolTier, offload_salt
-    from vllm.config import (
-        CacheConfig,
-        KVTransferConfig,
-        ModelConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
+    from vllm.config import KVTransferConfig, VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        KVCacheTensor,
-    )
     from vllm.v1.kv_cache_layout import KVCacheLayout
     from vllm.v1.kv_offload.base import ReqContext, make_offload_key
     from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
-    from vllm.v1.structured_output import StructuredOutputManager
     from vllm.v1.worker.utils import allocate_kv_cache
 except ImportError as e:  # pragma: no cover - the environment decides
     if in_ci():
@@ -64,23 +61,7 @@ except ImportError as e:  # pragma: no cover - the environment decides
         allow_module_level=True,
     )
 
-LAYERS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 16
-NUM_BLOCKS = 16
 CHUNK = LAYERS * 2 * BLOCK * KV_HEADS * HEAD * 2  # one block of every layer: 2 MiB
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": KV_HEADS,
-    "num_hidden_layers": LAYERS,
-    "head_dim": HEAD,
-    "vocab_size": 1000,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 # The --kv-transfer-config of docs/ENGINES.md, byte for byte.
 LAUNCH = (
     '{"kv_connector":"OffloadingConnector","kv_role":"kv_both",'
@@ -88,17 +69,6 @@ LAUNCH = (
     '"cpu_bytes_to_use":8589934592,"secondary_tiers":[{"type":"KvpoolTier",'
     '"module_path":"kvpool.vllm_offload","kvpool_url":"tcp://127.0.0.1:7070"}]}}'
 )
-LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-
-init_none_hash(sha256)
-HASHER = get_request_block_hasher(BLOCK, sha256)
-
-
-def model_dir(root, name: str) -> str:
-    d = root / name
-    d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps(LLAMA3_8B))
-    return str(d)
 
 
 def vllm_config(path: str, url: str, cpu_chunks: int, **tier) -> VllmConfig:
@@ -108,37 +78,7 @@ def vllm_config(path: str, url: str, cpu_chunks: int, **tier) -> VllmConfig:
     extra = launch["kv_connector_extra_config"]
     extra["cpu_bytes_to_use"] = cpu_chunks * CHUNK
     extra["secondary_tiers"][0].update({"lookup_timeout": 2.0}, **tier)
-    mc = ModelConfig(
-        model=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024
-    )
-    vc = VllmConfig(
-        model_config=mc,
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=1024, max_model_len=1024, is_encoder_decoder=False
-        ),
-        kv_transfer_config=KVTransferConfig(**launch),
-    )
-    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
-    return vc
-
-
-def kv_cache_config() -> KVCacheConfig:
-    spec = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=torch.bfloat16
-    )
-    page = spec.page_size_bytes
-    tensor = KVCacheTensor(
-        size=page * NUM_BLOCKS * LAYERS,
-        layers=list(LAYER_NAMES),
-        layer_stride=page * NUM_BLOCKS,
-        block_stride=page,
-    )
-    return KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[tensor],
-        kv_cache_groups=[KVCacheGroupSpec(list(LAYER_NAMES), spec)],
-    )
+    return engine_config(path, KVTransferConfig(**launch))
 
 
 class Engine:
@@ -148,12 +88,7 @@ class Engine:
     def __init__(self, path: str, url: str, cpu_chunks: int = 8, **tier):
         kcc = kv_cache_config()
         vc = vllm_config(path, url, cpu_chunks, **tier)
-        self.sched = Scheduler(
-            vllm_config=vc,
-            kv_cache_config=kcc,
-            structured_output_manager=StructuredOutputManager(vc),
-            block_size=BLOCK,
-        )
+        self.sched = scheduler(vc, kcc)
         self.conn = self.sched.connector
         self.manager = self.conn.connector_scheduler.manager
         assert isinstance(self.manager, TieringOffloadingManager)
@@ -167,13 +102,7 @@ class Engine:
         self.recving: set[str] = set()
 
     def add(self, rid: str, tokens: list[int], max_tokens: int = 1) -> Request:
-        req = Request(
-            request_id=rid,
-            prompt_token_ids=tokens,
-            sampling_params=SamplingParams(max_tokens=max_tokens),
-            pooling_params=None,
-            block_hasher=HASHER,
-        )
+        req = request(rid, tokens, max_tokens)
         self.sched.add_request(req)
         return req
 
@@ -201,16 +130,7 @@ class Engine:
             kv_connector_worker_meta=w.build_connector_worker_meta(),
         )
         w.clear_connector_metadata()
-        ids = list(out.num_scheduled_tokens)
-        self.sched.update_from_output(
-            out,
-            ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[7] for _ in ids],
-                kv_connector_output=kvo,
-            ),
-        )
+        self.sched.update_from_output(out, model_output(out, kvo))
         return out
 
     def forward_layer(self, out, name: str) -> None:
@@ -262,11 +182,6 @@ class Engine:
         self.conn.shutdown()
 
 
-def tokens(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, 999, (n,), generator=g).tolist()
-
-
 @pytest.fixture
 def engine():
     """A factory of :class:`Engine` (same arguments); every engine made is closed when the test
@@ -294,13 +209,7 @@ def written_through(engine: Engine, prompt: list[int], rid: str = "r1") -> list[
 
 
 def keys_of(engine: Engine, req_tokens: list[int]) -> list[str]:
-    req = Request(
-        request_id="k",
-        prompt_token_ids=req_tokens,
-        sampling_params=SamplingParams(max_tokens=1),
-        pooling_params=None,
-        block_hasher=HASHER,
-    )
+    req = request("k", req_tokens)
     return [engine.tier.key(make_offload_key(h, 0)) for h in req.block_hashes]
 
 

@@ -1,5 +1,5 @@
 """kvpool.vllm.KvpoolConnector across tensor-parallel layouts, with vllm 0.33.0's real scheduler
-and KV tensors and a real kvpoold (the harness of ``test_vllm.py``).
+and KV tensors and a real kvpoold (the harness of ``_vllm_setup.py``).
 
 Objects are keyed per group of ``heads_per_object`` KV heads (by the model-wide index of the
 first), so a reader whose TP size differs from the writer's, with the same
@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from conftest import in_ci
 
 try:
-    import test_vllm as base
+    import _vllm_setup as base
     import torch
     from kvpool import Client
     from vllm.v1.kv_cache_interface import (
