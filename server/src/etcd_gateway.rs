@@ -17,7 +17,9 @@
 //! `serving`; every later change of its own record (drain, leave) is put again. When etcd can't
 //! be reached the node keeps serving on its last view and retries; when etcd is back it keeps
 //! its lease if etcd still has it (etcd refreshes leases when it restarts) or takes a new one,
-//! registers again, and ranges and watches afresh. A record of this node left by an earlier run
+//! registers again, and ranges and watches afresh; nodes of its view that etcd holds no record
+//! of at all (a wiped etcd) stay in the view as they were for a lease TTL, the time they have
+//! to register again, so that their keys do not move meanwhile. A record of this node left by an earlier run
 //! with an epoch at least as high as the node's own is outranked before the first put.
 //!
 //! With etcd's own authentication (`etcd_user`), the node trades the user's password for a
@@ -283,6 +285,18 @@ impl Registrar {
         for (k, v) in &kvs {
             reg.apply(&self.prefix, k, Some(v));
         }
+        // Nodes of this node's view that etcd holds no record of (it was wiped) keep their
+        // records for a lease TTL, the time they have to register again (see `EtcdRecords`).
+        let carried = reg.records.carry(&self.m.view());
+        let mut carry_until = None;
+        if !carried.is_empty() {
+            tracing::info!(
+                nodes = ?carried,
+                "etcd: holds no record of nodes in the view; keeping them until they register again"
+            );
+            let ttl = Duration::from_secs(lease.ttl.max(1) as u64);
+            carry_until = Some(tokio::time::Instant::now() + ttl);
+        }
         self.m.replace(reg.view());
         if self.m.my_state() == NodeState::Joining {
             self.m.set_state(NodeState::Serving);
@@ -328,6 +342,14 @@ impl Registrar {
                     }
                     self.m.replace(reg.view());
                 }
+                _ = until(carry_until) => {
+                    carry_until = None;
+                    let gone = reg.records.end_carry();
+                    if !gone.is_empty() {
+                        tracing::info!(nodes = ?gone, "etcd: nodes did not register again");
+                        self.m.replace(reg.view());
+                    }
+                }
                 r = changed.changed() => {
                     if r.is_err() {
                         return Ok(());
@@ -363,6 +385,14 @@ impl Registrar {
     fn mark_published(&mut self, rec: NodeInfo) {
         self.m.mark_published(rec.epoch);
         self.published = Some(rec);
+    }
+}
+
+/// Resolves at `t`, or never.
+async fn until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
