@@ -14,7 +14,9 @@
 //!   started on the same ports; the nodes must register again.
 //!
 //! Throughout, the load must be served, and once etcd is back every node must see every node
-//! serving (the time that takes is measured). Every operation is recorded and the whole
+//! serving and etcd must hold every node's lease (the time that takes is measured). Every view
+//! a node adopts is read from its log: except under the hung leader, no node may change its
+//! view at all (no key changes owner). Every operation is recorded and the whole
 //! history is checked (`common::history`): no read returns bytes no write of its key wrote, nor
 //! a value older than one acknowledged before the read began. Each scenario prints a table row
 //! (docs/RELIABILITY.md, "etcd failures"). Without an `etcd` binary (Debian: `apt-get install
@@ -544,7 +546,7 @@ async fn converge(etcd: &EtcdCluster, nodes: &[Node]) -> Duration {
                 serving(v) == nodes.len() && Some(v.stamp()) == views[0].as_ref().map(|f| f.stamp())
             })
         });
-        if agreed && etcd.alive() == Some(nodes.len() as u64) {
+        if agreed && tokio::task::block_in_place(|| etcd.alive()) == Some(nodes.len() as u64) {
             return t.elapsed();
         }
         assert!(
@@ -652,8 +654,10 @@ async fn scenario(fault: Fault, test: &str) {
         return;
     }
     let _one_at_a_time = SERIAL.lock().await;
-    let mut etcd = EtcdCluster::start(bin.expect("checked above"));
-    let leader = etcd.leader();
+    // etcd is driven by blocking calls: off the load's worker threads.
+    let bin = bin.expect("checked above");
+    let mut etcd = tokio::task::block_in_place(|| EtcdCluster::start(bin));
+    let leader = tokio::task::block_in_place(|| etcd.leader());
     let order: Vec<usize> = std::iter::once(leader)
         .chain((0..MEMBERS).filter(|&i| i != leader))
         .collect();
@@ -695,13 +699,13 @@ async fn scenario(fault: Fault, test: &str) {
             }
             converge(&etcd, &nodes).await;
             etcd.launch(leader);
-            etcd.wait_healthy();
+            tokio::task::block_in_place(|| etcd.wait_healthy());
         }
         Fault::HangLeader => {
             signal(etcd.pid(leader), "STOP");
             tokio::time::sleep(2 * LEASE).await;
             signal(etcd.pid(leader), "CONT");
-            etcd.wait_healthy();
+            tokio::task::block_in_place(|| etcd.wait_healthy());
         }
         Fault::Partition => {
             for p in &proxies {
@@ -718,7 +722,7 @@ async fn scenario(fault: Fault, test: &str) {
             }
             tokio::time::sleep(LEASE).await;
             etcd.restart_empty();
-            etcd.wait_healthy();
+            tokio::task::block_in_place(|| etcd.wait_healthy());
         }
     }
     let fault_to = since(load.t0);
@@ -765,11 +769,13 @@ async fn scenario(fault: Fault, test: &str) {
         told.join("\n"),
         membership_log(&logs)
     );
-    if matches!(fault, Fault::KillLeader | Fault::RestartEmpty) {
+    if fault != Fault::HangLeader {
         // Nobody's keys moved. With the leader killed: every node failed over to another
         // member within its lease (one stuck on the dead member would have lost it, and been
-        // marked down). With etcd empty: every node kept the others while they registered
-        // again.
+        // marked down). Cut off, or with etcd empty: every node, back first, kept the others
+        // as they were while they registered again. (A hung leader, once resumed, may still
+        // revoke leases renewed through the new one, a defect of etcd 3.4.23: see
+        // docs/RELIABILITY.md, "etcd failures".)
         assert_eq!(
             fewest,
             None,

@@ -17,9 +17,10 @@
 //! `serving`; every later change of its own record (drain, leave) is put again. When etcd can't
 //! be reached the node keeps serving on its last view and retries; when etcd is back it keeps
 //! its lease if etcd still has it (etcd refreshes leases when it restarts) or takes a new one,
-//! registers again, and ranges and watches afresh; nodes of its view that etcd holds no record
-//! of at all (a wiped etcd) stay in the view as they were for a lease TTL, the time they have
-//! to register again, so that their keys do not move meanwhile. A record of this node left by an earlier run
+//! registers again, and ranges and watches afresh; nodes of its view that etcd then holds no
+//! record of (a wiped etcd), or the same record of without a lease (they could not reach etcd
+//! either), stay in the view as they were for a lease TTL, the time a live node takes to
+//! register again, so that their keys do not move meanwhile. A record of this node left by an earlier run
 //! with an epoch at least as high as the node's own is outranked before the first put.
 //!
 //! With etcd's own authentication (`etcd_user`), the node trades the user's password for a
@@ -285,14 +286,15 @@ impl Registrar {
         for (k, v) in &kvs {
             reg.apply(&self.prefix, k, Some(v));
         }
-        // Nodes of this node's view that etcd holds no record of (it was wiped) keep their
-        // records for a lease TTL, the time they have to register again (see `EtcdRecords`).
+        // Nodes of this node's view that etcd lost (no record, or the same record without a
+        // lease: etcd was wiped, or unreachable to them too) keep their records for a lease
+        // TTL, the time a live node takes to register again (see `EtcdRecords`).
         let carried = reg.records.carry(&self.m.view());
         let mut carry_until = None;
         if !carried.is_empty() {
             tracing::info!(
                 nodes = ?carried,
-                "etcd: holds no record of nodes in the view; keeping them until they register again"
+                "etcd: nodes of the view without a record or lease; kept as they were until they register again"
             );
             let ttl = Duration::from_secs(lease.ttl.max(1) as u64);
             carry_until = Some(tokio::time::Instant::now() + ttl);

@@ -1,14 +1,16 @@
 //! The cluster as etcd holds it, from which every node derives the same view.
 //!
-//! A node whose record etcd does not hold at all (etcd was wiped, or restored from an older
-//! backup) is not known to be down: its lease, if it is alive, is simply gone with the rest, and
-//! it registers again at its next retry. Dropping it from the view at once would move its keys
-//! to the nodes that registered first, which would take writes for them that the node itself,
-//! still routing by its own unchanged view, never hears of, and it would later serve its older
-//! copies as the owner. So a session that finds such nodes [`EtcdRecords::carry`]s their last
-//! records from this node's view, as they were, until they register again or the carry ends
-//! (the etcd gateway ends it after one lease TTL, as long as a lease would have let them live).
-
+//! A node coming back to etcd after it could not reach it can't tell what happened to the
+//! others meanwhile from what etcd holds: a node whose record is gone (etcd was wiped, or
+//! restored from an older backup), or whose lease expired while its record is unchanged (etcd
+//! was unreachable to it too, or wiped its lease), may be alive and about to register again at
+//! its next retry. Marking it down or dropping it at once would move its keys to the nodes that
+//! registered first, which would take writes for them that the node itself, still routing by
+//! its own unchanged view, never hears of; it would later serve its older copies as their owner.
+//! So a session that comes back [`EtcdRecords::carry`]s such nodes' records from this node's
+//! last view, as they were, until etcd says something new of them (a record, a lease) or the
+//! carry ends (the etcd gateway ends it after one lease TTL, as long as a lease would have let
+//! a live node take to register again).
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::placement::{ClusterView, NodeInfo, NodeState};
@@ -42,6 +44,7 @@ impl EtcdRecords {
 
     /// Node `id`'s lease appeared or went.
     pub fn set_alive(&mut self, id: u32, alive: bool) {
+        self.carried.remove(&id);
         if alive {
             self.alive.insert(id);
         } else {
@@ -49,12 +52,19 @@ impl EtcdRecords {
         }
     }
 
-    /// Keeps the records of `last` (this node's view) of nodes etcd holds no record of, as
-    /// they are there, until each registers again or [`EtcdRecords::end_carry`]. Returns
-    /// their ids.
+    /// Keeps the records of `last` (this node's view before etcd was lost) of nodes etcd holds
+    /// no record of, or holds the same record of (same epoch) without a lease while `last` had
+    /// them up, as they are in `last`, until etcd says something new of each or
+    /// [`EtcdRecords::end_carry`]. Returns their ids.
     pub fn carry(&mut self, last: &ClusterView) -> Vec<u32> {
         for n in &last.nodes {
-            if !self.records.contains_key(&n.id) {
+            let carried = match self.records.get(&n.id) {
+                None => true,
+                Some(r) => {
+                    r.epoch == n.epoch && n.state != NodeState::Down && !self.alive.contains(&n.id)
+                }
+            };
+            if carried {
                 self.carried.insert(n.id, n.clone());
             }
         }
@@ -72,16 +82,20 @@ impl EtcdRecords {
     }
 
     /// The view: every record, down where its node holds no lease, and every carried record
-    /// as it was, at the revision seen.
+    /// as it was instead of etcd's, at the revision seen.
     pub fn view(&self) -> ClusterView {
-        let held = self.records.values().map(|n| {
-            let mut n = n.clone();
-            if !self.alive.contains(&n.id) {
-                n.state = NodeState::Down;
-            }
-            n
-        });
-        let mut nodes: Vec<NodeInfo> = held.chain(self.carried.values().cloned()).collect();
+        let nodes = self
+            .records
+            .values()
+            .filter(|n| !self.carried.contains_key(&n.id))
+            .map(|n| {
+                let mut n = n.clone();
+                if !self.alive.contains(&n.id) {
+                    n.state = NodeState::Down;
+                }
+                n
+            });
+        let mut nodes: Vec<NodeInfo> = nodes.chain(self.carried.values().cloned()).collect();
         nodes.sort_by_key(|n| n.id);
         ClusterView {
             version: self.revision,

@@ -334,3 +334,35 @@ fn etcd_records_carry_nodes_a_wiped_etcd_lost_until_they_register_again() {
     let ids: Vec<u32> = etcd.view().nodes.iter().map(|n| n.id).collect();
     assert_eq!(ids, vec![1, 2]);
 }
+
+#[test]
+fn etcd_records_carry_nodes_whose_lease_expired_only_while_the_record_is_unchanged() {
+    let mut before = EtcdRecords::default();
+    for id in 1..=4 {
+        before.set_record(id, Some(rec(id, NodeState::Serving, 2)));
+        before.set_alive(id, true);
+    }
+    let last = before.view();
+    // Every lease expired while etcd was unreachable; node 1 registered again first. Node 3
+    // changed its record meanwhile (drained), node 4's lease is back.
+    let mut etcd = EtcdRecords::default();
+    for id in 1..=4 {
+        etcd.set_record(id, Some(rec(id, NodeState::Serving, 2)));
+    }
+    etcd.set_record(3, Some(rec(3, NodeState::Down, 3)));
+    etcd.set_alive(1, true);
+    etcd.set_alive(4, true);
+    assert_eq!(
+        etcd.carry(&last),
+        vec![2],
+        "only node 2: same record, no lease"
+    );
+    let v = etcd.view();
+    assert_eq!(v.node(NodeId(2)).unwrap().state, NodeState::Serving);
+    assert_eq!(v.node(NodeId(3)).unwrap().state, NodeState::Down);
+    // Its lease comes back: etcd's record again; its lease goes: down at once.
+    etcd.set_alive(2, true);
+    assert!(!etcd.carrying());
+    etcd.set_alive(2, false);
+    assert_eq!(etcd.view().node(NodeId(2)).unwrap().state, NodeState::Down);
+}
