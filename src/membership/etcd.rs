@@ -9,8 +9,8 @@
 //! its own unchanged view, never hears of; it would later serve its older copies as their owner.
 //! So a session that comes back [`EtcdRecords::carry`]s such nodes' records from this node's
 //! last view, as they were, until etcd says something new of them (a record, a lease) or the
-//! carry ends (the etcd gateway ends it after one lease TTL, as long as a lease would have let
-//! a live node take to register again).
+//! carry ends (the etcd gateway ends it after one lease TTL, the time a live node takes to
+//! register again).
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::placement::{ClusterView, NodeInfo, NodeState};
