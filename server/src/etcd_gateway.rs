@@ -113,6 +113,7 @@ pub(crate) async fn run(
         lease: None,
         published: None,
         failing: false,
+        lost_lease: false,
     };
     loop {
         match r.session(&mut stop).await {
@@ -258,6 +259,8 @@ struct Registrar {
     published: Option<NodeInfo>,
     /// The last session failed (for logging once per outage).
     failing: bool,
+    /// The lease expired and this node has not registered again since.
+    lost_lease: bool,
 }
 
 impl Registrar {
@@ -280,6 +283,11 @@ impl Registrar {
             ])
             .await?;
         self.mark_published(mine);
+        if std::mem::take(&mut self.lost_lease) {
+            // The others route this node's keys elsewhere until this registration reaches them,
+            // and it took writes for them by its own view after its first fence: suspect too.
+            self.m.fence();
+        }
         let (revision, kvs) = self.etcd.range_prefix(&self.prefix).await?;
         let mut reg = Registry::default();
         reg.records.revision = revision;
@@ -330,6 +338,7 @@ impl Registrar {
                         self.lease = None;
                         // Its alive key went with it: the others saw this node down.
                         self.m.fence();
+                        self.lost_lease = true;
                         return Err(EtcdError::LeaseLost(lease.id));
                     }
                 }
@@ -371,6 +380,7 @@ impl Registrar {
             tracing::info!(lease = l.id, "etcd: lease expired; taking a new one");
             // Its alive key went with it: the others saw this node down.
             self.m.fence();
+            self.lost_lease = true;
         }
         let l = self.etcd.grant(self.ttl).await?;
         if l.ttl != self.ttl {
