@@ -9,6 +9,7 @@
 )]
 
 pub mod cluster;
+pub mod history;
 pub mod raw;
 
 pub use kvpool_system_tests::*;

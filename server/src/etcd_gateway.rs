@@ -17,7 +17,10 @@
 //! `serving`; every later change of its own record (drain, leave) is put again. When etcd can't
 //! be reached the node keeps serving on its last view and retries; when etcd is back it keeps
 //! its lease if etcd still has it (etcd refreshes leases when it restarts) or takes a new one,
-//! registers again, and ranges and watches afresh. A record of this node left by an earlier run
+//! registers again, and ranges and watches afresh; nodes of its view that etcd then holds no
+//! record of (a wiped etcd), or the same record of without a lease (they could not reach etcd
+//! either), stay in the view as they were for a lease TTL, the time a live node takes to
+//! register again, so that their keys do not move meanwhile. A record of this node left by an earlier run
 //! with an epoch at least as high as the node's own is outranked before the first put.
 //!
 //! With etcd's own authentication (`etcd_user`), the node trades the user's password for a
@@ -110,6 +113,7 @@ pub(crate) async fn run(
         lease: None,
         published: None,
         failing: false,
+        lost_lease: false,
     };
     loop {
         match r.session(&mut stop).await {
@@ -255,6 +259,8 @@ struct Registrar {
     published: Option<NodeInfo>,
     /// The last session failed (for logging once per outage).
     failing: bool,
+    /// The lease expired and this node has not registered again since.
+    lost_lease: bool,
 }
 
 impl Registrar {
@@ -277,11 +283,29 @@ impl Registrar {
             ])
             .await?;
         self.mark_published(mine);
+        if std::mem::take(&mut self.lost_lease) {
+            // The others route this node's keys elsewhere until this registration reaches them,
+            // and it took writes for them by its own view after its first fence: suspect too.
+            self.m.fence();
+        }
         let (revision, kvs) = self.etcd.range_prefix(&self.prefix).await?;
         let mut reg = Registry::default();
         reg.records.revision = revision;
         for (k, v) in &kvs {
             reg.apply(&self.prefix, k, Some(v));
+        }
+        // Nodes of this node's view that etcd lost (no record, or the same record without a
+        // lease: etcd was wiped, or unreachable to them too) keep their records for a lease
+        // TTL, the time a live node takes to register again (see `EtcdRecords`).
+        let carried = reg.records.carry(&self.m.view());
+        let mut carry_until = None;
+        if !carried.is_empty() {
+            tracing::info!(
+                nodes = ?carried,
+                "etcd: nodes of the view without a record or lease; kept as they were until they register again"
+            );
+            let ttl = Duration::from_secs(lease.ttl.max(1) as u64);
+            carry_until = Some(tokio::time::Instant::now() + ttl);
         }
         self.m.replace(reg.view());
         if self.m.my_state() == NodeState::Joining {
@@ -314,6 +338,7 @@ impl Registrar {
                         self.lease = None;
                         // Its alive key went with it: the others saw this node down.
                         self.m.fence();
+                        self.lost_lease = true;
                         return Err(EtcdError::LeaseLost(lease.id));
                     }
                 }
@@ -327,6 +352,14 @@ impl Registrar {
                         reg.apply(&self.prefix, k, v.as_deref());
                     }
                     self.m.replace(reg.view());
+                }
+                _ = until(carry_until) => {
+                    carry_until = None;
+                    let gone = reg.records.end_carry();
+                    if !gone.is_empty() {
+                        tracing::info!(nodes = ?gone, "etcd: nodes did not register again");
+                        self.m.replace(reg.view());
+                    }
                 }
                 r = changed.changed() => {
                     if r.is_err() {
@@ -347,6 +380,7 @@ impl Registrar {
             tracing::info!(lease = l.id, "etcd: lease expired; taking a new one");
             // Its alive key went with it: the others saw this node down.
             self.m.fence();
+            self.lost_lease = true;
         }
         let l = self.etcd.grant(self.ttl).await?;
         if l.ttl != self.ttl {
@@ -363,6 +397,14 @@ impl Registrar {
     fn mark_published(&mut self, rec: NodeInfo) {
         self.m.mark_published(rec.epoch);
         self.published = Some(rec);
+    }
+}
+
+/// Resolves at `t`, or never.
+async fn until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -296,3 +296,73 @@ fn etcd_views_replace_ignore_gossip_and_keep_versions_moving() {
     assert_eq!(m.view().version, 42);
     assert_eq!(m.view().node(NodeId(2)).unwrap().state, NodeState::Down);
 }
+
+#[test]
+fn etcd_records_carry_nodes_a_wiped_etcd_lost_until_they_register_again() {
+    let mut before = EtcdRecords::default();
+    for id in 1..=3 {
+        before.set_record(id, Some(rec(id, NodeState::Serving, 2)));
+        before.set_alive(id, true);
+    }
+    before.set_record(4, Some(rec(4, NodeState::Serving, 1)));
+    before.revision = 90;
+    let last = before.view();
+    assert_eq!(last.node(NodeId(4)).unwrap().state, NodeState::Down);
+
+    // etcd wiped: node 1 registered first and finds only itself.
+    let mut etcd = EtcdRecords::default();
+    etcd.set_record(1, Some(rec(1, NodeState::Serving, 2)));
+    etcd.set_alive(1, true);
+    etcd.revision = 3;
+    assert_eq!(etcd.view().nodes.len(), 1);
+    assert_eq!(etcd.carry(&last), vec![2, 3, 4]);
+    assert!(etcd.carrying());
+    let v = etcd.view();
+    assert_eq!(v.nodes, last.nodes, "the same records: the same owners");
+    assert_eq!(v.version, 3);
+
+    // Node 2 registers again: its own record replaces the carried one.
+    etcd.set_record(2, Some(rec(2, NodeState::Serving, 3)));
+    etcd.set_alive(2, true);
+    assert_eq!(etcd.view().node(NodeId(2)).unwrap().epoch, 3);
+    // An explicit delete is not carried back.
+    etcd.set_record(4, None);
+    assert!(etcd.view().node(NodeId(4)).is_none());
+    // Node 3 never comes back: once the carry ends it is gone from the view.
+    assert_eq!(etcd.end_carry(), vec![3]);
+    assert!(!etcd.carrying());
+    let ids: Vec<u32> = etcd.view().nodes.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![1, 2]);
+}
+
+#[test]
+fn etcd_records_carry_nodes_whose_lease_expired_only_while_the_record_is_unchanged() {
+    let mut before = EtcdRecords::default();
+    for id in 1..=4 {
+        before.set_record(id, Some(rec(id, NodeState::Serving, 2)));
+        before.set_alive(id, true);
+    }
+    let last = before.view();
+    // Every lease expired while etcd was unreachable; node 1 registered again first. Node 3
+    // changed its record meanwhile (drained), node 4's lease is back.
+    let mut etcd = EtcdRecords::default();
+    for id in 1..=4 {
+        etcd.set_record(id, Some(rec(id, NodeState::Serving, 2)));
+    }
+    etcd.set_record(3, Some(rec(3, NodeState::Down, 3)));
+    etcd.set_alive(1, true);
+    etcd.set_alive(4, true);
+    assert_eq!(
+        etcd.carry(&last),
+        vec![2],
+        "only node 2: same record, no lease"
+    );
+    let v = etcd.view();
+    assert_eq!(v.node(NodeId(2)).unwrap().state, NodeState::Serving);
+    assert_eq!(v.node(NodeId(3)).unwrap().state, NodeState::Down);
+    // Its lease comes back: etcd's record again; its lease goes: down at once.
+    etcd.set_alive(2, true);
+    assert!(!etcd.carrying());
+    etcd.set_alive(2, false);
+    assert_eq!(etcd.view().node(NodeId(2)).unwrap().state, NodeState::Down);
+}
