@@ -152,6 +152,9 @@ impl ScaleReport {
             "–",
             &|m| format!("{:.1} / {}", m.traffic.sockets, m.traffic.closed),
         );
+        row(&mut o, "CPU per node, idle pool (cores)", "–", &|m| {
+            format!("{:.3}", m.traffic.cpu)
+        });
         row(
             &mut o,
             "heartbeats answered per node per second",
@@ -222,10 +225,12 @@ impl ScaleReport {
                 )
             },
         );
+        let kept = 1.0 - 1.0 / f64::from(n);
+        let ideal = format!("{} / the killed node's share / 0", pct(kept));
         row(
             &mut o,
             "after all: keys read back with their bytes / misses / wrong bytes",
-            "100 % / 0 / 0",
+            &ideal,
             &|m| format!("{} / {} / {}", pct(m.hits), m.misses, m.wrong),
         );
         if let [three, many] = &self.routing[..] {
@@ -285,6 +290,7 @@ impl ScaleReport {
                     "sockets_per_node": m.traffic.sockets,
                     "sockets_closed_in_window": m.traffic.closed,
                     "heartbeats_in_per_node_s": m.traffic.heartbeats_in,
+                    "cpu_per_node": m.traffic.cpu,
                     "etcd_bytes_per_node_s": m.traffic.etcd_bytes,
                     "etcd_messages_per_node_s": m.traffic.etcd_messages,
                     "etcd_rss": m.etcd_rss,

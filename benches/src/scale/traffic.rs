@@ -29,6 +29,8 @@ pub(crate) struct Traffic {
     pub(crate) sockets: f64,
     /// Sockets of the nodes closed during the window (their bytes are missed).
     pub(crate) closed: usize,
+    /// CPU time of the node (user + system), seconds per second.
+    pub(crate) cpu: f64,
     /// Heartbeats (and gossip) answered.
     pub(crate) heartbeats_in: f64,
     /// etcd's client bytes (received + sent) and messages, divided by the nodes (0 without).
@@ -89,6 +91,20 @@ fn sockets(pids: &HashSet<u32>) -> anyhow::Result<Sockets> {
     Ok(map)
 }
 
+/// CPU time of process `pid` so far (utime + stime of `/proc/<pid>/stat`), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the state, field 3.
+    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    f.iter().sum()
+}
+
 fn heartbeats(m: &HashMap<String, f64>) -> f64 {
     metric(m, "kvpool_operations_total", "op=\"admin\"")
 }
@@ -102,6 +118,17 @@ fn etcd_counts(e: &Etcd) -> (f64, f64) {
     let msgs = metric(&m, "grpc_server_msg_received_total", "")
         + metric(&m, "grpc_server_msg_sent_total", "");
     (bytes, msgs)
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
 }
 
 /// Measures the idle pool's traffic over `window`.
@@ -127,8 +154,10 @@ pub(crate) async fn measure(
     let e0 = etcd.map_or((0.0, 0.0), etcd_counts);
     let pids: HashSet<u32> = live.iter().map(|(pid, _)| *pid).collect();
     let ss0 = sockets(&pids)?;
+    let cpu0: u64 = pids.iter().map(|&p| cpu_ticks(p)).sum();
     let t0 = Instant::now();
     tokio::time::sleep(window).await;
+    let cpu1: u64 = pids.iter().map(|&p| cpu_ticks(p)).sum();
     let ss1 = sockets(&pids)?;
     let secs = t0.elapsed().as_secs_f64();
     let e1 = etcd.map_or((0.0, 0.0), etcd_counts);
@@ -154,6 +183,7 @@ pub(crate) async fn measure(
     Ok(Traffic {
         bytes: per(bytes as f64),
         segments: per(segments as f64),
+        cpu: per(cpu1.saturating_sub(cpu0) as f64) / clock_ticks(),
         sockets: ss1.len() as f64 / n,
         closed,
         // Between the middles of the two rounds of scrapes (a metrics page is HTTP, not an
