@@ -211,7 +211,7 @@ pub(crate) fn stop(child: &mut Child, grace: Duration) {
         .unwrap_or_else(|e| e.into_inner())
         .retain(|(pid, _)| *pid != child.id());
     if let Ok(Some(_)) = child.try_wait() {
-        // Already reaped (killed, or it left by itself): its pid may be another process's now.
+        // Already reaped (killed, or it left by itself): its pid may be another process's by then.
         return;
     }
     if let Ok(pid) = i32::try_from(child.id()) {
