@@ -24,6 +24,10 @@
 //!   on disk.
 //! - `events`: put throughput with a KV event subscriber reading everything against none, in
 //!   alternating pairs of windows, and the events per second it is sent.
+//! - `scale`: a pool of 64 nodes on this machine, with static peers and with etcd: how long
+//!   every view takes to converge after a start, a join, a drain and a kill, the coordination
+//!   traffic per node, the share of keys a join and a drain move against 1/N, the routing cost
+//!   at 3 and 64 nodes, and a node's memory per object.
 //! - `gen-trace`: deterministic synthetic prefix workloads in the same JSONL format.
 //!
 //! Every run is bounded in time and stops by itself; nothing here asserts on time.
@@ -34,6 +38,7 @@ mod handoff;
 mod heap;
 mod perf;
 mod restart;
+mod scale;
 mod soak;
 mod tier;
 mod weights;
@@ -87,6 +92,11 @@ enum Command {
     /// The disk tier on real daemons: DRAM gets while it demotes at full rate against the same
     /// gets without it, and the time to serve again after a restart with many objects on disk.
     Tier(tier::TierArgs),
+    /// A pool of many nodes on this machine (64 by default), with static peers and with etcd:
+    /// time for every view to converge after a start, a join, a drain and a kill; coordination
+    /// traffic per node; the share of keys a join and a drain move against 1/N; routing cost at
+    /// 3 nodes and at N; memory per object of one node.
+    Scale(scale::ScaleArgs),
     /// KV events: 64 KiB puts at full rate with a subscriber reading every event against none,
     /// in alternating pairs of windows; events per second sent and the put throughput ratio.
     Events(events::EventsArgs),
@@ -105,5 +115,6 @@ fn main() -> anyhow::Result<()> {
         Command::Disk(args) => disk::run(args),
         Command::Tier(args) => tier::run(args),
         Command::Events(args) => events::run(args),
+        Command::Scale(args) => scale::run(args),
     }
 }

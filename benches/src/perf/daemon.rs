@@ -53,6 +53,17 @@ impl Daemon {
         memory: u64,
         extra: &[String],
     ) -> anyhow::Result<Daemon> {
+        Daemon::start_env(binary, memory, extra, &[])
+    }
+
+    /// [`Daemon::start_with`] with extra environment variables (e.g. `TOKIO_WORKER_THREADS`
+    /// for many small daemons on few cores).
+    pub(crate) fn start_env(
+        binary: &Path,
+        memory: u64,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Daemon> {
         if !binary.exists() {
             bail!("{} not found: build it with `cargo build --release -p kvpool-server` or pass --kvpoold", binary.display());
         }
@@ -73,6 +84,7 @@ impl Daemon {
             ])
             .args(extra)
             .env("KVPOOL_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -136,6 +148,13 @@ impl Daemon {
         self.child.id()
     }
 
+    /// SIGKILL and reap (a crash: nothing of the daemon runs after); the scratch directory
+    /// goes when the `Daemon` is dropped.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The self-signed certificate QUIC clients must trust.
     pub(crate) fn cert(&self) -> PathBuf {
         self.dir.join("tls-cert.pem")
@@ -191,6 +210,10 @@ pub(crate) fn stop(child: &mut Child, grace: Duration) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .retain(|(pid, _)| *pid != child.id());
+    if let Ok(Some(_)) = child.try_wait() {
+        // Already reaped (killed, or it left by itself): its pid may be another process's by then.
+        return;
+    }
     if let Ok(pid) = i32::try_from(child.id()) {
         // SAFETY: kill(2) on our own child's pid; it is not reaped yet, so the pid is still ours.
         unsafe { libc::kill(pid, libc::SIGTERM) };

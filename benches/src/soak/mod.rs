@@ -35,7 +35,7 @@ use crate::perf::machine::Machine;
 mod load;
 mod ops;
 mod report;
-mod sample;
+pub(crate) mod sample;
 mod value;
 mod verdict;
 

@@ -72,7 +72,7 @@ fn open_fds(pid: u32) -> u64 {
 }
 
 /// The daemon's /metrics, as series (`name{labels}`) to values.
-fn scrape(addr: &str) -> anyhow::Result<HashMap<String, f64>> {
+pub(crate) fn scrape(addr: &str) -> anyhow::Result<HashMap<String, f64>> {
     let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("metrics at {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
@@ -93,7 +93,7 @@ fn scrape(addr: &str) -> anyhow::Result<HashMap<String, f64>> {
 }
 
 /// Sum of the series of metric `name` whose labels contain `label` (empty: all).
-fn metric(m: &HashMap<String, f64>, name: &str, label: &str) -> f64 {
+pub(crate) fn metric(m: &HashMap<String, f64>, name: &str, label: &str) -> f64 {
     m.iter()
         .filter(|(series, _)| {
             let (n, labels) = series.split_once('{').unwrap_or((series, ""));
