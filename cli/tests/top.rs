@@ -2,6 +2,7 @@
 //! the counts it shows equal to the load the test drove, a killed node shown down.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -14,25 +15,41 @@ use serde_json::Value;
 /// Fast heartbeats: a killed node leaves the view within a second.
 const HEARTBEAT: [&str; 4] = ["--heartbeat-ms", "100", "--down-after-ms", "600"];
 
-/// `n` nodes (ids 0..n) joined through node 0, and a TCP client of node 0 once all serve.
-fn cluster(n: u32) -> (Vec<Node>, Client) {
+/// Bytes of the disk tier `cluster` gives node 1 when asked to.
+const DISK: u64 = 64 << 20;
+
+/// `n` nodes (ids 0..n) joined through node 0, node 1 with a disk tier in `disk` when given,
+/// and a TCP client of node 0 once all serve.
+fn cluster(n: u32, disk: Option<&Path>) -> (Vec<Node>, Client) {
     let seed = Node::start("32MiB", &[&["--node-id", "0"][..], &HEARTBEAT].concat());
     let mut nodes = vec![seed];
     for id in 1..n {
         let secret = nodes[0].secret_file().to_str().unwrap().to_string();
-        let (id, peer) = (id.to_string(), nodes[0].tcp.clone());
-        let args = [
-            &[
-                "--node-id",
-                &id,
-                "--peer",
-                &peer,
-                "--cluster-secret-file",
-                &secret,
-            ][..],
-            &HEARTBEAT,
-        ]
-        .concat();
+        let (tag, peer) = (id.to_string(), nodes[0].tcp.clone());
+        let path = disk.map_or("", |d| d.to_str().unwrap());
+        let capacity = DISK.to_string();
+        let disk_args = [
+            "--disk-path",
+            path,
+            "--disk-capacity",
+            &capacity,
+            "--disk-region-size",
+            "4MiB",
+        ];
+        let cluster_args = [
+            "--node-id",
+            &tag,
+            "--peer",
+            &peer,
+            "--cluster-secret-file",
+            &secret,
+        ];
+        let with_disk: &[&str] = if disk.is_some() && id == 1 {
+            &disk_args
+        } else {
+            &[]
+        };
+        let args = [&cluster_args[..], &HEARTBEAT, with_disk].concat();
         nodes.push(Node::start("32MiB", &args));
     }
     // A miss asks the key's owner only (not, for a while after the view changed, its previous
@@ -108,7 +125,8 @@ fn check_rates(row: &Value) {
 
 #[test]
 fn top_once_reports_every_node_and_a_killed_one_as_down() {
-    let (mut nodes, client) = cluster(3);
+    let disk = kvpool_system_tests::temp_dir("top-disk");
+    let (mut nodes, client) = cluster(3, Some(&disk));
     for i in 0..60u64 {
         client
             .put(format!("k{i}").as_bytes(), &value(i, 1000))
@@ -129,11 +147,16 @@ fn top_once_reports_every_node_and_a_killed_one_as_down() {
         );
         objects += n["objects"].as_u64().unwrap();
         check_rates(n);
+        match id {
+            1 => assert_eq!(n["disk"]["capacity"], DISK, "node 1's disk tier: {n}"),
+            _ => assert!(n["disk"].is_null(), "no disk tier: {n}"),
+        }
     }
     assert_eq!(objects, 60, "{f}");
     let t = &f["totals"];
     assert_eq!((t["nodes"].as_u64(), t["up"].as_u64()), (Some(3), Some(3)));
     assert_eq!(t["objects"], 60);
+    assert_eq!(t["disk"]["capacity"], DISK, "{t}");
 
     nodes[2].kill();
     let f = top_once(&nodes[0]);
@@ -147,11 +170,13 @@ fn top_once_reports_every_node_and_a_killed_one_as_down() {
         assert_eq!(node_row(&f, id)["state"], "serving", "{f}");
     }
     assert_eq!(f["totals"]["up"], 2, "{f}");
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&disk);
 }
 
 #[test]
 fn top_counts_match_the_load_driven() {
-    let (nodes, client) = cluster(2);
+    let (nodes, client) = cluster(2, None);
     let mut top = Command::new(env!("CARGO_BIN_EXE_kvpool"))
         .args(["--endpoint", &nodes[0].tcp_url(), "--no-local"])
         .args(["top", "--json", "--interval", "0.2", "--count", "100"])
