@@ -14,7 +14,9 @@
 #                    30), is stopped with SIGTERM (it drains) and started again with the same
 #                    flags on the same directory and address (the upgrade path); its control
 #                    is ctl-drain. Not in the default set: RUNS="rolling ctl-drain", with
-#                    --after long enough for every restart (ELASTIC_ARGS="--after 240")
+#                    --after long enough for every restart (ELASTIC_ARGS="--after 240");
+#                    ROLLING_FRESH=1 removes each node's journal before its start, so it
+#                    starts empty instead of recovering
 #
 #   cargo build --release -p kvpool-bench -p kvpool-server -p kvpool-cli
 #   benches/scripts/elastic-replay.sh [NODES=4] [CAPACITY=5000] [BLOCK=16KiB] [AT=1200] [RUNS=all]
@@ -105,6 +107,8 @@ for id in $(seq 0 $((nodes - 1))); do
   if alive "$pid"; then echo "node $id did not exit within 120 s of SIGTERM" >&2; exit 1; fi
   t1=$(date +%s.%N)
   s=$seed; [ "$id" = 0 ] && s=""
+  # ROLLING_FRESH=1: the node starts empty (its journal removed) instead of recovering.
+  if [ "${ROLLING_FRESH:-0}" = 1 ]; then rm -f "$dir/n$id"/journal-*.kvj; fi
   "$WORK/start-node.sh" "$dir" "$id" "$handover" "$s" "" "$(cat "$dir/n$id.addr")"
   other=$(cat "$dir/n$(( (id + 1) % nodes )).addr")
   for _ in $(seq 300); do
