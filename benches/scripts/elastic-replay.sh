@@ -10,6 +10,13 @@
 #   join             NODES-1 nodes; at AT s node NODES-1 starts and joins
 #   join-nohandover  the same with --handover false: the client's previous-owner fallback only
 #   ctl-join         NODES-1 nodes, no event
+#   rolling          NODES nodes; from AT s every node in turn, ROLLING_GAP s apart (default
+#                    30), is stopped with SIGTERM (it drains) and started again with the same
+#                    flags on the same directory and address (the upgrade path); its control
+#                    is ctl-drain. Not in the default set: RUNS="rolling ctl-drain", with
+#                    --after long enough for every restart (ELASTIC_ARGS="--after 240");
+#                    ROLLING_FRESH=1 removes each node's journal before its start, so it
+#                    starts empty instead of recovering
 #
 #   cargo build --release -p kvpool-bench -p kvpool-server -p kvpool-cli
 #   benches/scripts/elastic-replay.sh [NODES=4] [CAPACITY=5000] [BLOCK=16KiB] [AT=1200] [RUNS=all]
@@ -56,14 +63,15 @@ TOML
 cat > "$work/start-node.sh" <<'SH'
 #!/usr/bin/env bash
 set -euo pipefail
-dir=$1 id=$2 handover=$3 seed=${4:-} wait=${5:-}
+dir=$1 id=$2 handover=$3 seed=${4:-} wait=${5:-} tcp=${6:-127.0.0.1:0}
 mkdir -p "$dir/n$id"
 peer=()
 [ -n "$seed" ] && peer=(--peer "$seed" --cluster-secret-file "$dir/n0/cluster.secret")
 "$BIN/kvpoold" --config "$WORK/ns.toml" --node-id "$id" --data-dir "$dir/n$id" \
-  --memory "$MEMORY" --tcp 127.0.0.1:0 --quic "" --metrics "" --heartbeat-ms 100 \
+  --memory "$MEMORY" --tcp "$tcp" --quic "" --metrics "" --heartbeat-ms 100 \
   --handover "$handover" "${peer[@]}" > "$dir/n$id.out" 2> "$dir/n$id.err" &
 echo $! >> "$dir/pids"
+echo $! > "$dir/n$id.pid"
 for _ in $(seq 200); do
   if grep -q "kvpoold ready" "$dir/n$id.out" 2>/dev/null; then break; fi
   sleep 0.1
@@ -80,6 +88,40 @@ if [ -n "$wait" ]; then
 fi
 SH
 chmod +x "$work/start-node.sh"
+
+# A rolling restart of the NODES nodes in DIR (the `rolling` run's event): each in turn gets
+# SIGTERM (it drains, hands its blocks to the nodes that own them while it is away, and exits),
+# then is started again with its first life's flags on its directory and address; the next
+# follows GAP s after the whole cluster serves again.
+cat > "$work/rolling-restart.sh" <<'SH'
+#!/usr/bin/env bash
+set -euo pipefail
+dir=$1 nodes=$2 handover=$3 gap=$4
+seed=$(cat "$dir/n0.addr")
+alive() { [ -e "/proc/$1" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+for id in $(seq 0 $((nodes - 1))); do
+  pid=$(cat "$dir/n$id.pid")
+  t0=$(date +%s.%N)
+  kill -TERM "$pid"
+  for _ in $(seq 1200); do alive "$pid" || break; sleep 0.1; done
+  if alive "$pid"; then echo "node $id did not exit within 120 s of SIGTERM" >&2; exit 1; fi
+  t1=$(date +%s.%N)
+  s=$seed; [ "$id" = 0 ] && s=""
+  # ROLLING_FRESH=1: the node starts empty (its journal removed) instead of recovering.
+  if [ "${ROLLING_FRESH:-0}" = 1 ]; then rm -f "$dir/n$id"/journal-*.kvj; fi
+  "$WORK/start-node.sh" "$dir" "$id" "$handover" "$s" "" "$(cat "$dir/n$id.addr")"
+  other=$(cat "$dir/n$(( (id + 1) % nodes )).addr")
+  for _ in $(seq 300); do
+    n=$("$BIN/kvpool" -e "tcp://$other" cluster status --json | grep -o '"state":"serving"' | wc -l)
+    [ "$n" -eq "$nodes" ] && break; sleep 0.1
+  done
+  [ "$n" -eq "$nodes" ] || { echo "node $id did not serve again" >&2; exit 1; }
+  t2=$(date +%s.%N)
+  echo "rolling restart: node $id drained and exited in $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s, serving again $(awk "BEGIN { printf \"%.1f\", $t2 - $t1 }") s later" >&2
+  if [ "$id" -lt $((nodes - 1)) ]; then sleep "$gap"; fi
+done
+SH
+chmod +x "$work/rolling-restart.sh"
 export BIN=$bin WORK=$work MEMORY=$memory
 
 # run NAME: one cluster, one replay.
@@ -103,6 +145,7 @@ run() {
   case $name in
     drain*) event="$bin/kvpool -e tcp://$seed cluster drain $((NODES - 1)) --wait --cluster-secret-file $dir/n0/cluster.secret";;
     join*) event="$work/start-node.sh $dir $((NODES - 1)) $handover $seed wait";;
+    rolling) event="$work/rolling-restart.sh $dir $NODES $handover ${ROLLING_GAP:-30}";;
   esac
   local ev=()
   [ -n "$event" ] && ev=(--run "$event")

@@ -2,7 +2,7 @@
 //!
 //! This file holds the global options, the table of subcommands and their dispatch; each family
 //! of subcommands lives in a module of its own: `objects` (put, get, exists, rm, keys),
-//! `handoff` (wait, fail, cancel, expire), `events`, `prefix`, `stats`, `cluster` and
+//! `handoff` (wait, fail, cancel, expire), `events`, `prefix`, `stats`, `cluster`, `top` and
 //! `weights_cli`, with
 //! `text` for keys and values as the command line gives and prints them.
 
@@ -21,6 +21,7 @@ mod objects;
 mod prefix;
 mod stats;
 mod text;
+mod top;
 mod weights_cli;
 
 use cluster::ClusterCmd;
@@ -200,6 +201,11 @@ enum Cmd {
     /// The cluster: its view, and draining nodes out of it.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// A live view of the cluster: per node its state, memory used and capacity, objects, hit
+    /// rate, operations and payload bytes per second in and out, refusals by limits and
+    /// evictions per second, disk tier use; and the totals. A node that does not answer is
+    /// shown down.
+    Top(top::TopArgs),
     /// Model weights: publish safetensors checkpoints into the pool and load them back
     /// (docs/WEIGHTS.md).
     Weights(weights_cli::WeightsArgs),
@@ -252,6 +258,7 @@ fn run() -> anyhow::Result<i32> {
         Cmd::Cluster(cmd) => cluster::run(&cli.endpoint, cfg, &client, cmd),
         Cmd::Weights(args) => weights_cli::run(&client, args),
         Cmd::Stats { json } => stats::show(&client, *json),
+        Cmd::Top(args) => top::run(&client, args),
     }
 }
 

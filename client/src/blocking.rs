@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kvpool::placement::ClusterView;
 use kvpool::pool::PoolStats;
-use kvpool::protocol::DiskTierStats;
+use kvpool::protocol::{DiskTierStats, NodeTraffic};
 
 use crate::{ClientConfig, ClientError, ErrorCode, GlobalAddr, Located};
 
@@ -256,6 +256,11 @@ impl Client {
     /// See [`crate::Client::node_disk_stats`].
     pub fn node_disk_stats(&self, node: u32) -> Result<Option<DiskTierStats>, ClientError> {
         self.rt.block_on(self.inner.node_disk_stats(node))
+    }
+
+    /// See [`crate::Client::node_traffic`].
+    pub fn node_traffic(&self, node: u32) -> Result<Option<NodeTraffic>, ClientError> {
+        self.rt.block_on(self.inner.node_traffic(node))
     }
 
     /// See [`crate::Client::view`].

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool::pool::PoolStats;
 use kvpool::protocol::{
-    DiskTierStats, ErrorCode, HelloInfo, Op, Priority, Reply, DISK_STATS_VERSION,
+    DiskTierStats, ErrorCode, HelloInfo, NodeTraffic, Op, Priority, Reply, DISK_STATS_VERSION,
+    TRAFFIC_VERSION,
 };
 use kvpool::route::{Heard, ReadPlan, Step};
 
@@ -508,6 +509,20 @@ impl Client {
         }
         match l.simple(&self.cfg, 0, Op::DiskStats, &[]).await? {
             Reply::DiskStats(s) => Ok(s.map(|s| *s)),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The traffic node `node` has served since start (operations, payload bytes, refusals by
+    /// limit): None when it is of a version before [`TRAFFIC_VERSION`].
+    pub async fn node_traffic(&self, node: u32) -> Result<Option<NodeTraffic>, ClientError> {
+        let r = self.routing();
+        let l = self.link(node, &r).await?;
+        if l.hello.version < TRAFFIC_VERSION {
+            return Ok(None);
+        }
+        match l.simple(&self.cfg, 0, Op::Traffic, &[]).await? {
+            Reply::Traffic(t) => Ok(Some(t)),
             r => Err(unexpected(&r)),
         }
     }

@@ -404,6 +404,10 @@ pub enum Op {
         /// Key prefix.
         prefix: Vec<u8>,
     },
+    /// Protocol 11 on: the node's traffic since start: operations served by type and outcome,
+    /// payload bytes in and out, requests and connections refused by each limit. Reply:
+    /// `Traffic`.
+    Traffic,
 }
 
 /// One value of a `CommitStaged`.
@@ -551,6 +555,68 @@ pub enum Reply {
     /// Protocol 10 on: KV events, sent unasked with request id
     /// [`crate::protocol::EVENT_ID`] on a connection that sent `KvEvents`.
     KvEvents(KvEventBatch),
+    /// Protocol 11 on: the node's traffic since start.
+    Traffic(NodeTraffic),
+}
+
+/// What a node has served since start: the counters of its metrics page that a client cannot
+/// compute from `Stats`, for `kvpool top` and scripts that have no access to the metrics
+/// listener.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Archive, Serialize, Deserialize, serde::Serialize,
+)]
+pub struct NodeTraffic {
+    /// Operations served, by type (named as on the metrics page's `op` label).
+    pub operations: Vec<OpCount>,
+    /// Payload bytes received.
+    pub bytes_in: u64,
+    /// Payload bytes sent.
+    pub bytes_out: u64,
+    /// Requests and connections refused by a limit, by limit (named as on the metrics page's
+    /// `limit` label).
+    pub refusals: Vec<LimitCount>,
+    /// Connections open now, over every transport.
+    pub connections: u64,
+}
+
+impl NodeTraffic {
+    /// Operations of the types named in `ops` served, successful or not.
+    pub fn ops(&self, ops: &[&str]) -> u64 {
+        self.operations
+            .iter()
+            .filter(|o| ops.contains(&o.op.as_str()))
+            .map(|o| o.ok + o.error)
+            .sum()
+    }
+
+    /// Refusals over every limit.
+    pub fn refused(&self) -> u64 {
+        self.refusals.iter().map(|r| r.count).sum()
+    }
+}
+
+/// One operation type's count in [`NodeTraffic`].
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Archive, Serialize, Deserialize, serde::Serialize,
+)]
+pub struct OpCount {
+    /// The operation type.
+    pub op: String,
+    /// Served successfully.
+    pub ok: u64,
+    /// Answered with an error.
+    pub error: u64,
+}
+
+/// One limit's refusals in [`NodeTraffic`].
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Archive, Serialize, Deserialize, serde::Serialize,
+)]
+pub struct LimitCount {
+    /// The limit.
+    pub limit: String,
+    /// Requests and connections it refused.
+    pub count: u64,
 }
 
 /// Several KV events in one frame, in the order the node published them.

@@ -37,8 +37,9 @@ pub use rkyv::util::AlignedVec;
 /// peers ask for it in their `Hello`.
 ///
 /// 6 added `Heartbeat` and 7 added `Move`, both node to node only; 8 answers a `Get` of an
-/// absent key with `Miss` instead of an error; 9 added `DiskStats`; 10 added `KvEvents`.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// absent key with `Miss` instead of an error; 9 added `DiskStats`; 10 added `KvEvents`; 11
+/// added `Traffic`.
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
 pub const HEARTBEAT_VERSION: u32 = 6;
@@ -56,6 +57,9 @@ pub const DISK_STATS_VERSION: u32 = 9;
 /// The first version with `KvEvents`: a connection of an older one is refused it
 /// (`UnsupportedVersion`).
 pub const KV_EVENTS_VERSION: u32 = 10;
+
+/// The first version with `Traffic`: a node of an older one is not asked.
+pub const TRAFFIC_VERSION: u32 = 11;
 
 /// The oldest version a node of this build accepts in a `Hello` (older ones get
 /// `UnsupportedVersion`). A connection that asked for an older version than the node's is

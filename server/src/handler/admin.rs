@@ -97,4 +97,11 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.reply(id, Reply::DiskStats(stats), &[]).await?;
         Ok(true)
     }
+
+    /// `Traffic`: the node's operations, payload bytes and refusals since start.
+    pub(super) async fn traffic(&mut self, id: u64) -> Next {
+        let traffic = self.s.metrics.traffic(self.s.pool.long_keys_refused());
+        self.reply(id, Reply::Traffic(traffic), &[]).await?;
+        Ok(true)
+    }
 }

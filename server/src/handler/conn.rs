@@ -583,6 +583,7 @@ pub(super) fn op_kind(op: &ArchivedOp) -> OpKind {
         ArchivedOp::Scan { .. } => OpKind::Scan,
         ArchivedOp::Stats
         | ArchivedOp::DiskStats
+        | ArchivedOp::Traffic
         | ArchivedOp::View
         | ArchivedOp::MapInfo
         | ArchivedOp::Staging

@@ -19,6 +19,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             } => self.hello(id, version.to_native(), token, client).await,
             ArchivedOp::Stats => self.stats(id).await,
             ArchivedOp::DiskStats => self.disk_stats(id).await,
+            ArchivedOp::Traffic => self.traffic(id).await,
             ArchivedOp::Put {
                 ns,
                 key,

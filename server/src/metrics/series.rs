@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpool::protocol::{LimitCount, NodeTraffic, OpCount};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -447,5 +448,38 @@ impl Metrics {
     pub fn bytes(&self, read: u64, written: u64) {
         self.daemon.bytes_in.inc_by(read);
         self.daemon.bytes_out.inc_by(written);
+    }
+
+    /// The traffic counters a `Traffic` request is answered with; `long_keys` is the pool's
+    /// count of keys refused for their length (the `KeyLength` limit, counted by the pool).
+    pub(crate) fn traffic(&self, long_keys: u64) -> NodeTraffic {
+        let d = &*self.daemon;
+        let operations = OPS
+            .iter()
+            .zip(&d.ops)
+            .map(|((_, op), s)| OpCount {
+                op: (*op).to_string(),
+                ok: s.ok.get(),
+                error: s.err.get(),
+            })
+            .collect();
+        let refusals = Limit::ALL
+            .iter()
+            .map(|&l| LimitCount {
+                limit: l.names().0.to_string(),
+                count: match l {
+                    Limit::KeyLength => long_keys,
+                    _ => d.limit_refusals[l as usize].get(),
+                },
+            })
+            .collect();
+        let open: i64 = d.connections.iter().map(Gauge::get).sum();
+        NodeTraffic {
+            operations,
+            bytes_in: d.bytes_in.get(),
+            bytes_out: d.bytes_out.get(),
+            refusals,
+            connections: open.max(0) as u64,
+        }
     }
 }
