@@ -9,6 +9,7 @@
 )]
 
 pub mod cluster;
+pub mod etcd;
 pub mod history;
 pub mod raw;
 

@@ -12,12 +12,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cluster::{cfg, check, fill, serving, wait_view};
+use common::etcd::{find_etcd, Etcd};
 use common::{temp_dir, Node};
 use kvpool::placement::{ClusterView, NodeState};
 use kvpool::NodeId;
@@ -25,218 +24,56 @@ use kvpool_client::{Client, SameHost};
 
 const TIMING: &[&str] = &["--heartbeat-ms", "100", "--down-after-ms", "1000"];
 
-/// The `etcd` binary: on PATH, or where Debian's `etcd-server` puts it.
-fn find_etcd() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
-        .map(|d| d.join("etcd"))
-        .find(|p| p.is_file())
+/// One call to the single member's JSON gateway; its status and body.
+fn post(etcd: &Etcd, path: &str, body: &str) -> (u16, String) {
+    etcd.post(0, path, body, None, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("etcd did not answer {path}"))
 }
 
-/// A single-member etcd on loopback.
-struct Etcd {
-    bin: PathBuf,
-    dir: PathBuf,
-    client: u16,
-    peer: u16,
-    /// More flags for every launch.
-    extra: Vec<String>,
-    /// A second client listener, for TLS (`https_url`); its flags are in `extra`.
-    https: Option<u16>,
-    child: Option<Child>,
-}
-
-impl Etcd {
-    fn start(bin: PathBuf) -> Etcd {
-        Etcd::start_with(bin, &[])
-    }
-
-    fn start_with(bin: PathBuf, extra: &[&str]) -> Etcd {
-        let extra = extra.iter().map(|s| s.to_string()).collect();
-        Etcd::launched(bin, extra, None)
-    }
-
-    /// An etcd that also serves TLS clients, with the certificate and key `pki` wrote for it,
-    /// and requires a client certificate signed by `pki`'s CA there.
-    fn start_tls(bin: PathBuf, pki: &TestPki) -> Etcd {
-        let mut extra = Vec::new();
-        for (flag, file) in [
-            ("--cert-file", &pki.etcd_cert),
-            ("--key-file", &pki.etcd_key),
-            ("--trusted-ca-file", &pki.ca),
-        ] {
-            extra.extend([flag.to_string(), file.to_str().unwrap().to_string()]);
-        }
-        extra.push("--client-cert-auth".into());
-        Etcd::launched(bin, extra, Some(free_port()))
-    }
-
-    /// A started etcd on fresh ports and data dir, with `extra` flags and, with `https`, a
-    /// TLS client listener on that port too.
-    fn launched(bin: PathBuf, extra: Vec<String>, https: Option<u16>) -> Etcd {
-        let mut e = Etcd {
-            bin,
-            dir: temp_dir("etcd"),
-            client: free_port(),
-            peer: free_port(),
-            extra,
-            https,
-            child: None,
-        };
-        e.launch();
-        e
-    }
-
-    /// The TLS listener's URL.
-    fn https_url(&self) -> String {
-        format!(
-            "https://127.0.0.1:{}",
-            self.https.expect("started with TLS")
-        )
-    }
-
-    /// One call to etcd's JSON gateway (`token`: etcd's auth token); the status and body.
-    fn post(&self, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.client)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{auth}\
-             Connection: close\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let status = out
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = out
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_string();
-        (status, body)
-    }
-
-    /// Turns etcd's authentication on: a root user, and `user` (password `password`) with a
-    /// role that may read and write `prefix` and nothing else.
-    fn enable_auth(&self, user: &str, password: &str, prefix: &str) {
-        use base64::Engine as _;
-        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
-        let mut end = prefix.as_bytes().to_vec();
-        *end.last_mut().unwrap() += 1;
-        let calls = [
-            (
-                "/v3/auth/user/add",
-                r#"{"name":"root","password":"root-pw"}"#.to_string(),
+/// Turns etcd's authentication on: a root user, and `user` (password `password`) with a
+/// role that may read and write `prefix` and nothing else.
+fn enable_auth(etcd: &Etcd, user: &str, password: &str, prefix: &str) {
+    use base64::Engine as _;
+    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    let calls = [
+        (
+            "/v3/auth/user/add",
+            r#"{"name":"root","password":"root-pw"}"#.to_string(),
+        ),
+        (
+            "/v3/auth/user/grant",
+            r#"{"user":"root","role":"root"}"#.to_string(),
+        ),
+        ("/v3/auth/role/add", r#"{"name":"kvpool-rw"}"#.to_string()),
+        (
+            "/v3/auth/role/grant",
+            format!(
+                r#"{{"name":"kvpool-rw","perm":{{"permType":"READWRITE","key":"{}","range_end":"{}"}}}}"#,
+                b64(prefix.as_bytes()),
+                b64(&end)
             ),
-            (
-                "/v3/auth/user/grant",
-                r#"{"user":"root","role":"root"}"#.to_string(),
-            ),
-            ("/v3/auth/role/add", r#"{"name":"kvpool-rw"}"#.to_string()),
-            (
-                "/v3/auth/role/grant",
-                format!(
-                    r#"{{"name":"kvpool-rw","perm":{{"permType":"READWRITE","key":"{}","range_end":"{}"}}}}"#,
-                    b64(prefix.as_bytes()),
-                    b64(&end)
-                ),
-            ),
-            (
-                "/v3/auth/user/add",
-                format!(r#"{{"name":"{user}","password":"{password}"}}"#),
-            ),
-            (
-                "/v3/auth/user/grant",
-                format!(r#"{{"user":"{user}","role":"kvpool-rw"}}"#),
-            ),
-            ("/v3/auth/enable", "{}".to_string()),
-        ];
-        for (path, body) in calls {
-            let (status, reply) = self.post(path, &body, None);
-            assert_eq!(status, 200, "{path} {body}: {reply}");
-        }
-        let (status, reply) = self.post("/v3/kv/put", r#"{"key":"eA==","value":"eA=="}"#, None);
-        assert_eq!(
-            status, 400,
-            "with authentication on, no token is refused: {reply}"
-        );
+        ),
+        (
+            "/v3/auth/user/add",
+            format!(r#"{{"name":"{user}","password":"{password}"}}"#),
+        ),
+        (
+            "/v3/auth/user/grant",
+            format!(r#"{{"user":"{user}","role":"kvpool-rw"}}"#),
+        ),
+        ("/v3/auth/enable", "{}".to_string()),
+    ];
+    for (path, body) in calls {
+        let (status, reply) = post(etcd, path, &body);
+        assert_eq!(status, 200, "{path} {body}: {reply}");
     }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
-    }
-
-    /// Starts the process (on the same ports and data dir every time) and waits until it
-    /// answers `/health`.
-    fn launch(&mut self) {
-        let peer = format!("http://127.0.0.1:{}", self.peer);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("etcd.log"))
-            .unwrap();
-        let mut clients = self.url();
-        if self.https.is_some() {
-            clients = format!("{clients},{}", self.https_url());
-        }
-        let child = Command::new(&self.bin)
-            .args(["--name", "kvpool-test"])
-            .args(["--data-dir", self.dir.join("data").to_str().unwrap()])
-            .args(["--listen-client-urls", &clients])
-            .args(["--advertise-client-urls", &clients])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("kvpool-test={peer}")])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawning etcd");
-        self.child = Some(child);
-        let t = Instant::now();
-        while !self.healthy() {
-            if t.elapsed() > Duration::from_secs(30) {
-                let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
-                panic!("etcd did not become healthy in 30 s:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn healthy(&self) -> bool {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.client)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        let mut out = String::new();
-        s.write_all(req.as_bytes()).is_ok()
-            && s.read_to_string(&mut out).is_ok()
-            && out.contains("\"health\":\"true\"")
-    }
-
-    /// SIGKILL, and wait for it.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    let (status, reply) = post(etcd, "/v3/kv/put", r#"{"key":"eA==","value":"eA=="}"#);
+    assert_eq!(
+        status, 400,
+        "with authentication on, no token is refused: {reply}"
+    );
 }
 
 /// A CA and the certificates it signed, as PEM files in a directory of their own: etcd's
@@ -253,6 +90,21 @@ struct TestPki {
 }
 
 impl TestPki {
+    /// etcd's flags for a TLS listener with this certificate and key, requiring a client
+    /// certificate signed by this CA.
+    fn etcd_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        for (flag, file) in [
+            ("--cert-file", &self.etcd_cert),
+            ("--key-file", &self.etcd_key),
+            ("--trusted-ca-file", &self.ca),
+        ] {
+            flags.extend([flag.to_string(), file.to_str().unwrap().to_string()]);
+        }
+        flags.push("--client-cert-auth".into());
+        flags
+    }
+
     fn new() -> TestPki {
         use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
         let dir = temp_dir("etcd-pki");
@@ -301,14 +153,6 @@ impl Drop for TestPki {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts node `id` with `memory`, registered in `etcd`, with the cluster secret kept next to
 /// etcd's data.
 fn start(id: u32, memory: &str, etcd: &Etcd) -> Node {
@@ -326,7 +170,7 @@ fn node_args(id: u32, etcd: &Etcd) -> Vec<String> {
         "--node-id".into(),
         id.to_string(),
         "--etcd".into(),
-        etcd.url(),
+        etcd.url(0),
         "--cluster-secret-file".into(),
         secret.to_str().unwrap().into(),
     ];
@@ -382,7 +226,7 @@ async fn etcd_membership_survives_a_crash_a_join_and_an_etcd_restart() {
         return;
     }
     let bin = bin.expect("checked above");
-    let mut etcd = Etcd::start(bin);
+    let mut etcd = Etcd::start(bin, 1, &[]);
     let n0 = start(0, "64MiB", &etcd);
     let n1 = start(1, "128MiB", &etcd);
     let mut n2 = start(2, "64MiB", &etcd);
@@ -449,7 +293,7 @@ async fn etcd_membership_survives_a_crash_a_join_and_an_etcd_restart() {
     for c in [&c0, &c1, &c3] {
         before.push(c.view().await.unwrap().version);
     }
-    etcd.kill();
+    etcd.kill(0);
     let outage = Instant::now();
     while outage.elapsed() < Duration::from_secs(3) {
         let i = outage.elapsed().as_millis() as u64;
@@ -473,7 +317,8 @@ async fn etcd_membership_survives_a_crash_a_join_and_an_etcd_restart() {
     assert_eq!(state(&during, 2), Some(NodeState::Down));
 
     // etcd is back (same data dir): every node registers again and follows it afresh.
-    etcd.launch();
+    etcd.launch(0);
+    etcd.wait_healthy();
     let back = Instant::now();
     for (c, v0) in [&c0, &c1, &c3].into_iter().zip(before) {
         wait_view(c, "registered again (a newer revision)", |v| v.version > v0).await;
@@ -527,8 +372,8 @@ async fn etcd_authentication_admits_the_cluster_user_and_refuses_a_wrong_passwor
         return;
     }
     let bin = bin.unwrap();
-    let etcd = Etcd::start_with(bin, &["--auth-token-ttl", "1"]);
-    etcd.enable_auth("kvpool", "kvpool-pw", "/kvpool/");
+    let etcd = Etcd::start(bin, 1, &["--auth-token-ttl", "1"]);
+    enable_auth(&etcd, "kvpool", "kvpool-pw", "/kvpool/");
     let good = etcd.dir.join("etcd.password");
     std::fs::write(&good, "kvpool-pw\n").unwrap();
     let bad = etcd.dir.join("wrong.password");
@@ -605,12 +450,14 @@ async fn etcd_over_tls_verifies_etcd_and_presents_the_node_certificate() {
         return;
     }
     let pki = TestPki::new();
-    let etcd = Etcd::start_tls(bin.unwrap(), &pki);
+    let flags = pki.etcd_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let etcd = Etcd::start_tls(bin.unwrap(), &flags);
     let path = |p: &PathBuf| p.to_str().unwrap().to_string();
     let start_tls = |id: u32, ca: &PathBuf, client: bool| {
         let mut args = node_args(id, &etcd);
         let at = args.iter().position(|a| a == "--etcd").unwrap() + 1;
-        args[at] = etcd.https_url();
+        args[at] = etcd.https_url(0);
         args.extend(["--etcd-ca-file".to_string(), path(ca)]);
         if client {
             args.extend([

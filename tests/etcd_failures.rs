@@ -26,17 +26,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::{cfg, serving};
+use common::etcd::{find_etcd, Etcd};
 use common::history::{value_of, History, Op, Outcome, Violation};
-use common::{temp_dir, Log, Node};
+use common::{Log, Node};
 use kvpool_client::{Client, SameHost};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -55,279 +53,9 @@ const PREFIX: &str = "/kvpool/";
 /// One scenario at a time: each starts three etcds, three nodes and a load.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The `etcd` binary: on PATH, or where Debian's `etcd-server` puts it.
-fn find_etcd() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
-        .map(|d| d.join("etcd"))
-        .find(|p| p.is_file())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One HTTP/1.1 POST to etcd's JSON gateway on `port`; the status and body, or None when the
-/// member does not answer within a second.
-fn post(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    s.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// A field of etcd's proto3 JSON as a string (uint64s are strings there; absent is "").
-fn field(body: &str, path: &[&str]) -> String {
-    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    let mut at = &v;
-    for p in path {
-        at = &at[*p];
-    }
-    match at {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-/// A member of the etcd cluster.
-struct Member {
-    name: String,
-    client: u16,
-    peer: u16,
-    child: Option<Child>,
-}
-
-/// A 3-member etcd cluster on loopback.
-struct EtcdCluster {
-    bin: PathBuf,
-    dir: PathBuf,
-    members: Vec<Member>,
-    /// The cluster token of the current incarnation (a wiped cluster is a new one).
-    generation: u32,
-}
-
-impl EtcdCluster {
-    fn start(bin: PathBuf) -> EtcdCluster {
-        let members = (0..MEMBERS)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client: free_port(),
-                peer: free_port(),
-                child: None,
-            })
-            .collect();
-        let mut e = EtcdCluster {
-            bin,
-            dir: temp_dir("etcd-cluster"),
-            members,
-            generation: 0,
-        };
-        for i in 0..MEMBERS {
-            e.launch(i);
-        }
-        e.wait_healthy();
-        e
-    }
-
-    fn url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client)
-    }
-
-    fn data_dir(&self, i: usize) -> PathBuf {
-        self.dir.join(&self.members[i].name)
-    }
-
-    /// Starts member `i` on its ports and data dir (the initial-cluster flags matter only
-    /// while that is empty).
-    fn launch(&mut self, i: usize) {
-        let peer = |m: &Member| format!("http://127.0.0.1:{}", m.peer);
-        let initial: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("{}={}", m.name, peer(m)))
-            .collect();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{}.log", self.members[i].name)))
-            .unwrap();
-        let m = &self.members[i];
-        let child = Command::new(&self.bin)
-            .args(["--name", &m.name])
-            .args(["--data-dir", self.data_dir(i).to_str().unwrap()])
-            .args(["--listen-client-urls", &self.url(i)])
-            .args(["--advertise-client-urls", &self.url(i)])
-            .args(["--listen-peer-urls", &peer(m)])
-            .args(["--initial-advertise-peer-urls", &peer(m)])
-            .args(["--initial-cluster", &initial.join(",")])
-            .args(["--initial-cluster-state", "new"])
-            .args([
-                "--initial-cluster-token",
-                &format!("kvpool-{}", self.generation),
-            ])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawning etcd");
-        self.members[i].child = Some(child);
-    }
-
-    fn healthy(&self, i: usize) -> bool {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.members[i].client)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        let mut out = String::new();
-        s.write_all(req.as_bytes()).is_ok()
-            && s.read_to_string(&mut out).is_ok()
-            && out.contains("\"health\":\"true\"")
-    }
-
-    /// Waits (at most 30 s) until every running member answers healthy (it has a leader and
-    /// a quorum).
-    fn wait_healthy(&self) {
-        let t = Instant::now();
-        for i in 0..MEMBERS {
-            if self.members[i].child.is_none() {
-                continue;
-            }
-            while !self.healthy(i) {
-                if t.elapsed() > Duration::from_secs(30) {
-                    let log = std::fs::read_to_string(
-                        self.dir.join(format!("{}.log", self.members[i].name)),
-                    )
-                    .unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                    panic!("etcd member {i} not healthy in 30 s:\n{tail:#?}");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-
-    /// Waits (at most 30 s) until some member answers healthy: etcd serves again, whether or
-    /// not every member has caught up.
-    fn wait_quorum(&self) {
-        let t = Instant::now();
-        while !(0..MEMBERS).any(|i| self.members[i].child.is_some() && self.healthy(i)) {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "etcd not healthy again in 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The member that leads, as the members say (at most 20 s).
-    fn leader(&self) -> usize {
-        let t = Instant::now();
-        loop {
-            for i in 0..MEMBERS {
-                if self.members[i].child.is_none() {
-                    continue;
-                }
-                if let Some((200, body)) =
-                    post(self.members[i].client, "/v3/maintenance/status", "{}")
-                {
-                    let (me, leader) = (
-                        field(&body, &["header", "member_id"]),
-                        field(&body, &["leader"]),
-                    );
-                    if !me.is_empty() && me == leader {
-                        return i;
-                    }
-                }
-            }
-            assert!(t.elapsed() < Duration::from_secs(20), "etcd has no leader");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// How many nodes hold a lease (`alive/<id>`), as a running member answers.
-    fn alive(&self) -> Option<u64> {
-        use base64::Engine as _;
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let body = format!(
-            r#"{{"key":"{}","range_end":"{}","count_only":true,"serializable":false}}"#,
-            b64(&format!("{PREFIX}alive/")),
-            b64(&format!("{PREFIX}alive0"))
-        );
-        (0..MEMBERS)
-            .filter(|&i| self.members[i].child.is_some())
-            .find_map(
-                |i| match post(self.members[i].client, "/v3/kv/range", &body) {
-                    Some((200, r)) => Some(field(&r, &["count"]).parse().unwrap_or(0)),
-                    _ => None,
-                },
-            )
-    }
-
-    fn pid(&self, i: usize) -> u32 {
-        self.members[i].child.as_ref().expect("running").id()
-    }
-
-    /// SIGKILL member `i`, and wait for it.
-    fn kill(&mut self, i: usize) {
-        if let Some(mut c) = self.members[i].child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Every member stopped, its data wiped, and a fresh cluster started on the same ports.
-    fn restart_empty(&mut self) {
-        for i in 0..MEMBERS {
-            self.kill(i);
-            std::fs::remove_dir_all(self.data_dir(i)).unwrap();
-        }
-        self.generation += 1;
-        for i in 0..MEMBERS {
-            self.launch(i);
-        }
-    }
-}
-
-impl Drop for EtcdCluster {
-    fn drop(&mut self) {
-        for i in 0..MEMBERS {
-            if let Some(c) = &self.members[i].child {
-                let _ = Command::new("kill")
-                    .args(["-CONT", &c.id().to_string()])
-                    .status();
-            }
-            self.kill(i);
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Sends `sig` (`STOP`, `CONT`) to process `pid`.
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid}");
+/// How many nodes hold a lease (`alive/<id>`), as an answering member says.
+fn alive(etcd: &Etcd) -> Option<u64> {
+    etcd.count(&format!("{PREFIX}alive/"), &format!("{PREFIX}alive0"))
 }
 
 /// A TCP proxy in front of an etcd member: passes bytes through, or holds them (a partition:
@@ -539,7 +267,7 @@ fn membership_log(logs: &[Log]) -> String {
 
 /// Waits (at most 30 s) until every node's view has all three serving with the same stamp and
 /// etcd holds all three nodes' leases; returns how long that took.
-async fn converge(etcd: &EtcdCluster, nodes: &[Node]) -> Duration {
+async fn converge(etcd: &Etcd, nodes: &[Node]) -> Duration {
     let t = Instant::now();
     let mut clients = Vec::new();
     for n in nodes {
@@ -559,13 +287,13 @@ async fn converge(etcd: &EtcdCluster, nodes: &[Node]) -> Duration {
                 serving(v) == nodes.len() && Some(v.stamp()) == views[0].as_ref().map(|f| f.stamp())
             })
         });
-        if agreed && tokio::task::block_in_place(|| etcd.alive()) == Some(nodes.len() as u64) {
+        if agreed && tokio::task::block_in_place(|| alive(etcd)) == Some(nodes.len() as u64) {
             return t.elapsed();
         }
         assert!(
             t.elapsed() < Duration::from_secs(30),
             "the view never converged (etcd holds {:?} leases): {views:#?}",
-            etcd.alive()
+            alive(etcd)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -669,7 +397,7 @@ async fn scenario(fault: Fault, test: &str) {
     let _one_at_a_time = SERIAL.lock().await;
     // etcd is driven by blocking calls: off the load's worker threads.
     let bin = bin.expect("checked above");
-    let mut etcd = tokio::task::block_in_place(|| EtcdCluster::start(bin));
+    let mut etcd = tokio::task::block_in_place(|| Etcd::start(bin, MEMBERS, &[]));
     let leader = tokio::task::block_in_place(|| etcd.leader());
     let order: Vec<usize> = std::iter::once(leader)
         .chain((0..MEMBERS).filter(|&i| i != leader))
@@ -715,9 +443,9 @@ async fn scenario(fault: Fault, test: &str) {
             tokio::task::block_in_place(|| etcd.wait_healthy());
         }
         Fault::HangLeader => {
-            signal(etcd.pid(leader), "STOP");
+            etcd.hang(leader);
             tokio::time::sleep(2 * LEASE).await;
-            signal(etcd.pid(leader), "CONT");
+            etcd.resume(leader);
             tokio::task::block_in_place(|| etcd.wait_quorum());
         }
         Fault::Partition => {
