@@ -58,7 +58,7 @@ pub struct ClientConfig {
     pub cluster_secret: Option<kvpool::protocol::auth::ClusterSecret>,
     /// Priority of this client's bulk transfers on the nodes (a large get or put, a batch):
     /// they take turns with other clients' in proportion to its weight. Small requests are
-    /// served at once whatever it says. Default [`Priority::Normal`].
+    /// served at once whatever it says. Default [`Normal`](kvpool::protocol::Priority::Normal).
     pub priority: kvpool::protocol::Priority,
     /// Every call carries this deadline: a node that estimates it cannot finish a bulk
     /// transfer in time refuses it at once (`DeadlineUnmeetable`) instead of making the caller

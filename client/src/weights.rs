@@ -479,7 +479,7 @@ impl Weights {
     }
 
     /// Writes the model's files into `dir`, byte for byte as published: every safetensors
-    /// file and every companion file. Loads at most [`WRITE_GROUP`] bytes of tensors at once.
+    /// file and every companion file. Loads at most 256 MiB of tensors at once.
     pub async fn write_files(
         &self,
         m: &Manifest,

@@ -11,7 +11,7 @@
 //! `subscription` (handoff events), `args` (keys and durations as Python passes them),
 //! `memory` (the caller's address ranges as slices), `registry` (the buffers registered for
 //! pointer-based calls), `weights` (model weights: `kvpool/weights.py`'s engine), `errors`
-//! (client errors as `kvpool` exceptions and Mooncake status codes), and [`block_hashes`]
+//! (client errors as `kvpool` exceptions and Mooncake status codes), and `block_hashes`
 //! (docs/HASHING.md's keys, by the core's code).
 
 use kvpool::prefix::PrefixSeed;

@@ -83,9 +83,9 @@ pub struct Daemon {
 
 impl Daemon {
     /// Creates the pool and starts every configured listener, in named steps: load the cluster
-    /// credentials, open the segments ([`open_pool`]), bind the listeners ([`Sockets::bind`]),
-    /// take this node's place in the cluster ([`membership`]), serve ([`serve`]), then start
-    /// the background tasks ([`join_cluster`], [`start_mover`], [`start_reaper`]).
+    /// credentials, open the segments (`open_pool`), bind the listeners (`Sockets::bind`),
+    /// take this node's place in the cluster (`membership`), serve (`serve`), then start the
+    /// background tasks (`join_cluster`, `start_mover`, `start_reaper`).
     pub async fn start(config: Config) -> anyhow::Result<Daemon> {
         let data_dir = config.data_dir();
         // Other users may reach the socket by its name (`listen.unix_mode`), never list the

@@ -185,7 +185,7 @@ impl Node {
         self.child.as_ref().expect("running").id()
     }
 
-    /// Resident memory of the node, bytes (`VmRSS` in /proc/<pid>/status).
+    /// Resident memory of the node, bytes (`VmRSS` in `/proc/<pid>/status`).
     pub fn rss(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
         let kib: u64 = status
