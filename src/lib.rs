@@ -54,6 +54,7 @@ pub mod eviction;
 pub mod fdpass;
 #[cfg(not(loom))]
 pub mod journal;
+mod le;
 #[cfg(not(loom))]
 pub mod mapping;
 #[cfg(not(loom))]

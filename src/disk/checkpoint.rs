@@ -16,6 +16,7 @@
 //! last, the xxh3-64 of everything before it. Little-endian.
 //! ```
 
+use crate::le::Reader;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -163,27 +164,4 @@ pub(super) fn load<I: RegionIo>(
         io_errors: 0,
         torn: 0,
     })
-}
-
-/// Reads little-endian fields off the front of a slice.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = self.0.split_at_checked(n)?;
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
 }

@@ -11,7 +11,9 @@
 //! outside their segment, namespaces the new configuration lacks, objects that no longer fit.
 //! Pending (uncommitted) allocations were never journaled, so they are gone. The new
 //! allocator, index and journal are built by the ordinary alloc and commit path, so they are
-//! exactly as if the objects had just been put (oldest first, keeping the recency order).
+//! exactly as if the objects had just been put: coldest first by the ranks the previous life's
+//! eviction policies gave them when it stopped cleanly ([`crate::pool::recency`]), else in
+//! commit order.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -94,6 +96,15 @@ impl Previous {
         prev.report.torn_tail = replayed.torn_tail;
         prev.objects = replayed.objects;
         prev.namespaces = replayed.namespaces;
+        if let Some(ranks) = super::recency::take_ranks(dir, node) {
+            // Coldest first; objects the ranks do not list (written after them, or pinned)
+            // keep their commit order, ahead of the ranked ones.
+            let names = &prev.namespaces;
+            prev.objects.sort_by_cached_key(|c| {
+                let name = names.get(c.ns as usize).cloned().unwrap_or_default();
+                ranks.get(&(name, c.key.clone())).copied().unwrap_or(0)
+            });
+        }
         prev
     }
 }

@@ -330,3 +330,31 @@ fn objects_follow_their_namespace_into_and_out_of_its_own_segment() {
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_clean_stop_keeps_the_eviction_order_and_a_crash_keeps_commit_order() {
+    let hottest = |p: &Pool| p.unpinned_objects(0, |_| true).unwrap()[0].key.clone();
+    for clean in [true, false] {
+        let dir = test_dir("recency");
+        let p = Pool::new(&cfg(&dir), [1; 16]).unwrap();
+        for k in [b"a", b"b", b"c"] {
+            p.put(0, k, b"v", false, 0).unwrap();
+        }
+        p.get(0, b"a", 0).unwrap();
+        assert_eq!(hottest(&p), b"a");
+        if clean {
+            assert_eq!(p.save_recency(&dir).unwrap(), 3);
+        }
+        drop(p);
+        let p = Pool::new(&cfg(&dir), [2; 16]).unwrap();
+        assert_eq!(p.recovery().recovered, 3);
+        let want: &[u8] = if clean { b"a" } else { b"c" };
+        assert_eq!(hottest(&p), want, "clean stop: {clean}");
+        assert!(
+            !dir.join(crate::pool::recency_file_name(NodeId(0))).exists(),
+            "read once"
+        );
+        drop(p);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
