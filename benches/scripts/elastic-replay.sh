@@ -16,11 +16,14 @@
 #                    is ctl-drain. Not in the default set: RUNS="rolling ctl-drain", with
 #                    --after long enough for every restart (ELASTIC_ARGS="--after 240");
 #                    ROLLING_FRESH=1 removes each node's journal before its start, so it
-#                    starts empty instead of recovering
+#                    starts empty instead of recovering; ROLLING_MODE=restart starts every
+#                    node with --restart-on-shutdown, so each restarts in place (it keeps its
+#                    keys while it is away) instead of draining (ROLLING_MODE=drain, default)
 #
 #   cargo build --release -p kvpool-bench -p kvpool-server -p kvpool-cli
 #   benches/scripts/elastic-replay.sh [NODES=4] [CAPACITY=5000] [BLOCK=16KiB] [AT=1200] [RUNS=all]
 #
+# KEEP_WORK=1 keeps the work directory (the nodes' data and logs) instead of removing it.
 # ELASTIC_ARGS passes more flags to `kvpool-bench elastic` (e.g. "--before 30 --after 60 --speed 4"
 # for a quick look). RUNS is a space-separated subset of the names above; PARALLEL=1 runs them at once (the paced
 # part is light; the warm-ups then share the cores). Every replay is bounded by `timeout`, and
@@ -31,7 +34,7 @@ NODES=${1:-4}
 CAPACITY=${2:-5000}
 BLOCK=${3:-16KiB}
 AT=${4:-1200}
-RUNS=${5:-drain drain-nohandover ctl-drain join join-nohandover ctl-join}
+RUNS=${5:-${RUNS:-drain drain-nohandover ctl-drain join join-nohandover ctl-join}}
 OUT=${OUT:-bench-out/elastic}
 bin=$(realpath "${KVPOOL_BIN:-target/release}")
 case $BLOCK in
@@ -48,7 +51,7 @@ cleanup() {
   # Every daemon any run started, including the ones an event started.
   cat "$work"/*/pids 2>/dev/null | xargs -r kill 2>/dev/null || true
   wait 2>/dev/null || true
-  rm -rf "$work"
+  if [ "${KEEP_WORK:-0}" = 1 ]; then echo "kept $work (the nodes' logs: */n*.err)" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 cat > "$work/ns.toml" <<TOML
@@ -66,10 +69,12 @@ set -euo pipefail
 dir=$1 id=$2 handover=$3 seed=${4:-} wait=${5:-} tcp=${6:-127.0.0.1:0}
 mkdir -p "$dir/n$id"
 peer=()
+RESTART_FLAGS=()
+[ "${ROLLING_MODE:-drain}" = restart ] && RESTART_FLAGS=(--restart-on-shutdown true)
 [ -n "$seed" ] && peer=(--peer "$seed" --cluster-secret-file "$dir/n0/cluster.secret")
 "$BIN/kvpoold" --config "$WORK/ns.toml" --node-id "$id" --data-dir "$dir/n$id" \
   --memory "$MEMORY" --tcp "$tcp" --quic "" --metrics "" --heartbeat-ms 100 \
-  --handover "$handover" "${peer[@]}" > "$dir/n$id.out" 2> "$dir/n$id.err" &
+  --handover "$handover" "${peer[@]}" "${RESTART_FLAGS[@]}" > "$dir/n$id.out" 2> "$dir/n$id.err" &
 echo $! >> "$dir/pids"
 echo $! > "$dir/n$id.pid"
 for _ in $(seq 200); do
@@ -117,7 +122,7 @@ for id in $(seq 0 $((nodes - 1))); do
   done
   [ "$n" -eq "$nodes" ] || { echo "node $id did not serve again" >&2; exit 1; }
   t2=$(date +%s.%N)
-  echo "rolling restart: node $id drained and exited in $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s, serving again $(awk "BEGIN { printf \"%.1f\", $t2 - $t1 }") s later" >&2
+  echo "rolling restart: node $id stopped in $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s, serving again $(awk "BEGIN { printf \"%.1f\", $t2 - $t1 }") s later" >&2
   if [ "$id" -lt $((nodes - 1)) ]; then sleep "$gap"; fi
 done
 SH

@@ -229,7 +229,10 @@ impl BlockCache for Remote {
 
     fn store(&mut self, blocks: &[u64], _: &[u64]) -> anyhow::Result<()> {
         // The last chunk first: the client stores each batch tail first, so the request's
-        // blocks reach the node from the last to the first, as in the other engines.
+        // blocks reach the node from the last to the first, as in the other engines. A block
+        // that could not be stored (its node unreachable, or restarting) does not stop the
+        // others, as an engine's connector goes on; the request counts as failed.
+        let mut failed = None;
         for chunk in blocks.chunks(CHUNK).rev() {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|&b| self.key(b)).collect();
             let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
@@ -256,10 +259,13 @@ impl BlockCache for Remote {
                     && code != ErrorCode::PoolFull
                     && code != ErrorCode::QuotaExceeded
                 {
-                    bail!("storing a block failed: {code:?}");
+                    failed.get_or_insert(code);
                 }
             }
         }
-        Ok(())
+        match failed {
+            Some(code) => bail!("storing a block failed: {code:?}"),
+            None => Ok(()),
+        }
     }
 }
