@@ -103,6 +103,19 @@ async fn join_one(handover: bool) -> (usize, u64) {
             .map(|n| metric(&n.scrape(), "kvpool_handover_pending").unwrap_or(0))
             .sum();
         if on_3 > N / 8 && held(&c, &[0, 1, 2, 3]).await == N && handed == on_3 && pending == 0 {
+            // The copies went out as the nodes' own calls to their peers, counted as data; the
+            // heartbeats as membership.
+            let peer_bytes = |n: &Node, kind: &str| {
+                let series =
+                    format!("kvpool_peer_bytes_total{{kind=\"{kind}\",direction=\"sent\"}}");
+                metric(&n.scrape(), &series).unwrap_or(0)
+            };
+            let data: u64 = nodes.iter().map(|n| peer_bytes(n, "data")).sum();
+            assert!(
+                data >= handed * 256,
+                "{data} bytes sent for {handed} copies of 256 B"
+            );
+            assert!(nodes.iter().all(|n| peer_bytes(n, "membership") > 0));
             return (check(&c, 0..N).await, on_3);
         }
         assert!(t.elapsed() < Duration::from_secs(30), "never handed over");

@@ -508,3 +508,78 @@ async fn etcd_over_tls_verifies_etcd_and_presents_the_node_certificate() {
     assert_eq!(serving(&v), 2);
     drop((n0, n1, n8, n9));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_holds_a_node_restarting_in_place_and_it_serves_its_objects_again() {
+    let bin = find_etcd();
+    let test = "etcd_holds_a_node_restarting_in_place_and_it_serves_its_objects_again";
+    if !common::deps::require(bin.is_some(), test, "etcd", "apt-get install etcd-server") {
+        return;
+    }
+    let etcd = Etcd::start(bin.expect("checked above"), 1, &[]);
+    let restart = [
+        "--restart-on-shutdown",
+        "true",
+        "--restart-window-ms",
+        "30000",
+    ];
+    let args = |id: u32| {
+        let mut a = node_args(id, &etcd);
+        a.extend(restart.iter().map(|s| s.to_string()));
+        a
+    };
+    let start_r = |id: u32| {
+        let a = args(id);
+        Node::start("64MiB", &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let n0 = start_r(0);
+    let mut n1 = start_r(1);
+    let n2 = start_r(2);
+    let (c0, c2) = (connect(&n0).await, connect(&n2).await);
+    let before = agree(&[&c0, &c2], "3 serving", |v| serving(v) == 3).await;
+    assert_eq!(fill(&c0, 0..3000).await, 3000);
+    let held: Vec<u64> = (0..3000)
+        .filter(|&i| before.owner(&common::cluster::key(i)) == Some(NodeId(1)))
+        .collect();
+    assert!(!held.is_empty());
+
+    assert!(n1.stop().success());
+    let away = agree(&[&c0, &c2], "node 1 restarting", |v| {
+        state(v, 1) == Some(NodeState::Restarting)
+    })
+    .await;
+    assert_eq!(away.owner(&common::cluster::key(held[0])), Some(NodeId(1)));
+    // Past the lease TTL of a live node (1 s asked, etcd's minimum 2 s granted): the restart
+    // window's lease holds it.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        state(&c0.view().await.unwrap(), 1),
+        Some(NodeState::Restarting),
+        "held for the restart window"
+    );
+    for &i in &held {
+        assert_eq!(c0.get(&common::cluster::key(i)).await.unwrap(), None);
+    }
+
+    let a = args(1);
+    let addrs = [n1.tcp.as_str(), n1.quic.as_str(), n1.metrics.as_str()];
+    let n1 = Node::start_in(
+        n1.dir.clone(),
+        "64MiB",
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        &addrs,
+    );
+    let c1 = connect(&n1).await;
+    let after = agree(&[&c0, &c1, &c2], "3 serving", |v| serving(v) == 3).await;
+    assert_eq!(
+        after.node(NodeId(1)).unwrap().epoch,
+        before.node(NodeId(1)).unwrap().epoch + 2,
+        "restarting, then serving again: no join in between"
+    );
+    for c in [&c0, &c1] {
+        for &i in &held {
+            let v = c.get(&common::cluster::key(i)).await.unwrap();
+            assert_eq!(v, Some(common::value(i, 256)), "key {i}");
+        }
+    }
+}

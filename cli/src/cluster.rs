@@ -66,7 +66,9 @@ fn status(client: &Client, json: bool) -> anyhow::Result<i32> {
         .nodes
         .iter()
         .map(|n| {
-            let stats = (n.state != kvpool::placement::NodeState::Down)
+            let stats = n
+                .state
+                .reachable()
                 .then(|| client.node_stats(n.id).ok())
                 .flatten();
             (n.clone(), stats)

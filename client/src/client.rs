@@ -65,6 +65,9 @@ struct Inner {
     routing: RwLock<Arc<Routing>>,
     /// Times a node could not be reached and its keys were counted as misses.
     unreachable: std::sync::atomic::AtomicU64,
+    /// When the view was last refreshed because a node could not be asked
+    /// ([`Client::refresh_soon`]), and whether such a refresh is running.
+    refreshed: Mutex<(Option<Instant>, bool)>,
     /// Handoff waits, subscriptions and watching connections.
     handoff: Arc<handoff::Hub>,
     /// The smallest `max_batch` and `max_payload` of the nodes met so far: requests are cut to
@@ -118,6 +121,7 @@ impl Client {
                     prev: None,
                 })),
                 unreachable: Default::default(),
+                refreshed: Mutex::new((None, false)),
                 handoff: Arc::default(),
                 cut,
             }),

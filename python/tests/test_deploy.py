@@ -522,6 +522,11 @@ def test_the_systemd_unit_runs_kvpoold_with_what_it_knows():
     config = print_config(["--config", str(SYSTEMD / "kvpoold.toml")], {})
     assert config["cluster"]["secret_file"] == "/etc/kvpool/cluster.secret"
     assert len(config["cluster"]["peers"]) == 2
+    # `systemctl restart` restarts in place: the segments are files in /dev/shm, which the
+    # unit keeps across the restart (RemoveIPC=no, checked below).
+    assert config["cluster"]["restart_on_shutdown"] is True
+    assert config["memory"]["backing"] == "shm"
+    assert config["data_dir"].startswith("/dev/shm/")
     # Writable where kvpoold writes: the data dir and the disk tier.
     writable = " ".join(settings["ReadWritePaths"]).split()
     for path in [config["data_dir"], config["disk"]["path"]]:

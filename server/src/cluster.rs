@@ -35,6 +35,8 @@ pub(crate) use kvpool::membership::Source;
 pub(crate) struct Timing {
     pub(crate) heartbeat: Duration,
     pub(crate) down_after: Duration,
+    /// How long a restarting node's keys are held for it (`restart_window_ms`).
+    pub(crate) restart_window: Duration,
 }
 
 impl Timing {
@@ -42,6 +44,7 @@ impl Timing {
         membership::Timing {
             heartbeat: self.heartbeat.as_millis() as u64,
             down_after: self.down_after.as_millis() as u64,
+            restart_window: self.restart_window.as_millis() as u64,
         }
     }
 }
@@ -92,8 +95,26 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) fn new(me: NodeInfo, source: Source) -> Cluster {
-        let id = me.id;
-        let core = membership::Membership::new(me, source);
+        Cluster::of(membership::Membership::new(me, source), source)
+    }
+
+    /// A node resuming a restart in place (see [`membership::Membership::resuming`]):
+    /// `departed` is its previous process's last view, `me` this process's record, and
+    /// `remaining` what is left of the restart window, of which the last `margin` is not used
+    /// (the others' clocks). None when `departed` holds no restarting record of this node.
+    pub(crate) fn resuming(
+        departed: ClusterView,
+        me: NodeInfo,
+        source: Source,
+        (remaining, margin): (Duration, Duration),
+    ) -> Option<Cluster> {
+        let until = remaining.saturating_sub(margin).as_millis() as u64;
+        let core = membership::Membership::resuming(departed, me, source, until)?;
+        Some(Cluster::of(core, source))
+    }
+
+    fn of(core: membership::Membership, source: Source) -> Cluster {
+        let id = core.me();
         let stamp = core.view().stamp();
         Cluster {
             me: id,
@@ -133,10 +154,18 @@ impl Cluster {
         let before = core.view().version;
         let mark = self.pool.get().map_or(0, |p| p.generation_mark());
         let step = f(&mut core, mark);
-        if step.fenced {
-            tracing::info!(
+        match step.resumed {
+            Some(Ok(())) => tracing::info!(
+                "resumed the restart in place: the objects kept are served as the owner's again"
+            ),
+            Some(Err(why)) => tracing::info!(
+                %why,
+                "not resuming the restart in place: the objects kept are no longer served as the owner's; joining afresh"
+            ),
+            None if step.fenced => tracing::info!(
                 "marked down by the cluster: objects held so far are no longer served as the owner's"
-            );
+            ),
+            None => {}
         }
         if step.changed {
             // Settling goes on while the view keeps changing; a change after a steady spell
@@ -218,8 +247,8 @@ impl Cluster {
         self.step(|c, mark| {
             c.fence(mark);
             Step {
-                changed: false,
                 fenced: true,
+                ..Step::default()
             }
         });
     }
@@ -341,6 +370,18 @@ impl Cluster {
         self.step(|c, mark| c.outrank(theirs, mark));
     }
 
+    /// True while this node resumes a restart in place (undecided yet).
+    pub(crate) fn is_resuming(&self) -> bool {
+        self.read().is_resuming()
+    }
+
+    /// Decides the restart in place this node resumes, `theirs` being the record of this node
+    /// the others hold (etcd's; see [`membership::Membership::resume`]).
+    pub(crate) fn resume(&self, theirs: Option<&NodeInfo>) {
+        let now = self.now();
+        self.step(|c, mark| c.resume(now, theirs, mark));
+    }
+
     /// Records that this node's record at `epoch` is in etcd.
     pub(crate) fn mark_published(&self, epoch: u64) {
         self.published.send_replace(epoch);
@@ -437,7 +478,7 @@ async fn peer_loop(
             }
         }
         let Some(p) = peer.as_mut() else { continue };
-        let view = m.view();
+        let view = kvpool::protocol::view_for(m.view(), p.hello.version);
         let op = if p.hello.version >= HEARTBEAT_VERSION {
             let heard = m.read().heard_directly(m.now(), timing.millis().down_after);
             Op::Heartbeat { view, heard }
@@ -499,6 +540,7 @@ pub(crate) async fn announce(m: &Cluster, creds: &PeerAuth, timeout: Duration) {
         let view = view.clone();
         async move {
             if let Ok(mut p) = Peer::connect(&addr, creds, m.me(), timeout).await {
+                let view = kvpool::protocol::view_for(view, p.hello.version);
                 let _ = p.call(Op::Gossip { view }, &[]).await;
             }
         }

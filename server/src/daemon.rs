@@ -76,9 +76,15 @@ pub struct Daemon {
     creds: PeerAuth,
     timing: Timing,
     drain_on_shutdown: bool,
+    /// `[cluster] restart_on_shutdown`, with segments that a restart recovers (files).
+    restart_on_shutdown: bool,
+    /// The segments are files a restart recovers (`memory.backing = "shm"`).
+    recovers: bool,
     cluster_drain_timeout: Duration,
     /// The disk tier under DRAM, when `[disk]` turns it on.
     disk: Option<Arc<DiskTier>>,
+    /// Where the segments, the journal and a restart's note live.
+    data_dir: PathBuf,
 }
 
 impl Daemon {
@@ -96,7 +102,8 @@ impl Daemon {
         let max_connections = connection_cap(&config);
         let membership_cfg = config.membership()?;
         let disk_settings = config.disk_tier()?;
-        let creds = credentials(&config, &membership_cfg, &data_dir)?;
+        let metrics = Arc::new(Metrics::default());
+        let creds = credentials(&config, &membership_cfg, &data_dir, &metrics)?;
         let pool = open_pool(&config)?;
         let disk = disk_settings.map(|d| DiskTier::open(&d)).transpose()?;
         if let Some(d) = &disk {
@@ -104,8 +111,21 @@ impl Daemon {
         }
         let sockets = Sockets::bind(&config, &data_dir).await?;
         let bound = sockets.bound.clone();
-        let membership = membership(&config, &membership_cfg, &bound, &pool);
-        let metrics = Arc::new(Metrics::default());
+        let timing = Timing {
+            heartbeat: Duration::from_millis(config.cluster.heartbeat_ms.max(10)),
+            down_after: Duration::from_millis(config.cluster.down_after_ms.max(20)),
+            restart_window: Duration::from_millis(
+                config
+                    .cluster
+                    .restart_window_ms
+                    .max(config.cluster.down_after_ms.max(20)),
+            ),
+        };
+        let recovers = config.memory.backing != "anonymous";
+        let departed = recovers
+            .then(|| crate::restart::take_note(&data_dir, config.node_id, timing.restart_window))
+            .flatten();
+        let membership = membership(&config, (&membership_cfg, departed, &timing), &bound, &pool);
         let parts = (&pool, &metrics, &membership, &creds);
         let shared = Arc::new(shared(&config, parts, &bound, policy, disk.clone()));
         let (stop, shutdown) = watch::channel(false);
@@ -119,10 +139,6 @@ impl Daemon {
             reaper: crate::reaper::Reaper::new(),
         };
         let mut tasks = serve(sockets, ctx, &config, metrics);
-        let timing = Timing {
-            heartbeat: Duration::from_millis(config.cluster.heartbeat_ms.max(10)),
-            down_after: Duration::from_millis(config.cluster.down_after_ms.max(20)),
-        };
         let cluster_drain_timeout = Duration::from_millis(config.cluster.drain_timeout_ms);
         tasks.push(join_cluster(
             membership_cfg,
@@ -156,8 +172,11 @@ impl Daemon {
             creds,
             timing,
             drain_on_shutdown: config.cluster.drain_on_shutdown,
+            restart_on_shutdown: config.cluster.restart_on_shutdown && recovers,
+            recovers,
             cluster_drain_timeout,
             disk,
+            data_dir,
         })
     }
 
@@ -172,11 +191,24 @@ impl Daemon {
         self.cluster.left().await
     }
 
-    /// Leaves the cluster before a shutdown: when other nodes are serving (and
-    /// `cluster.drain_on_shutdown` is on) drains first, moving pinned objects to their owners,
-    /// bounded by `cluster.drain_timeout_ms`.
+    /// Leaves the cluster before a shutdown: when other nodes are serving and this one serves,
+    /// with `cluster.restart_on_shutdown` tells them it is restarting in place (it keeps its
+    /// keys; see [`crate::restart`]); else, with `cluster.drain_on_shutdown`, drains first,
+    /// moving pinned objects to their owners, bounded by `cluster.drain_timeout_ms`.
     pub async fn leave(&self) {
-        if !self.drain_on_shutdown || !self.cluster.has_serving_peers() {
+        if !self.cluster.has_serving_peers() {
+            return;
+        }
+        if self.restart_on_shutdown && self.cluster.my_state() == NodeState::Serving {
+            self.cluster.set_state(NodeState::Restarting);
+            cluster::announce(&self.cluster, &self.creds, self.timing.heartbeat * 2).await;
+            tracing::info!(
+                window_ms = self.timing.restart_window.as_millis() as u64,
+                "restarting in place: the cluster holds this node's keys for it"
+            );
+            return;
+        }
+        if !self.drain_on_shutdown {
             return;
         }
         self.cluster.request_drain();
@@ -204,7 +236,8 @@ impl Daemon {
     pub async fn shutdown(mut self) {
         let others_see_me =
             self.cluster.view().nodes.len() > 1 || self.cluster.source() == Source::Etcd;
-        if self.cluster.my_state() != NodeState::Down && others_see_me {
+        let restarting = self.cluster.my_state() == NodeState::Restarting;
+        if !restarting && self.cluster.my_state() != NodeState::Down && others_see_me {
             // Tell the peers (or etcd) at once instead of letting them time out.
             self.cluster.set_state(NodeState::Down);
             cluster::announce(&self.cluster, &self.creds, self.timing.heartbeat * 2).await;
@@ -232,6 +265,24 @@ impl Daemon {
                 tracing::warn!("the disk tier's last demotions were not all written before exit");
             }
         }
+        if self.recovers {
+            // Nothing writes the pool any more: its policies' order, for the next life to
+            // recover the objects in (see `kvpool::pool::recency`).
+            match self.pool.save_recency(&self.data_dir) {
+                Ok(n) => tracing::debug!(objects = n, "saved the eviction order for a restart"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not save the eviction order: a restart recovers in commit order")
+                }
+            }
+        }
+        if restarting {
+            // Written last: every request this process acknowledged is in the journal by now.
+            let view = self.cluster.view();
+            let (me, window) = (self.cluster.me(), self.timing.restart_window);
+            if let Err(e) = crate::restart::leave_note(&self.data_dir, me, &view, window) {
+                tracing::warn!(error = %e, "could not leave the restart note: the next start joins afresh");
+            }
+        }
         tracing::info!("kvpoold stopped");
     }
 }
@@ -242,6 +293,7 @@ fn credentials(
     config: &Config,
     membership: &MembershipConfig,
     data_dir: &Path,
+    metrics: &Metrics,
 ) -> anyhow::Result<PeerAuth> {
     let joins = match membership {
         MembershipConfig::Static { peers } => !peers.is_empty(),
@@ -260,6 +312,7 @@ fn credentials(
     Ok(PeerAuth {
         token: config.auth.token.clone(),
         secret: secret.secret,
+        traffic: metrics.peer_traffic(),
     })
 }
 
@@ -419,10 +472,12 @@ fn advertise(config: &Config, bound: &Bound) -> String {
 }
 
 /// This node's membership: its own record (`Joining` when it has peers or etcd to join,
-/// `Serving` alone) and where views come from, with the pool attached.
+/// `Serving` alone) and where views come from, with the pool attached; or, when the previous
+/// process on this data directory left for a restart in place (`departed`), that process's
+/// view to resume from (see [`crate::restart`]).
 fn membership(
     config: &Config,
-    membership: &MembershipConfig,
+    (membership, departed, timing): (&MembershipConfig, Option<crate::restart::Departed>, &Timing),
     bound: &Bound,
     pool: &Arc<Pool>,
 ) -> Arc<Cluster> {
@@ -443,7 +498,21 @@ fn membership(
         },
         epoch: 1,
     };
-    let membership = Arc::new(Cluster::new(me, source));
+    let resumed = departed.and_then(|d| {
+        let joining = NodeInfo {
+            state: NodeState::Joining,
+            ..me.clone()
+        };
+        let window = (d.remaining, timing.down_after);
+        Cluster::resuming(d.view, joining, source, window)
+    });
+    let membership = Arc::new(match resumed {
+        Some(c) => {
+            tracing::info!("resuming a restart in place: waiting for the cluster's records");
+            c
+        }
+        None => Cluster::new(me, source),
+    });
     membership.attach_pool(pool.clone());
     membership
 }

@@ -110,6 +110,7 @@ pub(crate) async fn run(
         },
         prefix: cfg.prefix,
         ttl,
+        restart_ttl: lease_ttl(timing.restart_window),
         lease: None,
         published: None,
         failing: false,
@@ -191,7 +192,7 @@ struct Record {
     epoch: u64,
 }
 
-fn encode_record(n: &NodeInfo) -> Vec<u8> {
+pub(crate) fn encode_record(n: &NodeInfo) -> Vec<u8> {
     serde_json::to_vec(&Record {
         id: n.id,
         tcp: n.tcp.clone(),
@@ -204,16 +205,9 @@ fn encode_record(n: &NodeInfo) -> Vec<u8> {
     .expect("a record serializes")
 }
 
-fn decode_record(b: &[u8]) -> Option<NodeInfo> {
+pub(crate) fn decode_record(b: &[u8]) -> Option<NodeInfo> {
     let r: Record = serde_json::from_slice(b).ok()?;
-    let state = [
-        NodeState::Joining,
-        NodeState::Serving,
-        NodeState::Draining,
-        NodeState::Down,
-    ]
-    .into_iter()
-    .find(|s| s.name() == r.state)?;
+    let state = NodeState::ALL.into_iter().find(|s| s.name() == r.state)?;
     Some(NodeInfo {
         id: r.id,
         tcp: r.tcp,
@@ -254,6 +248,9 @@ struct Registrar {
     prefix: String,
     keys: Keys,
     ttl: i64,
+    /// The TTL of the lease a restarting record's `alive/<id>` is put under: the restart
+    /// window, after which the others see the node down.
+    restart_ttl: i64,
     lease: Option<Lease>,
     /// This node's record as last put.
     published: Option<NodeInfo>,
@@ -270,11 +267,18 @@ impl Registrar {
         // A fresh token for every session: a watch opened with a stale one just stays silent.
         self.etcd.token = None;
         let lease = self.lease().await?;
-        if let Some(theirs) = self.etcd.get(&self.keys.record).await? {
-            if let Some(theirs) = decode_record(&theirs) {
-                self.m.outrank(&theirs);
-            }
+        let theirs = self.etcd.get(&self.keys.record).await?;
+        let theirs = theirs.as_deref().and_then(decode_record);
+        if let Some(theirs) = &theirs {
+            self.m.outrank(theirs);
         }
+        // Resuming a restart in place: whether the others still see this node restarting (its
+        // alive key, under the restart window's lease, still there) is read before this
+        // session's registration replaces that key.
+        let held = match self.m.is_resuming() {
+            true => Some(self.etcd.get(&self.keys.alive).await?.is_some()),
+            false => None,
+        };
         let mine = self.m.my_record().expect("this node is in its own view");
         self.etcd
             .txn_put(&[
@@ -308,6 +312,17 @@ impl Registrar {
             carry_until = Some(tokio::time::Instant::now() + ttl);
         }
         self.m.replace(reg.view());
+        if let Some(held) = held {
+            let mine = self.m.my_record().expect("this node is in its own view");
+            let seen = match theirs {
+                Some(t) if held => t,
+                t => NodeInfo {
+                    state: NodeState::Down,
+                    ..t.unwrap_or(mine)
+                },
+            };
+            self.m.resume(Some(&seen));
+        }
         if self.m.my_state() == NodeState::Joining {
             self.m.set_state(NodeState::Serving);
         }
@@ -327,9 +342,21 @@ impl Registrar {
         loop {
             let mine = self.m.my_record().expect("this node is in its own view");
             if self.published.as_ref() != Some(&mine) {
-                self.etcd
-                    .put(&self.keys.record, &encode_record(&mine))
-                    .await?;
+                if mine.state == NodeState::Restarting {
+                    // The alive key outlives this process for the restart window: the others
+                    // hold this node's keys for it until then.
+                    let hold = self.etcd.grant(self.restart_ttl).await?;
+                    self.etcd
+                        .txn_put(&[
+                            (&self.keys.record, &encode_record(&mine), None),
+                            (&self.keys.alive, b"", Some(hold.id)),
+                        ])
+                        .await?;
+                } else {
+                    self.etcd
+                        .put(&self.keys.record, &encode_record(&mine))
+                        .await?;
+                }
                 self.mark_published(mine);
             }
             tokio::select! {

@@ -63,6 +63,7 @@ mod peer;
 mod peers;
 mod reaper;
 mod resp;
+mod restart;
 pub mod secret;
 mod service;
 mod settle;

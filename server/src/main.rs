@@ -94,6 +94,15 @@ struct Cli {
     /// A peer silent this long (ms) is marked down [default: 2000].
     #[arg(long, env = "KVPOOL_DOWN_AFTER_MS")]
     down_after_ms: Option<u64>,
+    /// On SIGTERM in a cluster, restart in place instead of draining: the others hold this
+    /// node's keys for it, and a start on the same data directory within the restart window
+    /// serves its objects again (true or false) [default: false].
+    #[arg(long, env = "KVPOOL_RESTART_ON_SHUTDOWN")]
+    restart_on_shutdown: Option<bool>,
+    /// How long (ms) the nodes hold a restarting node's keys before marking it down; the same
+    /// on every node [default: 60000].
+    #[arg(long, env = "KVPOOL_RESTART_WINDOW_MS")]
+    restart_window_ms: Option<u64>,
     /// Cap on this node's bulk transfers in bytes per second (large gets and puts, handoffs,
     /// the cluster's moves), e.g. 2GiB/s; 0 for none [default: 0].
     #[arg(long, env = "KVPOOL_BULK_RATE")]
@@ -278,6 +287,12 @@ fn apply_cluster(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = cli.down_after_ms {
         c.cluster.down_after_ms = v;
+    }
+    if let Some(v) = cli.restart_on_shutdown {
+        c.cluster.restart_on_shutdown = v;
+    }
+    if let Some(v) = cli.restart_window_ms {
+        c.cluster.restart_window_ms = v;
     }
     if let Some(v) = &cli.bulk_rate {
         c.limits.bulk_rate = parse_rate(v).context("--bulk-rate")?;

@@ -77,11 +77,12 @@ impl Node {
         let secret = ClusterSecret::generate_file_contents()
             .and_then(|s| ClusterSecret::from_file_contents(s.as_bytes()))
             .map_err(|e| anyhow::anyhow!("generating a cluster secret: {e}"))?;
+        let metrics = Arc::new(Metrics::default());
         let creds = PeerAuth {
             token: config.auth.token.clone(),
             secret,
+            traffic: metrics.peer_traffic(),
         };
-        let metrics = Arc::new(Metrics::default());
         let parts = (&pool, &metrics, &cluster, &creds);
         let shared = Arc::new(daemon::shared(
             &config,

@@ -16,7 +16,7 @@ use kvpool::protocol::auth::{self, ClusterSecret};
 use kvpool::protocol::io::{discard, read_header, read_prefix, write_frame};
 use kvpool::protocol::{
     decode_response_owned, judge, AlignedVec, Class, ErrorCode, Exchange, HelloInfo, Limits, Op,
-    Outcome, Priority, Reply, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    Outcome, Priority, Reply, MIN_PROTOCOL_VERSION, PREFIX_LEN, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -47,6 +47,8 @@ pub(crate) enum PeerError {
 pub(crate) struct PeerAuth {
     pub(crate) token: String,
     pub(crate) secret: ClusterSecret,
+    /// Where every connection to a peer counts the bytes of its calls.
+    pub(crate) traffic: crate::metrics::PeerTraffic,
 }
 
 /// One connection to one peer, after the handshake.
@@ -59,6 +61,8 @@ pub(crate) struct Peer {
     timeout: Duration,
     /// What the peer said at the handshake.
     pub(crate) hello: HelloInfo,
+    /// Counts the bytes of every call.
+    traffic: crate::metrics::PeerTraffic,
 }
 
 impl Peer {
@@ -99,7 +103,10 @@ impl Peer {
         let mut version = PROTOCOL_VERSION;
         let p = loop {
             let name = "kvpoold resp door";
-            match Peer::open(version, addr, token, name, Class::default(), timeout).await {
+            // Clients' requests, not the cluster's: not counted as peer traffic.
+            let uncounted = Default::default();
+            let who = (token, name, uncounted);
+            match Peer::open(version, addr, who, Class::default(), timeout).await {
                 Err(PeerError::Server {
                     code: ErrorCode::UnsupportedVersion,
                     ..
@@ -131,7 +138,8 @@ impl Peer {
             deadline_us: 0,
         };
         let name = format!("kvpoold node {node}");
-        let mut p = Peer::open(version, addr, &creds.token, &name, class, timeout).await?;
+        let who = (creds.token.as_str(), name.as_str(), creds.traffic.clone());
+        let mut p = Peer::open(version, addr, who, class, timeout).await?;
         let nonce = auth::random()?;
         let (them, challenge) = (p.hello.node, p.hello.challenge);
         let proof = creds.secret.peer_proof(them, &challenge, &nonce);
@@ -153,13 +161,12 @@ impl Peer {
         Ok(p)
     }
 
-    /// A connection to `addr` after the handshake in protocol `version` with `token`, its
-    /// requests of `class`.
+    /// A connection to `addr` after the handshake in protocol `version` with `token` as client
+    /// `name`, its requests of `class` and their bytes counted in `traffic`.
     async fn open(
         version: u32,
         addr: &str,
-        token: &str,
-        name: &str,
+        (token, name, traffic): (&str, &str, crate::metrics::PeerTraffic),
         class: Class,
         timeout: Duration,
     ) -> Result<Peer, PeerError> {
@@ -180,6 +187,7 @@ impl Peer {
             },
             timeout,
             hello: no_hello(),
+            traffic,
         };
         let hello = Op::Hello {
             version,
@@ -270,12 +278,20 @@ impl Peer {
         payload: &[&[u8]],
     ) -> Result<(Outcome, u64), PeerError> {
         self.exchange.view = view;
+        let membership = matches!(op, Op::Heartbeat { .. } | Op::Gossip { .. });
         let out = self.exchange.request(op);
         write_frame(&mut self.w, &out.header, payload).await?;
         self.w.flush().await?;
         let prefix = read_prefix(&mut self.r, &self.limits)
             .await?
             .ok_or_else(|| PeerError::Protocol("peer closed the connection".into()))?;
+        let frame = |header: usize, payload: u64| (PREFIX_LEN + header) as u64 + payload;
+        let sent = payload.iter().map(|p| p.len() as u64).sum();
+        self.traffic.call(
+            membership,
+            frame(out.header.len(), sent),
+            frame(prefix.header_len as usize, prefix.payload_len),
+        );
         read_header(&mut self.r, &prefix, &mut self.hdr).await?;
         let response =
             decode_response_owned(&self.hdr).map_err(|e| PeerError::Protocol(e.to_string()))?;
@@ -469,6 +485,7 @@ mod tests {
         let creds = PeerAuth {
             token: String::new(),
             secret,
+            traffic: Default::default(),
         };
         let p = Peer::connect(&addr, &creds, 1, Duration::from_secs(5))
             .await

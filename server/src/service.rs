@@ -660,6 +660,7 @@ impl Shared {
         crate::peer::PeerAuth {
             token: self.auth.token.clone(),
             secret: self.peers.secret.clone(),
+            traffic: self.metrics.peer_traffic(),
         }
     }
 

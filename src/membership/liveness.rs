@@ -32,12 +32,31 @@ impl Hearing {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Watched {
     hearing: Hearing,
-    /// The node the view places at the address, whether that node's record was up (not down),
-    /// and the tick that first saw it so: the node's silence counts only from then. A peer
-    /// address watched long before its node started (a static peer that starts later) must not
-    /// have its node marked down the moment the node's own gossip brings it into the view, nor
-    /// may a restarted node that was down.
-    placed: Option<(u32, bool, Millis)>,
+    /// The node the view places at the address, whether that node's record was up, restarting
+    /// or down, and the tick that first saw it so: the node's silence counts only from then. A
+    /// peer address watched long before its node started (a static peer that starts later)
+    /// must not have its node marked down the moment the node's own gossip brings it into the
+    /// view, nor may a restarted node that was down; a restarting node is held for the restart
+    /// window from then.
+    placed: Option<(u32, Presence, Millis)>,
+}
+
+/// How a watched node's record stood.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Presence {
+    Up,
+    Restarting,
+    Down,
+}
+
+impl Presence {
+    fn of(state: NodeState) -> Presence {
+        match state {
+            NodeState::Down => Presence::Down,
+            NodeState::Restarting => Presence::Restarting,
+            _ => Presence::Up,
+        }
+    }
 }
 
 impl Membership {
@@ -134,15 +153,23 @@ impl Membership {
         }
     }
 
-    /// Time passes (the heartbeats call this every heartbeat): a joining node that has pulled
-    /// its peers' views for two heartbeats since the first tick turns serving; a peer address
-    /// silent for `down_after` has its node (as the view knows the address) marked down, unless
-    /// a peer relayed a hearing of that node within `down_after`. Silence is counted from the
-    /// later of the address's last answer (or the start of watching it) and the first tick
-    /// that saw its node in the view, up, at that address.
+    /// Time passes (the heartbeats call this every heartbeat): a node resuming a restart in
+    /// place decides once every node that owned keys when it left answered it (or is down) or
+    /// its window ended ([`Membership::resume`]); a joining node that has pulled its peers'
+    /// views for two heartbeats since the first tick turns serving; a peer address silent for
+    /// `down_after` has its node (as the view knows the address) marked down, unless a peer
+    /// relayed a hearing of that node within `down_after`. Silence is counted from the later
+    /// of the address's last answer (or the start of watching it) and the first tick that saw
+    /// its node in the view, up, at that address. A restarting node is marked down
+    /// `restart_window` after the first tick that saw it restarting, whatever it answers.
     pub fn tick(&mut self, now: Millis, timing: Timing, mark: u64) -> Step {
         let mut step = Step::default();
         let first = *self.first_tick.get_or_insert(now);
+        if let Some(r) = &self.resume {
+            if now >= r.until || self.heard_from_owners(&r.departed) {
+                step = self.resume(now, None, mark);
+            }
+        }
         if self.my_state() == NodeState::Joining
             && now.saturating_sub(first) >= timing.heartbeat.saturating_mul(2)
         {
@@ -154,21 +181,26 @@ impl Membership {
             .iter_mut()
             .filter_map(|(addr, w)| {
                 let n = view.nodes.iter().find(|n| n.tcp == *addr)?;
-                let up = n.state != NodeState::Down;
+                let presence = Presence::of(n.state);
                 let since = match w.placed {
-                    Some((id, was_up, since)) if id == n.id && was_up == up => since,
+                    Some((id, was, since)) if id == n.id && was == presence => since,
                     _ => now,
                 };
                 let quiet = w.hearing.at().max(since);
                 let heard_of = relayed.get(&n.id).copied();
-                let down = up
-                    && now.saturating_sub(quiet) >= timing.down_after
-                    && heard_of.is_none_or(|at| now.saturating_sub(at) >= timing.down_after);
+                let down = match presence {
+                    Presence::Up => {
+                        now.saturating_sub(quiet) >= timing.down_after
+                            && heard_of.is_none_or(|at| now.saturating_sub(at) >= timing.down_after)
+                    }
+                    Presence::Restarting => now.saturating_sub(since) >= timing.restart_window,
+                    Presence::Down => false,
+                };
                 // Marked down below: seen down from here, so coming back up restarts the count.
                 w.placed = Some(if down {
-                    (n.id, false, now)
+                    (n.id, Presence::Down, now)
                 } else {
-                    (n.id, up, since)
+                    (n.id, presence, since)
                 });
                 down.then_some(n.id)
             })
@@ -177,5 +209,22 @@ impl Membership {
             step.changed |= self.mark_down(id, mark).changed;
         }
         step
+    }
+
+    /// Whether every other node that owned keys in `departed` answered this process's
+    /// heartbeats, or is down in the view now: its view is then as new as theirs.
+    fn heard_from_owners(&self, departed: &ClusterView) -> bool {
+        departed
+            .nodes
+            .iter()
+            .filter(|n| n.id != self.me && n.state.owns())
+            .all(|n| match self.view.node(NodeId(n.id)) {
+                Some(c) if c.state == NodeState::Down => true,
+                Some(c) => self
+                    .heard
+                    .get(&c.tcp)
+                    .is_some_and(|w| matches!(w.hearing, Hearing::Answered(_))),
+                None => false,
+            })
     }
 }

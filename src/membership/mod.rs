@@ -53,6 +53,9 @@ pub struct Timing {
     pub heartbeat: Millis,
     /// A peer silent this long is marked down.
     pub down_after: Millis,
+    /// A peer restarting in place is marked down this long after it was first seen
+    /// restarting, unless it came back (see [`Membership::resuming`]).
+    pub restart_window: Millis,
 }
 
 /// What a step did to the view.
@@ -63,6 +66,21 @@ pub struct Step {
     pub changed: bool,
     /// This node learnt it was marked down: every object held so far became suspect.
     pub fenced: bool,
+    /// A restart in place was decided: `Ok` resumed (the objects kept are served again),
+    /// `Err` with why not (they are suspect, and the node joins afresh).
+    pub resumed: Option<Result<(), &'static str>>,
+}
+
+/// The restart in place a node is resuming from (see [`Membership::resuming`]).
+#[derive(Clone, Debug)]
+struct Resume {
+    /// The previous process's last view, its own record restarting.
+    departed: ClusterView,
+    /// This process's own record (addresses, capacity), which replaces the departed one at
+    /// the decision.
+    fresh: NodeInfo,
+    /// On the clock of [`Membership::tick`]: from here on, too late to resume.
+    until: Millis,
 }
 
 /// One node's membership state.
@@ -79,6 +97,8 @@ pub struct Membership {
     heard: HashMap<String, Watched>,
     /// Per node, the latest time another peer said it heard that node directly.
     relayed: HashMap<u32, Millis>,
+    /// Set while this node resumes a restart in place.
+    resume: Option<Resume>,
 }
 
 impl Membership {
@@ -96,6 +116,121 @@ impl Membership {
             first_tick: None,
             heard: HashMap::new(),
             relayed: HashMap::new(),
+            resume: None,
+        }
+    }
+
+    /// A node resuming a restart in place: `departed` is its previous process's last view,
+    /// holding this node's own record as that process left it (restarting); `me` is this
+    /// process's record (its addresses and capacity, taken at the decision), and `until` is
+    /// when, on the clock of [`Membership::tick`], its restart window ends (less a margin for
+    /// the others' clocks). The objects this process recovered are dated in that view, in
+    /// which this node owns its keys; they are served again once the node finds that nothing
+    /// can have moved its keys while it was away ([`Membership::tick`] with static
+    /// membership, [`Membership::resume`] with etcd). Otherwise they are fenced, and the node
+    /// joins afresh. None when `departed` holds no restarting record of `me`.
+    pub fn resuming(
+        departed: ClusterView,
+        me: NodeInfo,
+        source: Source,
+        until: Millis,
+    ) -> Option<Membership> {
+        let mine = departed.node(NodeId(me.id))?;
+        if mine.state != NodeState::Restarting {
+            return None;
+        }
+        let mut history = History::new(NodeId(me.id));
+        history.adopt(&departed, 0);
+        Some(Membership {
+            me: me.id,
+            source,
+            view: departed.clone(),
+            history,
+            first_tick: None,
+            heard: HashMap::new(),
+            relayed: HashMap::new(),
+            resume: Some(Resume {
+                departed,
+                fresh: me,
+                until,
+            }),
+        })
+    }
+
+    /// True while this node resumes a restart in place (undecided yet).
+    pub fn is_resuming(&self) -> bool {
+        self.resume.is_some()
+    }
+
+    /// Decides a restart in place at `now`, with `theirs`, the others' record of this node
+    /// (with etcd: the one etcd holds; with gossip, what merges brought is judged as it
+    /// arrives): resumed when the restart window is still open, the others still hold this
+    /// node's record as restarting at the epoch it left with, and every other record is the
+    /// one it left with or was only marked down since (a node that disappears from a
+    /// rendezvous ranking never moves keys between the others). Anything else (a node that
+    /// joined, came back, or changed its capacity) may have taken some of this node's keys
+    /// and acknowledged writes of them while it was away. Resuming turns it serving; not
+    /// resuming fences every object held so far and turns it joining.
+    pub fn resume(&mut self, now: Millis, theirs: Option<&NodeInfo>, mark: u64) -> Step {
+        let Some(r) = self.resume.take() else {
+            return Step::default();
+        };
+        let mine = r.departed.node(NodeId(self.me));
+        let verdict = if now >= r.until {
+            Err("its restart window passed")
+        } else if theirs.is_some_and(|t| Some(t) != mine) {
+            Err("the others no longer hold it as restarting")
+        } else {
+            unchanged_while_away(&r.departed, &self.view, self.me)
+        };
+        let state = match verdict {
+            Ok(()) => NodeState::Serving,
+            Err(_) => {
+                self.fence(mark);
+                NodeState::Joining
+            }
+        };
+        let me = self.me;
+        let changed = self.apply(false, mark, |v| {
+            let Some(epoch) = v.node(NodeId(me)).map(|n| n.epoch) else {
+                return false;
+            };
+            v.offer(&NodeInfo {
+                state,
+                epoch: epoch + 1,
+                ..r.fresh
+            })
+        });
+        let mut step = Step {
+            changed,
+            fenced: verdict.is_err(),
+            resumed: None,
+        };
+        step.resumed = Some(verdict);
+        step
+    }
+
+    /// Gives up resuming (told this node was marked down meanwhile; it is fenced already):
+    /// joins afresh.
+    fn abandon_resume(&mut self, mark: u64, why: &'static str) -> Step {
+        let Some(r) = self.resume.take() else {
+            return Step::default();
+        };
+        let me = self.me;
+        let changed = self.apply(false, mark, |v| {
+            let Some(epoch) = v.node(NodeId(me)).map(|n| n.epoch) else {
+                return false;
+            };
+            v.offer(&NodeInfo {
+                state: NodeState::Joining,
+                epoch: epoch + 1,
+                ..r.fresh
+            })
+        });
+        Step {
+            changed,
+            fenced: true,
+            resumed: Some(Err(why)),
         }
     }
 
@@ -173,7 +308,17 @@ impl Membership {
             }
             changed
         });
-        Step { changed, fenced }
+        let mut step = Step {
+            changed,
+            fenced,
+            resumed: None,
+        };
+        if fenced {
+            let a = self.abandon_resume(mark, "it was marked down while away");
+            step.changed |= a.changed;
+            step.resumed = a.resumed;
+        }
+        step
     }
 
     /// Replaces the view with one derived elsewhere (etcd), keeping this node's own record as
@@ -195,7 +340,11 @@ impl Membership {
             *v = view;
             true
         });
-        Step { changed, fenced }
+        Step {
+            changed,
+            fenced,
+            resumed: None,
+        }
     }
 
     /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left by
@@ -205,7 +354,7 @@ impl Membership {
         let changed = self.apply(false, mark, |v| refute(v, me, theirs));
         Step {
             changed,
-            fenced: false,
+            ..Step::default()
         }
     }
 
@@ -225,7 +374,7 @@ impl Membership {
         });
         Step {
             changed,
-            fenced: false,
+            ..Step::default()
         }
     }
 
@@ -234,7 +383,7 @@ impl Membership {
         let changed = id != self.me && self.apply(false, mark, |v| v.mark_down(id));
         Step {
             changed,
-            fenced: false,
+            ..Step::default()
         }
     }
 
@@ -278,6 +427,32 @@ impl Membership {
         }
         down
     }
+}
+
+/// Whether every record of `now` but node `me`'s is the one `departed` holds, or that record
+/// only marked down since (same epoch): then nothing that took keys over can have happened in
+/// between (see [`Membership::resume`]).
+fn unchanged_while_away(
+    departed: &ClusterView,
+    now: &ClusterView,
+    me: u32,
+) -> Result<(), &'static str> {
+    let ids = departed.nodes.iter().chain(now.nodes.iter()).map(|n| n.id);
+    for id in ids.filter(|&id| id != me) {
+        let (d, c) = (departed.node(NodeId(id)), now.node(NodeId(id)));
+        let kept = match (d, c) {
+            (Some(d), Some(c)) => {
+                (d.epoch, d.state, d.capacity) == (c.epoch, c.state, c.capacity)
+                    || (d.epoch == c.epoch && c.state == NodeState::Down)
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !kept {
+            return Err("the cluster changed while it was away");
+        }
+    }
+    Ok(())
 }
 
 /// Raises node `me`'s epoch above `theirs` when that record of it is at least as new as its own

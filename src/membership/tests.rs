@@ -11,6 +11,7 @@ use crate::protocol::Heard;
 const TIMING: Timing = Timing {
     heartbeat: 100,
     down_after: 1000,
+    restart_window: 5000,
 };
 
 #[derive(Clone, Debug)]
@@ -28,6 +29,7 @@ fn events(n: usize) -> impl Strategy<Value = Vec<Event>> {
         Just(NodeState::Joining),
         Just(NodeState::Serving),
         Just(NodeState::Draining),
+        Just(NodeState::Restarting),
     ];
     let ev = prop_oneof![
         (0..n, state).prop_map(|(i, s)| Event::SetState(i, s)),
@@ -365,4 +367,173 @@ fn etcd_records_carry_nodes_whose_lease_expired_only_while_the_record_is_unchang
     assert!(!etcd.carrying());
     etcd.set_alive(2, false);
     assert_eq!(etcd.view().node(NodeId(2)).unwrap().state, NodeState::Down);
+}
+
+/// Nodes 0..3 serving at epoch 1, node 1 restarting at epoch 2: what node 1 left with.
+fn departed() -> ClusterView {
+    ClusterView::from_nodes(vec![
+        rec(0, NodeState::Serving, 1),
+        rec(1, NodeState::Restarting, 2),
+        rec(2, NodeState::Serving, 1),
+    ])
+}
+
+/// Node 1's next process, resuming from [`departed`] with its window ending at 10 000.
+fn resumer() -> Membership {
+    Membership::resuming(
+        departed(),
+        rec(1, NodeState::Joining, 1),
+        Source::Gossip,
+        10_000,
+    )
+    .expect("departed restarting")
+}
+
+fn keys_of(v: &ClusterView, id: u32) -> Vec<Vec<u8>> {
+    (0..300u32)
+        .map(|i| i.to_le_bytes().to_vec())
+        .filter(|k| v.owner(k) == Some(NodeId(id)))
+        .collect()
+}
+
+#[test]
+fn a_restarting_node_keeps_its_keys() {
+    let serving = ClusterView::from_nodes(vec![
+        rec(0, NodeState::Serving, 1),
+        rec(1, NodeState::Serving, 1),
+        rec(2, NodeState::Serving, 1),
+    ]);
+    let mine = keys_of(&serving, 1);
+    assert!(!mine.is_empty());
+    assert_eq!(keys_of(&departed(), 1), mine, "nobody takes them");
+    assert!(!NodeState::Restarting.reachable());
+    assert!(NodeState::Restarting.owns());
+    assert!(
+        Membership::resuming(serving, rec(1, NodeState::Joining, 1), Source::Gossip, 1).is_none()
+    );
+}
+
+#[test]
+fn a_restart_in_place_resumes_once_every_owner_answered_with_nothing_changed() {
+    let mut m = resumer();
+    m.watch("n0", 0);
+    m.watch("n2", 0);
+    assert!(m.is_resuming());
+    let _ = m.tick(0, TIMING, 7);
+    assert!(m.is_resuming(), "nobody answered yet");
+    let theirs = departed();
+    assert_eq!(m.heard("n0", &theirs, 50, 7).resumed, None);
+    assert!(
+        m.tick(100, TIMING, 7).resumed.is_none(),
+        "node 2 not heard yet"
+    );
+    let _ = m.heard("n2", &theirs, 150, 7);
+    let step = m.tick(200, TIMING, 7);
+    assert_eq!(step.resumed, Some(Ok(())));
+    assert!(step.changed && !step.fenced);
+    let mine = m.my_record().unwrap();
+    assert_eq!((mine.state, mine.epoch), (NodeState::Serving, 3));
+    // Objects recovered before the decision (generations below the mark) are served again.
+    for k in keys_of(m.view(), 1) {
+        assert!(m.continuous(&k, 3, 1));
+    }
+}
+
+#[test]
+fn a_node_that_joined_while_it_was_away_stops_the_resume() {
+    let mut m = resumer();
+    m.watch("n0", 0);
+    m.watch("n2", 0);
+    let mut theirs = departed();
+    theirs.offer(&rec(3, NodeState::Serving, 2));
+    let _ = m.heard("n0", &theirs, 50, 7);
+    let _ = m.heard("n2", &theirs, 60, 7);
+    let step = m.tick(100, TIMING, 7);
+    assert_eq!(
+        step.resumed,
+        Some(Err("the cluster changed while it was away"))
+    );
+    assert!(step.fenced);
+    assert_eq!(m.my_state(), NodeState::Joining);
+    for k in keys_of(m.view(), 1) {
+        assert!(!m.continuous(&k, 3, 1), "fenced");
+    }
+}
+
+#[test]
+fn a_node_only_marked_down_while_away_does_not_stop_the_resume() {
+    let mut m = resumer();
+    m.watch("n0", 0);
+    m.watch("n2", 0);
+    let mut theirs = departed();
+    theirs.mark_down(2);
+    let _ = m.heard("n0", &theirs, 50, 7);
+    let step = m.tick(100, TIMING, 7);
+    assert_eq!(
+        step.resumed,
+        Some(Ok(())),
+        "node 2 is down: nothing to hear"
+    );
+}
+
+#[test]
+fn a_resume_past_its_window_or_after_being_marked_down_joins_afresh() {
+    let mut late = resumer();
+    let step = late.tick(10_000, TIMING, 7);
+    assert_eq!(step.resumed, Some(Err("its restart window passed")));
+    assert_eq!(late.my_state(), NodeState::Joining);
+
+    let mut told = resumer();
+    let mut theirs = departed();
+    theirs.mark_down(1);
+    let step = told.merge(&theirs, 7);
+    assert!(step.fenced);
+    assert_eq!(step.resumed, Some(Err("it was marked down while away")));
+    assert_eq!(told.my_state(), NodeState::Joining);
+    assert!(told.my_record().unwrap().epoch > 2, "above the down record");
+    assert!(!told.is_resuming());
+}
+
+#[test]
+fn etcd_resumes_by_the_record_etcd_holds() {
+    let start = || {
+        Membership::resuming(
+            departed(),
+            rec(1, NodeState::Joining, 1),
+            Source::Etcd,
+            10_000,
+        )
+        .unwrap()
+    };
+    let mut m = start();
+    let _ = m.replace(departed(), 7);
+    let held = rec(1, NodeState::Restarting, 2);
+    assert_eq!(m.resume(100, Some(&held), 7).resumed, Some(Ok(())));
+    let mut m = start();
+    let _ = m.replace(departed(), 7);
+    let down = rec(1, NodeState::Down, 2);
+    assert_eq!(
+        m.resume(100, Some(&down), 7).resumed,
+        Some(Err("the others no longer hold it as restarting"))
+    );
+}
+
+#[test]
+fn a_restarting_peer_is_held_for_the_restart_window_not_down_after() {
+    let mut m = Membership::new(rec(0, NodeState::Serving, 1), Source::Gossip);
+    let peers = ClusterView::from_nodes(vec![
+        rec(1, NodeState::Restarting, 2),
+        rec(2, NodeState::Serving, 1),
+    ]);
+    let _ = m.merge(&peers, 0);
+    m.watch("n1", 0);
+    m.watch("n2", 0);
+    let _ = m.tick(0, TIMING, 0);
+    let state = |m: &Membership, id| m.view().node(NodeId(id)).unwrap().state;
+    let _ = m.tick(1000, TIMING, 0);
+    assert_eq!(state(&m, 2), NodeState::Down, "silent for down_after");
+    assert_eq!(state(&m, 1), NodeState::Restarting, "held");
+    assert!(!m.tick(4999, TIMING, 0).changed);
+    assert!(m.tick(5000, TIMING, 0).changed);
+    assert_eq!(state(&m, 1), NodeState::Down, "its window passed");
 }

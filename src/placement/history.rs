@@ -27,6 +27,10 @@
 //! The history keeps the last [`HISTORY`] views; objects older than the oldest kept one are
 //! suspect too. Suspect objects are misses; the caller removes them.
 //!
+//! A restarting node owns its keys like a serving one (they stay its own while it is away), so
+//! here it counts as serving: its copies stay continuous across a restart in place, and no
+//! other node's copy of its keys is.
+//!
 //! The same views say where a pinned object this node lacks may still be while the cluster
 //! settles ([`History::holders`]): a node that became one of a key's owners gets the key's
 //! pinned object from the movers of the nodes that held it, after each of them adopts the view,
@@ -49,7 +53,7 @@ struct Adopted {
     /// The pool's generation mark when this node adopted the view: objects with a generation
     /// from here on (up to the next entry's mark) were allocated while it was current.
     mark: u64,
-    /// The view's serving nodes (all marked serving).
+    /// The view's owning nodes, serving or restarting (all marked serving).
     serving: ClusterView,
     /// The hypothetical view of the transition into this view (see the module docs).
     between: ClusterView,
@@ -90,7 +94,7 @@ impl History {
 
     /// Records that this node adopted `view` when the pool's generation mark was `mark`.
     pub fn adopt(&mut self, view: &ClusterView, mark: u64) {
-        let serving = serving_of(view.nodes.iter().filter(|n| n.state == NodeState::Serving));
+        let serving = serving_of(view.nodes.iter().filter(|n| n.state.owns()));
         let between = match &self.last {
             None => serving.clone(),
             Some(prev) => self.between(prev, view),
@@ -239,10 +243,7 @@ impl History {
     /// (`may_have_served_between`), as serving; this node only when it served in both.
     fn between(&self, prev: &ClusterView, next: &ClusterView) -> ClusterView {
         let me = self.me.0;
-        let serves = |v: &ClusterView| {
-            v.node(self.me)
-                .is_some_and(|n| n.state == NodeState::Serving)
-        };
+        let serves = |v: &ClusterView| v.node(self.me).is_some_and(|n| n.state.owns());
         let both = serves(prev) && serves(next);
         let mut nodes: Vec<NodeInfo> = Vec::new();
         for n in prev.nodes.iter().chain(next.nodes.iter()) {
@@ -268,14 +269,15 @@ impl History {
 /// Whether a node whose record was `prev` in one adopted view and `next` in the next may have
 /// been serving in between, in a view this node never adopted. Each epoch of a node has one
 /// record that only the node itself writes, which others may only mark down at that epoch; a
-/// node process goes joining → serving → draining → down, raising its epoch at each step and to
-/// refute being marked down (keeping its state), and a new process starts joining at an epoch
-/// above its last record.
+/// node process goes joining → serving → draining → down (or serving → restarting, which
+/// owns keys as serving does, and the next process resumes from restarting to serving or
+/// joining), raising its epoch at each step and to refute being marked down (keeping its
+/// state), and a new process starts joining at an epoch above its last record.
 fn may_have_served_between(prev: Option<&NodeInfo>, next: Option<&NodeInfo>) -> bool {
-    use NodeState::{Down, Joining, Serving};
+    use NodeState::{Down, Joining};
     match (prev, next) {
-        (Some(p), _) if p.state == Serving => true,
-        (_, Some(n)) if n.state == Serving => true,
+        (Some(p), _) if p.state.owns() => true,
+        (_, Some(n)) if n.state.owns() => true,
         // Appeared: its earlier records are unseen, unless this is a new node's first one.
         (None, Some(n)) => n.state == Down || n.epoch > 1,
         // Vanished (a view from etcd): its later records are unseen.

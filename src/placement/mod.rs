@@ -4,7 +4,8 @@
 //! straight to the owner. Rendezvous hashing scores every (node, key) pair and picks the highest;
 //! with weights (contributed capacity) the score is `-weight / ln(u)` for a uniform `u` derived
 //! from the pair's hash. A node joining or leaving only moves the keys it wins or held. With a
-//! replication factor `r` a key lives on the `r` highest-scoring serving nodes.
+//! replication factor `r` a key lives on the `r` highest-scoring owning nodes: serving ones, and
+//! restarting ones, whose keys stay theirs (unavailable, not moved) while they restart in place.
 //!
 //! Views are merged between nodes (static membership gossips them with every heartbeat): each
 //! node record carries an *epoch* that only its node raises (when it changes its own state, or
@@ -33,6 +34,11 @@ pub enum NodeState {
     Draining,
     /// Unreachable (or gone): its keys are misses.
     Down,
+    /// Away for a restart in place, within the cluster's restart window: it still owns its
+    /// share of keys, and nobody takes them meanwhile (reads of them miss, writes of them are
+    /// refused), so that when it returns the objects it recovered are exactly current. Marked
+    /// down once the window passes without it.
+    Restarting,
 }
 
 impl NodeState {
@@ -43,7 +49,28 @@ impl NodeState {
             NodeState::Serving => "serving",
             NodeState::Draining => "draining",
             NodeState::Down => "down",
+            NodeState::Restarting => "restarting",
         }
+    }
+
+    /// Every state, in the order of their tags.
+    pub const ALL: [NodeState; 5] = [
+        NodeState::Joining,
+        NodeState::Serving,
+        NodeState::Draining,
+        NodeState::Down,
+        NodeState::Restarting,
+    ];
+
+    /// True for the states that own keys: serving, and restarting (its keys stay its own while
+    /// it is away; they are unavailable, not moved).
+    pub fn owns(self) -> bool {
+        matches!(self, NodeState::Serving | NodeState::Restarting)
+    }
+
+    /// True when requests may be sent to the node: every state but restarting and down.
+    pub fn reachable(self) -> bool {
+        !matches!(self, NodeState::Restarting | NodeState::Down)
     }
 }
 
@@ -116,8 +143,8 @@ impl ClusterView {
         }
     }
 
-    /// The node that owns `key`: the serving node with the highest weighted rendezvous score.
-    /// None when no node is serving.
+    /// The node that owns `key`: the owning node (serving or restarting) with the highest
+    /// weighted rendezvous score. None when no node owns keys.
     pub fn owner(&self, key: &[u8]) -> Option<NodeId> {
         // The hot path of routing: one pass, no allocation.
         let kh = xxhash_rust::xxh3::xxh3_64(key);
@@ -130,10 +157,11 @@ impl ClusterView {
     fn serving(&self) -> impl Iterator<Item = &NodeInfo> {
         self.nodes
             .iter()
-            .filter(|n| n.state == NodeState::Serving && n.capacity > 0)
+            .filter(|n| n.state.owns() && n.capacity > 0)
     }
 
-    /// The `r` serving nodes that hold `key`, best first (fewer when fewer are serving).
+    /// The `r` owning nodes (serving or restarting) that hold `key`, best first (fewer when
+    /// fewer own keys).
     pub fn owners(&self, key: &[u8], r: usize) -> Vec<NodeId> {
         let kh = xxhash_rust::xxh3::xxh3_64(key);
         let mut scored: Vec<(f64, u32)> = self

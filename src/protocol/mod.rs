@@ -38,8 +38,8 @@ pub use rkyv::util::AlignedVec;
 ///
 /// 6 added `Heartbeat` and 7 added `Move`, both node to node only; 8 answers a `Get` of an
 /// absent key with `Miss` instead of an error; 9 added `DiskStats`; 10 added `KvEvents`; 11
-/// added `Traffic`.
-pub const PROTOCOL_VERSION: u32 = 11;
+/// added `Traffic`; 12 added the `restarting` node state.
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
 pub const HEARTBEAT_VERSION: u32 = 6;
@@ -61,6 +61,27 @@ pub const KV_EVENTS_VERSION: u32 = 10;
 /// The first version with `Traffic`: a node of an older one is not asked.
 pub const TRAFFIC_VERSION: u32 = 11;
 
+/// The first version whose views may hold `restarting` records: a connection of an older one
+/// is sent them as `down` ([`view_for`]).
+pub const RESTARTING_VERSION: u32 = 12;
+
+/// `view` as a connection speaking `version` can read it: before [`RESTARTING_VERSION`],
+/// restarting records are sent as down (such a speaker routes around the node, and its routed
+/// requests are answered `WrongView` until the node is back, as its view's stamp differs).
+pub fn view_for(
+    mut view: crate::placement::ClusterView,
+    version: u32,
+) -> crate::placement::ClusterView {
+    if version < RESTARTING_VERSION {
+        for n in view.nodes.iter_mut() {
+            if n.state == crate::placement::NodeState::Restarting {
+                n.state = crate::placement::NodeState::Down;
+            }
+        }
+    }
+    view
+}
+
 /// The oldest version a node of this build accepts in a `Hello` (older ones get
 /// `UnsupportedVersion`). A connection that asked for an older version than the node's is
 /// answered in it; a node that gets `UnsupportedVersion` from a peer (an older node, in a
@@ -71,3 +92,28 @@ pub const MIN_PROTOCOL_VERSION: u32 = 5;
 /// The request id of an `Event` (sent unasked on a connection that watches keys) and of a
 /// `KvEvents` frame; never the id of a request.
 pub const EVENT_ID: u64 = u64::MAX;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{ClusterView, NodeInfo, NodeState};
+
+    #[test]
+    fn an_older_speaker_is_sent_a_restarting_node_as_down() {
+        let view = ClusterView::from_nodes(vec![
+            NodeInfo::serving(0, 1),
+            NodeInfo {
+                state: NodeState::Restarting,
+                ..NodeInfo::serving(1, 1)
+            },
+        ]);
+        let state = |v: &ClusterView| v.nodes[1].state;
+        assert_eq!(
+            state(&view_for(view.clone(), PROTOCOL_VERSION)),
+            NodeState::Restarting
+        );
+        let old = view_for(view.clone(), RESTARTING_VERSION - 1);
+        assert_eq!(state(&old), NodeState::Down);
+        assert_eq!(old.nodes[0], view.nodes[0]);
+    }
+}

@@ -2,6 +2,7 @@
 //! it served between them. Computed from the samples alone (no sockets, no clock), so the
 //! arithmetic is tested on its own.
 
+use kvpool::placement::NodeState;
 use kvpool::protocol::NodeTraffic;
 use serde_json::{json, Value};
 
@@ -175,6 +176,11 @@ impl Row {
     fn new(before: Option<&NodeSample>, n: &NodeSample) -> Row {
         let (state, error, now) = match &n.answer {
             Ok(a) => (n.info.state.name(), None, Some(Use::of(a))),
+            // A node restarting in place is away, and says so; any other that does not answer
+            // is down as far as this view goes.
+            Err(e) if n.info.state == NodeState::Restarting => {
+                ("restarting", Some(e.clone()), None)
+            }
             Err(e) => ("down", Some(e.clone()), None),
         };
         let moved = match (before.map(|b| (&b.answer, b.at)), &n.answer) {
@@ -446,5 +452,14 @@ mod tests {
         let j = f.to_json(0);
         assert!(j["totals"]["counts"].is_null(), "{j}");
         assert_eq!(j["nodes"][1]["error"], "refused");
+
+        let mut away = sample(
+            t1,
+            vec![(0, Ok(answer(1, 0, 1, 1))), (1, Err("restarting".into()))],
+        );
+        away.nodes[1].info.state = NodeState::Restarting;
+        let f = Frame::new(&prev, &away);
+        assert_eq!(f.rows[1].state, "restarting", "away, not down");
+        assert_eq!((f.totals.nodes, f.totals.up), (2, 1));
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvpool::placement::{NodeInfo, NodeState};
+use kvpool::placement::NodeInfo;
 use kvpool::pool::PoolStats;
 use kvpool::protocol::{DiskTierStats, NodeTraffic};
 use kvpool_client::blocking::Client;
@@ -38,15 +38,16 @@ pub(crate) struct Answer {
 }
 
 /// Polls the cluster `client` is connected to: the view from its node (the last one known when
-/// that node does not answer), then every node not down in it, waiting at most `wait` for their
-/// answers. A node that does not answer in time is reported with an error, not waited for.
+/// that node does not answer), then every node in it that is neither down nor restarting,
+/// waiting at most `wait` for their answers. A node that does not answer in time is reported
+/// with an error, not waited for.
 pub(crate) fn poll(client: &Client, wait: Duration) -> Sample {
     let view = client
         .view()
         .unwrap_or_else(|_| client.async_client().routing_view());
     let (tx, rx) = mpsc::channel();
     for (i, n) in view.nodes.iter().enumerate() {
-        if n.state == NodeState::Down {
+        if !n.state.reachable() {
             continue;
         }
         let (client, tx, id) = (client.clone(), tx.clone(), n.id);
@@ -73,8 +74,8 @@ pub(crate) fn poll(client: &Client, wait: Duration) -> Sample {
         .zip(answers)
         .map(|(info, a)| {
             let (at, answer) = a.unwrap_or_else(|| {
-                let why = if info.state == NodeState::Down {
-                    "down in the cluster view".to_string()
+                let why = if !info.state.reachable() {
+                    format!("{} in the cluster view", info.state.name())
                 } else {
                     format!("no answer within {} ms", wait.as_millis())
                 };

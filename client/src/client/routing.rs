@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use kvpool::placement::ClusterView;
+use kvpool::placement::{ClusterView, NodeState};
 use kvpool::protocol::{ErrorCode, Op, Reply};
 use kvpool::route::{Routes, ViewRetry};
 use kvpool::{GlobalAddr, NodeId};
@@ -30,6 +30,13 @@ pub(super) enum Scheme {
 
 /// The view requests are routed by, and the one before it.
 pub(super) type Routing = Routes;
+
+/// Whether the view `r` routes by has node `node` restarting in place.
+fn restarting(r: &Routing, node: u32) -> bool {
+    r.view
+        .node(NodeId(node))
+        .is_some_and(|n| n.state == NodeState::Restarting)
+}
 
 /// How long a node that failed is skipped before the client tries it again.
 const BACKOFF: Duration = Duration::from_millis(500);
@@ -89,8 +96,18 @@ impl Client {
         r.view.owner(key).map(|n| n.0).ok_or_else(no_owner)
     }
 
-    /// The link to node `node`, opened on first use from its address in the view.
+    /// The link to node `node`, opened on first use from its address in the view. A node the
+    /// view has restarting in place is not asked (its keys are misses and its writes refused
+    /// until it is back), and its old link is dropped: the process it led to is gone.
     pub(super) async fn link(&self, node: u32, r: &Routing) -> Result<Arc<Link>, ClientError> {
+        if restarting(r, node) {
+            // No backoff: the next process may serve moments later.
+            self.drop_link(node);
+            return Err(ClientError::Server {
+                code: ErrorCode::Unavailable,
+                message: format!("node {node} is restarting"),
+            });
+        }
         if let Some(l) = self
             .inner
             .links
@@ -171,8 +188,19 @@ impl Client {
         self.link(addr.node.0, &self.routing()).await
     }
 
-    /// A node failed: its keys are misses for now. Logged, and the link dropped.
+    /// A node failed: its keys are misses for now. Logged, and the link dropped; it is tried
+    /// again after [`BACKOFF`]. A node the view has restarting is expected to fail: only its
+    /// link is dropped, so that the next process is reached as soon as the view has it back.
     pub(super) fn lost(&self, node: u32, e: &ClientError) {
+        if restarting(&self.routing(), node) {
+            tracing::debug!(
+                node,
+                "node restarting: its keys are misses until it is back"
+            );
+            self.drop_link(node);
+            self.refresh_soon();
+            return;
+        }
         tracing::warn!(node, error = %e, "node unreachable: its keys are misses");
         self.inner
             .unreachable
@@ -180,13 +208,56 @@ impl Client {
         self.forget(node);
     }
 
-    /// Drops the link to a node that failed, so the next use reconnects (after [`BACKOFF`]).
+    /// Refreshes the view in the background, at most once per [`BACKOFF`]: a node restarting
+    /// in place is not asked, and a client that only reads that node's keys would otherwise
+    /// never hear that it came back, since only another node's answer (`WrongView`) tells it
+    /// the view changed.
+    fn refresh_soon(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut r = self
+                .inner
+                .refreshed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let recent = r.0.is_some_and(|at| at.elapsed() < BACKOFF);
+            if r.1 || recent {
+                return;
+            }
+            *r = (Some(Instant::now()), true);
+        }
+        let c = self.clone();
+        rt.spawn(async move {
+            c.refresh().await;
+            let mut r = c.inner.refreshed.lock().unwrap_or_else(|e| e.into_inner());
+            r.1 = false;
+        });
+    }
+
+    /// Drops the link to a node that failed, so the next use reconnects after [`BACKOFF`]. A
+    /// failure while the node is skipped anyway (a request refused by the backoff itself) does
+    /// not prolong it: else a client asking the node more often than every [`BACKOFF`] would
+    /// never try it again, even long after it came back.
     pub(super) fn forget(&self, node: u32) {
+        let now = Instant::now();
         self.inner
             .backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(node, Instant::now() + BACKOFF);
+            .entry(node)
+            .and_modify(|until| {
+                if *until <= now {
+                    *until = now + BACKOFF;
+                }
+            })
+            .or_insert(now + BACKOFF);
+        self.drop_link(node);
+    }
+
+    /// Drops the link to `node` (never the first one's), so the next use connects again.
+    fn drop_link(&self, node: u32) {
         if node != self.inner.first.node() {
             self.inner
                 .links

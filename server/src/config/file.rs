@@ -82,6 +82,15 @@ pub struct ClusterConfig {
     pub drain_timeout_ms: u64,
     /// Drain before exiting on SIGTERM when other nodes are serving. Default true.
     pub drain_on_shutdown: bool,
+    /// On SIGTERM, when other nodes are serving and the segments are files (`memory.backing =
+    /// "shm"`), announce a restart in place instead of draining: the node's keys stay its own
+    /// while it is away (reads of them miss, writes of them are refused), and a process
+    /// started on the same data directory and address within `restart_window_ms` serves the
+    /// objects it recovered again (docs/OPERATIONS.md, "Rolling restarts"). Default false.
+    pub restart_on_shutdown: bool,
+    /// How long the other nodes hold a restarting node's keys for it before marking it down,
+    /// ms; the same on every node. Default 60 000.
+    pub restart_window_ms: u64,
     /// Hand unpinned objects (KV blocks) to their new owners when this node drains or another
     /// joins, the hottest within `handover_max_bytes`, as background bulk traffic
     /// (docs/RELIABILITY.md, "Elastic"). Only namespaces with one replica take part. Default
@@ -115,6 +124,8 @@ impl Default for ClusterConfig {
             down_after_ms: 2_000,
             drain_timeout_ms: 60_000,
             drain_on_shutdown: true,
+            restart_on_shutdown: false,
+            restart_window_ms: 60_000,
             handover: true,
             handover_max_bytes: 0,
             secret_file: None,

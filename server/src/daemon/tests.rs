@@ -79,16 +79,32 @@ async fn a_lone_node_serves_and_one_with_peers_joins() {
         tcp: Some("127.0.0.1:9".parse().unwrap()),
         ..Bound::default()
     };
-    let alone = membership(&c, &c.membership().unwrap(), &bound, &pool);
+    let timing = Timing {
+        heartbeat: Duration::from_millis(100),
+        down_after: Duration::from_millis(500),
+        restart_window: Duration::from_secs(5),
+    };
+    let alone = membership(&c, (&c.membership().unwrap(), None, &timing), &bound, &pool);
     assert_eq!(alone.my_state(), NodeState::Serving);
     assert_eq!(alone.view().nodes[0].tcp, "127.0.0.1:9");
     // Alone, a node makes the cluster's secret; a joining one must be given it.
-    let creds = credentials(&c, &c.membership().unwrap(), &c.data_dir()).unwrap();
+    let creds = credentials(
+        &c,
+        &c.membership().unwrap(),
+        &c.data_dir(),
+        &Metrics::default(),
+    )
+    .unwrap();
     c.cluster.peers = vec!["127.0.0.1:1".into()];
-    let joining = membership(&c, &c.membership().unwrap(), &bound, &pool);
+    let joining = membership(&c, (&c.membership().unwrap(), None, &timing), &bound, &pool);
     assert_eq!(joining.my_state(), NodeState::Joining);
     std::fs::remove_file(c.data_dir().join(crate::secret::SECRET_FILE_NAME)).unwrap();
-    let Err(refused) = credentials(&c, &c.membership().unwrap(), &c.data_dir()) else {
+    let Err(refused) = credentials(
+        &c,
+        &c.membership().unwrap(),
+        &c.data_dir(),
+        &Metrics::default(),
+    ) else {
         panic!("joined with no secret");
     };
     let refused = format!("{refused:#}");

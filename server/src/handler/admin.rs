@@ -75,7 +75,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         self.session.version = version;
         hello.namespaces.retain(|(_, id)| access.allows(*id));
         hello.replication.retain(|r| access.allows(r.ns));
-        hello.view = self.s.cluster.view();
+        hello.view = kvpool::protocol::view_for(self.s.cluster.view(), version);
         self.session.access = Some(access);
         self.reply(id, Reply::Hello(hello), &[]).await?;
         Ok(true)

@@ -88,13 +88,14 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             self.s.cluster.relayed(&heard);
         }
         let after = self.s.cluster.merge(&theirs);
+        let after = kvpool::protocol::view_for(after, self.session.version);
         self.reply(id, Reply::View(after), &[]).await?;
         Ok(true)
     }
 
     pub(super) async fn view(&mut self, id: u64) -> Next {
-        self.reply(id, Reply::View(self.s.cluster.view()), &[])
-            .await?;
+        let view = kvpool::protocol::view_for(self.s.cluster.view(), self.session.version);
+        self.reply(id, Reply::View(view), &[]).await?;
         Ok(true)
     }
 
@@ -192,7 +193,8 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
             s.started,
         )
         .await;
-        self.reply(id, Reply::View(s.cluster.view()), &[]).await?;
+        let view = kvpool::protocol::view_for(s.cluster.view(), self.session.version);
+        self.reply(id, Reply::View(view), &[]).await?;
         Ok(true)
     }
 }

@@ -173,11 +173,11 @@ impl Page {
 
 /// The status `/ready` answers for this node's state: 200 only while it is `serving` (a node
 /// alone serves from its start; one in a cluster once it has joined), 503 while it is joining,
-/// draining or down.
+/// draining, restarting or down.
 fn readiness(state: NodeState) -> StatusCode {
     match state {
         NodeState::Serving => StatusCode::OK,
-        NodeState::Joining | NodeState::Draining | NodeState::Down => {
+        NodeState::Joining | NodeState::Draining | NodeState::Down | NodeState::Restarting => {
             StatusCode::SERVICE_UNAVAILABLE
         }
     }
@@ -287,6 +287,7 @@ mod tests {
             (NodeState::Serving, StatusCode::OK),
             (NodeState::Draining, StatusCode::SERVICE_UNAVAILABLE),
             (NodeState::Down, StatusCode::SERVICE_UNAVAILABLE),
+            (NodeState::Restarting, StatusCode::SERVICE_UNAVAILABLE),
         ] {
             let page = page(state);
             let (got, _, body) = answer(&page, &get("/ready", &[]));

@@ -13,4 +13,5 @@ mod series;
 
 pub(crate) use crate::ledger::Limit;
 pub(crate) use http::serve;
+pub(crate) use series::PeerTraffic;
 pub use series::{HandoffFailure, Metrics, OpKind, ReapCause, RespCommand, Transport};

@@ -619,6 +619,26 @@ impl Scrape {
             gauge_t,
             &d.handover_pending,
         )?;
+        let t = &d.peer_traffic;
+        family(
+            e,
+            "kvpool_peer_bytes",
+            "Bytes of this node's calls to its peers (whole frames), by kind: membership \
+             (heartbeats, gossip) or data (moves, handover copies, lookups), and direction: \
+             sent (requests) or received (replies).",
+            None,
+            counter_t,
+            (0..2).flat_map(|k| {
+                let kind = super::series::PEER_KINDS[k];
+                [
+                    ([("kind", kind), ("direction", "sent")], t.sent[k].clone()),
+                    (
+                        [("kind", kind), ("direction", "received")],
+                        t.received[k].clone(),
+                    ),
+                ]
+            }),
+        )?;
         family(
             e,
             "kvpool_handoff_failures",

@@ -257,12 +257,7 @@ pub(super) const HANDOFF_FAILURES: [(HandoffFailure, &str); 3] = [
 ];
 
 /// The states of a node in the cluster view, in the order `kvpool_cluster_nodes` labels them.
-pub(super) const NODE_STATES: [NodeState; 4] = [
-    NodeState::Joining,
-    NodeState::Serving,
-    NodeState::Draining,
-    NodeState::Down,
-];
+pub(super) const NODE_STATES: [NodeState; 5] = NodeState::ALL;
 
 pub(super) const REAP_CAUSES: [(ReapCause, &str); 2] = [
     (ReapCause::MaxConnections, "max_connections"),
@@ -311,6 +306,31 @@ pub(super) struct Daemon {
     pub(super) cluster_nodes: [Gauge; NODE_STATES.len()],
     /// KV events: queued for subscribers, dropped for lag, subscribed connections.
     pub(super) kv_events: crate::events::EventSeries,
+    /// Bytes of this node's own calls to its peers.
+    pub(super) peer_traffic: PeerTraffic,
+}
+
+/// What a node's calls to its peers carry, as labelled on `kvpool_peer_bytes`: `kind` is
+/// `membership` (heartbeats and gossip) or `data` (everything else: moves, handover copies,
+/// lookups, settling reads); `direction` is `sent` (requests) or `received` (replies).
+pub(crate) const PEER_KINDS: [&str; 2] = ["membership", "data"];
+
+/// Bytes of this node's calls to its peers, whole frames (prefix, header and payload), by kind
+/// ([`PEER_KINDS`]) and direction. Cloned into every connection to a peer; the clones share
+/// the counts.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PeerTraffic {
+    pub(super) sent: [Counter; 2],
+    pub(super) received: [Counter; 2],
+}
+
+impl PeerTraffic {
+    /// One call of kind `membership` (else data): `sent` bytes out, `received` bytes back.
+    pub(crate) fn call(&self, membership: bool, sent: u64, received: u64) {
+        let k = if membership { 0 } else { 1 };
+        self.sent[k].inc_by(sent);
+        self.received[k].inc_by(received);
+    }
 }
 
 /// The daemon's counters.
@@ -320,6 +340,11 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The counters of this node's calls to its peers, to hand every connection to a peer.
+    pub(crate) fn peer_traffic(&self) -> PeerTraffic {
+        self.daemon.peer_traffic.clone()
+    }
+
     /// One bulk chunk of `bytes` moved in its turn at `priority`.
     pub fn bulk_chunk(&self, priority: kvpool::protocol::Priority, bytes: u64) {
         let i = priority as usize;
