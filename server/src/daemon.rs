@@ -193,7 +193,7 @@ impl Daemon {
 
     /// Leaves the cluster before a shutdown: when other nodes are serving and this one serves,
     /// with `cluster.restart_on_shutdown` tells them it is restarting in place (it keeps its
-    /// keys; see [`crate::restart`]); else, with `cluster.drain_on_shutdown`, drains first,
+    /// keys; see `server/src/restart.rs`); else, with `cluster.drain_on_shutdown`, drains first,
     /// moving pinned objects to their owners, bounded by `cluster.drain_timeout_ms`.
     pub async fn leave(&self) {
         if !self.cluster.has_serving_peers() {
