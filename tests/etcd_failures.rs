@@ -1,7 +1,7 @@
 //! etcd failing under a loaded pool, with real processes on loopback: a 3-member etcd cluster
 //! (free ports, data dirs of its own) and three `kvpoold`s registered in it through the list of
 //! all three members' URLs, with fast timings (down after 1 s: etcd grants its 2 s minimum
-//! lease). Four scenarios, each under a load of several clients putting and getting a bounded
+//! lease). Five scenarios, each under a load of several clients putting and getting a bounded
 //! key set with self-describing values from start to end:
 //!
 //! - the etcd leader is killed (SIGKILL; the nodes list it first, so each must fail over to
@@ -10,6 +10,10 @@
 //!   TTL, then resumed;
 //! - the nodes are cut off from etcd (their etcd traffic goes through proxies that blackhole
 //!   it) for three lease TTLs, then the proxies pass again;
+//! - every node's lease is revoked at once while the nodes stay up (what etcd does to a lease
+//!   it believes expired, as a resumed leader of etcd 3.4.23 may): their alive keys go, each
+//!   node sees the others down and must stop acting as an owner itself, at once, by the view
+//!   the others hold (where it is down too), then register again;
 //! - etcd is restarted from empty: every member stopped, its data dir wiped, a fresh cluster
 //!   started on the same ports; the nodes must register again.
 //!
@@ -384,7 +388,9 @@ enum Fault {
     KillLeader,
     HangLeader,
     Partition,
+    PartitionOne,
     RestartEmpty,
+    RevokeLease,
 }
 
 /// Runs one scenario: etcd, three nodes listing every member (the leader first), the load,
@@ -403,18 +409,22 @@ async fn scenario(fault: Fault, test: &str) {
         .chain((0..MEMBERS).filter(|&i| i != leader))
         .collect();
     let mut proxies = Vec::new();
-    let endpoints: Vec<String> = if fault == Fault::Partition {
+    if matches!(fault, Fault::Partition | Fault::PartitionOne) {
         for &i in &order {
             proxies.push(Proxy::start(etcd.members[i].client).await);
         }
-        proxies.iter().map(Proxy::url).collect()
-    } else {
-        order.iter().map(|&i| etcd.url(i)).collect()
-    };
+    }
+    let direct: Vec<String> = order.iter().map(|&i| etcd.url(i)).collect();
+    let proxied: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let mut nodes = Vec::new();
     let mut logs = Vec::new();
     for id in 0..3 {
-        let (n, l) = start_node(id, &endpoints, &etcd.dir);
+        let endpoints = match fault {
+            Fault::Partition => &proxied,
+            Fault::PartitionOne if id == 1 => &proxied,
+            _ => &direct,
+        };
+        let (n, l) = start_node(id, endpoints, &etcd.dir);
         nodes.push(n);
         logs.push(l);
     }
@@ -448,13 +458,29 @@ async fn scenario(fault: Fault, test: &str) {
             etcd.resume(leader);
             tokio::task::block_in_place(|| etcd.wait_quorum());
         }
-        Fault::Partition => {
+        Fault::Partition | Fault::PartitionOne => {
             for p in &proxies {
                 p.set_blackhole(true);
             }
             tokio::time::sleep(3 * LEASE).await;
             for p in &proxies {
                 p.set_blackhole(false);
+            }
+        }
+        Fault::RevokeLease => {
+            for id in [0, 1, 2] {
+                let revoked = tokio::task::block_in_place(|| {
+                    etcd.revoke_lease_of(&format!("{PREFIX}alive/{id}"))
+                });
+                assert!(revoked, "node {id}'s lease could not be revoked");
+            }
+            tokio::time::sleep(2 * LEASE).await;
+            for (id, log) in logs.iter().enumerate() {
+                assert!(
+                    log.count("lease is gone") >= 1,
+                    "node {id} never noticed its lease was revoked: {:?}",
+                    log.lines()
+                );
             }
         }
         Fault::RestartEmpty => {
@@ -510,7 +536,10 @@ async fn scenario(fault: Fault, test: &str) {
         told.join("\n"),
         membership_log(&logs)
     );
-    if fault != Fault::HangLeader {
+    if !matches!(
+        fault,
+        Fault::HangLeader | Fault::RevokeLease | Fault::PartitionOne
+    ) {
         // Nobody's keys moved. With the leader killed: every node failed over to another
         // member within its lease (one stuck on the dead member would have lost it, and been
         // marked down). Cut off, or with etcd empty: every node, back first, kept the others
@@ -552,6 +581,20 @@ async fn etcd_leader_hung_with_sigstop_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_partitioned_from_etcd_under_load() {
     scenario(Fault::Partition, "nodes_partitioned_from_etcd_under_load").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_partitioned_from_etcd_under_load() {
+    scenario(
+        Fault::PartitionOne,
+        "one_node_partitioned_from_etcd_under_load",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lease_revoked_under_load() {
+    scenario(Fault::RevokeLease, "every_lease_revoked_under_load").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

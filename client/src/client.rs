@@ -68,6 +68,9 @@ struct Inner {
     /// When the view was last refreshed because a node could not be asked
     /// ([`Client::refresh_soon`]), and whether such a refresh is running.
     refreshed: Mutex<(Option<Instant>, bool)>,
+    /// The view routed by has no node serving: every request fails without asking a node,
+    /// so none would tell the client of a newer view; it is refreshed instead.
+    ownerless: std::sync::atomic::AtomicBool,
     /// Handoff waits, subscriptions and watching connections.
     handoff: Arc<handoff::Hub>,
     /// The smallest `max_batch` and `max_payload` of the nodes met so far: requests are cut to
@@ -117,11 +120,12 @@ impl Client {
                 backoff: Mutex::new(HashMap::new()),
                 routing: RwLock::new(Arc::new(Routing {
                     stamp: view.stamp(),
-                    view,
+                    view: view.clone(),
                     prev: None,
                 })),
                 unreachable: Default::default(),
                 refreshed: Mutex::new((None, false)),
+                ownerless: routing::ownerless(&view).into(),
                 handoff: Arc::default(),
                 cut,
             }),

@@ -364,6 +364,30 @@ impl Cluster {
         self.step(|c, mark| c.replace(view, mark));
     }
 
+    /// etcd holds no lease of this node any more: the others have it down (`shown`, their
+    /// record of it), and so does its own view from now on, which also fences it, until it
+    /// registers again ([`membership::Membership::lapse`]).
+    pub(crate) fn lapse(&self, shown: &NodeInfo) {
+        self.step(|c, mark| {
+            c.fence(mark);
+            Step {
+                fenced: true,
+                ..c.lapse(shown, mark)
+            }
+        });
+    }
+
+    /// True while etcd holds no lease of this node.
+    pub(crate) fn lapsed(&self) -> bool {
+        self.read().lapsed()
+    }
+
+    /// After a lapse: the record to register again with (this node's own, at a new epoch);
+    /// the view takes it once etcd shows it.
+    pub(crate) fn reinstated(&self) -> Option<NodeInfo> {
+        self.read().reinstated()
+    }
+
     /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left
     /// by an earlier run), when that is at least as new as this node's own and differs.
     pub(crate) fn outrank(&self, theirs: &NodeInfo) {

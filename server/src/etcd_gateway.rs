@@ -119,6 +119,15 @@ pub(crate) async fn run(
     loop {
         match r.session(&mut stop).await {
             Ok(()) => return,
+            // Its lease went while etcd answers: registers again at once, down meanwhile.
+            Err(EtcdError::LeaseLost(id)) if !r.failing => {
+                tracing::warn!(
+                    lease = id,
+                    "etcd: this node's lease is gone; registering again"
+                );
+                r.failing = true;
+                continue;
+            }
             Err(e) => {
                 if !r.failing {
                     tracing::warn!(error = %e, "etcd: lost; serving on the last view, retrying");
@@ -269,7 +278,13 @@ impl Registrar {
         let lease = self.lease().await?;
         let theirs = self.etcd.get(&self.keys.record).await?;
         let theirs = theirs.as_deref().and_then(decode_record);
-        if let Some(theirs) = &theirs {
+        // After a lapse, this node registers again with its own record at a new epoch, and
+        // its view takes that record only when etcd shows it (below), as the others' do.
+        let reinstated = self.m.reinstated().map(|mut r| {
+            r.epoch = r.epoch.max(theirs.as_ref().map_or(0, |t| t.epoch) + 1);
+            r
+        });
+        if let (Some(theirs), None) = (&theirs, &reinstated) {
             self.m.outrank(theirs);
         }
         // Resuming a restart in place: whether the others still see this node restarting (its
@@ -279,7 +294,10 @@ impl Registrar {
             true => Some(self.etcd.get(&self.keys.alive).await?.is_some()),
             false => None,
         };
-        let mine = self.m.my_record().expect("this node is in its own view");
+        let mine = match reinstated {
+            Some(r) => r,
+            None => self.m.my_record().expect("this node is in its own view"),
+        };
         self.etcd
             .txn_put(&[
                 (&self.keys.record, &encode_record(&mine), None),
@@ -362,10 +380,7 @@ impl Registrar {
             tokio::select! {
                 _ = tick.tick() => {
                     if self.etcd.keepalive(lease.id).await?.is_none() {
-                        self.lease = None;
-                        // Its alive key went with it: the others saw this node down.
-                        self.m.fence();
-                        self.lost_lease = true;
+                        self.lapse();
                         return Err(EtcdError::LeaseLost(lease.id));
                     }
                 }
@@ -379,6 +394,12 @@ impl Registrar {
                         reg.apply(&self.prefix, k, v.as_deref());
                     }
                     self.m.replace(reg.view());
+                    if self.m.lapsed() {
+                        // etcd dropped this node's lease (revoked, or expired unseen): the
+                        // others have it down, and so has its view now. Registers again at once.
+                        self.lapse();
+                        return Err(EtcdError::LeaseLost(lease.id));
+                    }
                 }
                 _ = until(carry_until) => {
                     carry_until = None;
@@ -405,7 +426,11 @@ impl Registrar {
                 return Ok(l);
             }
             tracing::info!(lease = l.id, "etcd: lease expired; taking a new one");
-            // Its alive key went with it: the others saw this node down.
+            // Its alive key went with it: the others saw this node down, if they could reach
+            // etcd. It registers again right away, without a lapse: when etcd was out of reach
+            // of every node, the others still hold this node as it was (they carry it), and a
+            // view with it down meanwhile would move its keys for nothing.
+            self.lease = None;
             self.m.fence();
             self.lost_lease = true;
         }
@@ -419,6 +444,18 @@ impl Registrar {
         }
         self.lease = Some(l);
         Ok(l)
+    }
+
+    /// etcd holds no lease of this node any more, and its alive key went with it: the others
+    /// have it down. So does its own view until it registers again (which fences it once more:
+    /// see `session`), and it is fenced now.
+    fn lapse(&mut self) {
+        self.lease = None;
+        self.lost_lease = true;
+        let shown = self.published.clone().or_else(|| self.m.my_record());
+        if let Some(shown) = shown {
+            self.m.lapse(&shown);
+        }
     }
 
     fn mark_published(&mut self, rec: NodeInfo) {

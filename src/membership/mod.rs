@@ -20,6 +20,11 @@
 //! - **etcd** ([`Source::Etcd`]): the view is replaced wholesale by the one derived from etcd's
 //!   records and leases ([`EtcdRecords`]); versions are etcd revisions, kept moving forward by
 //!   changes made here before etcd has them; gossip from other nodes is answered, not merged.
+//!   This node's own record is kept as it last set it, except while etcd holds no lease of it:
+//!   the others have it down then, and so does its own view ([`Membership::lapse`]) until it
+//!   registers again ([`Membership::reinstated`]). Else a node whose lease etcd revoked or let
+//!   expire would go on serving its keys by a view only it holds while the others' owners take
+//!   writes of them.
 //! - **History**: every adopted view is recorded with the pool's generation mark, which says
 //!   which objects this node may still serve as their owner ([`crate::placement::history`]).
 
@@ -99,6 +104,9 @@ pub struct Membership {
     relayed: HashMap<u32, Millis>,
     /// Set while this node resumes a restart in place.
     resume: Option<Resume>,
+    /// With etcd, while etcd holds no lease of this node: its own record as it set it (its
+    /// view has it down meanwhile, as the others' do).
+    lapsed: Option<NodeInfo>,
 }
 
 impl Membership {
@@ -117,6 +125,7 @@ impl Membership {
             heard: HashMap::new(),
             relayed: HashMap::new(),
             resume: None,
+            lapsed: None,
         }
     }
 
@@ -154,6 +163,7 @@ impl Membership {
                 fresh: me,
                 until,
             }),
+            lapsed: None,
         })
     }
 
@@ -322,13 +332,31 @@ impl Membership {
     }
 
     /// Replaces the view with one derived elsewhere (etcd), keeping this node's own record as
-    /// this node last set it: its changes reach the others by being published.
+    /// this node last set it: its changes reach the others by being published. Except when
+    /// `view` has this node down while it is not (etcd holds no lease of it): then this node
+    /// [lapses](Membership::lapse) to that record.
     pub fn replace(&mut self, mut view: ClusterView, mark: u64) -> Step {
         let fenced = self.fence_if_down(&view, mark);
         let me = self.me;
+        let theirs = view.node(NodeId(me)).cloned();
+        match &theirs {
+            Some(t) if t.state == NodeState::Down => self.note_lapse(t),
+            // Registered again: the record etcd shows is the one this node put there.
+            Some(t) if self.lapsed.as_ref().is_some_and(|l| t.epoch > l.epoch) => {
+                self.lapsed = None;
+                return self.reinstate(view, t.clone(), mark, fenced);
+            }
+            _ => {}
+        }
+        let lapsed = self.lapsed.is_some();
         let changed = self.apply(true, mark, |v| {
             view.nodes.retain(|n| n.id != me);
-            if let Some(mine) = v.node(NodeId(me)).cloned() {
+            let mine = match (lapsed, theirs) {
+                // Lapsed: this node's record is the one the others derive.
+                (true, Some(t)) => Some(t),
+                _ => v.node(NodeId(me)).cloned(),
+            };
+            if let Some(mine) = mine {
                 let at = view.nodes.partition_point(|n| n.id < me);
                 view.nodes.insert(at, mine);
             }
@@ -347,6 +375,80 @@ impl Membership {
         }
     }
 
+    /// [`Membership::replace`] once etcd shows `mine`, the record this node registered again
+    /// with after a lapse: the view, with that record, is taken as it is.
+    fn reinstate(&mut self, view: ClusterView, mine: NodeInfo, mark: u64, fenced: bool) -> Step {
+        let me = self.me;
+        let changed = self.apply(true, mark, |v| {
+            let mut view = view;
+            put_record(&mut view, mine);
+            let changed = view.nodes != v.nodes;
+            v.version = v.version.max(view.version);
+            if changed {
+                *v = view;
+            }
+            debug_assert!(v.node(NodeId(me)).is_some());
+            changed
+        });
+        Step {
+            changed,
+            fenced,
+            resumed: None,
+        }
+    }
+
+    /// With etcd: etcd holds no lease of this node any more (it was revoked, or expired), so
+    /// the others have it down, `shown` being their record of it (state down). Its own view
+    /// takes that record too, so that it routes, and takes requests, by the view the others
+    /// hold: it owns no key until it registers again ([`Membership::reinstated`]). Its own
+    /// record is kept aside meanwhile. The caller fences it (what the others did meanwhile is
+    /// unknown to it).
+    pub fn lapse(&mut self, shown: &NodeInfo, mark: u64) -> Step {
+        if self.source != Source::Etcd || shown.id != self.me {
+            return Step::default();
+        }
+        let shown = NodeInfo {
+            state: NodeState::Down,
+            ..shown.clone()
+        };
+        self.note_lapse(&shown);
+        let changed = self.lapsed.is_some() && self.apply(false, mark, |v| put_record(v, shown));
+        Step {
+            changed,
+            ..Step::default()
+        }
+    }
+
+    /// Sets aside this node's own record, once, when `shown` (a record of it) has it down and
+    /// it did not put itself down (shutting down).
+    fn note_lapse(&mut self, shown: &NodeInfo) {
+        if self.source != Source::Etcd || self.lapsed.is_some() || shown.state != NodeState::Down {
+            return;
+        }
+        if let Some(mine) = self.my_record().filter(|m| m.state != NodeState::Down) {
+            self.lapsed = Some(mine.clone());
+        }
+    }
+
+    /// True while etcd holds no lease of this node ([`Membership::lapse`]).
+    pub fn lapsed(&self) -> bool {
+        self.lapsed.is_some()
+    }
+
+    /// The record this node registers again with after a [lapse](Membership::lapse): its own
+    /// record as it set it, at an epoch above any it had. Its view takes it when etcd shows it
+    /// ([`Membership::replace`]), as the others' views do, not before: a node that served its
+    /// keys again before the others see it back would take writes of them that the others'
+    /// owners also take.
+    pub fn reinstated(&self) -> Option<NodeInfo> {
+        let saved = self.lapsed.as_ref()?;
+        let now = self.my_record().map_or(0, |n| n.epoch);
+        Some(NodeInfo {
+            epoch: now.max(saved.epoch) + 1,
+            ..saved.clone()
+        })
+    }
+
     /// Raises this node's epoch above `theirs`, a record of this node found elsewhere (left by
     /// an earlier run), when that is at least as new as this node's own and differs.
     pub fn outrank(&mut self, theirs: &NodeInfo, mark: u64) -> Step {
@@ -358,8 +460,16 @@ impl Membership {
         }
     }
 
-    /// Changes this node's own state, raising its epoch.
+    /// Changes this node's own state, raising its epoch. While [lapsed](Membership::lapse),
+    /// the record set aside changes, and is published when the node registers again.
     pub fn set_state(&mut self, state: NodeState, mark: u64) -> Step {
+        if let Some(saved) = self.lapsed.as_mut() {
+            if saved.state != state {
+                saved.state = state;
+                saved.epoch += 1;
+            }
+            return Step::default();
+        }
         let me = self.me;
         let changed = self.apply(false, mark, |v| {
             let Some(mut rec) = v.node(NodeId(me)).cloned() else {
@@ -457,6 +567,22 @@ fn unchanged_while_away(
 
 /// Raises node `me`'s epoch above `theirs` when that record of it is at least as new as its own
 /// and differs (marked down, or from an earlier run). True when the view changed.
+/// Puts `rec` in place of its node's record, whatever the epochs (only this node's own record,
+/// which it alone writes). True when that changed the view.
+fn put_record(v: &mut ClusterView, rec: NodeInfo) -> bool {
+    match v.nodes.binary_search_by_key(&rec.id, |n| n.id) {
+        Ok(i) if v.nodes[i] == rec => false,
+        Ok(i) => {
+            v.nodes[i] = rec;
+            true
+        }
+        Err(i) => {
+            v.nodes.insert(i, rec);
+            true
+        }
+    }
+}
+
 fn refute(v: &mut ClusterView, me: u32, theirs: &NodeInfo) -> bool {
     let Some(mine) = v.node(NodeId(me)).cloned() else {
         return false;

@@ -277,6 +277,7 @@ fn etcd_views_replace_ignore_gossip_and_keep_versions_moving() {
     etcd.set_record(1, Some(rec(1, NodeState::Joining, 1)));
     etcd.set_record(2, Some(rec(2, NodeState::Serving, 1)));
     etcd.set_record(3, Some(rec(4, NodeState::Serving, 1)));
+    etcd.set_alive(1, true);
     etcd.set_alive(2, true);
     etcd.revision = 40;
     let v = etcd.view();
@@ -297,6 +298,66 @@ fn etcd_views_replace_ignore_gossip_and_keep_versions_moving() {
     assert!(m.replace(etcd.view(), 0).changed);
     assert_eq!(m.view().version, 42);
     assert_eq!(m.view().node(NodeId(2)).unwrap().state, NodeState::Down);
+}
+
+#[test]
+fn a_node_whose_lease_etcd_dropped_routes_by_the_view_the_others_hold_until_it_registers_again() {
+    let mut m = Membership::new(rec(1, NodeState::Serving, 2), Source::Etcd);
+    let mut etcd = EtcdRecords::default();
+    for id in 1..=3 {
+        etcd.set_record(id, Some(rec(id, NodeState::Serving, 2)));
+        etcd.set_alive(id, true);
+    }
+    etcd.revision = 10;
+    assert!(m.replace(etcd.view(), 0).changed);
+    assert!(!m.lapsed());
+    // etcd revoked node 1's lease: every node derives the same view, node 1 down in it.
+    etcd.set_alive(1, false);
+    etcd.revision = 11;
+    let step = m.replace(etcd.view(), 5);
+    assert!(step.changed && step.fenced && m.lapsed());
+    assert_eq!(m.view().stamp(), etcd.view().stamp(), "the others' view");
+    assert_eq!(m.my_state(), NodeState::Down);
+    // A state set meanwhile is kept aside for the registration, not routed by.
+    let before = m.view().clone();
+    assert_eq!(m.set_state(NodeState::Draining, 6), Step::default());
+    assert_eq!(m.view(), &before);
+    // Registering again: its own record, at an epoch above any it had, once etcd shows it.
+    let back = m.reinstated().unwrap();
+    assert_eq!((back.state, back.epoch), (NodeState::Draining, 4));
+    assert!(!m.replace(etcd.view(), 7).changed, "not before etcd has it");
+    assert!(m.lapsed());
+    etcd.set_record(1, Some(back.clone()));
+    etcd.set_alive(1, true);
+    etcd.revision = 13;
+    assert!(m.replace(etcd.view(), 8).changed);
+    assert!(!m.lapsed());
+    assert_eq!(m.my_record(), Some(&back));
+    assert_eq!(m.view().stamp(), etcd.view().stamp());
+    // A node that put itself down (shutting down) does not lapse; nor does gossip membership.
+    let mut gone = Membership::new(rec(1, NodeState::Down, 3), Source::Etcd);
+    etcd.set_alive(1, false);
+    let _ = gone.replace(etcd.view(), 0);
+    assert!(!gone.lapsed() && gone.reinstated().is_none());
+    let mut g = Membership::new(rec(1, NodeState::Serving, 2), Source::Gossip);
+    assert_eq!(g.lapse(&rec(1, NodeState::Down, 2), 0), Step::default());
+    assert!(!g.lapsed());
+}
+
+#[test]
+fn a_lease_found_gone_by_its_keepalive_lapses_the_node_at_the_record_etcd_holds() {
+    let mut m = Membership::new(rec(1, NodeState::Serving, 3), Source::Etcd);
+    let mut etcd = EtcdRecords::default();
+    for id in 1..=2 {
+        etcd.set_record(id, Some(rec(id, NodeState::Serving, 3)));
+        etcd.set_alive(id, true);
+    }
+    etcd.revision = 4;
+    let _ = m.replace(etcd.view(), 0);
+    assert!(m.lapse(&rec(1, NodeState::Serving, 3), 1).changed);
+    etcd.set_alive(1, false);
+    assert_eq!(m.view().nodes, etcd.view().nodes);
+    assert_eq!(m.reinstated().map(|r| r.epoch), Some(4));
 }
 
 #[test]

@@ -280,6 +280,35 @@ impl Etcd {
         })
     }
 
+    /// Revokes the lease `key` is attached to (what etcd does to a lease it believes expired):
+    /// the key goes with it. False when no member answered or the key has no lease.
+    pub fn revoke_lease_of(&self, key: &str) -> bool {
+        use base64::Engine as _;
+        let body = format!(
+            r#"{{"key":"{}"}}"#,
+            base64::engine::general_purpose::STANDARD.encode(key)
+        );
+        let lease = self.answering().find_map(|i| {
+            match self.post(i, "/v3/kv/range", &body, None, Duration::from_secs(1)) {
+                Some((200, r)) => {
+                    let v: serde_json::Value = serde_json::from_str(&r).unwrap_or_default();
+                    v["kvs"][0]["lease"].as_str().map(str::to_string)
+                }
+                _ => None,
+            }
+        });
+        let Some(lease) = lease else {
+            return false;
+        };
+        let body = format!(r#"{{"ID":"{lease}"}}"#);
+        self.answering().any(|i| {
+            matches!(
+                self.post(i, "/v3/lease/revoke", &body, None, Duration::from_secs(1)),
+                Some((200, _))
+            )
+        })
+    }
+
     /// Member `i`'s process id.
     pub fn pid(&self, i: usize) -> u32 {
         self.members[i].child.as_ref().expect("running").id()

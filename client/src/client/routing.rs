@@ -62,13 +62,30 @@ macro_rules! routed {
     }};
 }
 
+/// Whether no node of `v` is serving (with etcd: every lease lapsed at once, or every node
+/// restarting in place): no request reaches a node that could answer with a newer view.
+pub(super) fn ownerless(v: &ClusterView) -> bool {
+    !v.nodes.iter().any(|n| n.state == NodeState::Serving)
+}
+
 impl Client {
+    /// The routing requests go by now. A view without a serving node is refreshed in the
+    /// background meanwhile (at most every [`BACKOFF`]).
     pub(super) fn routing(&self) -> Arc<Routing> {
-        self.inner
+        let r = self
+            .inner
             .routing
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        if self
+            .inner
+            .ownerless
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.refresh_soon();
+        }
+        r
     }
 
     /// Replicas consulted by reads: a pinned object may be on any of `pinned_replicas` nodes.
@@ -211,7 +228,7 @@ impl Client {
     /// Refreshes the view in the background, at most once per [`BACKOFF`]: a node restarting
     /// in place is not asked, and a client that only reads that node's keys would otherwise
     /// never hear that it came back, since only another node's answer (`WrongView`) tells it
-    /// the view changed.
+    /// the view changed; nor would a client whose view has no node serving.
     fn refresh_soon(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -289,6 +306,9 @@ impl Client {
             to = next.view.version,
             "cluster view changed"
         );
+        self.inner
+            .ownerless
+            .store(ownerless(&next.view), std::sync::atomic::Ordering::Relaxed);
         *cur = Arc::new(next);
         true
     }

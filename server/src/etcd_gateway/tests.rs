@@ -121,6 +121,7 @@ fn a_replaced_view_keeps_this_nodes_own_record_and_never_goes_back() {
         Some(&encode_record(&rec(1, NodeState::Serving, 4))),
     );
     reg.apply(p, b"/p/alive/0", Some(b""));
+    reg.apply(p, b"/p/alive/1", Some(b""));
     reg.records.revision = 40;
     m.replace(reg.view());
     let v = m.view();
