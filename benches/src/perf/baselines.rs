@@ -98,15 +98,11 @@ pub(crate) fn link(report: &mut Report) {
             (Proto::Memcached, TARGET_MEMCACHED),
             (Proto::Redis, TARGET_REDIS),
         ] {
-            let baseline = report
-                .find(Section::Baselines, proto.name(), &kv.op, kv)
-                .and_then(|p| p.gbps)
-                .filter(|g| *g > 0.0);
-            if let (Some(p), Some(k)) = (baseline, kv.gbps) {
-                let r = if kv.size == Some(TARGET_SIZE) {
-                    Ref::with_target(proto.name(), k / p, target)
-                } else {
-                    Ref::new(proto.name(), k / p)
+            let baseline = report.find(Section::Baselines, proto.name(), &kv.op, kv);
+            if let Some(r) = baseline.and_then(|b| Ref::between(proto.name(), kv, b)) {
+                let r = match kv.size == Some(TARGET_SIZE) {
+                    true => r.aiming(target),
+                    false => r,
                 };
                 add.push((i, r));
             }

@@ -16,6 +16,7 @@ use hdrhistogram::Histogram;
 
 /// What one measurement saw: operations, bytes, the measured time and per-operation
 /// latencies (nanoseconds).
+#[derive(Clone)]
 pub(crate) struct Measured {
     /// Operations counted.
     pub(crate) ops: u64,

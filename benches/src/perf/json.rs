@@ -33,8 +33,10 @@ fn row_json(r: &Row) -> Value {
             json!({
                 "reference": f.name,
                 "ratio": finite(Some(f.ratio)),
+                "ratio_min": finite(f.spread.map(|s| s.0)),
+                "ratio_max": finite(f.spread.map(|s| s.1)),
                 "target": finite(f.target),
-                "met": f.target.map(|t| f.ratio >= t),
+                "met": f.met(),
             })
         })
         .collect();
@@ -51,6 +53,7 @@ fn row_json(r: &Row) -> Value {
         "p99_ns": finite(r.p99_ns),
         "objects": r.objects,
         "bytes_per_object": finite(r.bytes_per_object),
+        "gbps_runs": r.runs.iter().map(|g| finite(Some(*g))).collect::<Vec<_>>(),
         "refs": refs,
     })
 }
@@ -83,6 +86,7 @@ mod tests {
         row.refs.push(Ref {
             name: "memcached".into(),
             ratio: f64::INFINITY,
+            spread: None,
             target: Some(1.0),
         });
         report.rows.push(row);

@@ -53,6 +53,12 @@ pub(crate) struct PerfArgs {
     /// warm-up); `alloc` gives each contender half of it.
     #[arg(long, default_value_t = 2000)]
     duration_ms: u64,
+    /// Runs of each comparison in the `tcp` section, one after the other, each alternating its
+    /// contenders in slices: a ratio is then reported as the median run's with the smallest and
+    /// largest (`[min–max]`), and a target is met only when the smallest meets it. Each run
+    /// takes `--duration-ms` per contender.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub(crate) pairs: u32,
     /// Sections to run, comma-separated [default: all].
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<Section>,

@@ -13,9 +13,13 @@ use kvpool_bench::units::{fmt_ns, fmt_rate, fmt_size};
 pub(crate) struct Ref {
     /// What it is compared with: "memcpy", "memcached", "bare quinn", ...
     pub(crate) name: String,
-    /// This figure divided by the reference's.
+    /// This figure divided by the reference's: with several runs, the median run's ratio.
     pub(crate) ratio: f64,
-    /// The ratio the project aims for, when there is one (higher is better).
+    /// With several runs (`--pairs`): the smallest and largest ratio of one run's figure to
+    /// the reference's in the same run.
+    pub(crate) spread: Option<(f64, f64)>,
+    /// The ratio the project aims for, when there is one (higher is better). With several runs
+    /// it is met when the smallest ratio meets it.
     pub(crate) target: Option<f64>,
 }
 
@@ -25,8 +29,45 @@ impl Ref {
         Ref {
             name: name.into(),
             ratio,
+            spread: None,
             target: None,
         }
+    }
+
+    /// The ratio of `figure` to `reference`: of their totals, or, when both hold one figure
+    /// per run of several (`--pairs`), each run's ratio to the other's same run, their median
+    /// and spread. None when a reference is zero or the runs do not pair up.
+    pub(crate) fn between(name: &str, figure: &Row, reference: &Row) -> Option<Ref> {
+        let (f, r) = (figure.gbps?, reference.gbps.filter(|r| *r > 0.0)?);
+        let mut out = Ref::new(name, f / r);
+        if figure.runs.len() > 1 && figure.runs.len() == reference.runs.len() {
+            let mut each: Vec<f64> = figure
+                .runs
+                .iter()
+                .zip(&reference.runs)
+                .filter(|(_, r)| **r > 0.0)
+                .map(|(f, r)| f / r)
+                .collect();
+            if each.len() != figure.runs.len() {
+                return None;
+            }
+            each.sort_by(f64::total_cmp);
+            out.ratio = median(&each);
+            out.spread = Some((each[0], each[each.len() - 1]));
+        }
+        Some(out)
+    }
+
+    /// The same ratio with a target to meet.
+    pub(crate) fn aiming(mut self, target: f64) -> Ref {
+        self.target = Some(target);
+        self
+    }
+
+    /// Whether the target is met: by the smallest ratio when there were several runs.
+    pub(crate) fn met(&self) -> Option<bool> {
+        let worst = self.spread.map_or(self.ratio, |(lo, _)| lo);
+        self.target.map(|t| worst >= t)
     }
 
     /// A ratio with a target to meet.
@@ -34,16 +75,27 @@ impl Ref {
         Ref {
             name: name.into(),
             ratio,
+            spread: None,
             target: Some(target),
         }
     }
 
-    /// "0.93× memcpy (target ≥0.9×: met)".
+    /// "0.93× memcpy (target ≥0.9×: met)"; with several runs "0.93× [0.88–0.97] memcpy
+    /// (target ≥0.9× by the smallest: MISSED)".
     pub(crate) fn describe(&self) -> String {
-        let mut s = format!("{:.2}× {}", self.ratio, self.name);
-        if let Some(t) = self.target {
-            let verdict = if self.ratio >= t { "met" } else { "MISSED" };
-            let _ = write!(s, " (target ≥{t}×: {verdict})");
+        let mut s = format!("{:.2}×", self.ratio);
+        if let Some((lo, hi)) = self.spread {
+            let _ = write!(s, " [{lo:.2}–{hi:.2}]");
+        }
+        let _ = write!(s, " {}", self.name);
+        if let (Some(t), Some(met)) = (self.target, self.met()) {
+            let verdict = if met { "met" } else { "MISSED" };
+            let by = if self.spread.is_some() {
+                " by the smallest"
+            } else {
+                ""
+            };
+            let _ = write!(s, " (target ≥{t}×{by}: {verdict})");
         }
         s
     }
@@ -76,6 +128,9 @@ pub(crate) struct Row {
     pub(crate) objects: Option<u64>,
     /// Memory per object (index section).
     pub(crate) bytes_per_object: Option<f64>,
+    /// Payload throughput of each run, when the figure is measured several times (`--pairs`):
+    /// the n-th run of every contender of a shape ran in the same stretch of time.
+    pub(crate) runs: Vec<f64>,
     /// Ratios to references.
     pub(crate) refs: Vec<Ref>,
 }
@@ -96,6 +151,7 @@ impl Row {
             p99_ns: None,
             objects: None,
             bytes_per_object: None,
+            runs: Vec::new(),
             refs: Vec::new(),
         }
     }
@@ -114,6 +170,20 @@ impl Row {
         self.ops_per_s = Some(m.ops_per_s());
         self.p50_ns = Some(m.quantile_ns(0.5));
         self.p99_ns = Some(m.quantile_ns(0.99));
+        self
+    }
+
+    /// Takes the figures of several runs: throughput, rate and latencies of them all
+    /// together, and each run's throughput.
+    pub(crate) fn measured_runs(mut self, runs: &[Measured]) -> Row {
+        let mut all = Measured::empty();
+        for m in runs {
+            all.then(m);
+        }
+        self = self.measured(&all);
+        if runs.len() > 1 {
+            self.runs = runs.iter().map(Measured::gbps).collect();
+        }
         self
     }
 
@@ -198,5 +268,48 @@ impl Report {
         self.rows.iter().find(|r| {
             r.section == section && r.system == system && r.op == op && r.same_shape(like)
         })
+    }
+}
+
+/// The median of sorted, non-empty `v`.
+fn median(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(runs: &[f64]) -> Row {
+        let mut r = Row::new(Section::Tcp, "x", "get");
+        r.gbps = Some(runs.iter().sum::<f64>() / runs.len() as f64);
+        if runs.len() > 1 {
+            r.runs = runs.to_vec();
+        }
+        r
+    }
+
+    #[test]
+    fn ratios_of_several_runs_pair_each_run_with_its_reference_and_meet_by_the_smallest() {
+        let kv = row(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        let base = row(&[1.0, 1.0, 2.0, 5.0, 4.0]);
+        let r = Ref::between("memcached", &kv, &base).unwrap().aiming(1.0);
+        // Per run: 1.0, 2.0, 1.5, 0.8, 1.25.
+        assert_eq!(r.spread, Some((0.8, 2.0)));
+        assert_eq!(r.ratio, 1.25);
+        assert_eq!(r.met(), Some(false), "the smallest run misses");
+        assert!(r.describe().contains("[0.80–2.00]"));
+        assert!(r.describe().contains("MISSED"));
+        let one = Ref::between("memcached", &row(&[2.0]), &row(&[1.6]))
+            .unwrap()
+            .aiming(1.0);
+        assert_eq!((one.ratio, one.spread, one.met()), (1.25, None, Some(true)));
+        assert!(Ref::between("m", &kv, &row(&[1.0, 0.0, 1.0, 1.0, 1.0])).is_none());
+        assert!(Ref::between("m", &kv, &row(&[0.0])).is_none());
     }
 }

@@ -58,8 +58,11 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
                     keys: keys.clone(),
                     value: value.clone(),
                 };
-                let m = ctx.rt.block_on(contenders.measure(&shape, window))?;
-                push_rows(&mut ctx.report, &running, &shape, &m);
+                let mut runs = Vec::new();
+                for _ in 0..ctx.args.pairs {
+                    runs.push(ctx.rt.block_on(contenders.measure(&shape, window))?);
+                }
+                push_rows(&mut ctx.report, &running, &shape, &runs);
             }
         }
     }
@@ -192,26 +195,27 @@ async fn baseline_worker(
     })
 }
 
-/// The rows of one shape's measurement `m` (kvpool, raw stream, then the baselines in order):
-/// the raw stream's, kvpool's with its ratio to it, and each baseline's.
-fn push_rows(report: &mut Report, running: &[Baseline], shape: &Shape, m: &[Measured]) {
+/// The rows of one shape's runs (each: kvpool, raw stream, then the baselines in order): the
+/// raw stream's, kvpool's with its ratio to it, and each baseline's.
+fn push_rows(report: &mut Report, running: &[Baseline], shape: &Shape, runs: &[Vec<Measured>]) {
     let (op, size, conns, depth) = (shape.op, shape.size, shape.conns, shape.depth);
+    let of = |i: usize| -> Vec<Measured> { runs.iter().map(|m| m[i].clone()).collect() };
     let raw_row = Row::new(Section::Tcp, RAW, op)
         .shape(size, conns, depth)
-        .measured(&m[1]);
+        .measured_runs(&of(1));
     let mut row = Row::new(Section::Tcp, "kvpool", op)
         .shape(size, conns, depth)
-        .measured(&m[0]);
-    if let (Some(k), Some(r)) = (row.gbps, raw_row.gbps.filter(|r| *r > 0.0)) {
-        row.refs.push(Ref::new(RAW, k / r));
+        .measured_runs(&of(0));
+    if let Some(r) = Ref::between(RAW, &row, &raw_row) {
+        row.refs.push(r);
     }
     report.push(raw_row);
     report.push(row);
-    for (baseline, m) in running.iter().zip(&m[2..]) {
+    for (i, baseline) in running.iter().enumerate() {
         report.push(
             Row::new(Section::Baselines, baseline.proto.name(), op)
                 .shape(size, conns, depth)
-                .measured(m),
+                .measured_runs(&of(2 + i)),
         );
     }
 }
