@@ -32,8 +32,9 @@ type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 const IO_BUFFER: usize = 64 << 10;
 
 /// Most bytes [`Conn::read_into_hashed`] asks the socket for at once: the piece just received
-/// is hashed while it is still in the cache.
-const HASH_PIECE: usize = 256 << 10;
+/// is hashed while it is still in the cache (a core's L2 holds it), and a payload already
+/// queued whole is taken in a few large reads instead of many small ones.
+const HASH_PIECE: usize = kvpool::protocol::io::LOW_WATER_MAX;
 
 /// An idle connection used this recently is reused without checking the node closed it.
 const FRESH: Duration = Duration::from_millis(1);

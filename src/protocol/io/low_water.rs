@@ -1,6 +1,7 @@
 //! Large payloads read from a TCP socket with its receive low-water mark raised, so the reader
 //! wakes once per many segments, never waiting for bytes that will not come.
 
+use std::future::Future;
 use std::io;
 
 use tokio::io::AsyncRead;
@@ -57,18 +58,30 @@ impl LowWater {
     }
 
     /// [`read_direct`] of the payload's next bytes into `dst`, `left` of them (at least
-    /// `dst.len()`) still to come, with the mark adjusted first when the read goes to the
-    /// socket.
+    /// `dst.len()`) still to come. The mark is adjusted only when the read goes to the socket
+    /// and finds nothing there, right before it waits: bytes already queued are taken without
+    /// a `setsockopt` (a payload that arrived whole costs none). Setting the mark checks the
+    /// queue at once and wakes the reader if it already holds the new mark's worth (Linux's
+    /// `tcp_set_rcvlowat`), so no arrival between the empty read and the new mark is missed.
     pub async fn read<R: AsyncRead + Unpin>(
         &mut self,
         r: &mut FrameReader<R>,
         dst: &mut [u8],
         left: usize,
     ) -> io::Result<usize> {
-        if r.buffer().is_empty() && !dst.is_empty() {
-            self.before_socket_read(left.max(dst.len()))?;
+        if !r.buffer().is_empty() || dst.is_empty() {
+            return read_direct(r, dst).await;
         }
-        read_direct(r, dst).await
+        let want = left.max(dst.len());
+        let mut read = std::pin::pin!(read_direct(r, dst));
+        std::future::poll_fn(|cx| match read.as_mut().poll(cx) {
+            std::task::Poll::Pending => match self.before_socket_read(want) {
+                Ok(()) => std::task::Poll::Pending,
+                Err(e) => std::task::Poll::Ready(Err(e)),
+            },
+            done => done,
+        })
+        .await
     }
 
     /// Fills `dst` with [`LowWater::read`]s, `left` bytes of the payload (`dst`'s included)
