@@ -335,24 +335,39 @@ impl Membership {
     /// this node last set it: its changes reach the others by being published. Except when
     /// `view` has this node down while it is not (etcd holds no lease of it): then this node
     /// [lapses](Membership::lapse) to that record.
-    pub fn replace(&mut self, mut view: ClusterView, mark: u64) -> Step {
+    pub fn replace(&mut self, view: ClusterView, mark: u64) -> Step {
         let fenced = self.fence_if_down(&view, mark);
         let me = self.me;
         let theirs = view.node(NodeId(me)).cloned();
         match &theirs {
             Some(t) if t.state == NodeState::Down => self.note_lapse(t),
-            // Registered again: the record etcd shows is the one this node put there.
+            // Registered again: the record etcd shows is the one this node put there, and is
+            // taken like a lapsed one.
             Some(t) if self.lapsed.as_ref().is_some_and(|l| t.epoch > l.epoch) => {
                 self.lapsed = None;
-                return self.reinstate(view, t.clone(), mark, fenced);
+                return self.take(view, theirs, true, fenced, mark);
             }
             _ => {}
         }
         let lapsed = self.lapsed.is_some();
+        self.take(view, theirs, lapsed, fenced, mark)
+    }
+
+    /// [`Membership::replace`]'s install of `view`, whose record of this node is `theirs`:
+    /// with `as_shown`, that record is this node's in its view (lapsed, or just registered
+    /// again); else this node's own record stays as it set it.
+    fn take(
+        &mut self,
+        mut view: ClusterView,
+        theirs: Option<NodeInfo>,
+        as_shown: bool,
+        fenced: bool,
+        mark: u64,
+    ) -> Step {
+        let me = self.me;
         let changed = self.apply(true, mark, |v| {
             view.nodes.retain(|n| n.id != me);
-            let mine = match (lapsed, theirs) {
-                // Lapsed: this node's record is the one the others derive.
+            let mine = match (as_shown, theirs) {
                 (true, Some(t)) => Some(t),
                 _ => v.node(NodeId(me)).cloned(),
             };
@@ -367,28 +382,6 @@ impl Membership {
             }
             *v = view;
             true
-        });
-        Step {
-            changed,
-            fenced,
-            resumed: None,
-        }
-    }
-
-    /// [`Membership::replace`] once etcd shows `mine`, the record this node registered again
-    /// with after a lapse: the view, with that record, is taken as it is.
-    fn reinstate(&mut self, view: ClusterView, mine: NodeInfo, mark: u64, fenced: bool) -> Step {
-        let me = self.me;
-        let changed = self.apply(true, mark, |v| {
-            let mut view = view;
-            put_record(&mut view, mine);
-            let changed = view.nodes != v.nodes;
-            v.version = v.version.max(view.version);
-            if changed {
-                *v = view;
-            }
-            debug_assert!(v.node(NodeId(me)).is_some());
-            changed
         });
         Step {
             changed,
