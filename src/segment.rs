@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::addr::NodeId;
-use crate::mapping::{AlignedMap, HugeRegions, Mapped, HUGE_PAGE};
+use crate::mapping::{AlignedMap, Frontier, HugeRegions, Mapped, HUGE_PAGE, MADV_POPULATE_WRITE};
 
 /// Magic bytes at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"KVPOOLSG";
@@ -208,6 +208,8 @@ pub struct Segment {
     /// The data area's 2 MiB regions collapsed into huge pages as they are first used; None
     /// with `HugePages::Off`, explicit huge pages, or a data area not 2 MiB aligned in memory.
     huge: Option<HugeRegions>,
+    /// How far allocations reached, and the prefaulting ahead of them.
+    frontier: Frontier,
     /// Keep the file when dropped (retired all the same), for the next life to recover.
     keep_file: bool,
 }
@@ -256,6 +258,7 @@ impl Segment {
             path,
             pages,
             huge: None,
+            frontier: Frontier::default(),
             keep_file: false,
         };
         if pages == PageKind::TransparentAdvised && seg.data_ptr() as u64 % HUGE_PAGE == 0 {
@@ -304,17 +307,55 @@ impl Segment {
         self.pages
     }
 
-    /// Backs the data area's 2 MiB regions that `[offset, offset + len)` touches with huge
-    /// pages, each the first time it is asked for (`MADV_COLLAPSE`; see [`crate::mapping`]):
-    /// the pool calls it for every block it allocates, before anyone writes the block. Best
-    /// effort, and a no-op where the segment does not collapse.
-    pub fn back_with_huge_pages(&self, offset: u64, len: u64) {
-        if let Some(h) = &self.huge {
-            if self.in_bounds(offset, len) {
-                // SAFETY: the data area is mapped while `self` lives.
-                unsafe { h.back(self.data_ptr(), self.layout.data_len, offset, len) };
-            }
+    /// Prepares the block `[offset, offset + len)` the pool just allocated, before anyone writes
+    /// it: backs the data area's 2 MiB regions it touches with huge pages, each the first time
+    /// (`MADV_COLLAPSE`; see [`crate::mapping`]; best effort, and nothing where the segment
+    /// does not collapse), and moves the frontier the prefaulting thread works ahead of. True
+    /// when the block reached a region no block had reached before.
+    pub fn back_block(&self, offset: u64, len: u64) -> bool {
+        if !self.in_bounds(offset, len) {
+            return false;
         }
+        if let Some(h) = &self.huge {
+            // SAFETY: the data area is mapped while `self` lives.
+            unsafe { h.back(self.data_ptr(), self.layout.data_len, offset, len) };
+        }
+        self.frontier.reach(offset, len)
+    }
+
+    /// Faults in the next 2 MiB region ahead of the allocations, when the frontier leaves one
+    /// within `window` bytes (see [`Frontier`]): collapsed into a huge page where the segment
+    /// collapses, else every page of it faulted in for writing (`MADV_POPULATE_WRITE`). Not a
+    /// byte of the region changes, so it is safe whoever reads or writes it meanwhile. False
+    /// when there is nothing to do.
+    pub fn prefault_next(&self, window: u64) -> bool {
+        let data_len = self.layout.data_len;
+        let Some(r) = self.frontier.take_next(window, data_len / HUGE_PAGE) else {
+            return false;
+        };
+        let start = r * HUGE_PAGE;
+        if let Some(h) = &self.huge {
+            // SAFETY: the data area is mapped while `self` lives.
+            unsafe { h.back(self.data_ptr(), data_len, start, HUGE_PAGE) };
+        }
+        // After a collapse this finds every page present; where the kernel did not collapse,
+        // or the segment does not, it faults the region in.
+        // SAFETY: `take_next` hands out only whole regions inside the data area (r < data_len /
+        // HUGE_PAGE), which is mapped while `self` lives and starts page aligned; the advice
+        // changes no byte.
+        unsafe {
+            libc::madvise(
+                self.data_ptr().add(start as usize).cast(),
+                HUGE_PAGE as usize,
+                MADV_POPULATE_WRITE,
+            );
+        }
+        true
+    }
+
+    /// Bytes of the data area faulted in ahead of the allocations so far.
+    pub fn prefaulted_bytes(&self) -> u64 {
+        self.frontier.prefaulted() * HUGE_PAGE
     }
 
     /// The data area's 2 MiB regions the kernel collapsed into huge pages, and those it did
@@ -716,9 +757,9 @@ mod tests {
         let first: Vec<u8> = (0..HUGE_PAGE).map(pattern).collect();
         // SAFETY: nothing else uses this segment.
         unsafe { seg.data_mut(0, HUGE_PAGE) }.copy_from_slice(&first);
-        seg.back_with_huge_pages(4096, 8192);
-        seg.back_with_huge_pages(HUGE_PAGE - 1, 2);
-        seg.back_with_huge_pages(0, 6 << 20);
+        seg.back_block(4096, 8192);
+        seg.back_block(HUGE_PAGE - 1, 2);
+        seg.back_block(0, 6 << 20);
         let (collapsed, refused) = seg.huge_regions();
         println!("collapsed {collapsed}, refused {refused}");
         if seg.page_kind() == PageKind::TransparentAdvised {
@@ -740,6 +781,58 @@ mod tests {
         assert!(seen == &all[..]);
         drop(seg);
         let _ = std::fs::remove_dir(&dir);
+    }
+
+    /// The prefaulting thread's step commits the memory ahead of the allocations, only as far
+    /// as the allocations reached, and changes no byte, on huge and normal pages alike.
+    #[test]
+    fn prefaulting_ahead_commits_memory_and_keeps_every_byte() {
+        use std::os::unix::fs::MetadataExt;
+        for huge_pages in [HugePages::Auto, HugePages::Off] {
+            let dir = shm_dir(&format!("ahead-{huge_pages:?}"));
+            let seg = Segment::create(&SegmentSpec {
+                data_len: 8 << 20,
+                huge_pages,
+                ..spec(&dir)
+            })
+            .unwrap();
+            let committed = || std::fs::metadata(seg.path().unwrap()).unwrap().blocks() * 512;
+            let pattern = |i: u64| (i.wrapping_mul(29) ^ (i >> 9)) as u8;
+            // Bytes already in region 1 (a block some allocation wrote) before it is prefaulted.
+            let one: Vec<u8> = (0..4096).map(pattern).collect();
+            // SAFETY: nothing else uses this segment.
+            unsafe { seg.data_mut(HUGE_PAGE + 8192, 4096) }.copy_from_slice(&one);
+            assert!(
+                !seg.prefault_next(64 << 20),
+                "nothing reached, nothing ahead"
+            );
+            let before = committed();
+            assert!(seg.back_block(0, 4096));
+            assert!(
+                seg.prefault_next(64 << 20),
+                "region 1, as far ahead as region 0 reached"
+            );
+            assert!(!seg.prefault_next(64 << 20));
+            // The whole region, but for its one page written already.
+            let grew = committed() - before;
+            assert!(grew >= HUGE_PAGE - 4096, "{huge_pages:?}: {grew}");
+            // A block into region 2: region 3 is next, and the area ends there.
+            assert!(seg.back_block(HUGE_PAGE, HUGE_PAGE + 1));
+            assert!(seg.prefault_next(64 << 20));
+            assert!(!seg.prefault_next(64 << 20), "the area ends at region 3");
+            assert_eq!(seg.prefaulted_bytes(), 2 * HUGE_PAGE);
+            let mut seen = vec![0u8; 4096];
+            assert!(seg.copy_out_racy(HUGE_PAGE + 8192, &mut seen));
+            assert_eq!(seen, one);
+            let mut rest = vec![1u8; HUGE_PAGE as usize];
+            assert!(seg.copy_out_racy(3 * HUGE_PAGE, &mut rest));
+            assert!(
+                rest.iter().all(|&b| b == 0),
+                "a prefaulted page reads as zeros"
+            );
+            drop(seg);
+            let _ = std::fs::remove_dir(&dir);
+        }
     }
 
     #[test]

@@ -260,6 +260,21 @@ async fn the_page_parses_and_escapes_label_values() {
         })
         .sum();
     assert!(tried >= 1.0, "no region tried: {tried}");
+    // The prefaulting thread faults in the region after it, as far ahead as the put reached
+    // (docs/OPERATIONS.md, `[memory] prefault_ahead`); it works in the background.
+    let prefaulted = |page: &Page| get(page, "kvpool_segment_prefaulted_bytes_total", &seg);
+    let mut page = page;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while prefaulted(&page) < (2 << 20) as f64 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let response = n.scrape();
+        page = parse(response.split_once("\r\n\r\n").unwrap().1).unwrap();
+    }
+    assert_eq!(
+        prefaulted(&page),
+        (2 << 20) as f64,
+        "one region ahead of one"
+    );
     // The node's segments are files: its index journal is written, and holds the put's commit.
     let node = [("node", "0")];
     assert_eq!(get(&page, "kvpool_journal_healthy", &node), 1.0);

@@ -31,11 +31,12 @@ fn weights_bench_runs_and_reports_every_goal() {
             .unwrap_or_else(|| panic!("no row {what:?} in {phase:?}:\n{stdout}"))
     };
     assert!(doc["model"].as_str().unwrap().contains("Llama-style bf16"));
-    let bytes = row("Weights::publish, cold", "same host")["bytes"].clone();
+    const PUBLISH: &str = "Weights::publish, cold (a fresh daemon each run)";
+    let bytes = row(PUBLISH, "same host")["bytes"].clone();
     assert!(bytes.as_u64().unwrap() > 30 << 20);
     // The three goals, each against its reference of the same run.
     for (what, phase, reference, goal) in [
-        ("Weights::publish, cold", "same host", "file read", 0.8),
+        (PUBLISH, "same host", "file read", 0.8),
         ("Weights::load_into, warm", "same host", "memcpy", 0.9),
         ("Weights::load_into, warm", "loopback TCP", "raw TCP", 0.8),
     ] {
@@ -46,7 +47,13 @@ fn weights_bench_runs_and_reports_every_goal() {
         assert_eq!(vs["goal"], goal);
         let ratio = vs["ratio"].as_f64().unwrap();
         assert!(ratio > 0.0);
-        assert_eq!(vs["met"].as_bool().unwrap(), ratio >= goal);
+        // Each run against the reference run it alternated with; judged by the lowest.
+        let (lo, hi) = (
+            vs["ratio_min"].as_f64().unwrap(),
+            vs["ratio_max"].as_f64().unwrap(),
+        );
+        assert!(lo <= ratio && ratio <= hi, "{lo} {ratio} {hi}");
+        assert_eq!(vs["met"].as_bool().unwrap(), lo >= goal);
         assert!(r["gbps"].as_f64().unwrap() > 0.0);
     }
     for reference in [
@@ -62,7 +69,7 @@ fn weights_bench_runs_and_reports_every_goal() {
         assert_eq!(r["secs"].as_array().unwrap().len(), 2);
         assert!(r["p99_s"].as_f64().unwrap() > 0.0);
     }
-    assert!(stdout.contains("goal ≥0.9×"), "{stdout}");
+    assert!(stdout.contains("goal ≥0.9× by the lowest pair"), "{stdout}");
     // The generated file went with the run's own directory.
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()

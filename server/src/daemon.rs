@@ -344,6 +344,10 @@ pub(crate) fn open_pool(config: &Config) -> anyhow::Result<Arc<Pool>> {
             "recovered the previous life's objects ({dropped} dropped)"
         );
     }
+    if !config.memory.prefault {
+        pool.start_prefaulting(config.memory.prefault_ahead)
+            .context("starting the prefaulting thread")?;
+    }
     for s in pool.segments() {
         tracing::info!(
             segment = s.layout().id,

@@ -34,6 +34,7 @@ mod namespace;
 mod open;
 mod pending;
 mod pins;
+mod prefault;
 mod read;
 mod recency;
 mod recover;
@@ -106,6 +107,8 @@ pub struct Pool {
     journal: Option<SharedJournal>,
     /// What was recovered of the previous life at start-up.
     recovery: Recovery,
+    /// The prefaulting thread, once started ([`Pool::start_prefaulting`]).
+    prefault: std::sync::OnceLock<prefault::Wake>,
 }
 
 /// Told of every object that becomes visible (see [`Pool::observe`]).

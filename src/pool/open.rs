@@ -76,6 +76,7 @@ impl Pool {
             max_lease: cfg.max_lease_ms,
             counters: stats::Counters::default(),
             observer: std::sync::OnceLock::new(),
+            prefault: std::sync::OnceLock::new(),
             lower: std::sync::OnceLock::new(),
             shared_used: AtomicU64::new(0),
             unreserved,

@@ -193,9 +193,11 @@ impl Pool {
             .find_map(|s| self.alloc_lock(s).allocate(len).map(|b| (s, b)));
         if let Some((s, b)) = &found {
             // Before anyone writes the block, outside the allocator's lock.
-            self.segments[*s]
-                .segment
-                .back_with_huge_pages(b.offset, b.size);
+            if self.segments[*s].segment.back_block(b.offset, b.size) {
+                if let Some(w) = self.prefault.get() {
+                    w.wake();
+                }
+            }
         }
         found
     }

@@ -22,16 +22,33 @@ pub(super) struct Row {
 /// A row's ratio to a reference of the same run.
 pub(super) struct Versus {
     pub(super) name: String,
+    /// The reference's median over the row's.
     pub(super) ratio: f64,
+    /// The lowest and highest ratio of one run to the reference's run it alternated with,
+    /// when both have the same number of runs.
+    pub(super) range: Option<(f64, f64)>,
     pub(super) goal: Option<f64>,
 }
 
 impl Versus {
+    /// The ratio a goal is judged by: the lowest pair's where there are pairs.
+    fn judged(&self) -> f64 {
+        self.range.map_or(self.ratio, |(lo, _)| lo)
+    }
+
+    fn met(&self) -> Option<bool> {
+        self.goal.map(|g| self.judged() >= g)
+    }
+
     fn describe(&self) -> String {
-        let mut s = format!("{:.2}× {}", self.ratio, self.name);
-        if let Some(g) = self.goal {
-            let verdict = if self.ratio >= g { "met" } else { "MISSED" };
-            s.push_str(&format!(" (goal ≥{g}×: {verdict})"));
+        let mut s = format!("{:.2}×", self.ratio);
+        if let Some((lo, hi)) = self.range {
+            s.push_str(&format!(" [{lo:.2}–{hi:.2}]"));
+        }
+        s.push_str(&format!(" {}", self.name));
+        if let (Some(g), Some(met)) = (self.goal, self.met()) {
+            let verdict = if met { "met" } else { "MISSED" };
+            s.push_str(&format!(" (goal ≥{g}× by the lowest pair: {verdict})"));
         }
         s
     }
@@ -70,14 +87,34 @@ impl Row {
         self.bytes as f64 / self.median() / 1e9
     }
 
-    /// Compares this row's median with `reference`'s (the same bytes).
+    /// Compares this row's median with `reference`'s (the same bytes), and each run with the
+    /// reference's run it alternated with.
     pub(super) fn versus(mut self, name: &str, reference: &Row, goal: Option<f64>) -> Row {
+        let pairs: Vec<f64> = reference
+            .secs
+            .iter()
+            .zip(&self.secs)
+            .map(|(r, s)| r / s)
+            .collect();
+        let range = (reference.secs.len() == self.secs.len() && !pairs.is_empty()).then(|| {
+            pairs
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                })
+        });
         self.vs = Some(Versus {
             name: name.into(),
             ratio: reference.median() / self.median(),
+            range,
             goal,
         });
         self
+    }
+
+    /// Whether the row missed its goal (judged by its lowest pair).
+    pub(super) fn missed(&self) -> bool {
+        self.vs.as_ref().and_then(Versus::met) == Some(false)
     }
 }
 
@@ -157,8 +194,10 @@ impl Report {
                     "vs": r.vs.as_ref().map(|v| json!({
                         "reference": v.name,
                         "ratio": finite(v.ratio),
+                        "ratio_min": v.range.and_then(|r| finite(r.0)),
+                        "ratio_max": v.range.and_then(|r| finite(r.1)),
                         "goal": v.goal,
-                        "met": v.goal.map(|g| v.ratio >= g),
+                        "met": v.met(),
                     })),
                 })
             })

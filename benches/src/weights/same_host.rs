@@ -45,7 +45,8 @@ pub(super) fn same_host(
         );
     }
     let w = Weights::new(&kv, DEFAULT_NAMESPACE)?;
-    let publish_missed = publish_against_read(args, rt, &w, model, report)?;
+    let publish_missed = publish_against_read(args, rt, bin, model, report)?;
+    rt.block_on(w.publish(MODEL, &[model.path.clone()], &PublishOptions::default()))?;
     let m = rt.block_on(w.require(MODEL))?;
     let chunk_list = chunks(&m);
     publish_breakdown(rt, &w, model, &m, &chunk_list, report)?;
@@ -66,34 +67,44 @@ pub(super) fn same_host(
 }
 
 /// A cold publish alternating with a read() of the whole file; whether it missed its goal.
+/// Each publish goes to a daemon started for it, so that every one writes into memory the
+/// daemon never used (the pages a removed model leaves are already there).
 fn publish_against_read(
     args: &WeightsArgs,
     rt: &tokio::runtime::Runtime,
-    w: &Weights,
+    bin: &Path,
     model: &mut Model,
     report: &mut Report,
 ) -> anyhow::Result<bool> {
     let paths = [model.path.clone()];
     let file_len = model.file.len() as u64;
     let path = model.path.clone();
+    let memory = daemon::memory_for(model.bytes);
     let (read, publish) = alternate(
         args.reps,
         model.file_mut(),
         |buf| limits::read_file(&path, buf),
         |_| {
-            rt.block_on(w.remove(MODEL))?;
+            let d = Daemon::start(bin, memory)?;
+            let kv = rt.block_on(Client::connect(
+                &format!("tcp://{}", d.tcp),
+                ClientConfig::default(),
+            ))?;
+            let w = Weights::new(&kv, DEFAULT_NAMESPACE)?;
             let t = Instant::now();
             rt.block_on(w.publish(MODEL, &paths, &PublishOptions::default()))?;
             Ok(t.elapsed())
         },
     )?;
     let read = Row::new(PHASE, "read() of the file (reference)", file_len, &read);
-    let publish = Row::new(PHASE, "Weights::publish, cold", model.bytes, &publish).versus(
-        "file read",
-        &read,
-        Some(PUBLISH_GOAL),
-    );
-    let publish_missed = publish.vs.as_ref().is_some_and(|v| v.ratio < PUBLISH_GOAL);
+    let publish = Row::new(
+        PHASE,
+        "Weights::publish, cold (a fresh daemon each run)",
+        model.bytes,
+        &publish,
+    )
+    .versus("file read", &read, Some(PUBLISH_GOAL));
+    let publish_missed = publish.missed();
     report.rows.push(read);
     report.rows.push(publish);
     Ok(publish_missed)

@@ -149,6 +149,10 @@ pub struct MemoryConfig {
     pub huge_pages: String,
     /// Fault all memory in at start. Default false.
     pub prefault: bool,
+    /// Bytes kept faulted in ahead of the allocations by a background thread (never more
+    /// than the allocations reached so far); 0 turns it off. Default 256 MiB.
+    #[serde(deserialize_with = "de_size")]
+    pub prefault_ahead: u64,
     /// Allocator page size. Default 64 KiB.
     #[serde(deserialize_with = "de_size")]
     pub page_size: u64,
@@ -571,6 +575,7 @@ impl Default for MemoryConfig {
             backing: "shm".into(),
             huge_pages: "auto".into(),
             prefault: false,
+            prefault_ahead: 256 << 20,
             page_size: 64 << 10,
             shards: 1,
             pending_timeout_ms: 30_000,

@@ -39,6 +39,7 @@ impl Metrics {
             pool: pool.stats(),
             long_keys: pool.long_keys_refused(),
             huge_regions: pool.segments().map(|s| s.huge_regions()).collect(),
+            prefaulted: pool.prefaulted_bytes().collect(),
             journal: pool.journal_stats(),
             disk: disk.map_or_else(Default::default, DiskTier::stats),
             namespaces,
@@ -60,6 +61,8 @@ struct Scrape {
     /// Per segment: its data area's 2 MiB regions collapsed into huge pages, and those the
     /// kernel refused (`Segment::huge_regions`).
     huge_regions: Vec<(u64, u64)>,
+    /// Per segment: bytes faulted in ahead of the allocations (`Segment::prefaulted_bytes`).
+    prefaulted: Vec<u64>,
     /// The index journal's, when the segments are files (`Pool::journal_stats`).
     journal: Option<kvpool::journal::JournalStats>,
     /// What peers make the node hold, by resource (the ledger's totals).
@@ -190,6 +193,18 @@ impl Scrape {
                     )
                 })
             }),
+        )?;
+        family(
+            e,
+            "kvpool_segment_prefaulted_bytes",
+            "Bytes of the data area faulted in ahead of the allocations by the prefaulting \
+             thread ([memory] prefault_ahead): docs/OPERATIONS.md.",
+            None,
+            MetricType::Counter,
+            self.prefaulted
+                .iter()
+                .zip(&ids)
+                .map(|(&v, id)| ([("node", node), ("segment", id)], counter(v))),
         )?;
         family(
             e,
