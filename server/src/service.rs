@@ -391,9 +391,37 @@ impl Shared {
         checksum: Option<u64>,
         pin: bool,
     ) -> Result<(), PoolError> {
-        let addr = self.stage_value(ns, key, value, pin)?;
-        let checksum = checksum.unwrap_or_else(|| kvpool::checksum(value));
-        self.pool.commit(Commit::new(&addr, checksum)).map(drop)
+        self.put_value_if(ns, key, value, (checksum, None), pin)
+            .map(drop)
+    }
+
+    /// [`Shared::put_value`] that commits only when the key's presence is `present` (None:
+    /// always; see [`Commit::when_present`]); the address written and whether it was
+    /// committed. The value is copied into its allocation under a write claim of all of it,
+    /// hashed there while it is in cache, and the claim turns into the commit's seal
+    /// ([`Commit::claimed`]): the bytes hashed are the bytes committed, and hashed once. A
+    /// `checksum` given is compared with that hash.
+    pub(crate) fn put_value_if(
+        &self,
+        ns: u32,
+        key: &[u8],
+        value: &[u8],
+        (checksum, present): (Option<u64>, Option<bool>),
+        pin: bool,
+    ) -> Result<(GlobalAddr, bool), PoolError> {
+        let addr = self.begin_put(ns, key, value.len() as u64, pin, 0)?;
+        let mut w = match self.pool.begin_write_range(&addr, 0, value.len() as u64) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = self.pool.abort(&addr);
+                return Err(e);
+            }
+        };
+        let bytes = w.bytes_mut();
+        bytes.copy_from_slice(value);
+        let hashed = kvpool::checksum(bytes);
+        let c = Commit::claimed(w, checksum.unwrap_or(hashed), hashed).when_present(present);
+        Ok((addr, self.pool.commit(c)?))
     }
 
     /// The first half of [`Shared::put_value`]: `value` copied into a fresh allocation of

@@ -259,11 +259,8 @@ impl<W: AsyncWrite + Unpin + Send> Conn<'_, W> {
         // and a TTL's deadline names the generation written, so a later write of the key is
         // never removed by it.
         let (s, pool) = (self.s, &*self.s.pool);
-        let addr = s
-            .stage_value(ns, key, value, false)
-            .map_err(|e| self.pool_error_text(e))?;
-        let stored = pool
-            .commit(Commit::new(&addr, kvpool::checksum(value)).when_present(present))
+        let (addr, stored) = s
+            .put_value_if(ns, key, value, (None, present), false)
             .map_err(|e| self.pool_error_text(e))?;
         if let (true, Some(ttl)) = (stored, ttl_ms) {
             let at = s.now().saturating_add(ttl);
