@@ -398,7 +398,7 @@ impl Conn {
     /// Reads one value into `pieces`, filling them in order; with `hash`, hashes it (xxh3-64,
     /// over all the pieces as one) as it arrives, as [`Conn::read_into_hashed`] does, and
     /// returns the hash (0 without). Over TCP a large value is read with the socket's
-    /// low-water mark raised ([`LowWater`]): signalled per MiB, not per segment.
+    /// low-water mark raised ([`LowWater`]): signalled per [`HASH_PIECE`], not per segment.
     pub(crate) async fn read_pieces(
         &mut self,
         pieces: &mut [&mut [u8]],

@@ -15,8 +15,11 @@ use super::reader::{read_direct, FrameReader};
 pub const LOW_WATER_MIN: usize = 256 << 10;
 
 /// The highest receive low-water mark [`LowWater`] sets: the reader is signalled at most once
-/// per this many bytes of a payload, and still hashes what arrived while the rest is on its way.
-pub const LOW_WATER_MAX: usize = 1 << 20;
+/// per this many bytes of a payload, and copies and hashes what arrived while the rest is on
+/// its way. A higher mark wakes the reader less often but leaves it more to copy after the
+/// sender's last byte: with 1 MiB, a 2 MiB get on one connection ran at 0.77× memcached (five
+/// pairs, lowest 0.69×), with 256 KiB at 0.89× (lowest 0.85×) in the same hour.
+pub const LOW_WATER_MAX: usize = 256 << 10;
 
 /// Reads a large payload from a TCP socket with the socket's receive low-water mark
 /// (`SO_RCVLOWAT`) raised, so that the socket's data-ready path (`sock_def_readable`, the epoll
