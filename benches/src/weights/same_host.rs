@@ -46,7 +46,11 @@ pub(super) fn same_host(
     }
     let w = Weights::new(&kv, DEFAULT_NAMESPACE)?;
     let publish_missed = publish_against_read(args, rt, bin, model, report)?;
-    rt.block_on(w.publish(MODEL, &[model.path.clone()], &PublishOptions::default()))?;
+    rt.block_on(w.publish(
+        MODEL,
+        std::slice::from_ref(&model.path),
+        &PublishOptions::default(),
+    ))?;
     let m = rt.block_on(w.require(MODEL))?;
     let chunk_list = chunks(&m);
     publish_breakdown(rt, &w, model, &m, &chunk_list, report)?;
