@@ -1,0 +1,651 @@
+//! The safe layer: a provider's fabric and domain ([`Fabric`]), reliable unconnected endpoints
+//! with their completion queue and address vector ([`Endpoint`]), registered memory
+//! ([`Region`]) and one-sided reads and writes of a peer's registered memory ([`Remote`]).
+//!
+//! Every operation here is posted and then waited for before the call returns, so the local
+//! buffer it names is borrowed for as long as the provider may touch it.
+
+use std::alloc::Layout;
+use std::ffi::{c_void, CStr, CString};
+use std::fmt;
+use std::ptr::{null, null_mut, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::sys;
+
+/// The API version asked for: 1.17, Debian 12's, whose calls every later version keeps.
+const API_VERSION: u32 = (1 << 16) | 17;
+
+/// Alignment of a region's memory (a page, which verbs registers most cheaply).
+const REGION_ALIGN: usize = 4096;
+
+/// What [`Fabric::open`] offers the provider to require of registrations: everything the
+/// production providers (verbs, EFA) may ask for. The provider answers with the subset it
+/// needs, which [`Endpoint::register`] and [`Region::remote`] then follow.
+const MR_MODES_OFFERED: u32 = sys::FI_MR_LOCAL
+    | sys::FI_MR_VIRT_ADDR
+    | sys::FI_MR_ALLOCATED
+    | sys::FI_MR_PROV_KEY
+    | sys::FI_MR_ENDPOINT;
+
+/// A libfabric call that failed: which one, and libfabric's error number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// The call, or the check that refused the operation before any call.
+    pub op: &'static str,
+    /// libfabric's error number (positive, `FI_E*` or an errno).
+    pub code: i32,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // SAFETY: fi_strerror returns a static string for any number.
+        let text = unsafe { CStr::from_ptr(sys::fi_strerror(self.code)) };
+        write!(f, "{}: {} ({})", self.op, text.to_string_lossy(), self.code)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A libfabric return value: negative is an error number.
+fn check(op: &'static str, r: isize) -> Result<usize, Error> {
+    usize::try_from(r).map_err(|_| Error {
+        op,
+        code: i32::try_from(-r).unwrap_or(i32::MAX),
+    })
+}
+
+/// Closes a libfabric object, once, at the end of its owner's life.
+///
+/// # Safety
+/// `fid` must be an open libfabric object that nothing uses any more.
+unsafe fn close(fid: *mut sys::fid) {
+    // SAFETY: the caller's contract. A failure leaves the object to the process's end; there
+    // is nothing better to do with it in a destructor.
+    unsafe { sys::fi_close(fid) };
+}
+
+/// The provider's fabric, domain and the description they were opened from.
+struct Domain {
+    info: NonNull<sys::fi_info>,
+    fabric: NonNull<sys::fid_fabric>,
+    domain: NonNull<sys::fid_domain>,
+    /// The registration modes the provider requires (`FI_MR_*`).
+    mr_mode: u32,
+    /// Keys handed to registrations when the provider lets the caller choose them.
+    next_key: AtomicU64,
+}
+
+// SAFETY: the domain is opened with `FI_THREAD_SAFE`, under which libfabric serialises calls
+// on its objects itself; the pointers are owned by this value alone and closed once, in Drop.
+unsafe impl Send for Domain {}
+// SAFETY: as above.
+unsafe impl Sync for Domain {}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        // SAFETY: every endpoint and region holds an Arc of this domain, so none is left; the
+        // domain goes before its fabric, and the description last.
+        unsafe {
+            close(&mut (*self.domain.as_ptr()).fid);
+            close(&mut (*self.fabric.as_ptr()).fid);
+            sys::fi_freeinfo(self.info.as_ptr());
+        }
+    }
+}
+
+/// One provider's fabric and domain (`tcp`, `shm`, `verbs;ofi_rxm`, `efa`, ...), opened for
+/// one-sided reads and writes over reliable unconnected endpoints.
+#[derive(Clone)]
+pub struct Fabric {
+    d: Arc<Domain>,
+}
+
+impl Fabric {
+    /// Opens the first fabric and domain `provider` offers with remote memory access, asking
+    /// for thread safety and offering every registration mode the production providers need.
+    pub fn open(provider: &str) -> Result<Fabric, Error> {
+        let name = CString::new(provider).map_err(|_| Error {
+            op: "provider name",
+            code: libc::EINVAL,
+        })?;
+        // SAFETY: fi_allocinfo returns a zeroed description with its attribute structs
+        // allocated, or null; it is freed below whatever happens.
+        let hints = NonNull::new(unsafe { sys::fi_allocinfo() }).ok_or(Error {
+            op: "fi_allocinfo",
+            code: libc::ENOMEM,
+        })?;
+        let mut info: *mut sys::fi_info = null_mut();
+        // SAFETY: `hints` and its attribute structs are libfabric's allocations; the provider
+        // name is strdup'ed so that fi_freeinfo frees it with the rest.
+        let r = unsafe {
+            let h = &mut *hints.as_ptr();
+            h.caps = u64::from(sys::FI_RMA | sys::FI_READ | sys::FI_WRITE)
+                | u64::from(sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
+            (*h.ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
+            let d = &mut *h.domain_attr;
+            d.mr_mode = MR_MODES_OFFERED as i32;
+            d.threading = sys::fi_threading_FI_THREAD_SAFE;
+            (*h.fabric_attr).prov_name = libc::strdup(name.as_ptr());
+            let r = sys::fi_getinfo(API_VERSION, null(), null(), 0, h, &mut info);
+            sys::fi_freeinfo(hints.as_ptr());
+            r
+        };
+        check("fi_getinfo", r as isize)?;
+        let info = NonNull::new(info).ok_or(Error {
+            op: "fi_getinfo",
+            code: sys::FI_ENODATA as i32,
+        })?;
+        // SAFETY: `info` is the list fi_getinfo returned; its first entry's attributes are
+        // valid until it is freed, which the Domain (or the error path) does.
+        unsafe {
+            let i = info.as_ref();
+            let mr_mode = (*i.domain_attr).mr_mode as u32;
+            let mut fabric = null_mut();
+            if let Err(e) = check(
+                "fi_fabric",
+                sys::fi_fabric(i.fabric_attr, &mut fabric, null_mut()) as isize,
+            ) {
+                sys::fi_freeinfo(info.as_ptr());
+                return Err(e);
+            }
+            let fabric = NonNull::new(fabric).expect("fi_fabric succeeded");
+            let mut domain = null_mut();
+            if let Err(e) = check(
+                "fi_domain",
+                sys::fi_domain(fabric.as_ptr(), info.as_ptr(), &mut domain, null_mut()) as isize,
+            ) {
+                close(&mut (*fabric.as_ptr()).fid);
+                sys::fi_freeinfo(info.as_ptr());
+                return Err(e);
+            }
+            Ok(Fabric {
+                d: Arc::new(Domain {
+                    info,
+                    fabric,
+                    domain: NonNull::new(domain).expect("fi_domain succeeded"),
+                    mr_mode,
+                    next_key: AtomicU64::new(1),
+                }),
+            })
+        }
+    }
+
+    /// The provider that answered (e.g. `tcp;ofi_rxm`).
+    pub fn provider(&self) -> String {
+        // SAFETY: the description lives as long as the domain; a provider name is a C string.
+        unsafe {
+            let p = (*self.d.info.as_ref().fabric_attr).prov_name;
+            if p.is_null() {
+                return String::new();
+            }
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
+
+    /// The registration modes the provider requires (`FI_MR_*` bits).
+    pub fn mr_mode(&self) -> u32 {
+        self.d.mr_mode
+    }
+
+    /// Whether peers address registered memory by its virtual address (`FI_MR_VIRT_ADDR`),
+    /// rather than by the offset into the region.
+    pub fn virtual_addressing(&self) -> bool {
+        self.d.mr_mode & sys::FI_MR_VIRT_ADDR != 0
+    }
+
+    /// A new endpoint of this domain, enabled, with its own completion queue and address
+    /// vector.
+    pub fn endpoint(&self) -> Result<Endpoint, Error> {
+        Ok(Endpoint {
+            e: Arc::new(EpInner::open(&self.d)?),
+            next_context: 1,
+        })
+    }
+}
+
+/// An endpoint's libfabric objects.
+struct EpInner {
+    d: Arc<Domain>,
+    ep: NonNull<sys::fid_ep>,
+    cq: NonNull<sys::fid_cq>,
+    av: NonNull<sys::fid_av>,
+}
+
+// SAFETY: opened in a `FI_THREAD_SAFE` domain; owned here and closed once, in Drop.
+unsafe impl Send for EpInner {}
+// SAFETY: as above.
+unsafe impl Sync for EpInner {}
+
+impl EpInner {
+    fn open(d: &Arc<Domain>) -> Result<EpInner, Error> {
+        let mut cq_attr = sys::fi_cq_attr {
+            format: sys::fi_cq_format_FI_CQ_FORMAT_CONTEXT,
+            size: 256,
+            ..Default::default()
+        };
+        let mut av_attr = sys::fi_av_attr {
+            type_: sys::fi_av_type_FI_AV_TABLE,
+            ..Default::default()
+        };
+        let (mut cq, mut av, mut ep) = (null_mut(), null_mut(), null_mut());
+        // SAFETY: the domain is open while `d` lives; each object is closed by EpInner's Drop
+        // once made, or here when a later step fails.
+        unsafe {
+            let domain = d.domain.as_ptr();
+            check(
+                "fi_cq_open",
+                sys::fi_cq_open(domain, &mut cq_attr, &mut cq, null_mut()) as isize,
+            )?;
+            let cq = NonNull::new(cq).expect("fi_cq_open succeeded");
+            if let Err(e) = check(
+                "fi_av_open",
+                sys::fi_av_open(domain, &mut av_attr, &mut av, null_mut()) as isize,
+            ) {
+                close(&mut (*cq.as_ptr()).fid);
+                return Err(e);
+            }
+            let av = NonNull::new(av).expect("fi_av_open succeeded");
+            let made = check(
+                "fi_endpoint",
+                sys::fi_endpoint(domain, d.info.as_ptr(), &mut ep, null_mut()) as isize,
+            );
+            if let Err(e) = made {
+                close(&mut (*av.as_ptr()).fid);
+                close(&mut (*cq.as_ptr()).fid);
+                return Err(e);
+            }
+            let inner = EpInner {
+                d: d.clone(),
+                ep: NonNull::new(ep).expect("fi_endpoint succeeded"),
+                cq,
+                av,
+            };
+            let ep = inner.ep.as_ptr();
+            check(
+                "fi_ep_bind (av)",
+                sys::fi_ep_bind(ep, &mut (*av.as_ptr()).fid, 0) as isize,
+            )?;
+            check(
+                "fi_ep_bind (cq)",
+                sys::fi_ep_bind(
+                    ep,
+                    &mut (*cq.as_ptr()).fid,
+                    u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
+                ) as isize,
+            )?;
+            check("fi_enable", sys::fi_enable(ep) as isize)?;
+            Ok(inner)
+        }
+    }
+}
+
+impl Drop for EpInner {
+    fn drop(&mut self) {
+        // SAFETY: every region registered through this endpoint holds an Arc of it, so none
+        // is left; the endpoint goes before the queue and the address vector bound to it.
+        unsafe {
+            close(&mut (*self.ep.as_ptr()).fid);
+            close(&mut (*self.av.as_ptr()).fid);
+            close(&mut (*self.cq.as_ptr()).fid);
+        }
+    }
+}
+
+/// A peer endpoint's address in an endpoint's address vector ([`Endpoint::insert`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer(sys::fi_addr_t);
+
+/// What a peer needs to read or write a [`Region`] one-sidedly: where it starts under the
+/// provider's addressing, its key and its length. Published by the region's owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    /// The region's first byte as peers address it: its virtual address
+    /// ([`Fabric::virtual_addressing`]), else 0.
+    pub addr: u64,
+    /// The region's memory key.
+    pub key: u64,
+    /// The region's length in bytes.
+    pub len: u64,
+}
+
+/// A reliable unconnected endpoint, its completion queue and its address vector.
+pub struct Endpoint {
+    e: Arc<EpInner>,
+    /// The context of the next operation posted (its completion carries it back).
+    next_context: usize,
+}
+
+impl Endpoint {
+    /// This endpoint's address, for a peer's [`Endpoint::insert`].
+    pub fn name(&self) -> Result<Vec<u8>, Error> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: `buf` is `len` writable bytes; the endpoint is open.
+        let r = unsafe {
+            sys::fi_getname(
+                &mut (*self.e.ep.as_ptr()).fid,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        check("fi_getname", r as isize)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Adds a peer's address ([`Endpoint::name`]) to this endpoint's address vector.
+    pub fn insert(&self, name: &[u8]) -> Result<Peer, Error> {
+        let mut addr: sys::fi_addr_t = 0;
+        // SAFETY: `name` is an address the provider wrote; the vector reads one address of
+        // its own format from it and writes one fi_addr_t.
+        let n = unsafe {
+            sys::fi_av_insert(
+                self.e.av.as_ptr(),
+                name.as_ptr().cast(),
+                1,
+                &mut addr,
+                0,
+                null_mut(),
+            )
+        };
+        match check("fi_av_insert", n as isize)? {
+            1 => Ok(Peer(addr)),
+            _ => Err(Error {
+                op: "fi_av_insert",
+                code: libc::EINVAL,
+            }),
+        }
+    }
+
+    /// Registers `len` zeroed bytes of fresh memory on this endpoint's domain, for the
+    /// endpoint's own reads and writes, and for peers' reads (`remote_read`) and writes
+    /// (`remote_write`) when asked.
+    pub fn register(
+        &self,
+        len: usize,
+        remote_read: bool,
+        remote_write: bool,
+    ) -> Result<Region, Error> {
+        let layout = Layout::from_size_align(len.max(1), REGION_ALIGN).map_err(|_| Error {
+            op: "region size",
+            code: libc::EINVAL,
+        })?;
+        // SAFETY: the layout's size is non-zero.
+        let buf = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(Error {
+            op: "region memory",
+            code: libc::ENOMEM,
+        })?;
+        let mut access = u64::from(sys::FI_READ | sys::FI_WRITE);
+        if remote_read {
+            access |= u64::from(sys::FI_REMOTE_READ);
+        }
+        if remote_write {
+            access |= u64::from(sys::FI_REMOTE_WRITE);
+        }
+        let d = &self.e.d;
+        let key = d.next_key.fetch_add(1, Ordering::Relaxed);
+        let mut mr = null_mut();
+        // SAFETY: `buf` is `len` bytes this region owns until after the registration is
+        // closed (Region's Drop closes it first).
+        let r = unsafe {
+            sys::fi_mr_reg(
+                d.domain.as_ptr(),
+                buf.as_ptr().cast(),
+                len,
+                access,
+                0,
+                key,
+                0,
+                &mut mr,
+                null_mut(),
+            )
+        };
+        let region = |mr: *mut sys::fid_mr| Region {
+            e: self.e.clone(),
+            mr: NonNull::new(mr),
+            buf,
+            layout,
+            len,
+        };
+        if let Err(e) = check("fi_mr_reg", r as isize) {
+            drop(region(null_mut()));
+            return Err(e);
+        }
+        let region = region(mr);
+        if d.mr_mode & sys::FI_MR_ENDPOINT != 0 {
+            // SAFETY: the registration and the endpoint are open.
+            unsafe {
+                check(
+                    "fi_mr_bind",
+                    sys::fi_mr_bind(mr, &mut (*self.e.ep.as_ptr()).fid, 0) as isize,
+                )?;
+                check("fi_mr_enable", sys::fi_mr_enable(mr) as isize)?;
+            }
+        }
+        Ok(region)
+    }
+
+    /// Reads `dst.len()` bytes of `src` from `offset` on, at `peer`, into `dst`, a range of a
+    /// region of this endpoint; returns once they are there. A range outside either region
+    /// is refused before anything is posted.
+    pub fn read(
+        &mut self,
+        dst: (&mut Region, std::ops::Range<usize>),
+        peer: Peer,
+        src: &Remote,
+        offset: u64,
+    ) -> Result<(), Error> {
+        let (region, range) = dst;
+        let len = checked(&range, region.len, offset, src)?;
+        let desc = region.desc();
+        let context = self.next_context;
+        // SAFETY: `range` lies inside the region (checked), which `dst` borrows mutably until
+        // the completion below says the provider is done with it; the remote range was checked
+        // against the length its owner published.
+        let ep = self.e.ep.as_ptr();
+        let post = || unsafe {
+            sys::fi_read(
+                ep,
+                region.buf.as_ptr().add(range.start).cast(),
+                len,
+                desc,
+                peer.0,
+                src.addr + offset,
+                src.key,
+                context as *mut c_void,
+            )
+        };
+        self.run("fi_read", post)
+    }
+
+    /// Writes `src`, a range of a region of this endpoint, into `dst` from `offset` on, at
+    /// `peer`; returns once the write is complete. A range outside either region is refused
+    /// before anything is posted.
+    pub fn write(
+        &mut self,
+        src: (&Region, std::ops::Range<usize>),
+        peer: Peer,
+        dst: &Remote,
+        offset: u64,
+    ) -> Result<(), Error> {
+        let (region, range) = src;
+        let len = checked(&range, region.len, offset, dst)?;
+        let desc = region.desc();
+        let context = self.next_context;
+        // SAFETY: as for `read`; the source is only read by the provider, and `src` borrows
+        // it until the write completes.
+        let ep = self.e.ep.as_ptr();
+        let post = || unsafe {
+            sys::fi_write(
+                ep,
+                region.buf.as_ptr().add(range.start).cast(),
+                len,
+                desc,
+                peer.0,
+                dst.addr + offset,
+                dst.key,
+                context as *mut c_void,
+            )
+        };
+        self.run("fi_write", post)
+    }
+
+    /// Posts one operation (again while the provider says to retry, progressing meanwhile)
+    /// and waits for its completion.
+    fn run(&mut self, op: &'static str, post: impl Fn() -> isize) -> Result<(), Error> {
+        let context = self.next_context;
+        self.next_context = self.next_context.wrapping_add(1).max(1);
+        loop {
+            let r = post();
+            if r != -(sys::FI_EAGAIN as isize) {
+                check(op, r)?;
+                break;
+            }
+            self.poll()?;
+        }
+        loop {
+            if let Some(done) = self.poll()? {
+                debug_assert_eq!(done, context, "one operation at a time");
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Drives the provider's progress and takes one completion off the queue: its context,
+    /// or None when there is none. A software provider (tcp, shm) moves the bytes of a peer's
+    /// reads and writes of this endpoint's regions only while its owner polls: an endpoint
+    /// that serves peers calls this in a loop.
+    pub fn poll(&mut self) -> Result<Option<usize>, Error> {
+        let mut entry = sys::fi_cq_entry::default();
+        // SAFETY: the queue is open and its format is FI_CQ_FORMAT_CONTEXT: one fi_cq_entry.
+        let n = unsafe {
+            sys::fi_cq_read(
+                self.e.cq.as_ptr(),
+                (&mut entry as *mut sys::fi_cq_entry).cast(),
+                1,
+            )
+        };
+        if n == 1 {
+            return Ok(Some(entry.op_context as usize));
+        }
+        if n == -(sys::FI_EAGAIN as isize) {
+            return Ok(None);
+        }
+        if n == -(sys::FI_EAVAIL as isize) {
+            let mut err = sys::fi_cq_err_entry::default();
+            // SAFETY: as above, for the queue's error entry.
+            let r = unsafe { sys::fi_cq_readerr(self.e.cq.as_ptr(), &mut err, 0) };
+            check("fi_cq_readerr", r)?;
+            return Err(Error {
+                op: "completion",
+                code: err.err,
+            });
+        }
+        check("fi_cq_read", n).map(|_| None)
+    }
+}
+
+/// The length of an operation on `range` of a local region of `local_len` bytes and on a
+/// peer's region `remote` from `offset`; refused when either range is out of bounds.
+fn checked(
+    range: &std::ops::Range<usize>,
+    local_len: usize,
+    offset: u64,
+    remote: &Remote,
+) -> Result<usize, Error> {
+    let len = range.end.checked_sub(range.start);
+    let fits = len.is_some_and(|n| {
+        range.end <= local_len
+            && offset
+                .checked_add(n as u64)
+                .is_some_and(|end| end <= remote.len)
+    });
+    match (fits, len) {
+        (true, Some(n)) => Ok(n),
+        _ => Err(Error {
+            op: "range out of bounds",
+            code: libc::EINVAL,
+        }),
+    }
+}
+
+/// Memory registered on an endpoint's domain ([`Endpoint::register`]), owned by this value:
+/// deregistered, then freed, when it is dropped.
+pub struct Region {
+    e: Arc<EpInner>,
+    mr: Option<NonNull<sys::fid_mr>>,
+    buf: NonNull<u8>,
+    layout: Layout,
+    len: usize,
+}
+
+// SAFETY: the memory is owned by the region; the registration belongs to a `FI_THREAD_SAFE`
+// domain.
+unsafe impl Send for Region {}
+// SAFETY: shared access only reads (`bytes`); writes need `&mut`.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// What a peer needs to read or write this region.
+    pub fn remote(&self) -> Remote {
+        // SAFETY: the registration is open while the region lives.
+        let key = self
+            .mr
+            .map_or(0, |mr| unsafe { sys::fi_mr_key(mr.as_ptr()) });
+        let addr = match self.e.d.mr_mode & sys::FI_MR_VIRT_ADDR {
+            0 => 0,
+            _ => self.buf.as_ptr() as u64,
+        };
+        Remote {
+            addr,
+            key,
+            len: self.len as u64,
+        }
+    }
+
+    /// The registration's descriptor, for the provider's local access to the memory.
+    fn desc(&self) -> *mut c_void {
+        // SAFETY: the registration is open while the region lives.
+        self.mr
+            .map_or(null_mut(), |mr| unsafe { sys::fi_mr_desc(mr.as_ptr()) })
+    }
+
+    /// The region's bytes. A peer may write them meanwhile when the region admits remote
+    /// writes: read what a completed write of the peer's put there.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes owned by this region.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.len) }
+    }
+
+    /// The region's bytes for writing.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` keeps this endpoint's own operations off them.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the registration goes first, so no peer reaches the memory once it is freed;
+        // the memory was allocated with `layout`.
+        unsafe {
+            if let Some(mr) = self.mr {
+                close(&mut (*mr.as_ptr()).fid);
+            }
+            std::alloc::dealloc(self.buf.as_ptr(), self.layout);
+        }
+    }
+}
