@@ -492,6 +492,72 @@ impl Endpoint {
         self.run("fi_write", post)
     }
 
+    /// Several reads into disjoint ranges of `dst`, up to `depth` of them in flight at once:
+    /// each `(range of dst, peer, remote region, offset in it)`. Returns once every read posted
+    /// has completed (also when one fails: the first error is returned after the others are
+    /// done, so no read is left writing into `dst`). Ranges out of bounds, or overlapping in
+    /// `dst`, are refused before anything is posted.
+    pub fn read_many(
+        &mut self,
+        dst: &mut Region,
+        reads: &[(std::ops::Range<usize>, Peer, Remote, u64)],
+        depth: usize,
+    ) -> Result<(), Error> {
+        let mut lens = Vec::with_capacity(reads.len());
+        for (range, _, remote, offset) in reads {
+            lens.push(checked(range, dst.len, *offset, remote)?);
+        }
+        let mut order: Vec<&std::ops::Range<usize>> = reads.iter().map(|r| &r.0).collect();
+        order.sort_by_key(|r| r.start);
+        if order.windows(2).any(|w| w[0].end > w[1].start) {
+            return Err(Error {
+                op: "overlapping ranges",
+                code: libc::EINVAL,
+            });
+        }
+        let (ep, desc, base) = (self.e.ep.as_ptr(), dst.desc(), dst.buf.as_ptr());
+        // Contexts `first..first + reads.len()`, one per read.
+        let first = self.next_context;
+        self.next_context = first.wrapping_add(reads.len() + 1).max(1);
+        let (mut posted, mut done, mut failed) = (0, 0, None);
+        while done < posted || (posted < reads.len() && failed.is_none()) {
+            if posted < reads.len() && posted - done < depth.max(1) && failed.is_none() {
+                let (range, peer, remote, offset) = &reads[posted];
+                // SAFETY: the range lies inside `dst` (checked) and overlaps no other read's;
+                // `dst` is borrowed mutably until every posted read has completed (this loop
+                // ends only then); the remote range was checked against its published length.
+                let r = unsafe {
+                    sys::fi_read(
+                        ep,
+                        base.add(range.start).cast(),
+                        lens[posted],
+                        desc,
+                        peer.0,
+                        remote.addr + offset,
+                        remote.key,
+                        first.wrapping_add(posted) as *mut c_void,
+                    )
+                };
+                if r == 0 {
+                    posted += 1;
+                    continue;
+                }
+                if r != -(sys::FI_EAGAIN as isize) {
+                    failed = check("fi_read", r).err();
+                }
+            }
+            match self.poll() {
+                Ok(Some(_)) => done += 1,
+                Ok(None) => std::hint::spin_loop(),
+                Err(e) => {
+                    done += 1;
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
     /// Posts one operation (again while the provider says to retry, progressing meanwhile)
     /// and waits for its completion.
     fn run(&mut self, op: &'static str, post: impl Fn() -> isize) -> Result<(), Error> {

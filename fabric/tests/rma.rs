@@ -118,6 +118,25 @@ mod checks {
                 .enumerate()
                 .all(|(i, &b)| b == pattern((1 << 20) + i)));
             assert!(part.bytes()[..4096].iter().all(|&b| b == 0));
+            // The region in 64 KiB reads, 8 in flight, in reverse order.
+            let reads: Vec<_> = (0..LEN / (64 << 10))
+                .rev()
+                .map(|i| {
+                    let at = i * (64 << 10);
+                    (at..at + (64 << 10), peer, remote, at as u64)
+                })
+                .collect();
+            dst.bytes_mut().fill(0);
+            client.read_many(&mut dst, &reads, 8).unwrap();
+            assert!(dst
+                .bytes()
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == pattern(i)));
+            // Overlapping ranges are refused.
+            let twice = [reads[0].clone(), reads[0].clone()];
+            let e = client.read_many(&mut dst, &twice, 8).unwrap_err();
+            assert_eq!(e.op, "overlapping ranges");
             // A write of 1 MiB at 512 KiB, then read back.
             let mut src = client.register(1 << 20, false, false).unwrap();
             src.bytes_mut().fill(0x5a);
