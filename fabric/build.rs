@@ -51,6 +51,7 @@ fn main() {
     }
     println!("cargo::rustc-link-lib=fabric");
     println!("cargo::rustc-cfg=libfabric");
+    println!("cargo::metadata=binding=1");
 }
 
 /// Compiles bindgen's C wrappers of libfabric's inline calls (`<file>.c` includes nothing

@@ -34,6 +34,7 @@
 
 mod disk;
 mod events;
+mod fabric;
 mod handoff;
 mod heap;
 mod perf;
@@ -100,6 +101,10 @@ enum Command {
     /// KV events: 64 KiB puts at full rate with a subscriber reading every event against none,
     /// in alternating pairs of windows; events per second sent and the put throughput ratio.
     Events(events::EventsArgs),
+    /// One-sided reads over libfabric providers (tcp, shm) through kvpool's fabric layer,
+    /// against a bare fi_read loop over the same provider and kvpool's own TCP and same-host
+    /// gets, all in the same run.
+    Fabric(fabric::FabricArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -115,6 +120,7 @@ fn main() -> anyhow::Result<()> {
         Command::Disk(args) => disk::run(args),
         Command::Tier(args) => tier::run(args),
         Command::Events(args) => events::run(args),
+        Command::Fabric(args) => fabric::run(args),
         Command::Scale(args) => scale::run(args),
     }
 }
