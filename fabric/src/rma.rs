@@ -438,26 +438,7 @@ impl Endpoint {
         offset: u64,
     ) -> Result<(), Error> {
         let (region, range) = dst;
-        let len = checked(&range, region.len, offset, src)?;
-        let desc = region.desc();
-        let context = self.next_context;
-        // SAFETY: `range` lies inside the region (checked), which `dst` borrows mutably until
-        // the completion below says the provider is done with it; the remote range was checked
-        // against the length its owner published.
-        let ep = self.e.ep.as_ptr();
-        let post = || unsafe {
-            sys::fi_read(
-                ep,
-                region.buf.as_ptr().add(range.start).cast(),
-                len,
-                desc,
-                peer.0,
-                src.addr + offset,
-                src.key,
-                context as *mut c_void,
-            )
-        };
-        self.run("fi_read", post)
+        self.read_many(region, &[(range, peer, *src, offset)], 1)
     }
 
     /// Writes `src`, a range of a region of this endpoint, into `dst` from `offset` on, at
