@@ -17,7 +17,7 @@ mod rma;
 pub mod sys;
 
 #[cfg(libfabric)]
-pub use rma::{Endpoint, Error, Fabric, Peer, Region, Remote};
+pub use rma::{Endpoint, Error, Fabric, Peer, Region, Registration, Remote};
 
 /// Whether this build has the libfabric binding (its headers were installed at build time).
 pub const AVAILABLE: bool = cfg!(libfabric);

@@ -9,7 +9,6 @@ use std::alloc::Layout;
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::ptr::{null, null_mut, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::sys;
@@ -22,12 +21,12 @@ const REGION_ALIGN: usize = 4096;
 
 /// What [`Fabric::open`] offers the provider to require of registrations: everything the
 /// production providers (verbs, EFA) may ask for. The provider answers with the subset it
-/// needs, which [`Endpoint::register`] and [`Region::remote`] then follow.
-const MR_MODES_OFFERED: u32 = sys::FI_MR_LOCAL
-    | sys::FI_MR_VIRT_ADDR
-    | sys::FI_MR_ALLOCATED
-    | sys::FI_MR_PROV_KEY
-    | sys::FI_MR_ENDPOINT;
+/// needs, which [`Endpoint::register`] and [`Region::remote`] then follow. `FI_MR_PROV_KEY`
+/// is offered only when the provider will not open without it: otherwise every key is drawn
+/// at random (64 bits), where a software provider would number its keys 1, 2, 3 and let any
+/// peer guess another's.
+const MR_MODES_OFFERED: u32 =
+    sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_ENDPOINT;
 
 /// A libfabric call that failed: which one, and libfabric's error number.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,8 +72,6 @@ struct Domain {
     domain: NonNull<sys::fid_domain>,
     /// The registration modes the provider requires (`FI_MR_*`).
     mr_mode: u32,
-    /// Keys handed to registrations when the provider lets the caller choose them.
-    next_key: AtomicU64,
 }
 
 // SAFETY: the domain is opened with `FI_THREAD_SAFE`, under which libfabric serialises calls
@@ -110,6 +107,18 @@ impl Fabric {
             op: "provider name",
             code: libc::EINVAL,
         })?;
+        let info = match Self::info(&name, MR_MODES_OFFERED) {
+            Err(e) if e.code == sys::FI_ENODATA as i32 => {
+                Self::info(&name, MR_MODES_OFFERED | sys::FI_MR_PROV_KEY)?
+            }
+            r => r?,
+        };
+        Self::open_info(info)
+    }
+
+    /// The first description `provider` (`name`) offers for one-sided access over reliable
+    /// unconnected endpoints, thread-safe, under the registration modes `mr_modes`.
+    fn info(name: &CString, mr_modes: u32) -> Result<NonNull<sys::fi_info>, Error> {
         // SAFETY: fi_allocinfo returns a zeroed description with its attribute structs
         // allocated, or null; it is freed below whatever happens.
         let hints = NonNull::new(unsafe { sys::fi_allocinfo() }).ok_or(Error {
@@ -125,7 +134,7 @@ impl Fabric {
                 | u64::from(sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
             (*h.ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
             let d = &mut *h.domain_attr;
-            d.mr_mode = MR_MODES_OFFERED as i32;
+            d.mr_mode = mr_modes as i32;
             d.threading = sys::fi_threading_FI_THREAD_SAFE;
             (*h.fabric_attr).prov_name = libc::strdup(name.as_ptr());
             let r = sys::fi_getinfo(API_VERSION, null(), null(), 0, h, &mut info);
@@ -133,10 +142,14 @@ impl Fabric {
             r
         };
         check("fi_getinfo", r as isize)?;
-        let info = NonNull::new(info).ok_or(Error {
+        NonNull::new(info).ok_or(Error {
             op: "fi_getinfo",
             code: sys::FI_ENODATA as i32,
-        })?;
+        })
+    }
+
+    /// Opens the fabric and domain of `info` (which the result owns, or this frees).
+    fn open_info(info: NonNull<sys::fi_info>) -> Result<Fabric, Error> {
         // SAFETY: `info` is the list fi_getinfo returned; its first entry's attributes are
         // valid until it is freed, which the Domain (or the error path) does.
         unsafe {
@@ -166,7 +179,6 @@ impl Fabric {
                     fabric,
                     domain: NonNull::new(domain).expect("fi_domain succeeded"),
                     mr_mode,
-                    next_key: AtomicU64::new(1),
                 }),
             })
         }
@@ -195,14 +207,58 @@ impl Fabric {
         self.d.mr_mode & sys::FI_MR_VIRT_ADDR != 0
     }
 
+    /// Whether the provider refuses an access with a key it did not hand out, and an access
+    /// outside the registration the key names: true of `tcp`, verbs and EFA; false of `shm`
+    /// (and `sm2`), which reach memory by virtual address through the kernel's cross-memory
+    /// attach and look at no key. A provider that does not is no boundary between tenants.
+    pub fn checks_keys(&self) -> bool {
+        let name = self.provider();
+        !name
+            .split(';')
+            .any(|p| matches!(p, "shm" | "sm2" | "sockets"))
+    }
+
+    /// Whether the provider numbers the keys itself (`FI_MR_PROV_KEY`): else they are drawn
+    /// at random.
+    pub fn provider_keys(&self) -> bool {
+        self.d.mr_mode & sys::FI_MR_PROV_KEY != 0
+    }
+
     /// A new endpoint of this domain, enabled, with its own completion queue and address
-    /// vector.
+    /// vector. Its operations wait for their completions by polling.
     pub fn endpoint(&self) -> Result<Endpoint, Error> {
         Ok(Endpoint {
-            e: Arc::new(EpInner::open(&self.d)?),
+            e: Arc::new(EpInner::open(&self.d, false)?),
             next_context: 1,
         })
     }
+
+    /// A new endpoint for serving peers' accesses to memory registered on it: its completion
+    /// queue has a wait object, so that [`Endpoint::wait`] can sleep until the provider has
+    /// work (a software provider moves the bytes of a peer's access only while the serving
+    /// endpoint is progressed).
+    pub fn serving_endpoint(&self) -> Result<Endpoint, Error> {
+        Ok(Endpoint {
+            e: Arc::new(EpInner::open(&self.d, true)?),
+            next_context: 1,
+        })
+    }
+}
+
+/// A key nobody can guess: 64 random bits from the kernel.
+fn random_key() -> Result<u64, Error> {
+    let mut key = [0u8; 8];
+    // SAFETY: `key` is 8 writable bytes.
+    let n = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+    if n != key.len() as isize {
+        return Err(Error {
+            op: "getrandom",
+            code: std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        });
+    }
+    Ok(u64::from_ne_bytes(key))
 }
 
 /// An endpoint's libfabric objects.
@@ -211,6 +267,9 @@ struct EpInner {
     ep: NonNull<sys::fid_ep>,
     cq: NonNull<sys::fid_cq>,
     av: NonNull<sys::fid_av>,
+    /// The completion queue's descriptor to sleep on (a serving endpoint's, where the
+    /// provider has one): readable when the provider has work.
+    wait_fd: Option<libc::c_int>,
 }
 
 // SAFETY: opened in a `FI_THREAD_SAFE` domain; owned here and closed once, in Drop.
@@ -219,10 +278,11 @@ unsafe impl Send for EpInner {}
 unsafe impl Sync for EpInner {}
 
 impl EpInner {
-    fn open(d: &Arc<Domain>) -> Result<EpInner, Error> {
-        let mut cq_attr = sys::fi_cq_attr {
+    fn open(d: &Arc<Domain>, wait: bool) -> Result<EpInner, Error> {
+        let attr = |wait_obj| sys::fi_cq_attr {
             format: sys::fi_cq_format_FI_CQ_FORMAT_CONTEXT,
             size: 256,
+            wait_obj,
             ..Default::default()
         };
         let mut av_attr = sys::fi_av_attr {
@@ -234,10 +294,32 @@ impl EpInner {
         // once made, or here when a later step fails.
         unsafe {
             let domain = d.domain.as_ptr();
-            check(
-                "fi_cq_open",
-                sys::fi_cq_open(domain, &mut cq_attr, &mut cq, null_mut()) as isize,
-            )?;
+            // A serving endpoint's queue gets a descriptor to sleep on where the provider has
+            // one (tcp); one that has none (shm) is polled.
+            let mut wait_fd = None;
+            if wait {
+                let mut a = attr(sys::fi_wait_obj_FI_WAIT_FD);
+                if sys::fi_cq_open(domain, &mut a, &mut cq, null_mut()) == 0 {
+                    let mut fd: libc::c_int = -1;
+                    let r = sys::fi_control(
+                        &mut (*cq).fid,
+                        sys::FI_GETWAIT as i32,
+                        (&mut fd as *mut libc::c_int).cast(),
+                    );
+                    if r == 0 && fd >= 0 {
+                        wait_fd = Some(fd);
+                    }
+                } else {
+                    cq = null_mut();
+                }
+            }
+            if cq.is_null() {
+                let mut a = attr(sys::fi_wait_obj_FI_WAIT_NONE);
+                check(
+                    "fi_cq_open",
+                    sys::fi_cq_open(domain, &mut a, &mut cq, null_mut()) as isize,
+                )?;
+            }
             let cq = NonNull::new(cq).expect("fi_cq_open succeeded");
             if let Err(e) = check(
                 "fi_av_open",
@@ -261,6 +343,7 @@ impl EpInner {
                 ep: NonNull::new(ep).expect("fi_endpoint succeeded"),
                 cq,
                 av,
+                wait_fd,
             };
             let ep = inner.ep.as_ptr();
             check(
@@ -377,6 +460,34 @@ impl Endpoint {
             op: "region memory",
             code: libc::ENOMEM,
         })?;
+        // SAFETY: `buf` is `len` bytes the region owns; the region closes the registration
+        // before it frees them (Region's Drop).
+        match unsafe { self.register_memory(buf, len, remote_read, remote_write) } {
+            Ok(reg) => Ok(Region {
+                reg: std::mem::ManuallyDrop::new(reg),
+                layout,
+            }),
+            Err(e) => {
+                // SAFETY: allocated above with `layout`, registered nowhere.
+                unsafe { std::alloc::dealloc(buf.as_ptr(), layout) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers `len` bytes at `base`, memory this endpoint's owner keeps, for peers' reads
+    /// (`remote_read`) and writes (`remote_write`) and for the endpoint's own operations.
+    ///
+    /// # Safety
+    /// The `len` bytes at `base` must stay mapped (and writable, with `remote_write`) until the
+    /// registration returned is dropped: a peer may reach them until then.
+    pub unsafe fn register_memory(
+        &self,
+        base: NonNull<u8>,
+        len: usize,
+        remote_read: bool,
+        remote_write: bool,
+    ) -> Result<Registration, Error> {
         let mut access = u64::from(sys::FI_READ | sys::FI_WRITE);
         if remote_read {
             access |= u64::from(sys::FI_REMOTE_READ);
@@ -385,14 +496,17 @@ impl Endpoint {
             access |= u64::from(sys::FI_REMOTE_WRITE);
         }
         let d = &self.e.d;
-        let key = d.next_key.fetch_add(1, Ordering::Relaxed);
+        let key = match d.mr_mode & sys::FI_MR_PROV_KEY {
+            0 => random_key()?,
+            _ => 0,
+        };
         let mut mr = null_mut();
-        // SAFETY: `buf` is `len` bytes this region owns until after the registration is
-        // closed (Region's Drop closes it first).
+        // SAFETY: the caller keeps the memory until the registration is closed (Registration's
+        // Drop).
         let r = unsafe {
             sys::fi_mr_reg(
                 d.domain.as_ptr(),
-                buf.as_ptr().cast(),
+                base.as_ptr().cast(),
                 len,
                 access,
                 0,
@@ -402,18 +516,13 @@ impl Endpoint {
                 null_mut(),
             )
         };
-        let region = |mr: *mut sys::fid_mr| Region {
+        check("fi_mr_reg", r as isize)?;
+        let reg = Registration {
             e: self.e.clone(),
-            mr: NonNull::new(mr),
-            buf,
-            layout,
+            mr: NonNull::new(mr).expect("fi_mr_reg succeeded"),
+            base,
             len,
         };
-        if let Err(e) = check("fi_mr_reg", r as isize) {
-            drop(region(null_mut()));
-            return Err(e);
-        }
-        let region = region(mr);
         if d.mr_mode & sys::FI_MR_ENDPOINT != 0 {
             // SAFETY: the registration and the endpoint are open.
             unsafe {
@@ -424,7 +533,7 @@ impl Endpoint {
                 check("fi_mr_enable", sys::fi_mr_enable(mr) as isize)?;
             }
         }
-        Ok(region)
+        Ok(reg)
     }
 
     /// Reads `dst.len()` bytes of `src` from `offset` on, at `peer`, into `dst`, a range of a
@@ -432,7 +541,7 @@ impl Endpoint {
     /// is refused before anything is posted.
     pub fn read(
         &mut self,
-        dst: (&mut Region, std::ops::Range<usize>),
+        dst: (&mut Registration, std::ops::Range<usize>),
         peer: Peer,
         src: &Remote,
         offset: u64,
@@ -446,7 +555,7 @@ impl Endpoint {
     /// before anything is posted.
     pub fn write(
         &mut self,
-        src: (&Region, std::ops::Range<usize>),
+        src: (&Registration, std::ops::Range<usize>),
         peer: Peer,
         dst: &Remote,
         offset: u64,
@@ -461,7 +570,7 @@ impl Endpoint {
         let post = || unsafe {
             sys::fi_write(
                 ep,
-                region.buf.as_ptr().add(range.start).cast(),
+                region.base.as_ptr().add(range.start).cast(),
                 len,
                 desc,
                 peer.0,
@@ -480,7 +589,7 @@ impl Endpoint {
     /// `dst`, are refused before anything is posted.
     pub fn read_many(
         &mut self,
-        dst: &mut Region,
+        dst: &mut Registration,
         reads: &[(std::ops::Range<usize>, Peer, Remote, u64)],
         depth: usize,
     ) -> Result<(), Error> {
@@ -496,7 +605,7 @@ impl Endpoint {
                 code: libc::EINVAL,
             });
         }
-        let (ep, desc, base) = (self.e.ep.as_ptr(), dst.desc(), dst.buf.as_ptr());
+        let (ep, desc, base) = (self.e.ep.as_ptr(), dst.desc(), dst.base.as_ptr());
         // Contexts `first..first + reads.len()`, one per read.
         let first = self.next_context;
         self.next_context = first.wrapping_add(reads.len() + 1).max(1);
@@ -561,6 +670,40 @@ impl Endpoint {
         }
     }
 
+    /// Waits up to `timeout_ms` for the provider to have work, then drives its progress and
+    /// takes a completion off the queue, if there is one (its context). An endpoint from
+    /// [`Fabric::serving_endpoint`] sleeps on its queue's descriptor where the provider has
+    /// one; otherwise the wait is a poll, then a pause of at most `idle` when it found nothing.
+    pub fn wait(
+        &mut self,
+        timeout_ms: i32,
+        idle: std::time::Duration,
+    ) -> Result<Option<usize>, Error> {
+        let Some(fd) = self.e.wait_fd else {
+            let r = self.poll();
+            if matches!(r, Ok(None)) {
+                std::thread::sleep(idle);
+            }
+            return r;
+        };
+        // SAFETY: the fabric and the queue are open; `fids` holds that one queue of the fabric.
+        let ready = unsafe {
+            let mut fids = [std::ptr::addr_of_mut!((*self.e.cq.as_ptr()).fid)];
+            sys::fi_trywait(self.e.d.fabric.as_ptr(), fids.as_mut_ptr(), 1)
+        };
+        if ready == 0 {
+            // Nothing pending: sleep until the descriptor says otherwise.
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, owned here.
+            unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        }
+        self.poll()
+    }
+
     /// Drives the provider's progress and takes one completion off the queue: its context,
     /// or None when there is none. A software provider (tcp, shm) moves the bytes of a peer's
     /// reads and writes of this endpoint's regions only while its owner polls: an endpoint
@@ -619,32 +762,29 @@ fn checked(
     }
 }
 
-/// Memory registered on an endpoint's domain ([`Endpoint::register`]), owned by this value:
-/// deregistered, then freed, when it is dropped.
-pub struct Region {
+/// A registration of memory on an endpoint's domain: closed when dropped, after which no peer
+/// reaches the memory through it.
+pub struct Registration {
     e: Arc<EpInner>,
-    mr: Option<NonNull<sys::fid_mr>>,
-    buf: NonNull<u8>,
-    layout: Layout,
+    mr: NonNull<sys::fid_mr>,
+    base: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: the memory is owned by the region; the registration belongs to a `FI_THREAD_SAFE`
-// domain.
-unsafe impl Send for Region {}
-// SAFETY: shared access only reads (`bytes`); writes need `&mut`.
-unsafe impl Sync for Region {}
+// SAFETY: the registration belongs to a `FI_THREAD_SAFE` domain; the memory it names is
+// reached through it only by libfabric, and by the owner's `&mut` accesses.
+unsafe impl Send for Registration {}
+// SAFETY: as above.
+unsafe impl Sync for Registration {}
 
-impl Region {
-    /// What a peer needs to read or write this region.
+impl Registration {
+    /// What a peer needs to read or write the registered memory.
     pub fn remote(&self) -> Remote {
-        // SAFETY: the registration is open while the region lives.
-        let key = self
-            .mr
-            .map_or(0, |mr| unsafe { sys::fi_mr_key(mr.as_ptr()) });
+        // SAFETY: the registration is open while this value lives.
+        let key = unsafe { sys::fi_mr_key(self.mr.as_ptr()) };
         let addr = match self.e.d.mr_mode & sys::FI_MR_VIRT_ADDR {
             0 => 0,
-            _ => self.buf.as_ptr() as u64,
+            _ => self.base.as_ptr() as u64,
         };
         Remote {
             addr,
@@ -655,22 +795,13 @@ impl Region {
 
     /// The registration's descriptor, for the provider's local access to the memory.
     fn desc(&self) -> *mut c_void {
-        // SAFETY: the registration is open while the region lives.
-        self.mr
-            .map_or(null_mut(), |mr| unsafe { sys::fi_mr_desc(mr.as_ptr()) })
+        // SAFETY: the registration is open while this value lives.
+        unsafe { sys::fi_mr_desc(self.mr.as_ptr()) }
     }
 
-    /// The region's bytes. A peer may write them meanwhile when the region admits remote
-    /// writes: read what a completed write of the peer's put there.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `len` bytes owned by this region.
-        unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.len) }
-    }
-
-    /// The region's bytes for writing.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above; `&mut self` keeps this endpoint's own operations off them.
-        unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len) }
+    /// The memory's first byte.
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
     }
 
     /// Length in bytes.
@@ -678,21 +809,62 @@ impl Region {
         self.len
     }
 
-    /// Whether the region is empty.
+    /// Whether the registration is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: open until now, closed once.
+        unsafe { close(&mut (*self.mr.as_ptr()).fid) };
+    }
+}
+
+/// Memory registered on an endpoint's domain ([`Endpoint::register`]), owned by this value:
+/// deregistered, then freed, when it is dropped.
+pub struct Region {
+    reg: std::mem::ManuallyDrop<Registration>,
+    layout: Layout,
+}
+
+impl std::ops::Deref for Region {
+    type Target = Registration;
+    fn deref(&self) -> &Registration {
+        &self.reg
+    }
+}
+
+impl std::ops::DerefMut for Region {
+    fn deref_mut(&mut self) -> &mut Registration {
+        &mut self.reg
+    }
+}
+
+impl Region {
+    /// The region's bytes. A peer may write them meanwhile when the region admits remote
+    /// writes: read what a completed write of the peer's put there.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes owned by this region.
+        unsafe { std::slice::from_raw_parts(self.reg.base.as_ptr(), self.reg.len) }
+    }
+
+    /// The region's bytes for writing.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` keeps this endpoint's own operations off them.
+        unsafe { std::slice::from_raw_parts_mut(self.reg.base.as_ptr(), self.reg.len) }
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: the registration goes first, so no peer reaches the memory once it is freed;
-        // the memory was allocated with `layout`.
+        // the memory was allocated with `layout`, and the registration is not used again.
+        let base = self.reg.base;
         unsafe {
-            if let Some(mr) = self.mr {
-                close(&mut (*mr.as_ptr()).fid);
-            }
-            std::alloc::dealloc(self.buf.as_ptr(), self.layout);
+            std::mem::ManuallyDrop::drop(&mut self.reg);
+            std::alloc::dealloc(base.as_ptr(), self.layout);
         }
     }
 }

@@ -51,12 +51,18 @@ mod checks {
         let server_fabric = Fabric::open(provider).unwrap_or_else(|e| panic!("{provider}: {e}"));
         let client_fabric = Fabric::open(provider).unwrap();
         println!(
-            "{provider}: provider {}, mr_mode {:#x}, virtual addressing {}",
+            "{provider}: provider {}, mr_mode {:#x}, virtual addressing {}, keys {}, checked {}",
             server_fabric.provider(),
             server_fabric.mr_mode(),
-            server_fabric.virtual_addressing()
+            server_fabric.virtual_addressing(),
+            if server_fabric.provider_keys() {
+                "the provider's"
+            } else {
+                "random"
+            },
+            server_fabric.checks_keys(),
         );
-        let mut server = server_fabric.endpoint().unwrap();
+        let mut server = server_fabric.serving_endpoint().unwrap();
         let mut region = server.register(LEN, true, true).unwrap();
         for (i, b) in region.bytes_mut().iter_mut().enumerate() {
             *b = pattern(i);
@@ -76,9 +82,9 @@ mod checks {
         let stopping = stop.clone();
         let progress = std::thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
-                // A peer's failed access shows as an error here; the serving side goes on.
-                let _ = server.poll();
-                std::thread::yield_now();
+                // A peer's failed access shows as an error here; the serving side goes on,
+                // sleeping until the provider has work (or the next look at `stopping`).
+                let _ = server.wait(20, std::time::Duration::from_micros(50));
             }
             let bytes = region.bytes().to_vec();
             drop(region);
