@@ -42,21 +42,26 @@ fn main() {
     bindings
         .write_to_file(out.join("bindings.rs"))
         .expect("writing the binding");
-    compile_wrappers(&wrappers, &header, &include);
-    if let Some(p) = &prefix {
-        println!(
-            "cargo::rustc-link-search=native={}",
-            p.join("lib").display()
-        );
-    }
-    println!("cargo::rustc-link-lib=fabric");
+    // Not linked: loaded by `loader.c` when first used (why: there).
+    let library = prefix.as_ref().map_or_else(
+        || "libfabric.so.1".to_string(),
+        |p| p.join("lib/libfabric.so.1").display().to_string(),
+    );
+    compile_wrappers(&wrappers, &header, &include, &manifest, &library);
     println!("cargo::rustc-cfg=libfabric");
     println!("cargo::metadata=binding=1");
 }
 
 /// Compiles bindgen's C wrappers of libfabric's inline calls (`<file>.c` includes nothing
-/// itself: the header goes in front of it).
-fn compile_wrappers(wrappers: &Path, header: &Path, include: &Path) {
+/// itself: the header goes in front of it), and the loader that opens `library` when first
+/// used.
+fn compile_wrappers(
+    wrappers: &Path,
+    header: &Path,
+    include: &Path,
+    manifest: &Path,
+    library: &str,
+) {
     let mut c = wrappers.to_path_buf();
     c.set_extension("c");
     cc::Build::new()
@@ -66,4 +71,10 @@ fn compile_wrappers(wrappers: &Path, header: &Path, include: &Path) {
         .flag(header.to_string_lossy().as_ref())
         .warnings(false)
         .compile("kvpool_fabric_inline");
+    println!("cargo::rerun-if-changed=loader.c");
+    cc::Build::new()
+        .file(manifest.join("loader.c"))
+        .include(include)
+        .define("KVPOOL_LIBFABRIC_SO", format!("\"{library}\"").as_str())
+        .compile("kvpool_fabric_loader");
 }

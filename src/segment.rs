@@ -292,6 +292,14 @@ impl Segment {
         incarnation_word(&self.map).map_or(0, |w| w.load(Ordering::Acquire))
     }
 
+    /// The whole mapping (header, version words, data): its first byte and length, to
+    /// register with a fabric. It stays mapped at that address for as long as the segment
+    /// lives.
+    pub fn mapping(&self) -> (std::ptr::NonNull<u8>, usize) {
+        let base = std::ptr::NonNull::new(self.map.base()).expect("a mapping is never at 0");
+        (base, self.map.mapped_len())
+    }
+
     /// Layout of this segment.
     pub fn layout(&self) -> &SegmentLayout {
         &self.layout

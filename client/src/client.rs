@@ -100,6 +100,7 @@ impl Client {
         let scheme = match endpoint {
             Endpoint::Quic(_) => Scheme::Quic,
             Endpoint::Tls(_) => Scheme::Tls,
+            Endpoint::Fabric(_) => Scheme::Fabric,
             _ => Scheme::Tcp,
         };
         let link = tokio::time::timeout(cfg.timeout, Link::open(endpoint, &cfg))

@@ -141,7 +141,7 @@ impl Conn {
     ) -> Result<(Reader, Writer, Option<RawFd>), ClientError> {
         let mut fd = None;
         let (r, w): (Reader, Writer) = match endpoint {
-            Endpoint::Tcp(a) => {
+            Endpoint::Tcp(a) | Endpoint::Fabric(a) => {
                 let s = TcpStream::connect(a.as_str()).await?;
                 s.set_nodelay(true)?;
                 fd = Some(s.as_raw_fd());

@@ -1,5 +1,5 @@
-//! Endpoints: `tcp://host:port`, `tls://host:port`, `quic://host:port` and
-//! `unix:///path/to/kvpool.sock`.
+//! Endpoints: `tcp://host:port`, `tls://host:port`, `quic://host:port`,
+//! `fabric://host:port` and `unix:///path/to/kvpool.sock`.
 //!
 //! Uses `error` only.
 
@@ -19,14 +19,19 @@ pub enum Endpoint {
     Tls(String),
     /// A Unix domain socket on this host.
     Unix(PathBuf),
+    /// TCP for requests (`host:port`, the node's TCP listener), and values read one-sidedly
+    /// over the node's fabric (`[listen] fabric`: libfabric's tcp, shm, verbs or EFA).
+    Fabric(String),
 }
 
 impl Endpoint {
-    /// Parses `tcp://…`, `tls://…`, `quic://…`, `unix://…`; a bare `host:port` means TCP.
+    /// Parses `tcp://…`, `tls://…`, `quic://…`, `fabric://…`, `unix://…`; a bare `host:port`
+    /// means TCP.
     pub fn parse(s: &str) -> Result<Endpoint, ClientError> {
         let bad = || {
             ClientError::Endpoint(format!(
-                "{s:?}: expected tcp://host:port, tls://host:port, quic://host:port or unix:///path"
+                "{s:?}: expected tcp://host:port, tls://host:port, quic://host:port, \
+                 fabric://host:port or unix:///path"
             ))
         };
         if let Some(rest) = s.strip_prefix("tcp://") {
@@ -37,6 +42,9 @@ impl Endpoint {
         }
         if let Some(rest) = s.strip_prefix("tls://") {
             return host_port(rest).map(Endpoint::Tls).ok_or_else(bad);
+        }
+        if let Some(rest) = s.strip_prefix("fabric://") {
+            return host_port(rest).map(Endpoint::Fabric).ok_or_else(bad);
         }
         if let Some(rest) = s.strip_prefix("unix://") {
             return if rest.is_empty() {
@@ -54,7 +62,7 @@ impl Endpoint {
     /// The host part, for TLS server names.
     pub(crate) fn host(&self) -> Option<&str> {
         match self {
-            Endpoint::Tcp(hp) | Endpoint::Quic(hp) | Endpoint::Tls(hp) => hp
+            Endpoint::Tcp(hp) | Endpoint::Quic(hp) | Endpoint::Tls(hp) | Endpoint::Fabric(hp) => hp
                 .rsplit_once(':')
                 .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']')),
             Endpoint::Unix(_) => None,
@@ -68,6 +76,7 @@ impl fmt::Display for Endpoint {
             Endpoint::Tcp(a) => write!(f, "tcp://{a}"),
             Endpoint::Quic(a) => write!(f, "quic://{a}"),
             Endpoint::Tls(a) => write!(f, "tls://{a}"),
+            Endpoint::Fabric(a) => write!(f, "fabric://{a}"),
             Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
         }
     }
@@ -107,6 +116,16 @@ mod tests {
             "tls://kv.example:7373"
         );
         assert_eq!(
+            Endpoint::parse("fabric://10.0.0.7:7370").unwrap(),
+            Endpoint::Fabric("10.0.0.7:7370".into())
+        );
+        assert_eq!(
+            Endpoint::parse("fabric://10.0.0.7:7370")
+                .unwrap()
+                .to_string(),
+            "fabric://10.0.0.7:7370"
+        );
+        assert_eq!(
             Endpoint::parse("unix:///tmp/k.sock").unwrap(),
             Endpoint::Unix("/tmp/k.sock".into())
         );
@@ -117,6 +136,7 @@ mod tests {
             "tcp://:80",
             "tcp://h:99999",
             "tls://nope",
+            "fabric://nope",
         ] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }

@@ -13,6 +13,7 @@
 //! connection, takes the new namespace ids and maps the new segment files (the old mapping,
 //! of the dead daemon's unlinked files, is released once no read holds it).
 
+mod fabric;
 mod local_get;
 mod local_put;
 mod pool;
@@ -35,6 +36,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 use crate::local::LocalMap;
 use crate::located::Located;
+use fabric::FabricPath;
 use pool::{ConnPool, Lane};
 use same_host::SameHostPath;
 
@@ -50,6 +52,8 @@ pub(crate) struct Link {
     incarnation: AtomicU64,
     /// The node is on this host and the link maps its segments (again after a restart).
     same_host: Option<SameHostPath>,
+    /// The endpoint is `fabric://`: values are read one-sidedly over the node's fabric.
+    fabric: Option<FabricPath>,
 }
 
 impl Link {
@@ -68,7 +72,10 @@ impl Link {
         let (mut conn, mut hello) =
             Conn::open(&endpoint, cfg, (quic.as_ref().map(|q| &q.1), false)).await?;
         let mut same_host = None;
-        if let Some(found) = SameHostPath::open(cfg, &hello).await {
+        let mut fabric = None;
+        if matches!(endpoint, Endpoint::Fabric(_)) && cfg.connector.is_none() {
+            fabric = Some(FabricPath::open(&mut conn, &hello).await?);
+        } else if let Some(found) = SameHostPath::open(cfg, &hello).await {
             endpoint = found.endpoint;
             conn = found.conn;
             hello = found.hello;
@@ -82,6 +89,7 @@ impl Link {
             namespaces: RwLock::new(namespaces),
             conns: ConnPool::new(cfg, conn, quic),
             same_host,
+            fabric,
         })
     }
 
@@ -111,6 +119,9 @@ impl Link {
         self.conns.clear();
         *self.namespaces.write().unwrap_or_else(|e| e.into_inner()) =
             hello.namespaces.iter().cloned().collect();
+        if let Some(f) = &self.fabric {
+            f.reopen(conn, hello).await;
+        }
         let Some(sh) = &self.same_host else {
             return Ok(());
         };
@@ -429,6 +440,9 @@ impl Link {
                 .get_local(sh, cfg, view, ns, keys, dsts, prefix, lease_ms)
                 .await;
         }
+        if let Some(st) = self.fabric.as_ref().and_then(FabricPath::state) {
+            return Box::pin(self.get_fabric(st, cfg, view, ns, keys, dsts, prefix)).await;
+        }
         // Boxed: its future (frames, a streaming hasher) is several kilobytes, and inline it
         // would be every same-host call's too, moved on each poll's setup (see `get_local`).
         Box::pin(self.get_remote(cfg, view, ns, keys, dsts, prefix)).await
@@ -498,6 +512,11 @@ impl Link {
     ) -> Result<Option<Vec<u8>>, ClientError> {
         if let Some(sh) = &self.same_host {
             if let Some(found) = self.get_one_local(sh, cfg, view, ns, key).await? {
+                return Ok(found);
+            }
+        }
+        if let Some(st) = self.fabric.as_ref().and_then(FabricPath::state) {
+            if let Some(found) = Box::pin(self.get_one_fabric(st, cfg, view, ns, key)).await? {
                 return Ok(found);
             }
         }

@@ -9,7 +9,8 @@
 //! a [`Remote`] carries the address a peer reads at, the region's virtual address or an offset
 //! into it, whichever the provider's addressing is.
 //!
-//! Built without libfabric's headers the crate has no binding and [`AVAILABLE`] is false.
+//! Built without libfabric's headers the crate has no binding, [`AVAILABLE`] is false and
+//! [`Fabric::open`] fails; the types are the same, so code using them builds either way.
 
 #[cfg(libfabric)]
 mod rma;
@@ -18,6 +19,10 @@ pub mod sys;
 
 #[cfg(libfabric)]
 pub use rma::{Endpoint, Error, Fabric, Peer, Region, Registration, Remote};
+#[cfg(not(libfabric))]
+mod unavailable;
+#[cfg(not(libfabric))]
+pub use unavailable::{Endpoint, Error, Fabric, Peer, Region, Registration, Remote};
 
 /// Whether this build has the libfabric binding (its headers were installed at build time).
 pub const AVAILABLE: bool = cfg!(libfabric);

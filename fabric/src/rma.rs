@@ -65,6 +65,42 @@ unsafe fn close(fid: *mut sys::fid) {
     unsafe { sys::fi_close(fid) };
 }
 
+/// The process's handlers of the signals libfabric's providers take over, put back when this
+/// value drops. Providers install their own while they start (`shm` cleans up its files, then
+/// re-raises with the handler it found, which is the default when it starts before the
+/// program's: a daemon stopped with SIGTERM would die of it instead of shutting down); the
+/// program's handlers stay in charge, and a clean stop closes what the provider would clean.
+struct KeepSignals([(libc::c_int, libc::sigaction); 6]);
+
+impl KeepSignals {
+    fn new() -> KeepSignals {
+        let mut kept = [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGILL,
+            libc::SIGABRT,
+        ]
+        // SAFETY: an all-zero sigaction is a valid value to be overwritten.
+        .map(|s| (s, unsafe { std::mem::zeroed::<libc::sigaction>() }));
+        for (signal, action) in &mut kept {
+            // SAFETY: reads the current action into a sigaction this value owns.
+            unsafe { libc::sigaction(*signal, null(), action) };
+        }
+        KeepSignals(kept)
+    }
+}
+
+impl Drop for KeepSignals {
+    fn drop(&mut self) {
+        for (signal, action) in &self.0 {
+            // SAFETY: puts back an action read from the kernel for the same signal.
+            unsafe { libc::sigaction(*signal, action, null_mut()) };
+        }
+    }
+}
+
 /// The provider's fabric, domain and the description they were opened from.
 struct Domain {
     info: NonNull<sys::fi_info>,
@@ -103,6 +139,7 @@ impl Fabric {
     /// Opens the first fabric and domain `provider` offers with remote memory access, asking
     /// for thread safety and offering every registration mode the production providers need.
     pub fn open(provider: &str) -> Result<Fabric, Error> {
+        let _signals = KeepSignals::new();
         let name = CString::new(provider).map_err(|_| Error {
             op: "provider name",
             code: libc::EINVAL,
@@ -279,6 +316,7 @@ unsafe impl Sync for EpInner {}
 
 impl EpInner {
     fn open(d: &Arc<Domain>, wait: bool) -> Result<EpInner, Error> {
+        let _signals = KeepSignals::new();
         let attr = |wait_obj| sys::fi_cq_attr {
             format: sys::fi_cq_format_FI_CQ_FORMAT_CONTEXT,
             size: 256,

@@ -127,7 +127,13 @@ impl Daemon {
             .flatten();
         let membership = membership(&config, (&membership_cfg, departed, &timing), &bound, &pool);
         let parts = (&pool, &metrics, &membership, &creds);
-        let shared = Arc::new(shared(&config, parts, &bound, policy, disk.clone()));
+        let mut shared = shared(&config, parts, &bound, policy, disk.clone());
+        if !config.listen.fabric.is_empty() {
+            let fabric = crate::fabric::NodeFabric::open(&config.listen.fabric, &pool)?;
+            metrics.fabric_registered(fabric.registered_bytes());
+            shared.fabric = Some(Arc::new(fabric));
+        }
+        let shared = Arc::new(shared);
         let (stop, shutdown) = watch::channel(false);
         let (done_tx, done) = mpsc::channel(1);
         let ctx = Ctx {
@@ -592,6 +598,7 @@ pub(crate) fn shared(
             timeout: Duration::from_millis(config.cluster.heartbeat_ms.max(10)) * 4,
         },
         disk,
+        fabric: None,
     }
 }
 

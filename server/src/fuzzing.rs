@@ -90,6 +90,7 @@ impl Harness {
                 timeout: Duration::from_secs(1),
             },
             disk: None,
+            fabric: None,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()

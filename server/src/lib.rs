@@ -49,6 +49,7 @@ mod deadline;
 mod disk_tier;
 mod etcd_gateway;
 mod events;
+mod fabric;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod handler;

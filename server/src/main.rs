@@ -57,6 +57,11 @@ struct Cli {
     /// QUIC's certificate; empty disables [default: off].
     #[arg(long, env = "KVPOOL_TLS")]
     tls: Option<String>,
+    /// libfabric provider the segments are registered with for one-sided reads (clients:
+    /// fabric://host:port, the TCP address): tcp, shm, "verbs;ofi_rxm", efa; empty disables
+    /// [default: off].
+    #[arg(long, env = "KVPOOL_FABRIC")]
+    fabric: Option<String>,
     /// Auth token clients must present [default: none].
     #[arg(long, env = "KVPOOL_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -222,6 +227,9 @@ fn apply(cli: &Cli, c: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(v) = &cli.tls {
         c.listen.tls = v.clone();
+    }
+    if let Some(v) = &cli.fabric {
+        c.listen.fabric = v.clone();
     }
     if let Some(v) = &cli.token {
         c.auth.token = v.clone();

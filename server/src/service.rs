@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) peers: PeerPolicy,
     /// The disk tier under DRAM (`[disk]`); None when it is off.
     pub(crate) disk: Option<Arc<crate::disk_tier::DiskTier>>,
+    /// The segments registered with a fabric (`[listen] fabric`); None when it is off.
+    pub(crate) fabric: Option<Arc<crate::fabric::NodeFabric>>,
 }
 
 /// Who may connect, and which namespaces each token opens.

@@ -408,6 +408,12 @@ pub enum Op {
     /// payload bytes in and out, requests and connections refused by each limit. Reply:
     /// `Traffic`.
     Traffic,
+    /// Protocol 13 on: what reading and writing the node's memory one-sidedly over its fabric
+    /// takes (`fabric://` endpoints): the fabric's provider and the node's address on it, and
+    /// the segments the connection's token admits to (as for `MapInfo`) with their keys.
+    /// Reply: `FabricInfo`; `NotFound` when the node serves no fabric, `Unauthorized` when
+    /// its provider checks no keys and the token does not admit to every segment.
+    FabricInfo,
 }
 
 /// One value of a `CommitStaged`.
@@ -557,6 +563,33 @@ pub enum Reply {
     KvEvents(KvEventBatch),
     /// Protocol 11 on: the node's traffic since start.
     Traffic(NodeTraffic),
+    /// Protocol 13 on: the node's fabric and the segments this connection may reach over it.
+    FabricInfo {
+        /// The daemon's incarnation: every address the segments hold carries it.
+        incarnation: u64,
+        /// The provider (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`, `efa`, ...): the client opens
+        /// the same.
+        provider: String,
+        /// The node's endpoint address on that provider (its `fi_getname`).
+        address: Vec<u8>,
+        /// The segments.
+        segments: Vec<FabricSegment>,
+    },
+}
+
+/// A segment a client may read over the node's fabric: the whole mapping (header, version
+/// words, data) is registered, readable by whoever holds the key.
+#[derive(Clone, Debug, PartialEq, Eq, Archive, Serialize, Deserialize)]
+pub struct FabricSegment {
+    /// Segment number.
+    pub id: u32,
+    /// The mapping's first byte as the provider addresses it (its virtual address, or 0 under
+    /// offset addressing).
+    pub addr: u64,
+    /// The registration's key: a capability, random where the provider lets the node choose.
+    pub key: u64,
+    /// Length of the whole mapping.
+    pub total_len: u64,
 }
 
 /// What a node has served since start: the counters of its metrics page that a client cannot

@@ -38,8 +38,8 @@ pub use rkyv::util::AlignedVec;
 ///
 /// 6 added `Heartbeat` and 7 added `Move`, both node to node only; 8 answers a `Get` of an
 /// absent key with `Miss` instead of an error; 9 added `DiskStats`; 10 added `KvEvents`; 11
-/// added `Traffic`; 12 added the `restarting` node state.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// added `Traffic`; 12 added the `restarting` node state; 13 added `FabricInfo`.
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// The first version with `Heartbeat`: a peer of an older one is sent `Gossip`.
 pub const HEARTBEAT_VERSION: u32 = 6;

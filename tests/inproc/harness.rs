@@ -45,7 +45,9 @@ impl Connector for Net {
         Box::pin(async move {
             self.dials.fetch_add(1, Ordering::Relaxed);
             let addr = match endpoint {
-                Endpoint::Tcp(a) | Endpoint::Quic(a) | Endpoint::Tls(a) => a.clone(),
+                Endpoint::Tcp(a) | Endpoint::Quic(a) | Endpoint::Tls(a) | Endpoint::Fabric(a) => {
+                    a.clone()
+                }
                 Endpoint::Unix(p) => p.display().to_string(),
             };
             if self.cut.lock().unwrap().contains(&addr) {

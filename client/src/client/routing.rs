@@ -26,6 +26,8 @@ pub(super) enum Scheme {
     /// Reached over `tls://`: other nodes over QUIC (TLS 1.3 with the same CA), never in
     /// plaintext (the view carries no TLS-over-TCP addresses).
     Tls,
+    /// Reached over `fabric://`: other nodes over their fabric too (TCP for requests).
+    Fabric,
 }
 
 /// The view requests are routed by, and the one before it.
@@ -174,6 +176,7 @@ impl Client {
                      only encrypted"
                 )))
             }
+            Scheme::Fabric => Endpoint::Fabric(info.tcp.clone()),
             _ => Endpoint::Tcp(info.tcp.clone()),
         };
         let cfg = &self.cfg;

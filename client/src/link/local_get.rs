@@ -96,7 +96,7 @@ impl Link {
 
     /// Objects replaced between lookup and copy (`which`): fetched through the socket, `out[i]`
     /// their lengths.
-    async fn get_replaced(
+    pub(super) async fn get_replaced(
         &self,
         cfg: &ClientConfig,
         ns: u32,
@@ -422,7 +422,7 @@ fn copy_all<'d>(
 }
 
 /// With `prefix`, nothing after the first miss.
-fn prefix_run(mut out: Vec<Option<usize>>, prefix: bool) -> Vec<Option<usize>> {
+pub(super) fn prefix_run(mut out: Vec<Option<usize>>, prefix: bool) -> Vec<Option<usize>> {
     if prefix {
         if let Some(gap) = out.iter().position(|o| o.is_none()) {
             out[gap..].fill(None);

@@ -202,6 +202,11 @@ pub struct ListenConfig {
     /// The native protocol over TCP with TLS 1.3 (clients: `tls://host:port`), with QUIC's
     /// certificate (`[tls]`, or the generated one), e.g. `0.0.0.0:7373`. Default `""`: off.
     pub tls: String,
+    /// One-sided reads of the segments over libfabric (clients: `fabric://host:port`, with
+    /// `host:port` the TCP listener's): the provider, `tcp`, `verbs;ofi_rxm` (InfiniBand,
+    /// RoCE), `efa` or `shm`. Default `""`: off. libfabric's own variables choose its
+    /// interface (`FI_TCP_IFACE`, `FI_VERBS_IFACE`).
+    pub fabric: String,
     /// Most concurrent connections (QUIC streams count as connections). Default 1024. Lowered
     /// at start to what the open-file limit allows after `reserve_fds`.
     pub max_connections: usize,
@@ -597,6 +602,7 @@ impl Default for ListenConfig {
             unix_mode: 0o600,
             resp: String::new(),
             tls: String::new(),
+            fabric: String::new(),
             max_connections: 1024,
             max_connections_per_peer: 256,
             reserve_fds: 64,

@@ -586,6 +586,7 @@ pub(super) fn op_kind(op: &ArchivedOp) -> OpKind {
         | ArchivedOp::Traffic
         | ArchivedOp::View
         | ArchivedOp::MapInfo
+        | ArchivedOp::FabricInfo
         | ArchivedOp::Staging
         | ArchivedOp::ClusterAuth { .. }
         | ArchivedOp::Gossip { .. }

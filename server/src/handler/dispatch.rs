@@ -75,6 +75,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
                     .await
             }
             ArchivedOp::MapInfo => self.map_info(id).await,
+            ArchivedOp::FabricInfo => self.fabric_info(id).await,
             ArchivedOp::Staging => self.staging(id).await,
             ArchivedOp::CommitStaged { staging, items } => {
                 self.commit_staged(id, staging.to_native(), items).await

@@ -202,6 +202,25 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send> Conn<'_, R, W> {
         Ok(true)
     }
 
+    /// Offers the node's fabric: its provider and address, and the keys of the segments this
+    /// connection's token admits to (the rule of [`segments_to_offer`]).
+    pub(super) async fn fabric_info(&mut self, id: u64) -> Next {
+        let (Some(fabric), Some(access)) = (self.s.fabric.as_ref(), self.session.access.as_ref())
+        else {
+            let msg = "this node serves no fabric ([listen] fabric)";
+            self.fail(id, ErrorCode::NotFound, msg).await?;
+            return Ok(true);
+        };
+        let pool = &*self.s.pool;
+        let offered = fabric.offer(pool.incarnation(), |seg| may_read(pool, access, seg));
+        self.s.metrics.fabric_offer(offered.is_ok());
+        match offered {
+            Ok(reply) => self.reply(id, reply, &[]).await?,
+            Err((code, msg)) => self.fail(id, code, msg).await?,
+        }
+        Ok(true)
+    }
+
     /// Hands a same-host writer a staging area ([`crate::staging`]): over the Unix socket,
     /// to a token that may write some namespace, one per connection.
     pub(super) async fn staging(&mut self, id: u64) -> Next {
@@ -387,6 +406,15 @@ fn code_of(r: Result<(), PoolError>) -> u16 {
 fn status_of(r: Result<(), ErrorCode>) -> u16 {
     r.err().map_or(0, |e| e as u16)
 }
+/// Whether `access` may read every object segment `id` can hold: a namespace's own segment
+/// when the token admits to that namespace, a common segment when it admits to every
+/// namespace without a segment of its own.
+fn may_read(pool: &kvpool::Pool, access: &Access, id: u32) -> bool {
+    match pool.segment_owner(id) {
+        Some(ns) => access.allows(ns),
+        None => pool.common_namespaces().all(|ns| access.allows(ns)),
+    }
+}
 
 /// The segments `access` may map and a read-only descriptor of each: a namespace's own segment
 /// when the token admits to the namespace, the common segments when it admits to every
@@ -398,15 +426,11 @@ fn segments_to_offer(
     access: &Access,
 ) -> (Vec<SegmentMap>, Vec<std::fs::File>) {
     let pool = &*s.pool;
-    let common = pool.common_namespaces().all(|ns| access.allows(ns));
     let mut maps = Vec::new();
     let mut files = Vec::new();
     for seg in pool.segments() {
         let id = seg.layout().id;
-        let read = match pool.segment_owner(id) {
-            Some(ns) => access.allows(ns),
-            None => common,
-        };
+        let read = may_read(pool, access, id);
         let Some(path) = seg.path().filter(|_| read) else {
             continue;
         };

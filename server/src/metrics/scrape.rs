@@ -781,6 +781,23 @@ impl Scrape {
             MetricType::Gauge,
             &d.staging_bytes,
         )?;
+        single(
+            e,
+            "kvpool_fabric_registered",
+            "Bytes of segments registered with the fabric for one-sided reads (listen.fabric).",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+            &d.fabric_registered,
+        )?;
+        family(
+            e,
+            "kvpool_fabric_offers",
+            "FabricInfo requests: answered with the fabric's keys (served) or refused.",
+            None,
+            counter_t,
+            [("served", 0), ("refused", 1)]
+                .map(|(n, i)| ([("result", n)], d.fabric_offers[i].clone())),
+        )?;
         self.encode_kv_events(e)?;
         family(
             e,

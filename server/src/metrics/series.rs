@@ -300,6 +300,10 @@ pub(super) struct Daemon {
     pub(super) handover_pending: Gauge,
     /// Bytes of the staging areas handed to same-host writers now.
     pub(super) staging_bytes: Gauge,
+    /// Bytes registered with the fabric (`[listen] fabric`).
+    pub(super) fabric_registered: Gauge,
+    /// `FabricInfo` requests answered with the fabric, and refused.
+    pub(super) fabric_offers: [Counter; 2],
     /// Handoff keys given up, by how.
     pub(super) handoff_failures: [Counter; HANDOFF_FAILURES.len()],
     /// Nodes in this node's cluster view, by state.
@@ -433,6 +437,16 @@ impl Metrics {
     /// An unauthenticated connection closed to admit a new one.
     pub fn connection_reaped(&self, cause: ReapCause) {
         self.daemon.reaped[cause as usize].inc();
+    }
+
+    /// The bytes registered with the fabric.
+    pub(crate) fn fabric_registered(&self, bytes: u64) {
+        self.daemon.fabric_registered.set(bytes as i64);
+    }
+
+    /// A `FabricInfo` request answered with the fabric (`served`) or refused.
+    pub(crate) fn fabric_offer(&self, served: bool) {
+        self.daemon.fabric_offers[usize::from(!served)].inc();
     }
 
     /// The gauge of the bytes of staging areas handed out, for the areas' registry to keep.

@@ -83,6 +83,7 @@ fn shared() -> Shared {
             timeout: Duration::from_secs(1),
         },
         disk: None,
+        fabric: None,
     }
 }
 
