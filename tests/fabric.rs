@@ -24,6 +24,10 @@ fn available(test: &str) -> bool {
     )
 }
 
+/// The tests of this file, one at a time: one of them sets `KVPOOL_FABRIC_BOUNCE` for the
+/// process while it runs.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn cfg(token: &str, ns: &str) -> ClientConfig {
     ClientConfig {
         token: token.into(),
@@ -139,13 +143,28 @@ async fn gets_over(provider: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fabric_gets_over_the_tcp_provider() {
     if available("fabric_gets_over_the_tcp_provider") {
+        let _one = SERIAL.lock().await;
         gets_over("tcp").await;
+    }
+}
+
+/// The path of providers that require registered buffers (verbs, EFA), taken over tcp: reads
+/// land in the lane's registered buffer and are copied out, hashed in the same pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fabric_gets_through_registered_buffers() {
+    if available("fabric_gets_through_registered_buffers") {
+        let _one = SERIAL.lock().await;
+        // Read by a client when it opens a fabric; the other tests of this process wait.
+        std::env::set_var("KVPOOL_FABRIC_BOUNCE", "1");
+        gets_over("tcp").await;
+        std::env::remove_var("KVPOOL_FABRIC_BOUNCE");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fabric_gets_over_the_shm_provider() {
     if available("fabric_gets_over_the_shm_provider") {
+        let _one = SERIAL.lock().await;
         gets_over("shm").await;
     }
 }
@@ -168,6 +187,7 @@ async fn a_tenant_reaches_only_its_own_segment_over_the_fabric() {
     if !available("a_tenant_reaches_only_its_own_segment_over_the_fabric") {
         return;
     }
+    let _one = SERIAL.lock().await;
     use kvpool::protocol::Reply;
     let n = start("tcp", TENANTS);
     let url = format!("fabric://{}", n.tcp);
@@ -263,6 +283,7 @@ async fn a_provider_that_checks_no_keys_serves_only_a_token_for_every_namespace(
     if !available("a_provider_that_checks_no_keys_serves_only_a_token_for_every_namespace") {
         return;
     }
+    let _one = SERIAL.lock().await;
     use kvpool::protocol::{ErrorCode, Reply};
     let config = format!("[auth]\ntoken = \"node-token\"\n\n{TENANTS}");
     let n = start("shm", &config);

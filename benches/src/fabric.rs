@@ -1,12 +1,13 @@
 //! `kvpool-bench fabric`: one-sided reads over libfabric providers (`tcp`, `shm`) through
-//! kvpool's fabric layer (`kvpool_fabric`), against a bare `fi_read` loop over the same
-//! provider written here on the raw binding (the provider's own limit, as the raw TCP stream is
-//! for TCP), and kvpool's own TCP and same-host gets of the same sizes, in the same run.
+//! kvpool's fabric layer (`kvpool_fabric`) and through kvpool's `fabric://` gets (a daemon
+//! serving that provider), against a bare `fi_read` loop over the same provider written here on
+//! the raw binding (the provider's own limit, as the raw TCP stream is for TCP), and kvpool's
+//! own TCP and same-host gets of the same sizes, in the same run.
 //!
 //! For each provider and depth, `--pairs` rounds run every contender for `--duration-ms`, the
 //! order reversing each round; a row's ratio is the median of its per-round ratios to the bare
-//! loop, with the lowest and highest (goal: the layer at least 0.8 of the bare loop by its
-//! lowest). Every read of the fabric contenders lands in a registered buffer; the first and last
+//! loop, with the lowest and highest (goal: the layer and `fabric://` gets at least 0.8 of the
+//! bare loop by their lowest). Every read of the fabric contenders lands in a registered buffer; the first and last
 //! of each run are checked byte for byte. Every run is bounded by its duration.
 
 use std::path::PathBuf;
@@ -37,6 +38,10 @@ pub(crate) struct FabricArgs {
     /// Rounds of every contender, the order reversing each round.
     #[arg(long, default_value_t = 5)]
     pairs: usize,
+    /// Length of each run of the progress-cost measurement (4 KiB gets over TCP timed one by
+    /// one, with the fabric off and on, idle and under 2 MiB reads), in milliseconds; 0 skips it.
+    #[arg(long, default_value_t = 2000)]
+    latency_ms: u64,
     /// The kvpoold binary [default: kvpoold next to this executable].
     #[arg(long)]
     kvpoold: Option<PathBuf>,
@@ -84,19 +89,24 @@ pub(crate) fn run(args: FabricArgs) -> anyhow::Result<()> {
     let size = usize::try_from(args.size)?;
     let per = Duration::from_millis(args.duration_ms);
     let max_depth = args.depths.iter().copied().max().unwrap_or(1);
-    let kv = imp::KvpoolGets::start(args.kvpoold.as_deref(), size, max_depth)?;
+    let kv = imp::KvpoolGets::start(args.kvpoold.as_deref(), size, max_depth, None)?;
     let mut out = String::new();
     let mut json_rows = Vec::new();
+    let mut latency_rows = Vec::new();
     for provider in &args.providers {
         let mut bare = imp::Bare::open(provider, size, max_depth)
             .with_context(|| format!("the bare loop over {provider}"))?;
         let mut layer = imp::Layer::open(provider, size, max_depth)
             .with_context(|| format!("the fabric layer over {provider}"))?;
         let provider_name = layer.provider();
+        let over_fabric =
+            imp::KvpoolGets::start(args.kvpoold.as_deref(), size, max_depth, Some(provider))
+                .with_context(|| format!("kvpoold serving {provider}"))?;
         for &depth in &args.depths {
             let mut rows: Vec<Row> = [
                 format!("bare fi_read loop over {provider_name} (reference)"),
                 format!("kvpool_fabric read_many over {provider_name}"),
+                format!("kvpool batch_get_into over fabric://, {provider_name}"),
                 "kvpool batch_get_into over TCP".into(),
                 "kvpool batch_get_into, same host".into(),
             ]
@@ -107,21 +117,22 @@ pub(crate) fn run(args: FabricArgs) -> anyhow::Result<()> {
                 depth,
                 gbps: Vec::new(),
                 ratios: Vec::new(),
-                goal: (i == 1).then_some(GOAL),
+                goal: (i == 1 || i == 2).then_some(GOAL),
             })
             .collect();
             for round in 0..args.pairs {
-                let mut order = [0, 1, 2, 3];
+                let mut order = [0, 1, 2, 3, 4];
                 if round % 2 == 1 {
                     order.reverse();
                 }
-                let mut got = [0.0; 4];
+                let mut got = [0.0; 5];
                 for c in order {
                     let bytes_per_s = match c {
                         0 => bare.run(depth, per)?,
                         1 => layer.run(depth, per)?,
-                        2 => kv.run(false, depth, per)?,
-                        _ => kv.run(true, depth, per)?,
+                        2 => over_fabric.run(imp::Path::Fabric, depth, per)?,
+                        3 => kv.run(imp::Path::Tcp, depth, per)?,
+                        _ => kv.run(imp::Path::SameHost, depth, per)?,
                     };
                     got[c] = bytes_per_s / 1e9;
                 }
@@ -159,16 +170,90 @@ pub(crate) fn run(args: FabricArgs) -> anyhow::Result<()> {
                 }));
             }
         }
+        if args.latency_ms > 0 {
+            let (text, rows) = progress_cost(
+                &kv,
+                &over_fabric,
+                &provider_name,
+                max_depth,
+                Duration::from_millis(args.latency_ms),
+            )?;
+            out.push_str(&text);
+            latency_rows.extend(rows);
+        }
     }
     crate::perf::render::publish(&out, began, args.json.as_deref(), |cmdline| {
         let mut s = serde_json::to_string_pretty(&serde_json::json!({
             "args": cmdline,
             "rows": json_rows,
+            "latency": latency_rows,
         }))
         .expect("a Value always serialises");
         s.push('\n');
         s
     })
+}
+
+/// What the node's fabric progress costs latency-class requests: 4 KiB gets over TCP, timed one
+/// by one, on the node without a fabric (`kv`) and on the one serving `provider`
+/// (`over_fabric`), idle and while another client streams 2 MiB reads `depth` at a time (over
+/// TCP from the first, over `fabric://` from the second). Returns the table's text and its JSON.
+fn progress_cost(
+    kv: &imp::KvpoolGets,
+    over_fabric: &imp::KvpoolGets,
+    provider: &str,
+    depth: usize,
+    per: Duration,
+) -> anyhow::Result<(String, Vec<serde_json::Value>)> {
+    let cases: [(&str, &imp::KvpoolGets, Option<imp::Path>); 4] = [
+        ("fabric off, idle", kv, None),
+        ("fabric on, idle", over_fabric, None),
+        ("fabric off, 2 MiB gets over TCP", kv, Some(imp::Path::Tcp)),
+        (
+            "fabric on, 2 MiB gets over fabric://",
+            over_fabric,
+            Some(imp::Path::Fabric),
+        ),
+    ];
+    let mut got = Vec::new();
+    for (what, node, load) in cases {
+        let (p50, p99) = std::thread::scope(|s| -> anyhow::Result<(f64, f64)> {
+            let streaming = load.map(|path| s.spawn(move || node.run(path, depth, per)));
+            let lat = node.latency(per);
+            if let Some(t) = streaming {
+                t.join()
+                    .map_err(|_| anyhow::anyhow!("the streaming reader panicked"))??;
+            }
+            lat
+        })?;
+        got.push((what, p50, p99));
+    }
+    let mut text = format!("  4 KiB gets over TCP while the node serves {provider}:\n");
+    let mut rows = Vec::new();
+    for (i, (what, p50, p99)) in got.iter().enumerate() {
+        // Each loaded case against its own idle node's figure... and fabric on against off.
+        let base = match i {
+            0 | 1 => got[0].2,
+            _ => got[2].2,
+        };
+        text.push_str(&format!(
+            "    {what:<40} p50 {p50:>7.1} µs  p99 {p99:>7.1} µs  ({:.2}× the p99 of {})\n",
+            p99 / base,
+            if i < 2 {
+                "fabric off, idle"
+            } else {
+                "fabric off under TCP load"
+            },
+        ));
+        rows.push(serde_json::json!({
+            "provider": provider,
+            "what": what,
+            "p50_us": p50,
+            "p99_us": p99,
+            "p99_ratio": p99 / base,
+        }));
+    }
+    Ok((text, rows))
 }
 
 /// The contenders (compiled where the binding is).
@@ -543,12 +628,26 @@ mod imp {
         }
     }
 
+    /// The small value of the latency runs.
+    const SMALL_KEY: &[u8] = b"fabric-bench/small";
+    const SMALL: usize = 4096;
+
+    /// Which of a [`KvpoolGets`]'s clients reads.
+    #[derive(Clone, Copy)]
+    pub(super) enum Path {
+        Tcp,
+        SameHost,
+        Fabric,
+    }
+
     /// kvpool's own gets of the same sizes: one kvpoold, `depth` keys read with one
-    /// `batch_get_into`, over TCP and on the same-host path.
+    /// `batch_get_into`, over TCP, on the same-host path and, with a daemon serving a fabric
+    /// provider, over `fabric://`.
     pub(super) struct KvpoolGets {
         rt: tokio::runtime::Runtime,
         tcp: Client,
         local: Client,
+        fabric: Option<Client>,
         keys: Vec<Vec<u8>>,
         size: usize,
         _daemon: Daemon,
@@ -559,9 +658,13 @@ mod imp {
             bin: Option<&std::path::Path>,
             size: usize,
             depth: usize,
+            fabric: Option<&str>,
         ) -> anyhow::Result<KvpoolGets> {
             let bin = bin.map_or_else(daemon::default_binary, std::path::Path::to_path_buf);
-            let d = Daemon::start(&bin, daemon::memory_for((size * depth) as u64))?;
+            let extra: Vec<String> = fabric
+                .map(|p| vec!["--fabric".into(), p.into()])
+                .unwrap_or_default();
+            let d = Daemon::start_with(&bin, daemon::memory_for((size * depth) as u64), &extra)?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -575,6 +678,16 @@ mod imp {
                 },
             ))?;
             let local = rt.block_on(Client::connect(&url, ClientConfig::default()))?;
+            let fabric = match fabric {
+                Some(_) => Some(rt.block_on(Client::connect(
+                    &format!("fabric://{}", d.tcp),
+                    ClientConfig {
+                        same_host: SameHost::Off,
+                        ..Default::default()
+                    },
+                ))?),
+                None => None,
+            };
             let value: Vec<u8> = (0..size).map(pattern).collect();
             let keys: Vec<Vec<u8>> = (0..depth)
                 .map(|i| format!("fabric-bench/{i}").into())
@@ -583,24 +696,48 @@ mod imp {
                 rt.block_on(tcp.put(k, &value))
                     .context("storing the values")?;
             }
+            rt.block_on(tcp.put(SMALL_KEY, &value[..SMALL]))
+                .context("storing the small value")?;
             Ok(KvpoolGets {
                 rt,
                 tcp,
                 local,
+                fabric,
                 keys,
                 size,
                 _daemon: d,
             })
         }
 
+        /// p50 and p99, in µs, of 4 KiB gets over TCP one at a time for `per`.
+        pub(super) fn latency(&self, per: Duration) -> anyhow::Result<(f64, f64)> {
+            let mut hist = hdrhistogram::Histogram::<u64>::new(3)?;
+            let mut buf = vec![0u8; SMALL];
+            let start = Instant::now();
+            while start.elapsed() < per {
+                let t = Instant::now();
+                let got = self.rt.block_on(self.tcp.get_into(SMALL_KEY, &mut buf))?;
+                hist.record(t.elapsed().as_nanos() as u64)?;
+                ensure!(got == Some(SMALL), "the small get missed");
+            }
+            ensure!(
+                buf.iter().enumerate().all(|(j, &b)| b == pattern(j)),
+                "a small value kvpool returned differs"
+            );
+            let us = |q| hist.value_at_quantile(q) as f64 / 1e3;
+            Ok((us(0.5), us(0.99)))
+        }
+
         /// Bytes per second of `depth` gets per call for `per`; checks the values read.
-        pub(super) fn run(
-            &self,
-            same_host: bool,
-            depth: usize,
-            per: Duration,
-        ) -> anyhow::Result<f64> {
-            let client = if same_host { &self.local } else { &self.tcp };
+        pub(super) fn run(&self, path: Path, depth: usize, per: Duration) -> anyhow::Result<f64> {
+            let client = match path {
+                Path::Tcp => &self.tcp,
+                Path::SameHost => &self.local,
+                Path::Fabric => self
+                    .fabric
+                    .as_ref()
+                    .context("a daemon started without a fabric")?,
+            };
             let keys: Vec<&[u8]> = self.keys[..depth].iter().map(|k| &k[..]).collect();
             let mut bufs = vec![vec![0u8; self.size]; depth];
             let (start, mut bytes) = (Instant::now(), 0u64);
@@ -628,16 +765,26 @@ mod imp {
     pub(super) struct KvpoolGets;
     pub(super) struct Bare;
     pub(super) struct Layer;
+    #[derive(Clone, Copy)]
+    pub(super) enum Path {
+        Tcp,
+        SameHost,
+        Fabric,
+    }
 
     impl KvpoolGets {
         pub(super) fn start(
             _: Option<&std::path::Path>,
             _: usize,
             _: usize,
+            _: Option<&str>,
         ) -> anyhow::Result<KvpoolGets> {
             anyhow::bail!("no libfabric binding")
         }
-        pub(super) fn run(&self, _: bool, _: usize, _: Duration) -> anyhow::Result<f64> {
+        pub(super) fn run(&self, _: Path, _: usize, _: Duration) -> anyhow::Result<f64> {
+            anyhow::bail!("no libfabric binding")
+        }
+        pub(super) fn latency(&self, _: Duration) -> anyhow::Result<(f64, f64)> {
             anyhow::bail!("no libfabric binding")
         }
     }

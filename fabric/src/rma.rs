@@ -643,26 +643,92 @@ impl Endpoint {
                 code: libc::EINVAL,
             });
         }
-        let (ep, desc, base) = (self.e.ep.as_ptr(), dst.desc(), dst.base.as_ptr());
-        // Contexts `first..first + reads.len()`, one per read.
+        let (desc, base) = (dst.desc(), dst.base.as_ptr());
+        let posts: Vec<Post> = reads
+            .iter()
+            .zip(&lens)
+            .map(|((range, peer, remote, offset), &len)| Post {
+                // SAFETY: the range lies inside `dst` (checked above).
+                local: unsafe { base.add(range.start) },
+                len,
+                desc,
+                peer: *peer,
+                remote: remote.addr + offset,
+                key: remote.key,
+            })
+            .collect();
+        // SAFETY: every local range lies inside `dst` and overlaps no other (checked), and
+        // `dst` is borrowed mutably for the whole call; the remote ranges were checked against
+        // their published lengths.
+        unsafe { self.post_reads(&posts, depth) }
+    }
+
+    /// Whether reads may land in memory nobody registered ([`Endpoint::read_many_into`]): the
+    /// provider does not require local registration (`FI_MR_LOCAL`), as `tcp` and `shm` do not.
+    pub fn reads_into_any_memory(&self) -> bool {
+        self.e.d.mr_mode & sys::FI_MR_LOCAL == 0
+    }
+
+    /// Several reads straight into the caller's buffers, which need no registration, up to
+    /// `depth` in flight: each `(buffer, peer, remote region, offset in it)`, the buffer's
+    /// length read. Returns once every read posted has completed (after a failure too).
+    /// Refused, before anything is posted, when the provider requires local registration
+    /// ([`Endpoint::reads_into_any_memory`]) or a remote range is out of bounds.
+    pub fn read_many_into(
+        &mut self,
+        reads: &mut [(&mut [u8], Peer, Remote, u64)],
+        depth: usize,
+    ) -> Result<(), Error> {
+        if !self.reads_into_any_memory() {
+            return Err(Error {
+                op: "unregistered buffer (the provider requires FI_MR_LOCAL)",
+                code: libc::EINVAL,
+            });
+        }
+        let mut posts = Vec::with_capacity(reads.len());
+        for (buf, peer, remote, offset) in reads.iter_mut() {
+            let len = checked(&(0..buf.len()), buf.len(), *offset, remote)?;
+            posts.push(Post {
+                local: buf.as_mut_ptr(),
+                len,
+                desc: null_mut(),
+                peer: *peer,
+                remote: remote.addr + *offset,
+                key: remote.key,
+            });
+        }
+        // SAFETY: each local range is a whole buffer borrowed mutably (so disjoint from every
+        // other) for the whole call; the provider needs no descriptor for it (checked above);
+        // the remote ranges were checked against their published lengths.
+        unsafe { self.post_reads(&posts, depth) }
+    }
+
+    /// Posts `posts`, up to `depth` in flight, and waits for every one posted to complete
+    /// (after a failure too); returns the first error.
+    ///
+    /// # Safety
+    /// Every local range must be writable, disjoint from the others, reachable with its
+    /// descriptor, and untouched by anything else until this returns.
+    unsafe fn post_reads(&mut self, posts: &[Post], depth: usize) -> Result<(), Error> {
+        let ep = self.e.ep.as_ptr();
+        // Contexts `first..first + posts.len()`, one per read.
         let first = self.next_context;
-        self.next_context = first.wrapping_add(reads.len() + 1).max(1);
+        self.next_context = first.wrapping_add(posts.len() + 1).max(1);
         let (mut posted, mut done, mut failed) = (0, 0, None);
-        while done < posted || (posted < reads.len() && failed.is_none()) {
-            if posted < reads.len() && posted - done < depth.max(1) && failed.is_none() {
-                let (range, peer, remote, offset) = &reads[posted];
-                // SAFETY: the range lies inside `dst` (checked) and overlaps no other read's;
-                // `dst` is borrowed mutably until every posted read has completed (this loop
-                // ends only then); the remote range was checked against its published length.
+        while done < posted || (posted < posts.len() && failed.is_none()) {
+            if posted < posts.len() && posted - done < depth.max(1) && failed.is_none() {
+                let p = &posts[posted];
+                // SAFETY: the caller's contract for the local range; this loop ends only once
+                // every posted read has completed.
                 let r = unsafe {
                     sys::fi_read(
                         ep,
-                        base.add(range.start).cast(),
-                        lens[posted],
-                        desc,
-                        peer.0,
-                        remote.addr + offset,
-                        remote.key,
+                        p.local.cast(),
+                        p.len,
+                        p.desc,
+                        p.peer.0,
+                        p.remote,
+                        p.key,
                         first.wrapping_add(posted) as *mut c_void,
                     )
                 };
@@ -774,6 +840,17 @@ impl Endpoint {
         }
         check("fi_cq_read", n).map(|_| None)
     }
+}
+
+/// One read to post: where it lands (with the descriptor of its registration, or null), and
+/// where it reads from.
+struct Post {
+    local: *mut u8,
+    len: usize,
+    desc: *mut c_void,
+    peer: Peer,
+    remote: u64,
+    key: u64,
 }
 
 /// The length of an operation on `range` of a local region of `local_len` bytes and on a

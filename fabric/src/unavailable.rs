@@ -113,6 +113,18 @@ impl Endpoint {
     ) -> Result<(), Error> {
         match self.0 {}
     }
+    /// Whether reads may land in unregistered memory.
+    pub fn reads_into_any_memory(&self) -> bool {
+        match self.0 {}
+    }
+    /// Several reads into unregistered buffers.
+    pub fn read_many_into(
+        &mut self,
+        _reads: &mut [(&mut [u8], Peer, Remote, u64)],
+        _depth: usize,
+    ) -> Result<(), Error> {
+        match self.0 {}
+    }
     /// One write.
     pub fn write(
         &mut self,

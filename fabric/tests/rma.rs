@@ -139,6 +139,30 @@ mod checks {
                 .iter()
                 .enumerate()
                 .all(|(i, &b)| b == pattern(i)));
+            // Straight into unregistered buffers, where the provider allows it (tcp, shm).
+            if client.reads_into_any_memory() {
+                let mut a = vec![0u8; 64 << 10];
+                let mut b = vec![0u8; 4096];
+                client
+                    .read_many_into(
+                        &mut [
+                            (&mut a[..], peer, remote, 0),
+                            (&mut b[..], peer, remote, (LEN - 4096) as u64),
+                        ],
+                        2,
+                    )
+                    .unwrap();
+                assert!(a.iter().enumerate().all(|(i, &x)| x == pattern(i)));
+                assert!(b
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == pattern(LEN - 4096 + i)));
+                let mut past = vec![0u8; 8192];
+                let e = client
+                    .read_many_into(&mut [(&mut past[..], peer, remote, (LEN - 4096) as u64)], 1)
+                    .unwrap_err();
+                assert_eq!(e.op, "range out of bounds");
+            }
             // Overlapping ranges are refused.
             let twice = [reads[0].clone(), reads[0].clone()];
             let e = client.read_many(&mut dst, &twice, 8).unwrap_err();

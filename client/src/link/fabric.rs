@@ -57,6 +57,8 @@ pub(super) struct FabricState {
     incarnation: u64,
     segments: HashMap<u32, Seg>,
     lanes: Mutex<Vec<Lane>>,
+    /// Reads land straight in the caller's buffers (the provider needs no local registration).
+    direct: bool,
 }
 
 /// What a link keeps of a node's fabric: the state of the current incarnation, or None while
@@ -120,6 +122,7 @@ impl FabricState {
             incarnation,
             segments: HashMap::new(),
             lanes: Mutex::new(Vec::new()),
+            direct: false,
         };
         let node = hello.node;
         off_runtime(u64::MAX, || state.read_headers(node, segments))
@@ -157,6 +160,10 @@ impl FabricState {
             }
             self.segments.insert(s.id, Seg { remote, layout });
         }
+        // `KVPOOL_FABRIC_BOUNCE=1` takes the path of providers that require registered
+        // buffers (verbs, EFA) on any provider, so that it is tested where they are not.
+        self.direct = lane.ep.reads_into_any_memory()
+            && std::env::var_os("KVPOOL_FABRIC_BOUNCE").is_none_or(|v| v != "1");
         self.give_back(lane);
         Ok(self)
     }
@@ -241,21 +248,27 @@ impl FabricState {
                 None => out[i] = Some(false),
             }
         }
-        // Batches of objects that fit a lane's buffer together (one alone when larger).
+        // Batches of objects that fit a lane's buffer together (one alone when larger); read
+        // straight into the caller's buffers, one batch.
         let mut start = 0;
         while start < jobs.len() {
             let mut bytes = 0usize;
             let mut end = start;
             while end < jobs.len() {
                 let n = (jobs[end].1.addr.len as usize).next_multiple_of(8) + 8;
-                if end > start && bytes + n > LANE_BUF_KEEP {
+                if end > start && bytes + n > LANE_BUF_KEEP && !self.direct {
                     break;
                 }
                 bytes += n;
                 end += 1;
             }
             let batch = &jobs[start..end];
-            match self.read_batch(batch, bytes, dsts, verify, current) {
+            let read = if self.direct {
+                self.read_direct(batch, dsts, verify, current)
+            } else {
+                self.read_batch(batch, bytes, dsts, verify, current)
+            };
+            match read {
                 Ok(done) => {
                     for (k, ok) in done.into_iter().enumerate() {
                         out[batch[k].0] = Some(ok);
@@ -272,6 +285,80 @@ impl FabricState {
             start = end;
         }
         Ok(out)
+    }
+
+    /// [`FabricState::read_all`] where the provider reads into memory nobody registered (tcp,
+    /// shm): every object's bytes straight into the caller's buffers (each piece of a
+    /// scattered one read on its own), then every version word, then the bytes hashed where
+    /// they landed. An object whose word moved on leaves what was read in its buffers, as a
+    /// same-host copy does, and is reported changed.
+    fn read_direct(
+        &self,
+        batch: &[(usize, Located, (Remote, u64, u64))],
+        dsts: &mut [Dst<'_, '_>],
+        verify: bool,
+        current: bool,
+    ) -> Result<Vec<bool>, ClientError> {
+        let provider = || self.fabric.provider();
+        let mut lane = self.lane(0).map_err(|e| fabric_error(&provider(), &e))?;
+        let mut slots: Vec<Option<&mut Dst<'_, '_>>> = dsts.iter_mut().map(Some).collect();
+        let mut fits = Vec::with_capacity(batch.len());
+        for (i, l, _) in batch {
+            let dst = slots[*i].take().expect("one job per key");
+            let have = dst_len(dst);
+            let fitted = fit(dst, l.addr.len).ok_or(ClientError::BufferTooSmall {
+                need: l.addr.len,
+                have,
+            })?;
+            fits.push(fitted);
+        }
+        let node = lane.node;
+        let mut reads = Vec::with_capacity(batch.len());
+        for (fitted, (_, _, (remote, data_at, _))) in fits.iter_mut().zip(batch) {
+            let mut at = *data_at;
+            for piece in fitted.pieces().iter_mut() {
+                let n = piece.len() as u64;
+                reads.push((&mut **piece, node, *remote, at));
+                at += n;
+            }
+        }
+        // Empty pieces (an empty value) read nothing.
+        reads.retain(|r| !r.0.is_empty());
+        let mut words = vec![0u8; 8 * batch.len()];
+        let read = lane.ep.read_many_into(&mut reads, DEPTH).and_then(|()| {
+            drop(reads);
+            let mut w: Vec<_> = words
+                .chunks_mut(8)
+                .zip(batch)
+                .map(|(w, (_, _, (remote, _, word_at)))| (w, node, *remote, *word_at))
+                .collect();
+            // After every byte landed, as in `read_batch`.
+            lane.ep.read_many_into(&mut w, DEPTH)
+        });
+        if let Err(e) = read {
+            return Err(fabric_error(&provider(), &e));
+        }
+        self.give_back(lane);
+        let mut done = Vec::with_capacity(batch.len());
+        let mut failed = None;
+        for ((fitted, (_, l, _)), w) in fits.iter_mut().zip(batch).zip(words.chunks(8)) {
+            let word = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+            if !word_holds(word, l.addr.generation, current) {
+                done.push(false);
+                continue;
+            }
+            if verify {
+                let mut h = kvpool::checksum::Hasher::new();
+                for p in fitted.pieces().iter() {
+                    h.update(p);
+                }
+                if h.digest() != l.checksum {
+                    failed = Some(ClientError::Checksum);
+                }
+            }
+            done.push(true);
+        }
+        failed.map_or(Ok(done), Err)
     }
 
     /// One batch of [`FabricState::read_all`]: every object's bytes, then every version word.
@@ -317,12 +404,7 @@ impl FabricState {
         for (k, (i, l, _)) in batch.iter().enumerate() {
             let w = &words[k].0;
             let word = u64::from_ne_bytes(buf[w.clone()].try_into().expect("8 bytes"));
-            let ok = if current {
-                word == l.addr.generation << 2
-            } else {
-                word & !2 == l.addr.generation << 2
-            };
-            if !ok {
+            if !word_holds(word, l.addr.generation, current) {
                 done.push(false);
                 continue;
             }
@@ -354,6 +436,13 @@ impl FabricState {
         self.give_back(lane);
         failed.map_or(Ok(done), Err)
     }
+}
+
+/// Whether an object's version word, read after its bytes, says they are generation
+/// `generation`'s, committed (and, with `current`, still its key's value: not detached).
+fn word_holds(word: u64, generation: u64, current: bool) -> bool {
+    let detached_ok = if current { 0 } else { 2 };
+    word & !detached_ok == generation << 2
 }
 
 /// A fabric failure as the client reports it.
