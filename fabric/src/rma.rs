@@ -660,7 +660,7 @@ impl Endpoint {
         // SAFETY: every local range lies inside `dst` and overlaps no other (checked), and
         // `dst` is borrowed mutably for the whole call; the remote ranges were checked against
         // their published lengths.
-        unsafe { self.post_reads(&posts, depth) }
+        unsafe { self.post_reads(&posts, depth, |_, _| {}) }
     }
 
     /// Whether reads may land in memory nobody registered ([`Endpoint::read_many_into`]): the
@@ -678,6 +678,17 @@ impl Endpoint {
         &mut self,
         reads: &mut [(&mut [u8], Peer, Remote, u64)],
         depth: usize,
+    ) -> Result<(), Error> {
+        self.read_many_into_each(reads, depth, |_, _| {})
+    }
+
+    /// [`Endpoint::read_many_into`], handing `landed` each read's index and bytes as soon as
+    /// it completes (to hash them while later reads are in flight, say).
+    pub fn read_many_into_each(
+        &mut self,
+        reads: &mut [(&mut [u8], Peer, Remote, u64)],
+        depth: usize,
+        landed: impl FnMut(usize, &[u8]),
     ) -> Result<(), Error> {
         if !self.reads_into_any_memory() {
             return Err(Error {
@@ -700,16 +711,22 @@ impl Endpoint {
         // SAFETY: each local range is a whole buffer borrowed mutably (so disjoint from every
         // other) for the whole call; the provider needs no descriptor for it (checked above);
         // the remote ranges were checked against their published lengths.
-        unsafe { self.post_reads(&posts, depth) }
+        unsafe { self.post_reads(&posts, depth, landed) }
     }
 
     /// Posts `posts`, up to `depth` in flight, and waits for every one posted to complete
-    /// (after a failure too); returns the first error.
+    /// (after a failure too), handing `landed` each one's index and bytes as it completes;
+    /// returns the first error.
     ///
     /// # Safety
     /// Every local range must be writable, disjoint from the others, reachable with its
     /// descriptor, and untouched by anything else until this returns.
-    unsafe fn post_reads(&mut self, posts: &[Post], depth: usize) -> Result<(), Error> {
+    unsafe fn post_reads(
+        &mut self,
+        posts: &[Post],
+        depth: usize,
+        mut landed: impl FnMut(usize, &[u8]),
+    ) -> Result<(), Error> {
         let ep = self.e.ep.as_ptr();
         // Contexts `first..first + posts.len()`, one per read.
         let first = self.next_context;
@@ -741,7 +758,15 @@ impl Endpoint {
                 }
             }
             match self.poll() {
-                Ok(Some(_)) => done += 1,
+                Ok(Some(context)) => {
+                    done += 1;
+                    let i = context.wrapping_sub(first);
+                    if let Some(p) = posts.get(i) {
+                        // SAFETY: read `i` has completed, so the provider is done with its
+                        // range, which nothing else touches until this returns (the contract).
+                        landed(i, unsafe { std::slice::from_raw_parts(p.local, p.len) });
+                    }
+                }
                 Ok(None) => std::hint::spin_loop(),
                 Err(e) => {
                     done += 1;

@@ -29,6 +29,10 @@ use crate::located::Located;
 /// Reads kept in flight at once.
 const DEPTH: usize = 8;
 
+/// The most one read into a caller's buffer carries: a value is read in chunks of this, each
+/// hashed as soon as it lands while the next are in flight.
+const CHUNK: usize = 512 << 10;
+
 /// A lane's buffer to start with, and the most it keeps (a larger one is given back once used).
 const LANE_BUF: usize = 4 << 20;
 const LANE_BUF_KEEP: usize = 64 << 20;
@@ -313,28 +317,53 @@ impl FabricState {
             fits.push(fitted);
         }
         let node = lane.node;
+        // Each piece in chunks, so that the ones landed are hashed while later ones are in
+        // flight; `owner[r]` is the object read `r` belongs to.
         let mut reads = Vec::with_capacity(batch.len());
-        for (fitted, (_, _, (remote, data_at, _))) in fits.iter_mut().zip(batch) {
+        let mut owner = Vec::with_capacity(batch.len());
+        for (k, (fitted, (_, _, (remote, data_at, _)))) in fits.iter_mut().zip(batch).enumerate() {
             let mut at = *data_at;
             for piece in fitted.pieces().iter_mut() {
-                let n = piece.len() as u64;
-                reads.push((&mut **piece, node, *remote, at));
-                at += n;
+                for chunk in piece.chunks_mut(CHUNK) {
+                    let n = chunk.len() as u64;
+                    reads.push((chunk, node, *remote, at));
+                    owner.push(k);
+                    at += n;
+                }
             }
         }
-        // Empty pieces (an empty value) read nothing.
-        reads.retain(|r| !r.0.is_empty());
+        let mut hashers: Vec<_> = batch
+            .iter()
+            .map(|_| kvpool::checksum::Hasher::new())
+            .collect();
+        // Reads complete in the order posted on these providers; should one not, every
+        // object is hashed again once all landed.
+        let (mut next, mut in_order) = (0, true);
         let mut words = vec![0u8; 8 * batch.len()];
-        let read = lane.ep.read_many_into(&mut reads, DEPTH).and_then(|()| {
-            drop(reads);
-            let mut w: Vec<_> = words
-                .chunks_mut(8)
-                .zip(batch)
-                .map(|(w, (_, _, (remote, _, word_at)))| (w, node, *remote, *word_at))
-                .collect();
-            // After every byte landed, as in `read_batch`.
-            lane.ep.read_many_into(&mut w, DEPTH)
-        });
+        let landed = |r: usize, bytes: &[u8]| {
+            if verify && in_order {
+                if r == next {
+                    hashers[owner[r]].update(bytes);
+                    next += 1;
+                } else {
+                    in_order = false;
+                }
+            }
+        };
+        let read = lane
+            .ep
+            .read_many_into_each(&mut reads, DEPTH, landed)
+            .and_then(|()| {
+                in_order &= next == reads.len();
+                drop(reads);
+                let mut w: Vec<_> = words
+                    .chunks_mut(8)
+                    .zip(batch)
+                    .map(|(w, (_, _, (remote, _, word_at)))| (w, node, *remote, *word_at))
+                    .collect();
+                // After every byte landed, as in `read_batch`.
+                lane.ep.read_many_into(&mut w, DEPTH)
+            });
         if let Err(e) = read {
             return Err(fabric_error(&provider(), &e));
         }
@@ -348,11 +377,16 @@ impl FabricState {
                 continue;
             }
             if verify {
-                let mut h = kvpool::checksum::Hasher::new();
-                for p in fitted.pieces().iter() {
-                    h.update(p);
-                }
-                if h.digest() != l.checksum {
+                let sum = if in_order {
+                    hashers[done.len()].digest()
+                } else {
+                    let mut h = kvpool::checksum::Hasher::new();
+                    for p in fitted.pieces().iter() {
+                        h.update(p);
+                    }
+                    h.digest()
+                };
+                if sum != l.checksum {
                     failed = Some(ClientError::Checksum);
                 }
             }
