@@ -34,7 +34,8 @@ use prefix::PrefixCmd;
     about = "Command-line client of a kvpool node"
 )]
 struct Cli {
-    /// Node endpoint: tcp://host:port, quic://host:port or unix:///path/kvpool.sock.
+    /// Node endpoint: tcp://host:port, tls://host:port, quic://host:port, fabric://host:port or
+    /// unix:///path/kvpool.sock.
     #[arg(
         short,
         long,

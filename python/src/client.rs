@@ -36,8 +36,8 @@ pub(crate) struct NativeClient {
 
 #[pymethods]
 impl NativeClient {
-    /// Connects to the node at `endpoint` (`tcp://host:port`, `quic://host:port`,
-    /// `unix:///path` or `host:port`) in `namespace` (default `"default"`) with `token`.
+    /// Connects to the node at `endpoint` (`tcp://host:port`, `tls://host:port`,
+    /// `quic://host:port`, `fabric://host:port`, `unix:///path` or `host:port`) in `namespace` (default `"default"`) with `token`.
     /// Every call must finish within `timeout` seconds. `same_host=False` turns the same-host
     /// path off (every byte through the endpoint's transport, as from another host).
     /// `priority` (`"background"`, `"low"`, `"normal"`, `"high"`) is this client's share of the
