@@ -13,15 +13,10 @@ use std::time::Duration;
 
 use common::{metric, value, Node};
 use kvpool_client::{Client, ClientConfig, SameHost};
-use kvpool_system_tests::deps::require;
+use kvpool_system_tests::deps::require_libfabric;
 
 fn available(test: &str) -> bool {
-    require(
-        kvpool_fabric::AVAILABLE,
-        test,
-        "libfabric",
-        "apt-get install libfabric-dev libfabric-bin libclang-dev, then rebuild",
-    )
+    require_libfabric(kvpool_fabric::AVAILABLE, test)
 }
 
 /// The tests of this file, one at a time: one of them sets `KVPOOL_FABRIC_BOUNCE` for the

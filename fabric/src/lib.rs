@@ -16,6 +16,7 @@
 mod rma;
 #[cfg(libfabric)]
 pub mod sys;
+mod types;
 
 #[cfg(libfabric)]
 pub use rma::{Endpoint, Error, Fabric, Peer, Region, Registration, Remote};

@@ -7,11 +7,11 @@
 
 use std::alloc::Layout;
 use std::ffi::{c_void, CStr, CString};
-use std::fmt;
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::Arc;
 
 use crate::sys;
+pub use crate::types::{Error, Peer, Remote};
 
 /// The API version asked for: 1.17, Debian 12's, whose calls every later version keeps.
 const API_VERSION: u32 = (1 << 16) | 17;
@@ -27,25 +27,6 @@ const REGION_ALIGN: usize = 4096;
 /// peer guess another's.
 const MR_MODES_OFFERED: u32 =
     sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_ENDPOINT;
-
-/// A libfabric call that failed: which one, and libfabric's error number.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Error {
-    /// The call, or the check that refused the operation before any call.
-    pub op: &'static str,
-    /// libfabric's error number (positive, `FI_E*` or an errno).
-    pub code: i32,
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // SAFETY: fi_strerror returns a static string for any number.
-        let text = unsafe { CStr::from_ptr(sys::fi_strerror(self.code)) };
-        write!(f, "{}: {} ({})", self.op, text.to_string_lossy(), self.code)
-    }
-}
-
-impl std::error::Error for Error {}
 
 /// A libfabric return value: negative is an error number.
 fn check(op: &'static str, r: isize) -> Result<usize, Error> {
@@ -412,23 +393,6 @@ impl Drop for EpInner {
             close(&mut (*self.cq.as_ptr()).fid);
         }
     }
-}
-
-/// A peer endpoint's address in an endpoint's address vector ([`Endpoint::insert`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Peer(sys::fi_addr_t);
-
-/// What a peer needs to read or write a [`Region`] one-sidedly: where it starts under the
-/// provider's addressing, its key and its length. Published by the region's owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Remote {
-    /// The region's first byte as peers address it: its virtual address
-    /// ([`Fabric::virtual_addressing`]), else 0.
-    pub addr: u64,
-    /// The region's memory key.
-    pub key: u64,
-    /// The region's length in bytes.
-    pub len: u64,
 }
 
 /// A reliable unconnected endpoint, its completion queue and its address vector.

@@ -4,16 +4,11 @@
 //! checked; ranges out of bounds are refused; a forged key is refused by the provider that
 //! checks keys, and the serving side goes on serving another peer either way.
 
-use kvpool_system_tests::deps::require;
+use kvpool_system_tests::deps::require_libfabric;
 
 /// Whether the test may go on: the binding is built and the provider is there.
 fn available(test: &str) -> bool {
-    require(
-        kvpool_fabric::AVAILABLE,
-        test,
-        "libfabric",
-        "apt-get install libfabric-dev libfabric-bin libclang-dev, then rebuild",
-    )
+    require_libfabric(kvpool_fabric::AVAILABLE, test)
 }
 
 /// The checks, compiled where the binding is.

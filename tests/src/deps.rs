@@ -18,6 +18,17 @@ pub fn require(present: bool, test: &str, tool: &str, install: &str) -> bool {
     false
 }
 
+/// [`require`] for libfabric: `built` is `kvpool_fabric::AVAILABLE` (whether the binding was
+/// generated, its headers installed at build time).
+pub fn require_libfabric(built: bool, test: &str) -> bool {
+    require(
+        built,
+        test,
+        "libfabric",
+        "apt-get install libfabric-dev libfabric-bin libclang-dev, then rebuild",
+    )
+}
+
 /// Whether this run is CI's: the `CI` variable that CI services and `.ci/run` set.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
