@@ -584,6 +584,12 @@ impl Link {
                 Err(f) => return Err(fault(f)),
             }
         }
+        if let Some(st) = self.fabric.as_ref().and_then(FabricPath::state) {
+            let read = off_runtime(u64::MAX, || st.read_range(addr, offset, dst, hash));
+            if let Some(read) = read {
+                return Ok(read);
+            }
+        }
         let op = Op::Read {
             addr: *addr,
             offset,

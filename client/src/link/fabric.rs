@@ -395,6 +395,73 @@ impl FabricState {
         failed.map_or(Ok(done), Err)
     }
 
+    /// A one-sided read by address: `dst.len()` bytes of the object at `addr` from `offset`,
+    /// straight into `dst`, then its version word (the object may be held or leased: a
+    /// detached object still reads). None when the fabric cannot serve it (another
+    /// incarnation's address, out of the segment, a provider that requires registered buffers,
+    /// a fabric failure): the socket serves it then. Some(None) when the object is gone or was
+    /// replaced; Some(Some(its bytes' xxh3-64, or 0 without `hash`)) when read.
+    pub(super) fn read_range(
+        &self,
+        addr: &kvpool::GlobalAddr,
+        offset: u64,
+        dst: &mut [u8],
+        hash: bool,
+    ) -> Option<Option<u64>> {
+        let (remote, data_at, word_at) = self.place(addr, offset, dst.len() as u64)?;
+        if !self.direct {
+            return None;
+        }
+        let mut lane = self.lane(0).ok()?;
+        let node = lane.node;
+        let mut hasher = kvpool::checksum::Hasher::new();
+        let (mut next, mut in_order) = (0, true);
+        let mut reads: Vec<_> = dst
+            .chunks_mut(CHUNK)
+            .scan(data_at, |at, chunk| {
+                let here = *at;
+                *at += chunk.len() as u64;
+                Some((chunk, node, remote, here))
+            })
+            .collect();
+        let landed = |r: usize, bytes: &[u8]| {
+            if hash && in_order {
+                if r == next {
+                    hasher.update(bytes);
+                    next += 1;
+                } else {
+                    in_order = false;
+                }
+            }
+        };
+        let mut word = [0u8; 8];
+        let read = lane
+            .ep
+            .read_many_into_each(&mut reads, DEPTH, landed)
+            .and_then(|()| {
+                in_order &= next == reads.len();
+                drop(reads);
+                lane.ep
+                    .read_many_into(&mut [(&mut word[..], node, remote, word_at)], 1)
+            });
+        if let Err(e) = read {
+            tracing::debug!(error = %e, "a read over the fabric failed: the socket serves");
+            return None;
+        }
+        self.give_back(lane);
+        if !word_holds(u64::from_ne_bytes(word), addr.generation, false) {
+            return Some(None);
+        }
+        if !hash {
+            return Some(Some(0));
+        }
+        Some(Some(if in_order {
+            hasher.digest()
+        } else {
+            kvpool::checksum::checksum(dst)
+        }))
+    }
+
     /// One batch of [`FabricState::read_all`]: every object's bytes, then every version word.
     fn read_batch(
         &self,
