@@ -86,12 +86,20 @@ async fn gets_over(provider: &str) {
     assert_eq!(&bufs[0][..4096], &value(3, 4096)[..]);
     assert_eq!(&bufs[2][..2 << 20], &value(5, 2 << 20)[..]);
     assert_eq!(&bufs[3][..], &value(6, 3 << 20)[..]);
+    // By address: a range of a located object, straight over the fabric.
+    let l = c.lease(&[b"k-5"], 0).await.unwrap()[0].unwrap();
+    let mut part = vec![0u8; 100_000];
+    assert!(c.read(&l.addr, 12_345, &mut part).await.unwrap());
+    assert_eq!(&part[..], &value(5, 2 << 20)[12_345..112_345]);
     let served_by_socket = payload_out(&n) - before;
     assert!(
         served_by_socket < total,
         "{provider}: {served_by_socket} payload bytes went through the socket for {} read",
         3 * total
     );
+    // Replaced: the old address reads nothing, over the fabric as over the socket.
+    tcp.put(b"k-5", &value(55, 2 << 20)).await.unwrap();
+    assert!(!c.read(&l.addr, 0, &mut part).await.unwrap());
     // A buffer too small is an error, not a short read.
     let mut small = vec![0u8; 100];
     assert!(c.get_into(b"k-4", &mut small).await.is_err());
@@ -300,4 +308,45 @@ async fn a_provider_that_checks_no_keys_serves_only_a_token_for_every_namespace(
     drop(all);
     let mut n = n;
     assert!(n.stop().success());
+}
+
+/// A node restarted on the same directory and address: the client's fabric, registered by the
+/// dead daemon, is opened again from the new one's `FabricInfo` (new keys, new address), and
+/// the recovered values are read over it; meanwhile nothing of the old life is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_read_over_its_new_fabric() {
+    if !available("a_restarted_node_is_read_over_its_new_fabric") {
+        return;
+    }
+    let _one = SERIAL.lock().await;
+    let mut n = Node::start("64MiB", &["--fabric", "tcp"]);
+    let url = format!("fabric://{}", n.tcp);
+    let c = Client::connect(&url, cfg("", "default")).await.unwrap();
+    let v = value(9, 1 << 20);
+    c.put(b"kept", &v).await.unwrap();
+    assert_eq!(c.get(b"kept").await.unwrap().as_deref(), Some(&v[..]));
+    let addrs = [n.tcp.clone(), n.quic.clone(), n.metrics.clone()];
+    assert!(n.stop().success());
+    let mut n2 = Node::start_in(
+        n.dir.clone(),
+        "64MiB",
+        &["--fabric", "tcp"],
+        &[addrs[0].as_str(), addrs[1].as_str(), addrs[2].as_str()],
+    );
+    let before = payload_out(&n2);
+    // The first call finds the pooled connections dead and reconnects; the ones after it
+    // read over the new fabric.
+    for _ in 0..5 {
+        assert_eq!(c.get(b"kept").await.unwrap().as_deref(), Some(&v[..]));
+    }
+    let over_socket = payload_out(&n2) - before;
+    assert!(
+        over_socket < 5 * v.len() as u64,
+        "{over_socket} bytes of five 1 MiB reads went through the socket"
+    );
+    let v2 = value(10, 3 << 20);
+    c.put(b"kept", &v2).await.unwrap();
+    assert_eq!(c.get(b"kept").await.unwrap().as_deref(), Some(&v2[..]));
+    drop(c);
+    assert!(n2.stop().success());
 }
