@@ -403,7 +403,22 @@ mod imp {
         remote: (u64, u64),
         size: usize,
         _src: Vec<u8>,
-        _progress: Progress,
+        /// Stopped before anything is closed.
+        progress: Option<Progress>,
+        /// Every libfabric object, closed in this order when dropped (endpoints first: shm
+        /// removes an endpoint's file in /dev/shm only when it is closed).
+        objects: Vec<*mut sys::fid>,
+    }
+
+    impl Drop for Bare {
+        fn drop(&mut self) {
+            drop(self.progress.take());
+            for &fid in &self.objects {
+                // SAFETY: each object was opened by `open`, nothing uses it any more (the
+                // progress thread has stopped), and dependents come before what they use.
+                unsafe { sys::fi_close(fid) };
+            }
+        }
     }
 
     /// A raw pointer moved into the progress thread.
@@ -417,7 +432,7 @@ mod imp {
         /// domain, a source of `size` bytes and a destination of `size * depth`.
         pub(super) fn open(provider: &str, size: usize, depth: usize) -> anyhow::Result<Bare> {
             // SAFETY: plain libfabric setup; every pointer comes from the call before it, and
-            // the objects live until the process ends (a benchmark's lifetime).
+            // the objects live until the value is dropped (its Drop closes them).
             unsafe {
                 let hints = sys::fi_allocinfo();
                 ensure!(!hints.is_null(), "fi_allocinfo");
@@ -558,6 +573,18 @@ mod imp {
                     let mut e = sys::fi_cq_entry::default();
                     sys::fi_cq_read(cq.0, (&mut e as *mut sys::fi_cq_entry).cast(), 1);
                 });
+                let objects = vec![
+                    &mut (*client_ep).fid as *mut sys::fid,
+                    &mut (*server_ep).fid,
+                    &mut (*dst_mr).fid,
+                    &mut (*src_mr).fid,
+                    &mut (*client_av).fid,
+                    &mut (*server_av).fid,
+                    &mut (*client_cq).fid,
+                    &mut (*server_cq).fid,
+                    &mut (*domain).fid,
+                    &mut (*fabric).fid,
+                ];
                 Ok(Bare {
                     client_ep,
                     client_cq,
@@ -567,7 +594,8 @@ mod imp {
                     remote: (addr, sys::fi_mr_key(src_mr)),
                     size,
                     _src: src,
-                    _progress: progress,
+                    progress: Some(progress),
+                    objects,
                 })
             }
         }
