@@ -336,25 +336,19 @@ impl FabricState {
             .iter()
             .map(|_| kvpool::checksum::Hasher::new())
             .collect();
-        // Reads complete in the order posted on these providers; should one not, every
-        // object is hashed again once all landed.
-        let (mut next, mut in_order) = (0, true);
+        let mut order = InOrder::default();
+        let mut in_order = false;
         let mut words = vec![0u8; 8 * batch.len()];
         let landed = |r: usize, bytes: &[u8]| {
-            if verify && in_order {
-                if r == next {
-                    hashers[owner[r]].update(bytes);
-                    next += 1;
-                } else {
-                    in_order = false;
-                }
+            if verify && order.landed(r) {
+                hashers[owner[r]].update(bytes);
             }
         };
         let read = lane
             .ep
             .read_many_into_each(&mut reads, DEPTH, landed)
             .and_then(|()| {
-                in_order &= next == reads.len();
+                in_order = order.all(reads.len());
                 drop(reads);
                 let mut w: Vec<_> = words
                     .chunks_mut(8)
@@ -415,7 +409,8 @@ impl FabricState {
         let mut lane = self.lane(0).ok()?;
         let node = lane.node;
         let mut hasher = kvpool::checksum::Hasher::new();
-        let (mut next, mut in_order) = (0, true);
+        let mut order = InOrder::default();
+        let mut in_order = false;
         let mut reads: Vec<_> = dst
             .chunks_mut(CHUNK)
             .scan(data_at, |at, chunk| {
@@ -425,13 +420,8 @@ impl FabricState {
             })
             .collect();
         let landed = |r: usize, bytes: &[u8]| {
-            if hash && in_order {
-                if r == next {
-                    hasher.update(bytes);
-                    next += 1;
-                } else {
-                    in_order = false;
-                }
+            if hash && order.landed(r) {
+                hasher.update(bytes);
             }
         };
         let mut word = [0u8; 8];
@@ -439,7 +429,7 @@ impl FabricState {
             .ep
             .read_many_into_each(&mut reads, DEPTH, landed)
             .and_then(|()| {
-                in_order &= next == reads.len();
+                in_order = order.all(reads.len());
                 drop(reads);
                 lane.ep
                     .read_many_into(&mut [(&mut word[..], node, remote, word_at)], 1)
@@ -536,6 +526,39 @@ impl FabricState {
         }
         self.give_back(lane);
         failed.map_or(Ok(done), Err)
+    }
+}
+
+/// Which reads may be hashed as they land: those that land in the order they were posted.
+/// Reads of one peer complete in that order on these providers; should one not, the hashing
+/// stops and the caller hashes the buffers again once every read has landed.
+struct InOrder {
+    next: usize,
+    kept: bool,
+}
+
+impl Default for InOrder {
+    fn default() -> Self {
+        InOrder {
+            next: 0,
+            kept: true,
+        }
+    }
+}
+
+impl InOrder {
+    /// Read `r` landed: whether its bytes come next in the hash.
+    fn landed(&mut self, r: usize) -> bool {
+        self.kept &= r == self.next;
+        if self.kept {
+            self.next += 1;
+        }
+        self.kept
+    }
+
+    /// Whether all `reads` were hashed in order as they landed.
+    fn all(&self, reads: usize) -> bool {
+        self.kept && self.next == reads
     }
 }
 
